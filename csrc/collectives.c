@@ -1,0 +1,321 @@
+/* Collective entry points: argument handling shared by every op, and the
+ * algo="nccl" path (ncclAllReduce & co. on the caller's stream). On
+ * SymmetricBuffers NCCL 2.28 picks its own symmetric-window kernels.
+ */
+#include "symnccl.h"
+
+#include <string.h>
+
+/* One call's state: stream, device guard, borrowed tensors, result. */
+typedef struct {
+    SNState *st;
+    CommObject *c;
+    cudaStream_t stream;
+    int prev, pushed;
+    SNTensor x, out;
+    PyObject *result;   /* new reference returned to the caller */
+} sn_call;
+
+static int
+call_begin(sn_call *k, CommObject *c, PyObject *x, PyObject *stream_obj)
+{
+    memset(k, 0, sizeof(*k));
+    k->c = c;
+    k->st = sn_state_from_type(Py_TYPE((PyObject *)c));
+    if (sn_comm_check_usable(k->st, c) < 0)
+        return -1;
+    if (stream_obj != NULL && stream_obj != Py_None) {
+        if (sn_parse_stream(stream_obj, &k->stream) < 0)
+            return -1;
+    }
+    else if (sn_default_stream(k->st, x != NULL ? x : Py_None, c->device,
+                               &k->stream) < 0)
+        return -1;
+    if (sn_device_push(k->st, c->device, &k->prev) < 0)
+        return -1;
+    k->pushed = 1;
+    if (x != NULL &&
+        sn_tensor_import(k->st, x, k->stream, c->device, "x", &k->x) < 0)
+        return -1;
+    return 0;
+}
+
+static PyObject *
+call_end(sn_call *k, int ok)
+{
+    if (ok && k->out.own != NULL)
+        sn_buffer_mark_written(k->out.own, k->stream);
+    sn_tensor_release(&k->x);
+    sn_tensor_release(&k->out);
+    if (k->pushed)
+        sn_device_pop(k->prev);
+    if (!ok) {
+        Py_CLEAR(k->result);
+        return NULL;
+    }
+    return k->result;
+}
+
+/* A new output of x's framework: the framework allocates it (torch, cupy)
+ * or symnccl does and hands it over zero-copy (JAX, our own buffers). */
+static PyObject *
+new_output(sn_call *k, PyObject *like, int ndim, const int64_t *shape)
+{
+    SNState *st = k->st;
+    PyObject *shp = PyTuple_New(ndim);
+    if (shp == NULL)
+        return NULL;
+    for (int i = 0; i < ndim; i++)
+        PyTuple_SetItem(shp, i, PyLong_FromLongLong(shape[i]));
+    PyObject *r = Py_NewRef(Py_None);
+    if (st->frameworks != NULL && !sn_is_immutable(like) &&
+        !sn_is_buffer(st, like)) {
+        Py_DECREF(r);
+        r = PyObject_CallMethod(st->frameworks, "alloc", "OOi", like, shp,
+                                k->c->device);
+    }
+    Py_DECREF(shp);
+    if (r != Py_None)
+        return r;
+    Py_DECREF(r);
+    PyObject *arr = sn_buffer_new(st, k->c, st->DeviceArrayType, ndim, shape,
+                                  k->x.dtype, 0, k->stream);
+    if (arr == NULL || st->frameworks == NULL || sn_is_buffer(st, like))
+        return arr;
+    r = PyObject_CallMethod(st->frameworks, "wrap", "OO", like, arr);
+    Py_DECREF(arr);
+    return r;
+}
+
+/* Chooses where the result goes: out=, else in place when allowed and x is
+ * mutable, else a new tensor of x's framework. */
+static int
+call_output(sn_call *k, PyObject *x, PyObject *out_obj, size_t count,
+            int ndim, const int64_t *shape, int inplace_ok)
+{
+    if (out_obj == NULL || out_obj == Py_None) {
+        if (inplace_ok && !sn_is_immutable(x)) {
+            if (k->x.readonly) {
+                PyErr_SetString(PyExc_BufferError, "x is read-only and "
+                                "cannot be reduced in place: pass out=");
+                return -1;
+            }
+            k->result = Py_NewRef(x);
+            k->out = k->x;
+            k->out.capsule = NULL;
+            k->out.managed = NULL;
+            return 0;
+        }
+        out_obj = new_output(k, x, ndim, shape);
+        if (out_obj == NULL)
+            return -1;
+        k->result = out_obj;
+    }
+    else
+        k->result = Py_NewRef(out_obj);
+    if (sn_tensor_import(k->st, out_obj, k->stream, k->c->device, "out",
+                         &k->out) < 0)
+        return -1;
+    if (k->out.readonly) {
+        PyErr_SetString(PyExc_BufferError, "out is read-only");
+        return -1;
+    }
+    if (k->out.nccl_dtype != k->x.nccl_dtype) {
+        PyErr_Format(PyExc_TypeError, "out has dtype %s, expected %s (x's)",
+                     sn_dtype_name(k->out.dtype), sn_dtype_name(k->x.dtype));
+        return -1;
+    }
+    if (k->out.count != count) {
+        PyErr_Format(PyExc_ValueError, "out has %zu elements, expected %zu",
+                     k->out.count, count);
+        return -1;
+    }
+    return 0;
+}
+
+static int
+parse_op(PyObject *op, ncclRedOp_t *out)
+{
+    static const struct { const char *name; ncclRedOp_t op; } ops[] = {
+        {"sum", ncclSum}, {"prod", ncclProd}, {"max", ncclMax},
+        {"min", ncclMin}, {"avg", ncclAvg},
+    };
+    const char *s = PyUnicode_Check(op) ? PyUnicode_AsUTF8AndSize(op, NULL)
+                                        : NULL;
+    for (size_t i = 0; s != NULL && i < sizeof(ops) / sizeof(ops[0]); i++)
+        if (strcmp(s, ops[i].name) == 0) {
+            *out = ops[i].op;
+            return 0;
+        }
+    PyErr_Format(PyExc_ValueError, "op %R is not supported: expected one of "
+                 "'sum', 'prod', 'max', 'min', 'avg'", op);
+    return -1;
+}
+
+static int
+parse_algo(PyObject *algo)
+{
+    const char *s = PyUnicode_Check(algo)
+                        ? PyUnicode_AsUTF8AndSize(algo, NULL) : NULL;
+    if (s != NULL && (strcmp(s, "nccl") == 0 || strcmp(s, "auto") == 0))
+        return 0;
+    PyErr_Format(PyExc_ValueError, "algo %R is not available: expected "
+                 "'nccl' or 'auto'", algo);
+    return -1;
+}
+
+static int
+enqueue_done(sn_call *k, ncclResult_t rc, const char *what)
+{
+    return sn_nccl_complete(k->st, k->c, rc, what);
+}
+
+/* ------------------------------------------------------------------ */
+
+PyObject *
+sn_all_reduce(CommObject *c, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"x", "out", "op", "algo", "stream", NULL};
+    PyObject *x, *out = Py_None, *stream = Py_None;
+    PyObject *op_obj = NULL, *algo = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OOOO:all_reduce", kwlist,
+                                     &x, &out, &op_obj, &algo, &stream))
+        return NULL;
+    ncclRedOp_t op = ncclSum;
+    if (op_obj != NULL && parse_op(op_obj, &op) < 0)
+        return NULL;
+    if (algo != NULL && parse_algo(algo) < 0)
+        return NULL;
+    sn_call k;
+    if (call_begin(&k, c, x, stream) < 0 ||
+        call_output(&k, x, out, k.x.count, k.x.ndim, k.x.shape, 1) < 0)
+        return call_end(&k, 0);
+    ncclResult_t rc = ncclAllReduce(k.x.ptr, k.out.ptr, k.x.count,
+                                    k.x.nccl_dtype, op, c->comm, k.stream);
+    return call_end(&k, enqueue_done(&k, rc, "ncclAllReduce") == 0);
+}
+
+PyObject *
+sn_reduce_scatter(CommObject *c, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"x", "out", "op", "algo", "stream", NULL};
+    PyObject *x, *out = Py_None, *stream = Py_None;
+    PyObject *op_obj = NULL, *algo = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OOOO:reduce_scatter",
+                                     kwlist, &x, &out, &op_obj, &algo,
+                                     &stream))
+        return NULL;
+    ncclRedOp_t op = ncclSum;
+    if (op_obj != NULL && parse_op(op_obj, &op) < 0)
+        return NULL;
+    if (algo != NULL && parse_algo(algo) < 0)
+        return NULL;
+    sn_call k;
+    if (call_begin(&k, c, x, stream) < 0)
+        return call_end(&k, 0);
+    size_t n = (size_t)c->nranks;
+    if (k.x.count % n != 0) {
+        PyErr_Format(PyExc_ValueError, "reduce_scatter: x has %zu elements, "
+                     "expected a multiple of nranks (%d)", k.x.count,
+                     c->nranks);
+        return call_end(&k, 0);
+    }
+    int64_t shape[SN_MAX_NDIM];
+    int ndim = k.x.ndim;
+    memcpy(shape, k.x.shape, sizeof(shape));
+    if (ndim >= 1 && shape[0] % (int64_t)n == 0)
+        shape[0] /= (int64_t)n;
+    else {
+        ndim = 1;
+        shape[0] = (int64_t)(k.x.count / n);
+    }
+    if (call_output(&k, x, out, k.x.count / n, ndim, shape, 0) < 0)
+        return call_end(&k, 0);
+    ncclResult_t rc = ncclReduceScatter(k.x.ptr, k.out.ptr, k.x.count / n,
+                                        k.x.nccl_dtype, op, c->comm,
+                                        k.stream);
+    return call_end(&k, enqueue_done(&k, rc, "ncclReduceScatter") == 0);
+}
+
+PyObject *
+sn_all_gather(CommObject *c, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"x", "out", "algo", "stream", NULL};
+    PyObject *x, *out = Py_None, *stream = Py_None, *algo = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OOO:all_gather", kwlist,
+                                     &x, &out, &algo, &stream))
+        return NULL;
+    if (algo != NULL && parse_algo(algo) < 0)
+        return NULL;
+    sn_call k;
+    if (call_begin(&k, c, x, stream) < 0)
+        return call_end(&k, 0);
+    int64_t shape[SN_MAX_NDIM];
+    int ndim = k.x.ndim;
+    memcpy(shape, k.x.shape, sizeof(shape));
+    if (ndim == 0) {
+        ndim = 1;
+        shape[0] = c->nranks;
+    }
+    else
+        shape[0] *= c->nranks;
+    if (call_output(&k, x, out, k.x.count * (size_t)c->nranks, ndim, shape,
+                    0) < 0)
+        return call_end(&k, 0);
+    ncclResult_t rc = ncclAllGather(k.x.ptr, k.out.ptr, k.x.count,
+                                    k.x.nccl_dtype, c->comm, k.stream);
+    return call_end(&k, enqueue_done(&k, rc, "ncclAllGather") == 0);
+}
+
+PyObject *
+sn_broadcast(CommObject *c, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"x", "root", "out", "stream", NULL};
+    PyObject *x, *out = Py_None, *stream = Py_None;
+    int root = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|iOO:broadcast", kwlist, &x,
+                                     &root, &out, &stream))
+        return NULL;
+    if (root < 0 || root >= c->nranks) {
+        PyErr_Format(PyExc_ValueError, "root %d is out of range: expected "
+                     "0 <= root < %d", root, c->nranks);
+        return NULL;
+    }
+    sn_call k;
+    if (call_begin(&k, c, x, stream) < 0 ||
+        call_output(&k, x, out, k.x.count, k.x.ndim, k.x.shape, 1) < 0)
+        return call_end(&k, 0);
+    ncclResult_t rc = ncclBroadcast(k.x.ptr, k.out.ptr, k.x.count,
+                                    k.x.nccl_dtype, root, c->comm, k.stream);
+    return call_end(&k, enqueue_done(&k, rc, "ncclBroadcast") == 0);
+}
+
+PyObject *
+sn_barrier(CommObject *c, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"stream", "blocking", NULL};
+    PyObject *stream = Py_None;
+    int blocking = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|O$p:barrier", kwlist,
+                                     &stream, &blocking))
+        return NULL;
+    sn_call k;
+    if (call_begin(&k, c, NULL, stream) < 0)
+        return call_end(&k, 0);
+    ncclResult_t rc = ncclAllReduce(c->scratch, c->scratch, 1, ncclInt32,
+                                    ncclSum, c->comm, k.stream);
+    if (enqueue_done(&k, rc, "barrier (ncclAllReduce)") < 0)
+        return call_end(&k, 0);
+    if (blocking && k.st->group_depth == 0) {
+        cudaError_t e;
+        Py_BEGIN_ALLOW_THREADS
+        e = cudaStreamSynchronize(k.stream);
+        Py_END_ALLOW_THREADS
+        if (e != cudaSuccess) {
+            sn_set_cuda_error(k.st, e, "cudaStreamSynchronize (barrier)");
+            return call_end(&k, 0);
+        }
+    }
+    k.result = Py_NewRef(Py_None);
+    return call_end(&k, 1);
+}

@@ -1,0 +1,55 @@
+// Device communicator lifetime, kept on the C++ side because ncclDevComm and
+// ncclDevCommRequirements are declared only in nccl_device.h.
+//
+// The holder is heap-allocated so its address is stable: inside an NCCL group
+// ncclDevCommCreate fills it only at ncclGroupEnd.
+#include <cstdlib>
+#include <cstring>
+
+#include <nccl.h>
+#include <nccl_device.h>
+
+#include "launch.h"
+
+struct symnccl_devcomm {
+  ncclDevComm dc;
+  int requested_multimem;
+};
+
+extern "C" ncclResult_t symnccl_devcomm_create(ncclComm_t comm,
+                                               int lsa_barrier_count,
+                                               int request_multimem,
+                                               symnccl_devcomm** out) {
+  *out = nullptr;
+  symnccl_devcomm* h =
+      static_cast<symnccl_devcomm*>(calloc(1, sizeof(symnccl_devcomm)));
+  if (h == nullptr) return ncclSystemError;
+  ncclDevCommRequirements reqs;
+  memset(&reqs, 0, sizeof(reqs));
+  reqs.lsaBarrierCount = lsa_barrier_count;
+  reqs.lsaMultimem = request_multimem != 0;
+  h->requested_multimem = request_multimem != 0;
+  ncclResult_t rc = ncclDevCommCreate(comm, &reqs, &h->dc);
+  if (rc != ncclSuccess && rc != ncclInProgress) {
+    free(h);
+    return rc;
+  }
+  *out = h;
+  return rc;
+}
+
+extern "C" ncclResult_t symnccl_devcomm_destroy(ncclComm_t comm,
+                                                symnccl_devcomm* dc) {
+  if (dc == nullptr) return ncclSuccess;
+  ncclResult_t rc = ncclDevCommDestroy(comm, &dc->dc);
+  free(dc);
+  return rc;
+}
+
+extern "C" void symnccl_devcomm_info(const symnccl_devcomm* dc, int* lsa_size,
+                                     int* lsa_rank, int* has_multimem) {
+  *lsa_size = dc->dc.lsaSize;
+  *lsa_rank = dc->dc.lsaRank;
+  *has_multimem =
+      dc->requested_multimem && dc->dc.lsaMultimem.mcBasePtr != nullptr;
+}

@@ -1,0 +1,545 @@
+/* symnccl._C: module definition, module state, error reporting, NCCL
+ * versions, unique ids and the NCCL group bracket.
+ */
+#include "symnccl.h"
+
+#include <string.h>
+#include <time.h>
+
+static struct PyModuleDef sn_module_def;
+
+static SNState *
+get_state(PyObject *module)
+{
+    return (SNState *)PyModule_GetState(module);
+}
+
+SNState *
+sn_state_from_type(PyTypeObject *tp)
+{
+    return (SNState *)PyType_GetModuleState(tp);
+}
+
+/* ------------------------------------------------------------------ */
+/* Errors: one formatter per library, exceptions carry .code.          */
+
+static int
+raise_with_code(PyObject *type, int code, PyObject *msg)
+{
+    if (msg == NULL)
+        return -1;
+    PyObject *exc = PyObject_CallFunctionObjArgs(type, msg, NULL);
+    Py_DECREF(msg);
+    if (exc == NULL)
+        return -1;
+    PyObject *pycode = PyLong_FromLong(code);
+    if (pycode == NULL || PyObject_SetAttrString(exc, "code", pycode) < 0) {
+        Py_XDECREF(pycode);
+        Py_DECREF(exc);
+        return -1;
+    }
+    Py_DECREF(pycode);
+    PyErr_SetObject(type, exc);
+    Py_DECREF(exc);
+    return -1;
+}
+
+int
+sn_set_nccl_error(SNState *st, ncclResult_t rc, ncclComm_t comm,
+                  const char *what)
+{
+    const char *last = ncclGetLastError(comm);
+    PyObject *msg;
+    if (last != NULL && last[0] != '\0')
+        msg = PyUnicode_FromFormat("%s failed: %s (ncclResult_t %d): %s",
+                                   what, ncclGetErrorString(rc), (int)rc,
+                                   last);
+    else
+        msg = PyUnicode_FromFormat("%s failed: %s (ncclResult_t %d)", what,
+                                   ncclGetErrorString(rc), (int)rc);
+    return raise_with_code(st->NcclError, (int)rc, msg);
+}
+
+int
+sn_set_cuda_error(SNState *st, cudaError_t rc, const char *what)
+{
+    (void)cudaGetLastError();   /* clear the sticky-free error slot */
+    PyObject *msg = PyUnicode_FromFormat("%s failed: %s (%s, cudaError_t %d)",
+                                         what, cudaGetErrorString(rc),
+                                         cudaGetErrorName(rc), (int)rc);
+    return raise_with_code(st->CudaError, (int)rc, msg);
+}
+
+/* ------------------------------------------------------------------ */
+/* Waiting on non-blocking communicators.                               */
+
+static double
+now_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int
+sn_wait_comms(SNState *st, ncclComm_t *comms, int n, double timeout,
+              const char *what)
+{
+    double deadline = now_seconds() + timeout;
+    for (;;) {
+        int busy = 0, failed = -1;
+        ncclResult_t bad = ncclSuccess;
+        double slice_end = now_seconds() + 0.05;
+        Py_BEGIN_ALLOW_THREADS
+        do {
+            busy = 0;
+            for (int i = 0; i < n; i++) {
+                ncclResult_t async = ncclSuccess;
+                ncclResult_t rc = ncclCommGetAsyncError(comms[i], &async);
+                if (rc != ncclSuccess) {
+                    failed = i; bad = rc; break;
+                }
+                if (async == ncclInProgress)
+                    busy = 1;
+                else if (async != ncclSuccess) {
+                    failed = i; bad = async; break;
+                }
+            }
+            if (failed >= 0 || !busy)
+                break;
+            struct timespec pause = {0, 20000};
+            nanosleep(&pause, NULL);
+        } while (now_seconds() < slice_end);
+        Py_END_ALLOW_THREADS
+        if (failed >= 0)
+            return sn_set_nccl_error(st, bad, comms[failed], what);
+        if (!busy)
+            return 0;
+        if (PyErr_CheckSignals() < 0)
+            return -1;
+        if (now_seconds() > deadline) {
+            PyErr_Format(PyExc_TimeoutError,
+                         "%s did not complete within %.1f s: are all ranks "
+                         "making the same call? (the communicator can still "
+                         "be aborted with abort())", what, timeout);
+            return -1;
+        }
+    }
+}
+
+int
+sn_nccl_complete(SNState *st, CommObject *c, ncclResult_t rc,
+                 const char *what)
+{
+    if (rc != ncclSuccess && rc != ncclInProgress)
+        return sn_set_nccl_error(st, rc, c->comm, what);
+    if (st->group_depth > 0)   /* completes at group end */
+        return PyList_Append(st->group_pending, (PyObject *)c);
+    if (rc == ncclSuccess)
+        return 0;
+    return sn_wait_comms(st, &c->comm, 1, c->timeout, what);
+}
+
+int
+sn_device_push(SNState *st, int device, int *prev)
+{
+    cudaError_t e = cudaGetDevice(prev);
+    if (e != cudaSuccess)
+        return sn_set_cuda_error(st, e, "cudaGetDevice");
+    if (*prev != device) {
+        e = cudaSetDevice(device);
+        if (e != cudaSuccess)
+            return sn_set_cuda_error(st, e, "cudaSetDevice");
+    }
+    return 0;
+}
+
+void
+sn_device_pop(int prev)
+{
+    int cur;
+    if (cudaGetDevice(&cur) == cudaSuccess && cur != prev)
+        (void)cudaSetDevice(prev);
+}
+
+/* ------------------------------------------------------------------ */
+/* Multicast gate. Multicast is never requested while any of the three
+ * switches that turn NVLink multicast off is set: NCCL_NVLS_ENABLE=0,
+ * TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1. Returns NULL
+ * when the request may go to NCCL, else the reason it does not. */
+
+static int
+env_true(const char *v)
+{
+    return v != NULL && v[0] != '\0' && strcmp(v, "0") != 0 &&
+           strcasecmp(v, "false") != 0 && strcasecmp(v, "no") != 0 &&
+           strcasecmp(v, "off") != 0;
+}
+
+const char *
+sn_multicast_gate(int requested, const char *nvls_enable,
+                  const char *torch_disable, const char *nvshmem_disable)
+{
+    if (nvls_enable != NULL && nvls_enable[0] != '\0' && !env_true(nvls_enable))
+        return "disabled by NCCL_NVLS_ENABLE=0";
+    if (env_true(torch_disable))
+        return "disabled by TORCH_SYMM_MEM_DISABLE_MULTICAST";
+    if (env_true(nvshmem_disable))
+        return "disabled by NVSHMEM_DISABLE_NVLS";
+    if (!requested)
+        return "not requested (pass multicast=True to ask NCCL for it)";
+    return NULL;
+}
+
+static PyObject *
+py_multicast_gate(PyObject *module, PyObject *args)
+{
+    int requested;
+    const char *a = NULL, *b = NULL, *c = NULL;
+    if (!PyArg_ParseTuple(args, "pzzz", &requested, &a, &b, &c))
+        return NULL;
+    const char *reason = sn_multicast_gate(requested, a, b, c);
+    if (reason == NULL)
+        return Py_BuildValue("(Os)", Py_True, "requested");
+    return Py_BuildValue("(Os)", Py_False, reason);
+}
+
+/* ------------------------------------------------------------------ */
+/* Module functions.                                                    */
+
+static PyObject *
+py_get_unique_id(PyObject *module, PyObject *unused)
+{
+    SNState *st = get_state(module);
+    ncclUniqueId id;
+    ncclResult_t rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ncclGetUniqueId(&id);
+    Py_END_ALLOW_THREADS
+    if (rc != ncclSuccess)
+        return (sn_set_nccl_error(st, rc, NULL, "ncclGetUniqueId"), NULL);
+    return PyBytes_FromStringAndSize(id.internal, NCCL_UNIQUE_ID_BYTES);
+}
+
+static PyObject *
+py_nccl_runtime_version(PyObject *module, PyObject *unused)
+{
+    int v = 0;
+    ncclResult_t rc = ncclGetVersion(&v);
+    if (rc != ncclSuccess)
+        return (sn_set_nccl_error(get_state(module), rc, NULL,
+                                  "ncclGetVersion"), NULL);
+    return PyLong_FromLong(v);
+}
+
+static PyObject *
+py_cuda_versions(PyObject *module, PyObject *unused)
+{
+    int drv = 0, rt = 0, ndev = 0;
+    /* No driver is not an error here: report zeros. */
+    if (cudaDriverGetVersion(&drv) != cudaSuccess)
+        drv = 0;
+    if (cudaRuntimeGetVersion(&rt) != cudaSuccess)
+        rt = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess)
+        ndev = 0;
+    (void)cudaGetLastError();
+    return Py_BuildValue("{s:i,s:i,s:i}", "driver", drv, "runtime", rt,
+                         "device_count", ndev);
+}
+
+static PyObject *
+py_set_hooks(PyObject *module, PyObject *args)
+{
+    SNState *st = get_state(module);
+    PyObject *stream_hook, *frameworks;
+    if (!PyArg_ParseTuple(args, "OO", &stream_hook, &frameworks))
+        return NULL;
+    if (!PyCallable_Check(stream_hook)) {
+        PyErr_SetString(PyExc_TypeError, "stream hook must be callable");
+        return NULL;
+    }
+    Py_INCREF(stream_hook);
+    Py_INCREF(frameworks);
+    Py_XDECREF(st->stream_hook);
+    Py_XDECREF(st->frameworks);
+    st->stream_hook = stream_hook;
+    st->frameworks = frameworks;
+    Py_RETURN_NONE;
+}
+
+/* Interpreter exit: close what is still open (bounded by `timeout`, abort
+ * on failure), then stop freeing device memory: the CUDA runtime may already
+ * be going away when the last objects are collected. */
+static PyObject *
+py_shutdown(PyObject *module, PyObject *arg)
+{
+    SNState *st = get_state(module);
+    double timeout = PyFloat_AsDouble(arg);
+    if (timeout == -1.0 && PyErr_Occurred())
+        return NULL;
+    int failures = sn_comm_shutdown_all(st, timeout);
+    st->shutting_down = 1;
+    return PyLong_FromLong(failures);
+}
+
+/* NCCL groups. Inside a group, NCCL defers collective work (including
+ * window registration and device-communicator creation) to ncclGroupEnd;
+ * objects whose setup completes there are kept in group_pending. */
+
+static PyObject *
+py_group_start(PyObject *module, PyObject *unused)
+{
+    SNState *st = get_state(module);
+    unsigned long me = PyThread_get_thread_ident();
+    if (st->group_depth > 0 && st->group_thread != me) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "symnccl.group() is already open in another thread; "
+                        "NCCL groups are per thread");
+        return NULL;
+    }
+    ncclResult_t rc = ncclGroupStart();
+    if (rc != ncclSuccess)
+        return (sn_set_nccl_error(st, rc, NULL, "ncclGroupStart"), NULL);
+    if (st->group_depth++ == 0)
+        st->group_thread = me;
+    Py_RETURN_NONE;
+}
+
+static int
+collect_group_comms(SNState *st, PyObject *pending, ncclComm_t **out,
+                    Py_ssize_t *n)
+{
+    Py_ssize_t len = PyList_Size(pending);
+    *out = NULL;
+    *n = 0;
+    if (len <= 0)
+        return 0;
+    ncclComm_t *comms = PyMem_Calloc((size_t)len, sizeof(ncclComm_t));
+    if (comms == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < len; i++) {
+        PyObject *o = PyList_GetItem(pending, i);
+        CommObject *c = PyObject_TypeCheck(o, st->CommunicatorType)
+                            ? (CommObject *)o : ((BufferObject *)o)->comm;
+        int seen = 0;
+        for (Py_ssize_t k = 0; k < *n; k++)
+            seen |= comms[k] == c->comm;
+        if (!seen && c->comm != NULL)
+            comms[(*n)++] = c->comm;
+    }
+    *out = comms;
+    return 0;
+}
+
+static PyObject *
+py_group_end(PyObject *module, PyObject *unused)
+{
+    SNState *st = get_state(module);
+    if (st->group_depth <= 0) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "group end without a matching group start");
+        return NULL;
+    }
+    ncclResult_t rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ncclGroupEnd();
+    Py_END_ALLOW_THREADS
+    if (--st->group_depth > 0) {
+        if (rc != ncclSuccess && rc != ncclInProgress)
+            return (sn_set_nccl_error(st, rc, NULL, "ncclGroupEnd"), NULL);
+        Py_RETURN_NONE;
+    }
+    PyObject *fresh = PyList_New(0);
+    if (fresh == NULL)
+        return NULL;
+    PyObject *pending = st->group_pending;
+    st->group_pending = fresh;
+    ncclComm_t *comms = NULL;
+    Py_ssize_t ncomms = 0;
+    int err = collect_group_comms(st, pending, &comms, &ncomms);
+    if (err == 0 && rc != ncclSuccess && rc != ncclInProgress)
+        err = sn_set_nccl_error(st, rc, ncomms ? comms[0] : NULL,
+                                "ncclGroupEnd");
+    double timeout = SN_DEFAULT_TIMEOUT;
+    if (err == 0 && ncomms > 0)
+        err = sn_wait_comms(st, comms, (int)ncomms, timeout, "ncclGroupEnd");
+    PyMem_Free(comms);
+    /* Finish what was deferred, even after an error, so that no object
+     * stays half-made: a failed registration leaves the window NULL. */
+    Py_ssize_t len = PyList_Size(pending);
+    for (Py_ssize_t i = 0; i < len; i++) {
+        PyObject *o = PyList_GetItem(pending, i);
+        if (PyObject_TypeCheck(o, st->CommunicatorType))
+            continue;
+        int r = sn_buffer_finish_pending(st, (BufferObject *)o);
+        if (r < 0 && err == 0)
+            err = -1;
+        else if (r < 0)
+            PyErr_Clear();
+    }
+    Py_DECREF(pending);
+    if (err < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+py_group_depth(PyObject *module, PyObject *unused)
+{
+    return PyLong_FromLong(get_state(module)->group_depth);
+}
+
+static PyObject *
+py_dtype_info(PyObject *module, PyObject *arg)
+{
+    SN_DLDataType dt;
+    if (sn_parse_dtype(arg, &dt) < 0)
+        return NULL;
+    return Py_BuildValue("(siii)", sn_dtype_name(dt), (int)dt.code,
+                         (int)dt.bits, sn_dtype_itemsize(dt));
+}
+
+static PyMethodDef sn_methods[] = {
+    {"get_unique_id", py_get_unique_id, METH_NOARGS,
+     "get_unique_id() -> bytes\n\nA new NCCL unique id (128 bytes). Create it "
+     "on one rank and send it to the others.\n\n"
+     "Example:\n    uid = symnccl.get_unique_id()"},
+    {"nccl_runtime_version", py_nccl_runtime_version, METH_NOARGS,
+     "Version code of the loaded libnccl (ncclGetVersion), e.g. 22809."},
+    {"cuda_versions", py_cuda_versions, METH_NOARGS,
+     "dict(driver=, runtime=, device_count=); zeros where no driver is "
+     "present."},
+    {"_set_hooks", py_set_hooks, METH_VARARGS, NULL},
+    {"_shutdown", py_shutdown, METH_O, NULL},
+    {"_group_start", py_group_start, METH_NOARGS, NULL},
+    {"_group_end", py_group_end, METH_NOARGS, NULL},
+    {"_group_depth", py_group_depth, METH_NOARGS, NULL},
+    {"_multicast_gate", py_multicast_gate, METH_VARARGS,
+     "_multicast_gate(requested, NCCL_NVLS_ENABLE, "
+     "TORCH_SYMM_MEM_DISABLE_MULTICAST, NVSHMEM_DISABLE_NVLS) -> "
+     "(request, reason). The decision the Communicator takes, as a pure "
+     "function of the environment values (None for unset)."},
+    {"_dtype_info", py_dtype_info, METH_O, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+/* ------------------------------------------------------------------ */
+
+static int
+sn_exec(PyObject *module)
+{
+    SNState *st = get_state(module);
+    st->NcclError = PyErr_NewExceptionWithDoc(
+        "symnccl.NcclError",
+        "An NCCL call failed. .code is the ncclResult_t; the message holds "
+        "ncclGetErrorString and ncclGetLastError.",
+        PyExc_RuntimeError, NULL);
+    if (st->NcclError == NULL || PyModule_AddObjectRef(module, "NcclError",
+                                                       st->NcclError) < 0)
+        return -1;
+    st->CudaError = PyErr_NewExceptionWithDoc(
+        "symnccl.CudaError",
+        "A CUDA runtime call failed. .code is the cudaError_t.",
+        PyExc_RuntimeError, NULL);
+    if (st->CudaError == NULL || PyModule_AddObjectRef(module, "CudaError",
+                                                       st->CudaError) < 0)
+        return -1;
+
+    st->CommunicatorType = (PyTypeObject *)PyType_FromModuleAndSpec(
+        module, &sn_communicator_spec, NULL);
+    if (st->CommunicatorType == NULL ||
+        PyModule_AddType(module, st->CommunicatorType) < 0)
+        return -1;
+    st->SymmetricBufferType = (PyTypeObject *)PyType_FromModuleAndSpec(
+        module, &sn_symmetric_buffer_spec, NULL);
+    if (st->SymmetricBufferType == NULL ||
+        PyModule_AddType(module, st->SymmetricBufferType) < 0)
+        return -1;
+    st->DeviceArrayType = (PyTypeObject *)PyType_FromModuleAndSpec(
+        module, &sn_device_array_spec, NULL);
+    if (st->DeviceArrayType == NULL ||
+        PyModule_AddType(module, st->DeviceArrayType) < 0)
+        return -1;
+
+    st->group_pending = PyList_New(0);
+    st->str_dlpack = PyUnicode_InternFromString("__dlpack__");
+    st->str_dlpack_device = PyUnicode_InternFromString("__dlpack_device__");
+    if (st->group_pending == NULL || st->str_dlpack == NULL ||
+        st->str_dlpack_device == NULL)
+        return -1;
+
+    if (PyModule_AddIntConstant(module, "NCCL_BUILD_VERSION",
+                                NCCL_VERSION_CODE) < 0 ||
+        PyModule_AddIntConstant(module, "CUDA_BUILD_VERSION",
+                                CUDART_VERSION) < 0 ||
+        PyModule_AddIntConstant(module, "MAX_CTAS", SN_MAX_CTAS) < 0 ||
+        PyModule_AddIntConstant(module, "UNIQUE_ID_BYTES",
+                                NCCL_UNIQUE_ID_BYTES) < 0)
+        return -1;
+    return 0;
+}
+
+static int
+sn_traverse(PyObject *module, visitproc visit, void *arg)
+{
+    SNState *st = get_state(module);
+    Py_VISIT(st->CommunicatorType);
+    Py_VISIT(st->SymmetricBufferType);
+    Py_VISIT(st->DeviceArrayType);
+    Py_VISIT(st->NcclError);
+    Py_VISIT(st->CudaError);
+    Py_VISIT(st->stream_hook);
+    Py_VISIT(st->frameworks);
+    Py_VISIT(st->group_pending);
+    return 0;
+}
+
+static int
+sn_clear(PyObject *module)
+{
+    SNState *st = get_state(module);
+    Py_CLEAR(st->CommunicatorType);
+    Py_CLEAR(st->SymmetricBufferType);
+    Py_CLEAR(st->DeviceArrayType);
+    Py_CLEAR(st->NcclError);
+    Py_CLEAR(st->CudaError);
+    Py_CLEAR(st->stream_hook);
+    Py_CLEAR(st->frameworks);
+    Py_CLEAR(st->group_pending);
+    Py_CLEAR(st->str_dlpack);
+    Py_CLEAR(st->str_dlpack_device);
+    return 0;
+}
+
+static void
+sn_free(void *module)
+{
+    sn_clear((PyObject *)module);
+}
+
+static PyModuleDef_Slot sn_slots[] = {
+    {Py_mod_exec, sn_exec},
+    {0, NULL},
+};
+
+static struct PyModuleDef sn_module_def = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "symnccl._C",
+    .m_doc = "symnccl native core: NCCL communicators, symmetric windows, "
+             "DLPack.",
+    .m_size = sizeof(SNState),
+    .m_methods = sn_methods,
+    .m_slots = sn_slots,
+    .m_traverse = sn_traverse,
+    .m_clear = sn_clear,
+    .m_free = sn_free,
+};
+
+PyMODINIT_FUNC
+PyInit__C(void)
+{
+    return PyModuleDef_Init(&sn_module_def);
+}

@@ -1,0 +1,191 @@
+/* symnccl internal header: module state, object layouts, error helpers.
+ *
+ * Layering (see DESIGN.md): the .c files hold all host logic and talk to NCCL
+ * through nccl.h and to the CUDA C++ side only through kernels/launch.h.
+ */
+#ifndef SYMNCCL_H
+#define SYMNCCL_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stdint.h>
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include "dlpack.h"
+#include "kernels/launch.h"
+
+#define SN_MAX_NDIM 16
+/* lsaBarrierCount requested from ncclDevCommCreate: the largest grid any
+ * symnccl kernel may launch (one barrier slot per CTA). */
+#define SN_MAX_CTAS 128
+#define SN_DEFAULT_TIMEOUT 600.0
+
+/* ------------------------------------------------------------------ */
+/* Module state: everything that would otherwise be a process global. */
+
+typedef struct {
+    PyTypeObject *CommunicatorType;
+    PyTypeObject *SymmetricBufferType;
+    PyTypeObject *DeviceArrayType;
+    PyObject *NcclError;
+    PyObject *CudaError;
+    /* Python callables installed by symnccl/_frameworks.py */
+    PyObject *stream_hook;     /* (obj, device) -> int stream handle */
+    PyObject *frameworks;      /* module with alloc(like, shape, device) and
+                                  wrap(like, DeviceArray) */
+    PyObject *str_dlpack;      /* interned "__dlpack__" */
+    PyObject *str_dlpack_device;
+    /* NCCL group bracket (symnccl.group()): thread-affine like NCCL's. */
+    int group_depth;
+    unsigned long group_thread;
+    PyObject *group_pending;   /* list of objects finished at group end */
+    int shutting_down;         /* set at interpreter exit: leak, don't free */
+    struct CommObject *live;   /* communicators not yet closed (borrowed) */
+} SNState;
+
+/* ------------------------------------------------------------------ */
+/* Window cache: one NCCL window per registered allocation, never two. */
+
+typedef struct sn_window {
+    struct sn_window *next;
+    char *base;
+    size_t size;
+    ncclWindow_t win;          /* NULL until registration completed */
+    Py_ssize_t refs;
+} sn_window;
+
+typedef struct CommObject {
+    PyObject_HEAD
+    struct CommObject *live_next, *live_prev;   /* open communicators */
+    ncclComm_t comm;
+    symnccl_devcomm *devcomm;
+    int rank, nranks, device;
+    int lsa_size, lsa_rank;
+    int symmetric, multicast;
+    const char *symmetric_reason;
+    const char *multicast_reason;
+    int multicast_requested;
+    int closed;                /* 0 open, 1 closed, 2 aborted */
+    double timeout;
+    int *scratch;              /* device int used by barrier() */
+    sn_window *windows;
+} CommObject;
+
+enum { SN_ALLOC_NCCL = 1, SN_ALLOC_CUDA = 2 };
+
+typedef struct {
+    PyObject_HEAD
+    CommObject *comm;          /* strong ref, NULL for a DeviceArray */
+    char *ptr;
+    size_t nbytes;
+    int alloc_kind;
+    sn_window *win;            /* NULL when not registered (or comm closed) */
+    int pending;               /* window registration waits on group end */
+    int device;
+    int ndim;
+    int64_t shape[SN_MAX_NDIM];
+    int64_t strides[SN_MAX_NDIM];
+    SN_DLDataType dtype;
+    /* Producer-side stream tracking for the DLPack stream protocol. */
+    cudaStream_t last_stream;
+    int has_last_stream;
+    cudaEvent_t event;
+    Py_ssize_t exports;
+} BufferObject;
+
+/* A tensor borrowed from any DLPack producer for the span of one call. */
+typedef struct {
+    PyObject *capsule;         /* owned; NULL for our own buffers */
+    void *managed;             /* DLManagedTensor(Versioned) to release */
+    int versioned;
+    BufferObject *own;         /* borrowed, set when the object is ours */
+    char *ptr;
+    int device;
+    SN_DLDataType dtype;
+    ncclDataType_t nccl_dtype;
+    int itemsize;
+    int ndim;
+    int64_t shape[SN_MAX_NDIM];
+    size_t count;
+    int readonly;
+} SNTensor;
+
+/* ------------------------------------------------------------------ */
+/* module.c */
+SNState *sn_state_from_type(PyTypeObject *tp);
+int sn_set_nccl_error(SNState *st, ncclResult_t rc, ncclComm_t comm,
+                      const char *what);
+int sn_set_cuda_error(SNState *st, cudaError_t rc, const char *what);
+/* Waits, GIL released and interruptible, until none of the communicators
+ * reports ncclInProgress. -1 with an exception set on error or timeout. */
+int sn_wait_comms(SNState *st, ncclComm_t *comms, int n, double timeout,
+                  const char *what);
+/* Completes an NCCL call made on a (non-blocking) communicator. */
+int sn_nccl_complete(SNState *st, CommObject *c, ncclResult_t rc,
+                     const char *what);
+const char *sn_multicast_gate(int requested, const char *nvls_enable,
+                              const char *torch_disable,
+                              const char *nvshmem_disable);
+
+/* Switch to a device, remembering the previous one. */
+int sn_device_push(SNState *st, int device, int *prev);
+void sn_device_pop(int prev);
+
+#define SN_CUDA_GOTO(st, call, what, label)                            \
+    do {                                                               \
+        cudaError_t sn_e_ = (call);                                    \
+        if (sn_e_ != cudaSuccess) {                                    \
+            sn_set_cuda_error((st), sn_e_, (what));                    \
+            goto label;                                                \
+        }                                                              \
+    } while (0)
+
+/* comm.c */
+extern PyType_Spec sn_communicator_spec;
+int sn_comm_check_usable(SNState *st, CommObject *c);
+/* At interpreter exit: close every open communicator (abort on failure). */
+int sn_comm_shutdown_all(SNState *st, double timeout);
+/* Registers [base, base+size) once; returns the cached node. */
+sn_window *sn_comm_window_acquire(SNState *st, CommObject *c, char *base,
+                                  size_t size);
+void sn_comm_window_release(CommObject *c, sn_window *w);
+
+/* buffer.c */
+extern PyType_Spec sn_symmetric_buffer_spec;
+extern PyType_Spec sn_device_array_spec;
+PyObject *sn_buffer_new(SNState *st, CommObject *comm, PyTypeObject *tp,
+                        int ndim, const int64_t *shape, SN_DLDataType dtype,
+                        int zero, cudaStream_t stream);
+int sn_is_buffer(SNState *st, PyObject *o);
+int sn_buffer_finish_pending(SNState *st, BufferObject *b);
+void sn_buffer_mark_written(BufferObject *b, cudaStream_t stream);
+
+/* dlpack.c */
+int sn_dtype_from_name(const char *name, SN_DLDataType *out);
+const char *sn_dtype_name(SN_DLDataType dt);
+int sn_dtype_itemsize(SN_DLDataType dt);
+int sn_dtype_to_nccl(SN_DLDataType dt, ncclDataType_t *out);
+int sn_parse_dtype(PyObject *obj, SN_DLDataType *out);
+int sn_parse_shape(PyObject *obj, int *ndim, int64_t *shape);
+/* Parse a stream argument (None, int, torch/cupy stream, __cuda_stream__). */
+int sn_parse_stream(PyObject *obj, cudaStream_t *out);
+int sn_default_stream(SNState *st, PyObject *tensor, int device,
+                      cudaStream_t *out);
+intptr_t sn_stream_to_dlpack(cudaStream_t s);
+/* Borrow any DLPack tensor; `stream` is the consumer's stream. */
+int sn_tensor_import(SNState *st, PyObject *obj, cudaStream_t stream,
+                     int device, const char *argname, SNTensor *t);
+void sn_tensor_release(SNTensor *t);
+PyObject *sn_buffer_dlpack(BufferObject *b, PyObject *args, PyObject *kw);
+int sn_is_immutable(PyObject *obj);
+
+/* collectives.c */
+PyObject *sn_all_reduce(CommObject *c, PyObject *args, PyObject *kw);
+PyObject *sn_reduce_scatter(CommObject *c, PyObject *args, PyObject *kw);
+PyObject *sn_all_gather(CommObject *c, PyObject *args, PyObject *kw);
+PyObject *sn_broadcast(CommObject *c, PyObject *args, PyObject *kw);
+PyObject *sn_barrier(CommObject *c, PyObject *args, PyObject *kw);
+
+#endif /* SYMNCCL_H */

@@ -1,0 +1,169 @@
+"""Build symnccl._C: CPython C sources in csrc/, CUDA C++ in csrc/kernels/.
+
+The .cu files are compiled by nvcc into objects that the C extension links
+(the approach cupy takes), with the CUDA runtime linked statically and
+libnccl.so.2 taken from the nvidia-nccl-cu13 wheel (or $NCCL_HOME).
+
+Environment:
+  SYMNCCL_CUDA_ARCHS  SM list, default "90;100" (+ compute_90 PTX)
+  NCCL_HOME           an NCCL install with include/ and lib/ to use instead
+                      of the nvidia-nccl-cu13 wheel
+  CUDA_HOME           CUDA toolkit root (default: from nvcc on PATH)
+  NVCC                nvcc to use
+"""
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+NCCL_MAJOR_MINOR = (2, 28)   # device-API ABI: build headers == runtime
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _fail(msg):
+    sys.exit(f"symnccl build error: {msg}")
+
+
+def find_cuda():
+    nvcc = os.environ.get("NVCC") or shutil.which("nvcc")
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    if nvcc is None and home:
+        cand = os.path.join(home, "bin", "nvcc")
+        nvcc = cand if os.path.exists(cand) else None
+    if nvcc is None and os.path.exists("/usr/local/cuda/bin/nvcc"):
+        nvcc = "/usr/local/cuda/bin/nvcc"
+    if nvcc is None:
+        _fail("nvcc was not found. Install the CUDA toolkit (12.8 or newer, "
+              "with nvcc) and put it on PATH, or set CUDA_HOME.")
+    if home is None:
+        home = os.path.dirname(os.path.dirname(os.path.realpath(nvcc)))
+    inc = os.path.join(home, "include")
+    libdir = next((d for d in (os.path.join(home, "lib64"),
+                               os.path.join(home, "lib"))
+                   if os.path.exists(os.path.join(d, "libcudart_static.a"))),
+                  None)
+    if libdir is None or not os.path.exists(
+            os.path.join(inc, "cuda_runtime_api.h")):
+        _fail(f"CUDA toolkit at {home} lacks cuda_runtime_api.h or "
+              "libcudart_static.a; set CUDA_HOME to a full toolkit.")
+    return nvcc, inc, libdir
+
+
+def _nccl_from_wheel():
+    try:
+        import nvidia.nccl as m   # namespace package from nvidia-nccl-cu13
+    except ImportError:
+        return None
+    for root in list(getattr(m, "__path__", [])):
+        if os.path.exists(os.path.join(root, "include", "nccl.h")):
+            return root
+    return None
+
+
+def find_nccl():
+    root = os.environ.get("NCCL_HOME") or _nccl_from_wheel()
+    if root is None:
+        _fail("NCCL headers were not found. Install the NCCL wheel "
+              "(pip install 'nvidia-nccl-cu13>=2.28,<2.29') or set NCCL_HOME "
+              "to an NCCL 2.28 install with include/ and lib/.")
+    inc = os.path.join(root, "include")
+    header = os.path.join(inc, "nccl.h")
+    if not os.path.exists(header) or not os.path.exists(
+            os.path.join(inc, "nccl_device.h")):
+        _fail(f"{inc} has no nccl.h/nccl_device.h (NCCL >= 2.28 is needed "
+              "for the device API).")
+    text = open(header).read()
+    major = int(re.search(r"#define NCCL_MAJOR (\d+)", text).group(1))
+    minor = int(re.search(r"#define NCCL_MINOR (\d+)", text).group(1))
+    if (major, minor) != NCCL_MAJOR_MINOR:
+        _fail(f"NCCL headers at {inc} are {major}.{minor}; symnccl's device "
+              f"code needs {NCCL_MAJOR_MINOR[0]}.{NCCL_MAJOR_MINOR[1]} (the "
+              "device API ABI changes between minor versions).")
+    libdir = os.path.join(root, "lib")
+    if not os.path.exists(os.path.join(libdir, "libnccl.so.2")):
+        _fail(f"{libdir} has no libnccl.so.2")
+    return inc, libdir, "NCCL_HOME" in os.environ
+
+
+def gencode_flags():
+    archs = os.environ.get("SYMNCCL_CUDA_ARCHS", "90;100")
+    sms = [a.strip() for a in re.split(r"[;, ]+", archs) if a.strip()]
+    if not sms or not all(re.fullmatch(r"\d+a?", a) for a in sms):
+        _fail(f"SYMNCCL_CUDA_ARCHS={archs!r}: expected e.g. '90;100'")
+    flags = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in sms]
+    lowest = min(sms, key=lambda a: int(a.rstrip("a")))
+    flags.append(f"-gencode=arch=compute_{lowest},code=compute_{lowest}")
+    return flags
+
+
+class BuildExt(build_ext):
+    def build_extensions(self):
+        nvcc, cuda_inc, _ = CUDA
+        nccl_inc = NCCL[0]
+        objdir = os.path.join(self.build_temp, "kernels")
+        os.makedirs(objdir, exist_ok=True)
+        objects = []
+        for src in sorted(glob.glob(os.path.join("csrc", "kernels", "*.cu"))):
+            obj = os.path.join(objdir,
+                               os.path.basename(src).replace(".cu", ".o"))
+            deps = [src] + glob.glob(os.path.join("csrc", "kernels", "*.h")) \
+                + glob.glob(os.path.join("csrc", "kernels", "*.cuh"))
+            if (not os.path.exists(obj) or self.force or
+                    max(os.path.getmtime(d) for d in deps)
+                    > os.path.getmtime(obj)):
+                cmd = [nvcc, "-c", src, "-o", obj, "-O3", "-std=c++17",
+                       "-Xcompiler", "-fPIC", "--expt-relaxed-constexpr",
+                       "-Xptxas", "-warn-spills",
+                       f"-I{nccl_inc}", "-Icsrc"] + gencode_flags()
+                print(" ".join(cmd), flush=True)
+                subprocess.check_call(cmd)
+            objects.append(obj)
+        for ext in self.extensions:
+            ext.extra_objects = objects + list(ext.extra_objects or [])
+        super().build_extensions()
+
+
+def make_extension():
+    nvcc, cuda_inc, cuda_lib = CUDA
+    nccl_inc, nccl_lib, nccl_home = NCCL
+    # $ORIGIN/../nvidia/nccl/lib is the wheel's libnccl beside an installed
+    # symnccl; symnccl/_loader.py preloads it explicitly in any case.
+    rpaths = ["$ORIGIN/../nvidia/nccl/lib"]
+    if nccl_home:
+        rpaths.append(nccl_lib)
+    return Extension(
+        "symnccl._C",
+        sources=sorted(glob.glob(os.path.join("csrc", "*.c"))),
+        include_dirs=["csrc", nccl_inc, cuda_inc],
+        library_dirs=[nccl_lib, cuda_lib],
+        libraries=["cudart_static", "dl", "pthread", "rt"],
+        extra_link_args=["-l:libnccl.so.2"]
+        + [f"-Wl,-rpath,{p}" for p in rpaths],
+        extra_compile_args=["-std=c11", "-O2", "-Wall", "-Wextra",
+                            "-Wno-unused-parameter",
+                            "-Wno-missing-field-initializers",
+                            "-Wno-cast-function-type"],
+        define_macros=[("Py_LIMITED_API", "0x030B0000")],
+        py_limited_api=True,
+    )
+
+
+if any(a in sys.argv for a in ("egg_info", "sdist", "dist_info")) and \
+        not any(a.startswith("build") or a in ("develop", "bdist_wheel",
+                "editable_wheel", "install") for a in sys.argv):
+    ext_modules = []   # metadata only: no toolchain needed
+else:
+    CUDA = find_cuda()
+    NCCL = find_nccl()
+    ext_modules = [make_extension()]
+
+setup(
+    ext_modules=ext_modules,
+    cmdclass={"build_ext": BuildExt},
+    options={"bdist_wheel": {"py_limited_api": "cp311"}},
+)

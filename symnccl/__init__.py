@@ -1,0 +1,131 @@
+"""symnccl: NCCL symmetric memory and device-initiated collectives for any
+Python GPU framework, through DLPack, zero-copy.
+
+Example (one process per GPU; rank 0 makes the id and shares it)::
+
+    import symnccl, torch
+    comm = symnccl.Communicator(uid, rank, nranks, device=rank)
+    buf = comm.empty((4096,), "bfloat16")     # symmetric window
+    t = torch.from_dlpack(buf)                # same memory
+    t.normal_()
+    comm.all_reduce(t)                        # in place, torch's stream
+    comm.close()
+"""
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+
+from . import _loader
+
+_NCCL_PATH = _loader.preload()
+
+from . import _C  # noqa: E402  (libnccl must be loaded first)
+
+_loader.check_version(_C.NCCL_BUILD_VERSION, _C.nccl_runtime_version(),
+                      _loader.loaded_nccl_path())
+
+from . import _frameworks  # noqa: E402
+from ._C import (  # noqa: E402
+    Communicator,
+    CudaError,
+    DeviceArray,
+    NcclError,
+    SymmetricBuffer,
+    get_unique_id,
+)
+
+_C._set_hooks(_frameworks.default_stream, _frameworks)
+
+__version__ = "0.1.0"
+__all__ = [
+    "Communicator", "SymmetricBuffer", "DeviceArray", "NcclError",
+    "CudaError", "get_unique_id", "group", "close_all", "versions",
+    "ALGORITHMS", "OPS", "DTYPES",
+]
+
+#: all_reduce algorithms available in this build.
+ALGORITHMS = ("nccl",)
+#: reduction ops.
+OPS = ("sum", "prod", "max", "min", "avg")
+#: dtypes accepted by every collective.
+DTYPES = ("float32", "bfloat16", "float16", "float64", "float8_e4m3fn",
+          "float8_e5m2", "int8", "uint8", "int32", "uint32", "int64",
+          "uint64")
+
+
+@contextlib.contextmanager
+def group():
+    """Bracket calls on several communicators driven by this thread
+    (ncclGroupStart/End). Needed around every collective call — including
+    empty()/zeros(), whose window registration is collective — when one
+    thread drives several GPUs. Buffers made inside are usable after exit.
+
+    Example::
+
+        comms = symnccl.Communicator.init_all([0, 1])
+        with symnccl.group():
+            bufs = [c.zeros(1024, "float32") for c in comms]
+        with symnccl.group():
+            for c, b in zip(comms, bufs):
+                c.all_reduce(b)
+    """
+    _C._group_start()
+    try:
+        yield
+    finally:
+        _C._group_end()
+
+
+def close_all(comms) -> None:
+    """Close several communicators (e.g. from init_all) from one thread.
+
+    Example::
+
+        symnccl.close_all(comms)
+    """
+    errors = []
+    for c in comms:
+        try:
+            c.close()
+        except Exception as e:  # close the rest, then report
+            errors.append(e)
+    if errors:
+        raise errors[0]
+
+
+def versions() -> dict:
+    """Versions of everything symnccl depends on, for reports.
+
+    Example::
+
+        >>> symnccl.versions()["nccl_runtime"]
+        '2.28.9'
+    """
+    def fmt(code):
+        return ".".join(map(str, _loader.version_tuple(code)))
+    cuda = _C.cuda_versions()
+
+    def cfmt(v):
+        return f"{v // 1000}.{(v % 1000) // 10}" if v else "none"
+    return {
+        "symnccl": __version__,
+        "nccl_build": fmt(_C.NCCL_BUILD_VERSION),
+        "nccl_runtime": fmt(_C.nccl_runtime_version()),
+        "nccl_library": _loader.loaded_nccl_path() or _NCCL_PATH,
+        "cuda_build": cfmt(_C.CUDA_BUILD_VERSION),
+        "cuda_runtime": cfmt(cuda["runtime"]),
+        "cuda_driver": cfmt(cuda["driver"]),
+        "device_count": cuda["device_count"],
+    }
+
+
+def _at_exit() -> None:
+    # Close what the program left open so that exit never hangs on NCCL:
+    # each close is bounded, and aborts when it cannot complete.
+    timeout = float(os.environ.get("SYMNCCL_EXIT_TIMEOUT", "30"))
+    _C._shutdown(timeout)
+
+
+atexit.register(_at_exit)

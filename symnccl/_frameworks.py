@@ -1,0 +1,55 @@
+"""Framework conventions the C core asks about: which stream an op runs on
+by default, and how a result of x's framework type is made.
+
+The core calls default_stream(x, device) when no stream= is given, and
+alloc(like, shape, device) / wrap(like, DeviceArray) when it must produce a
+new output. Nothing here imports a framework that is not already imported.
+"""
+from __future__ import annotations
+
+import sys
+
+
+def _framework(x) -> str:
+    if x is None:
+        return ""
+    mod = type(x).__module__ or ""
+    return mod.split(".", 1)[0]
+
+
+def default_stream(x, device: int) -> int:
+    """The caller's stream: torch's or cupy's current stream for their
+    tensors, else the legacy default stream (0)."""
+    fw = _framework(x)
+    if fw == "torch" or (x is None and "torch" in sys.modules
+                         and sys.modules["torch"].cuda.is_initialized()):
+        torch = sys.modules["torch"]
+        return torch.cuda.current_stream(device).cuda_stream
+    if fw == "cupy":
+        cupy = sys.modules["cupy"]
+        with cupy.cuda.Device(device):
+            return cupy.cuda.get_current_stream().ptr
+    return 0
+
+
+def alloc(like, shape: tuple, device: int):
+    """A new tensor of like's framework and dtype, or None to let symnccl
+    allocate (then wrap() converts it)."""
+    fw = _framework(like)
+    if fw == "torch":
+        torch = sys.modules["torch"]
+        return torch.empty(shape, dtype=like.dtype, device=like.device)
+    if fw == "cupy":
+        cupy = sys.modules["cupy"]
+        with cupy.cuda.Device(device):
+            return cupy.empty(shape, dtype=like.dtype)
+    return None
+
+
+def wrap(like, arr):
+    """Hand a symnccl DeviceArray to like's framework, zero-copy."""
+    fw = _framework(like)
+    if fw in ("jax", "jaxlib"):
+        import jax.dlpack
+        return jax.dlpack.from_dlpack(arr)
+    return arr
