@@ -10,6 +10,7 @@
  */
 #include "symnccl.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 #define SN_WINDOW_ALIGN 4096
@@ -128,6 +129,10 @@ buffer_dealloc(BufferObject *self)
     PyTypeObject *tp = Py_TYPE((PyObject *)self);
     SNState *st = sn_state_from_type(tp);
     int leak = st == NULL || st->shutting_down;
+    if (self->alloc_kind == SN_ALLOC_HOST) {
+        free(self->ptr);
+        self->ptr = NULL;
+    }
     if (!leak && self->ptr != NULL) {
         int prev;
         if (cudaGetDevice(&prev) == cudaSuccess) {
@@ -162,7 +167,46 @@ buffer_dlpack(BufferObject *self, PyObject *args, PyObject *kw)
 static PyObject *
 buffer_dlpack_device(BufferObject *self, PyObject *unused)
 {
-    return Py_BuildValue("(ii)", SN_kDLCUDA, self->device);
+    return Py_BuildValue("(ii)", self->alloc_kind == SN_ALLOC_HOST
+                                     ? SN_kDLCPU : SN_kDLCUDA, self->device);
+}
+
+PyObject *
+sn_py_host_buffer(PyObject *module, PyObject *args)
+{
+    SNState *st = PyModule_GetState(module);
+    PyObject *shape_obj, *dtype_obj;
+    if (!PyArg_ParseTuple(args, "OO", &shape_obj, &dtype_obj))
+        return NULL;
+    int ndim;
+    int64_t shape[SN_MAX_NDIM];
+    SN_DLDataType dt;
+    if (sn_parse_shape(shape_obj, &ndim, shape) < 0 ||
+        sn_parse_dtype(dtype_obj, &dt) < 0)
+        return NULL;
+    PyTypeObject *tp = st->DeviceArrayType;
+    BufferObject *b = (BufferObject *)((allocfunc)PyType_GetSlot(
+        tp, Py_tp_alloc))(tp, 0);
+    if (b == NULL)
+        return NULL;
+    size_t count = 1;
+    int64_t stride = 1;
+    for (int i = ndim - 1; i >= 0; i--) {
+        b->shape[i] = shape[i];
+        b->strides[i] = stride;
+        stride *= shape[i] > 0 ? shape[i] : 1;
+        count *= (size_t)shape[i];
+    }
+    b->ndim = ndim;
+    b->dtype = dt;
+    b->nbytes = count * (size_t)sn_dtype_itemsize(dt);
+    b->alloc_kind = SN_ALLOC_HOST;
+    b->ptr = calloc(1, b->nbytes ? b->nbytes : 1);
+    if (b->ptr == NULL) {
+        Py_DECREF(b);
+        return PyErr_NoMemory();
+    }
+    return (PyObject *)b;
 }
 
 static int
@@ -191,6 +235,11 @@ buffer_copy_from_host(BufferObject *self, PyObject *arg)
     if ((size_t)view.len != self->nbytes) {
         PyErr_Format(PyExc_ValueError, "copy_from_host: source has %zd "
                      "bytes, buffer has %zu", view.len, self->nbytes);
+        goto done;
+    }
+    if (self->alloc_kind == SN_ALLOC_HOST) {
+        memcpy(self->ptr, view.buf, self->nbytes);
+        res = Py_NewRef(Py_None);
         goto done;
     }
     int prev;
@@ -225,6 +274,10 @@ buffer_to_bytes(BufferObject *self, PyObject *unused)
                                               (Py_ssize_t)self->nbytes);
     if (out == NULL)
         return NULL;
+    if (self->alloc_kind == SN_ALLOC_HOST) {
+        memcpy(PyBytes_AsString(out), self->ptr, self->nbytes);
+        return out;
+    }
     int prev;
     if (sn_device_push(st, self->device, &prev) < 0) {
         Py_DECREF(out);

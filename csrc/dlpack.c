@@ -310,13 +310,17 @@ device_type_name(int t)
     }
 }
 
+/* device == -1: accept CPU tensors (the testing hook only). */
 static int
 check_device(int type, int id, int device, const char *argname)
 {
+    if (device == -1 && type == SN_kDLCPU)
+        return 0;
     if (type != SN_kDLCUDA) {
         PyErr_Format(PyExc_ValueError, "%s: expected a CUDA tensor on "
                      "cuda:%d, got %s tensor (DLPack device type %d)",
-                     argname, device, device_type_name(type), type);
+                     argname, device < 0 ? 0 : device,
+                     device_type_name(type), type);
         return -1;
     }
     if (id != device) {
@@ -411,7 +415,9 @@ import_own(SNState *st, BufferObject *b, cudaStream_t stream, int device,
                      "enclosing symnccl.group() exits", argname);
         return -1;
     }
-    if (check_device(SN_kDLCUDA, b->device, device, argname) < 0)
+    int host = b->alloc_kind == SN_ALLOC_HOST;
+    if (check_device(host ? SN_kDLCPU : SN_kDLCUDA, b->device, device,
+                     argname) < 0)
         return -1;
     t->own = b;
     t->ptr = b->ptr;
@@ -426,7 +432,7 @@ import_own(SNState *st, BufferObject *b, cudaStream_t stream, int device,
         t->count *= (size_t)b->shape[i];
     }
     /* The last op that wrote the buffer ran on last_stream: order it. */
-    if (b->has_last_stream && b->last_stream != stream) {
+    if (!host && b->has_last_stream && b->last_stream != stream) {
         if (b->event == NULL)
             SN_CUDA_GOTO(st, cudaEventCreateWithFlags(
                              &b->event, cudaEventDisableTiming),
@@ -441,16 +447,20 @@ error:
     return -1;
 }
 
+/* The stream argument is for CUDA producers; CPU ones take None. */
 static PyObject *
-call_dlpack(SNState *st, PyObject *obj, cudaStream_t stream)
+call_dlpack(SNState *st, PyObject *obj, cudaStream_t stream, int cuda)
 {
     PyObject *meth = PyObject_GetAttr(obj, st->str_dlpack);
     if (meth == NULL)
         return NULL;
-    PyObject *kw = Py_BuildValue("{s:n,s:(ii)}", "stream",
-                                 (Py_ssize_t)sn_stream_to_dlpack(stream),
-                                 "max_version", SYMNCCL_DLPACK_MAJOR,
-                                 SYMNCCL_DLPACK_MINOR);
+    PyObject *kw = cuda ? Py_BuildValue("{s:n,s:(ii)}", "stream",
+                                        (Py_ssize_t)sn_stream_to_dlpack(stream),
+                                        "max_version", SYMNCCL_DLPACK_MAJOR,
+                                        SYMNCCL_DLPACK_MINOR)
+                        : Py_BuildValue("{s:(ii)}", "max_version",
+                                        SYMNCCL_DLPACK_MAJOR,
+                                        SYMNCCL_DLPACK_MINOR);
     PyObject *empty = PyTuple_New(0);
     PyObject *cap = NULL;
     if (kw != NULL && empty != NULL) {
@@ -483,12 +493,12 @@ sn_tensor_import(SNState *st, PyObject *obj, cudaStream_t stream, int device,
     }
     /* Ask where it lives first: a CPU producer gets a clean message and no
      * stream argument it could reject. */
+    int type = SN_kDLCUDA, id = -1;
     if (PyObject_HasAttr(obj, st->str_dlpack_device)) {
         PyObject *d = PyObject_CallMethodObjArgs(obj, st->str_dlpack_device,
                                                  NULL);
         if (d == NULL)
             return -1;
-        int type = -1, id = -1;
         int ok = PyArg_ParseTuple(d, "ii", &type, &id);
         Py_DECREF(d);
         if (!ok)
@@ -496,7 +506,7 @@ sn_tensor_import(SNState *st, PyObject *obj, cudaStream_t stream, int device,
         if (check_device(type, id, device, argname) < 0)
             return -1;
     }
-    PyObject *cap = call_dlpack(st, obj, stream);
+    PyObject *cap = call_dlpack(st, obj, stream, type == SN_kDLCUDA);
     if (cap == NULL)
         return -1;
     if (PyCapsule_IsValid(cap, "dltensor_versioned")) {
@@ -622,10 +632,11 @@ sn_buffer_dlpack(BufferObject *b, PyObject *args, PyObject *kw)
         int type, id;
         if (!PyArg_ParseTuple(dl_device, "ii", &type, &id))
             return NULL;
-        if (type != SN_kDLCUDA || id != b->device) {
+        int want = b->alloc_kind == SN_ALLOC_HOST ? SN_kDLCPU : SN_kDLCUDA;
+        if (type != want || id != b->device) {
             PyErr_Format(PyExc_BufferError, "dl_device (%d, %d) requested, "
                          "but the buffer lives on (%d, %d) and cannot be "
-                         "copied", type, id, SN_kDLCUDA, b->device);
+                         "copied", type, id, want, b->device);
             return NULL;
         }
     }
@@ -664,6 +675,8 @@ sn_buffer_dlpack(BufferObject *b, PyObject *args, PyObject *kw)
         else
             consumer = sv == 1 ? NULL : (cudaStream_t)(uintptr_t)sv;
     }
+    if (b->alloc_kind == SN_ALLOC_HOST)
+        sync = 0;
     if (sync && b->has_last_stream && b->last_stream != consumer) {
         int prev;
         if (sn_device_push(st, b->device, &prev) < 0)
@@ -685,7 +698,8 @@ sn_buffer_dlpack(BufferObject *b, PyObject *args, PyObject *kw)
         return PyErr_NoMemory();
     SN_DLTensor *dl = versioned ? &ex->v.dl_tensor : &ex->l.dl_tensor;
     dl->data = b->ptr;
-    dl->device.device_type = SN_kDLCUDA;
+    dl->device.device_type = b->alloc_kind == SN_ALLOC_HOST ? SN_kDLCPU
+                                                            : SN_kDLCUDA;
     dl->device.device_id = b->device;
     dl->ndim = b->ndim;
     dl->dtype = b->dtype;
@@ -721,4 +735,31 @@ sn_buffer_dlpack(BufferObject *b, PyObject *args, PyObject *kw)
     Py_INCREF((PyObject *)b);
     b->exports++;
     return cap;
+}
+
+/* ------------------------------------------------------------------ */
+/* Testing hooks: exercise import and export without a GPU.             */
+
+PyObject *
+sn_py_import_info(PyObject *module, PyObject *args)
+{
+    SNState *st = PyModule_GetState(module);
+    PyObject *obj;
+    int device;
+    if (!PyArg_ParseTuple(args, "Oi", &obj, &device))
+        return NULL;
+    SNTensor t;
+    if (sn_tensor_import(st, obj, NULL, device, "x", &t) < 0)
+        return NULL;
+    PyObject *shape = PyTuple_New(t.ndim);
+    for (int i = 0; shape != NULL && i < t.ndim; i++)
+        PyTuple_SetItem(shape, i, PyLong_FromLongLong(t.shape[i]));
+    PyObject *r = shape == NULL ? NULL : Py_BuildValue(
+        "{s:N,s:i,s:s,s:N,s:n,s:O,s:O}", "ptr", PyLong_FromVoidPtr(t.ptr),
+        "device", t.device, "dtype", sn_dtype_name(t.dtype), "shape", shape,
+        "count", (Py_ssize_t)t.count, "versioned",
+        t.versioned ? Py_True : Py_False, "readonly",
+        t.readonly ? Py_True : Py_False);
+    sn_tensor_release(&t);
+    return r;
 }

@@ -423,6 +423,12 @@ static PyMethodDef sn_methods[] = {
      "(request, reason). The decision the Communicator takes, as a pure "
      "function of the environment values (None for unset)."},
     {"_dtype_info", py_dtype_info, METH_O, NULL},
+    {"_import_info", sn_py_import_info, METH_VARARGS,
+     "_import_info(obj, device) -> dict: what DLPack import sees (testing; "
+     "device=-1 also accepts CPU tensors)."},
+    {"_host_buffer", sn_py_host_buffer, METH_VARARGS,
+     "_host_buffer(shape, dtype): host memory exported as a CPU DLPack "
+     "tensor by the same code as SymmetricBuffer (testing)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -73,7 +73,9 @@ typedef struct CommObject {
     sn_window *windows;
 } CommObject;
 
-enum { SN_ALLOC_NCCL = 1, SN_ALLOC_CUDA = 2 };
+/* SN_ALLOC_HOST: malloc'd host memory exported as a CPU tensor, only for
+ * testing the DLPack machinery on machines without a GPU. */
+enum { SN_ALLOC_NCCL = 1, SN_ALLOC_CUDA = 2, SN_ALLOC_HOST = 3 };
 
 typedef struct {
     PyObject_HEAD
@@ -177,6 +179,9 @@ intptr_t sn_stream_to_dlpack(cudaStream_t s);
 /* Borrow any DLPack tensor; `stream` is the consumer's stream. */
 int sn_tensor_import(SNState *st, PyObject *obj, cudaStream_t stream,
                      int device, const char *argname, SNTensor *t);
+/* Testing hooks (module functions _import_info and _host_buffer). */
+PyObject *sn_py_import_info(PyObject *module, PyObject *args);
+PyObject *sn_py_host_buffer(PyObject *module, PyObject *args);
 void sn_tensor_release(SNTensor *t);
 PyObject *sn_buffer_dlpack(BufferObject *b, PyObject *args, PyObject *kw);
 int sn_is_immutable(PyObject *obj);

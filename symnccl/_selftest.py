@@ -1,0 +1,93 @@
+"""The correctness check run by `python -m symnccl`: every collective, algo,
+dtype and op on SymmetricBuffers, against a float64 reference, with
+poisoned outputs and sizes that are multiples of nothing."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from . import _check
+
+SIZES = (1, 7, 4099, 65537 * 3)
+
+
+def _fill(buf, arr):
+    buf.copy_from_host(np.ascontiguousarray(arr).view(np.uint8))
+
+
+def _read(buf, npdt):
+    return np.frombuffer(buf.to_bytes(), npdt)
+
+
+def worker(rank, nranks, uid, seed=1234, quick=False):
+    import symnccl
+    comm = symnccl.Communicator(uid, rank, nranks, device=rank)
+    info = {
+        "rank": rank, "device": comm.device, "lsa_size": comm.lsa_size,
+        "symmetric": comm.symmetric,
+        "symmetric_reason": comm.symmetric_reason,
+        "multicast": comm.multicast,
+        "multicast_reason": comm.multicast_reason,
+    }
+    rows, skipped = [], []
+    sizes = SIZES[:3] if quick else SIZES
+    for dtype in symnccl.DTYPES:
+        npdt = _check.numpy_dtype(dtype)
+        if npdt is None:
+            skipped.append((dtype, "ml_dtypes is not installed"))
+            continue
+        for count in sizes:
+            x = comm.empty((count,), dtype)
+            y = comm.empty((count,), dtype)
+            for algo in symnccl.ALGORITHMS:
+                for op in symnccl.OPS:
+                    ins = [_check.make_input(dtype, count, r, seed, op)
+                           for r in range(nranks)]
+                    for inplace in (False, True):
+                        _fill(x, ins[rank])
+                        if inplace:
+                            comm.all_reduce(x, op=op, algo=algo)
+                            out = _read(x, npdt)
+                        else:
+                            _fill(y, _check.poison(y.nbytes))
+                            comm.all_reduce(x, out=y, op=op, algo=algo)
+                            out = _read(y, npdt)
+                        wrong = _check.count_wrong(out, op, ins, dtype)
+                        rows.append(("all_reduce" + ("(in place)" if inplace
+                                                     else ""), algo, dtype,
+                                     op, count, wrong))
+            del x, y
+        # reduce_scatter / all_gather / broadcast through NCCL
+        count = sizes[-1]
+        ins = [_check.make_input(dtype, count * nranks, r, seed)
+               for r in range(nranks)]
+        x = comm.empty((count * nranks,), dtype)
+        y = comm.empty((count,), dtype)
+        _fill(x, ins[rank])
+        _fill(y, _check.poison(y.nbytes))
+        comm.reduce_scatter(x, out=y)
+        part = [a[rank * count:(rank + 1) * count] for a in ins]
+        rows.append(("reduce_scatter", "nccl", dtype, "sum", count,
+                     _check.count_wrong(_read(y, npdt), "sum", part, dtype)))
+        small = [_check.make_input(dtype, count, r, seed + 1)
+                 for r in range(nranks)]
+        _fill(y, small[rank])
+        _fill(x, _check.poison(x.nbytes))
+        comm.all_gather(y, out=x)
+        got = _read(x, npdt)
+        want = np.concatenate(small)
+        rows.append(("all_gather", "nccl", dtype, "-", count,
+                     int(np.count_nonzero(got.view(np.uint8)
+                                          != want.view(np.uint8)))))
+        root = nranks - 1
+        _fill(y, small[rank])
+        comm.broadcast(y, root=root)
+        rows.append(("broadcast", "nccl", dtype, "-", count,
+                     int(np.count_nonzero(_read(y, npdt).view(np.uint8)
+                                          != small[root].view(np.uint8)))))
+        del x, y
+    comm.barrier(blocking=True)
+    comm.close()
+    return {"info": info, "rows": rows, "skipped": skipped,
+            "pid": os.getpid()}

@@ -1,0 +1,88 @@
+"""Starting ranks: one process per local GPU, unique id shared by the parent.
+
+Example::
+
+    from symnccl.bootstrap import spawn
+
+    def work(rank, nranks, uid):
+        comm = symnccl.Communicator(uid, rank, nranks, device=rank)
+        ...
+        return result
+
+    results = spawn(work, nranks=2)   # [result of rank 0, result of rank 1]
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import queue
+import time
+import traceback
+
+from . import _C
+
+__all__ = ["spawn", "local_device_count"]
+
+
+def local_device_count() -> int:
+    """Number of CUDA devices this process sees (0 without a driver)."""
+    return _C.cuda_versions()["device_count"]
+
+
+def _child(target, rank, nranks, uid, args, q):
+    try:
+        q.put((rank, True, target(rank, nranks, uid, *args)))
+    except BaseException as e:  # report every failure to the parent
+        q.put((rank, False, f"{type(e).__name__}: {e}\n"
+                            f"{traceback.format_exc()}"))
+
+
+def spawn(target, nranks: int, args: tuple = (), timeout: float = 900.0):
+    """Run target(rank, nranks, unique_id, *args) in nranks fresh processes
+    (multiprocessing 'spawn'; children inherit this environment unchanged)
+    and return their results in rank order. Raises RuntimeError naming the
+    rank that failed, and TimeoutError if the ranks do not finish in time;
+    no child outlives the call."""
+    ctx = mp.get_context("spawn")
+    uid = _C.get_unique_id()
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_child, args=(target, r, nranks, uid, args,
+                                              q), daemon=True)
+             for r in range(nranks)]
+    for p in procs:
+        p.start()
+    results, errors = {}, {}
+    deadline = time.monotonic() + timeout
+    try:
+        while len(results) + len(errors) < nranks:
+            if errors:   # peers of a failed rank would wait on it: end soon
+                deadline = min(deadline, time.monotonic() + 20.0)
+            left = deadline - time.monotonic()
+            if left <= 0 and errors:
+                break
+            if left <= 0:
+                raise TimeoutError(
+                    f"ranks {sorted(set(range(nranks)) - set(results) - set(errors))} "
+                    f"did not finish within {timeout:.0f} s")
+            try:
+                rank, ok, val = q.get(timeout=min(left, 1.0))
+            except queue.Empty:
+                dead = [r for r, p in enumerate(procs)
+                        if p.exitcode not in (None, 0)
+                        and r not in results and r not in errors]
+                for r in dead:
+                    errors[r] = f"process exited with code {procs[r].exitcode}"
+                continue
+            (results if ok else errors)[rank] = val
+        if errors:
+            r = min(errors)
+            raise RuntimeError(f"rank {r} of {nranks} failed: {errors[r]}")
+        for p in procs:
+            p.join(timeout=60)
+        return [results[r] for r in range(nranks)]
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+                p.join(5)
+                if p.is_alive():
+                    p.kill()

@@ -1,0 +1,308 @@
+"""CPU tier: runs everywhere, no GPU or driver needed."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import symnccl
+from symnccl import _C, _check, _loader
+from symnccl.bootstrap import local_device_count, spawn
+
+
+def test_import_reports_matching_nccl_versions():
+    v = symnccl.versions()
+    assert v["nccl_build"].split(".")[:2] == v["nccl_runtime"].split(".")[:2]
+    assert v["nccl_build"].startswith("2.28.")
+    assert "libnccl.so" in v["nccl_library"]
+
+
+def test_loaded_nccl_is_the_wheel_or_nccl_home():
+    path = _loader.loaded_nccl_path()
+    assert path is not None
+    home = os.environ.get("NCCL_HOME")
+    assert "nvidia/nccl/lib" in path or (home and path.startswith(home))
+
+
+def test_version_tuple_decodes_nccl_version_codes():
+    assert _loader.version_tuple(22809) == (2, 28, 9)
+    assert _loader.version_tuple(22903) == (2, 29, 3)
+    assert _loader.version_tuple(2708) == (2, 7, 8)
+
+
+def test_check_version_accepts_same_major_minor():
+    _loader.check_version(22809, 22803)
+
+
+def test_check_version_names_both_versions_on_mismatch():
+    with pytest.raises(ImportError, match=r"built against NCCL 2\.28\.9.*"
+                                          r"is 2\.29\.1"):
+        _loader.check_version(22809, 22901, "/x/libnccl.so.2")
+
+
+def test_unique_id_is_128_fresh_bytes():
+    a, b = symnccl.get_unique_id(), symnccl.get_unique_id()
+    assert isinstance(a, bytes) and len(a) == 128 and a != b
+
+
+@pytest.mark.parametrize("requested", [False, True])
+def test_multicast_never_requested_when_nvls_disabled(requested):
+    req, why = _C._multicast_gate(requested, "0", None, None)
+    assert req is False and "NCCL_NVLS_ENABLE=0" in why
+
+
+@pytest.mark.parametrize("value", ["1", "true", "yes"])
+def test_multicast_never_requested_when_torch_disables_it(value):
+    req, why = _C._multicast_gate(True, None, value, None)
+    assert req is False and "TORCH_SYMM_MEM_DISABLE_MULTICAST" in why
+
+
+def test_multicast_never_requested_when_nvshmem_disables_nvls():
+    req, why = _C._multicast_gate(True, None, None, "1")
+    assert req is False and "NVSHMEM_DISABLE_NVLS" in why
+
+
+def test_multicast_requested_only_on_opt_in():
+    assert _C._multicast_gate(False, None, None, None)[0] is False
+    assert _C._multicast_gate(True, None, None, None) == (True, "requested")
+    assert _C._multicast_gate(True, None, "0", "0") == (True, "requested")
+
+
+def test_communicator_rejects_a_short_unique_id():
+    with pytest.raises(ValueError, match="128 bytes"):
+        symnccl.Communicator(b"x" * 16, 0, 1, 0)
+
+
+@pytest.mark.parametrize("rank,nranks", [(2, 2), (-1, 2), (0, 0)])
+def test_communicator_rejects_rank_out_of_range(uid, rank, nranks):
+    with pytest.raises(ValueError, match="out of range"):
+        symnccl.Communicator(uid, rank, nranks, 0)
+
+
+def test_communicator_rejects_bad_timeout(uid):
+    with pytest.raises(ValueError, match="timeout"):
+        symnccl.Communicator(uid, 0, 1, 0, timeout=0)
+
+
+@pytest.mark.skipif(local_device_count() > 0, reason="a GPU is visible")
+def test_communicator_without_gpu_raises_cuda_error(uid):
+    with pytest.raises(symnccl.CudaError) as e:
+        symnccl.Communicator(uid, 0, 1, 0)
+    assert isinstance(e.value, RuntimeError) and e.value.code != 0
+
+
+def test_error_types_are_runtime_errors():
+    assert issubclass(symnccl.NcclError, RuntimeError)
+    assert issubclass(symnccl.CudaError, RuntimeError)
+
+
+def test_buffers_cannot_be_constructed_directly():
+    with pytest.raises(TypeError, match="Communicator.empty"):
+        symnccl.SymmetricBuffer()
+
+
+@pytest.mark.parametrize("spec,name,bits", [
+    ("bf16", "bfloat16", 16), ("float32", "float32", 32),
+    (np.float16, "float16", 16), (np.dtype("int64"), "int64", 64),
+    ("float8_e4m3fn", "float8_e4m3fn", 8), ("fp8_e5m2", "float8_e5m2", 8)])
+def test_dtype_spellings(spec, name, bits):
+    assert _C._dtype_info(spec)[0] == name and _C._dtype_info(spec)[2] == bits
+
+
+def test_unsupported_dtype_names_it_and_the_supported_ones():
+    with pytest.raises(TypeError, match="unsupported dtype complex64: "
+                                        "expected one of float32, bfloat16"):
+        _C._dtype_info("complex64")
+
+
+# ---------------------------------------------------------------- DLPack in
+
+def test_import_rejects_cpu_tensor_with_both_devices_named():
+    with pytest.raises(ValueError, match="expected a CUDA tensor on cuda:0, "
+                                         "got a CPU tensor"):
+        _C._import_info(np.ones(4, np.float32), 0)
+
+
+def test_import_rejects_objects_without_dlpack():
+    with pytest.raises(TypeError, match="supports DLPack.*list"):
+        _C._import_info([1.0, 2.0], 0)
+
+
+def test_import_rejects_non_contiguous_with_strides_named():
+    a = np.ones((4, 6), np.float32)[:, ::2]
+    with pytest.raises(ValueError, match="not contiguous.*stride 2, "
+                                         "expected 1"):
+        _C._import_info(a, -1)
+
+
+def test_import_rejects_unsupported_dtype():
+    with pytest.raises(TypeError, match="unsupported dtype.*code 5"):
+        _C._import_info(np.ones(3, np.complex64), -1)
+
+
+def test_import_applies_byte_offset_and_reads_shape():
+    base = np.arange(20, dtype=np.int32)
+    info = _C._import_info(base[3:], -1)
+    assert info["ptr"] == base.ctypes.data + 12
+    assert info["shape"] == (17,) and info["count"] == 17
+    assert info["dtype"] == "int32"
+
+
+def test_import_accepts_versioned_capsules_and_reads_readonly_flag():
+    a = np.ones(5, np.float64)
+    a.flags.writeable = False
+    info = _C._import_info(a, -1)
+    assert info["versioned"] is True and info["readonly"] is True
+
+
+class LegacyProducer:
+    """A producer that predates max_version: TypeError on the keyword."""
+
+    def __init__(self, arr):
+        self.arr = arr
+
+    def __dlpack__(self, stream=None):
+        return self.arr.__dlpack__()
+
+    def __dlpack_device__(self):
+        return self.arr.__dlpack_device__()
+
+
+def test_import_falls_back_to_legacy_capsules():
+    a = np.arange(6, dtype=np.uint8).reshape(2, 3)
+    info = _C._import_info(LegacyProducer(a), -1)
+    assert info["versioned"] is False and info["shape"] == (2, 3)
+
+
+def test_import_releases_the_producer_reference():
+    a = np.ones(8, np.float32)
+    before = sys.getrefcount(a)
+    for _ in range(50):
+        _C._import_info(a, -1)
+    assert sys.getrefcount(a) == before
+
+
+# --------------------------------------------------------------- DLPack out
+
+def test_export_is_zero_copy_and_round_trips():
+    buf = _C._host_buffer((3, 5), "float32")
+    view = np.from_dlpack(buf)
+    view[:] = np.arange(15, dtype=np.float32).reshape(3, 5)
+    assert view.shape == (3, 5) and view.dtype == np.float32
+    back = np.frombuffer(buf.to_bytes(), np.float32).reshape(3, 5)
+    np.testing.assert_array_equal(back, view)
+    assert _C._import_info(buf, -1)["ptr"] == buf.ptr
+
+
+def test_export_legacy_without_max_version():
+    buf = _C._host_buffer(4, "int32")
+    cap = buf.__dlpack__()
+    assert "dltensor" in repr(cap) and "versioned" not in repr(cap)
+
+
+def test_export_versioned_with_max_version():
+    buf = _C._host_buffer(4, "int32")
+    assert "dltensor_versioned" in repr(buf.__dlpack__(max_version=(1, 0)))
+
+
+def test_export_rejects_copy_and_foreign_device():
+    buf = _C._host_buffer(4, "int32")
+    with pytest.raises(BufferError, match="copy=True"):
+        buf.__dlpack__(copy=True)
+    with pytest.raises(BufferError, match=r"dl_device \(2, 0\) requested"):
+        buf.__dlpack__(dl_device=(2, 0))
+
+
+def test_export_rejects_ambiguous_stream_zero():
+    buf = _C._host_buffer(4, "int32")
+    with pytest.raises(ValueError, match="stream=0 is ambiguous"):
+        buf.__dlpack__(stream=0)
+
+
+def test_unconsumed_capsule_releases_the_buffer():
+    buf = _C._host_buffer(4, "int32")
+    cap = buf.__dlpack__(max_version=(1, 0))
+    assert buf._exports == 1
+    del cap
+    assert buf._exports == 0
+
+
+@pytest.mark.parametrize("drop_buffer_first", [True, False])
+def test_view_outlives_buffer_in_either_order(drop_buffer_first):
+    buf = _C._host_buffer(1000, "float64")
+    view = np.from_dlpack(buf)
+    view[:] = 7.0
+    if drop_buffer_first:
+        del buf
+        assert view.sum() == 7000.0
+        del view
+    else:
+        del view
+        assert buf._exports == 0
+        del buf
+
+
+def test_copy_from_host_checks_size():
+    buf = _C._host_buffer(4, "float32")
+    with pytest.raises(ValueError, match="source has 8 bytes, buffer has 16"):
+        buf.copy_from_host(np.ones(2, np.float32))
+
+
+# ------------------------------------------------------------- references
+
+def test_count_wrong_catches_one_bad_element_and_nan():
+    ins = [_check.make_input("bfloat16", 1000, r, 1) for r in range(4)]
+    out = _check.reference("sum", ins, "bfloat16").astype(ins[0].dtype)
+    assert _check.count_wrong(out, "sum", ins, "bfloat16") == 0
+    bad = out.copy()
+    bad[17] = bad[17] + np.float32(0.5)
+    assert _check.count_wrong(bad, "sum", ins, "bfloat16") == 1
+    poisoned = np.frombuffer(_check.poison(bad.nbytes).tobytes(), bad.dtype)
+    assert _check.count_wrong(poisoned, "sum", ins, "bfloat16") == 1000
+
+
+@pytest.mark.parametrize("dtype", symnccl.DTYPES)
+def test_inputs_are_random_and_nonzero(dtype):
+    a = _check.make_input(dtype, 4099, 0, 7)
+    b = _check.make_input(dtype, 4099, 1, 7)
+    assert np.count_nonzero(a.astype(np.float64)) > 3000
+    assert not np.array_equal(a, b)
+
+
+def test_integer_reference_wraps_like_the_hardware():
+    ins = [np.array([100], np.int8), np.array([100], np.int8)]
+    assert _check.count_wrong(np.array([-56], np.int8), "sum", ins,
+                              "int8") == 0
+
+
+# ------------------------------------------------------------- bootstrap
+
+def _double(rank, nranks, uid, k):
+    assert len(uid) == 128
+    return rank * k
+
+
+def _fail_on_one(rank, nranks, uid):
+    if rank == 1:
+        raise ValueError("planted failure")
+    return rank
+
+
+def test_spawn_returns_results_in_rank_order():
+    assert spawn(_double, 3, args=(10,), timeout=120) == [0, 10, 20]
+
+
+def test_spawn_names_the_failing_rank():
+    with pytest.raises(RuntimeError, match="rank 1 of 2 failed: ValueError: "
+                                           "planted failure"):
+        spawn(_fail_on_one, 2, timeout=120)
+
+
+@pytest.mark.skipif(local_device_count() > 0, reason="a GPU is visible")
+def test_cli_reports_versions_and_no_gpu():
+    r = subprocess.run([sys.executable, "-m", "symnccl"], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 1
+    assert "NCCL    2.28" in r.stdout and "no CUDA device" in r.stdout
+    assert "NCCL_NVLS_ENABLE=" in r.stdout

@@ -1,0 +1,161 @@
+"""GPU tier, one GPU: a 1-rank communicator, zero-copy views per framework,
+buffer lifetime, streams and CUDA graphs."""
+import numpy as np
+import pytest
+
+import symnccl
+from symnccl import _check
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture
+def comm(uid):
+    c = symnccl.Communicator(uid, 0, 1, device=0, timeout=60)
+    yield c
+    c.close()
+
+
+def test_one_rank_communicator_properties(comm):
+    assert (comm.rank, comm.nranks, comm.device) == (0, 1, 0)
+    assert comm.symmetric, comm.symmetric_reason
+    assert comm.lsa_size == 1
+    assert comm.multicast is False and comm.multicast_reason
+    assert "rank=0 nranks=1" in repr(comm)
+
+
+def test_empty_registers_one_window_and_zeros_is_zero(comm):
+    b = comm.zeros((3, 1000), "bfloat16")
+    assert b.registered and b.shape == (3, 1000) and b.nbytes == 6000
+    assert not any(b.to_bytes())
+
+
+def test_torch_view_is_zero_copy(comm):
+    torch = pytest.importorskip("torch")
+    b = comm.empty((17, 3), "bfloat16")
+    t = torch.from_dlpack(b)
+    assert t.data_ptr() == b.ptr and t.dtype == torch.bfloat16
+    assert t.shape == (17, 3) and t.device == torch.device("cuda", 0)
+
+
+def test_cupy_view_is_zero_copy(comm):
+    cupy = pytest.importorskip("cupy")
+    b = comm.empty(1001, "float32")
+    a = cupy.from_dlpack(b)
+    assert a.data.ptr == b.ptr and a.shape == (1001,)
+
+
+def test_jax_view_is_zero_copy(comm):
+    jax = pytest.importorskip("jax")
+    b = comm.empty(4096, "float32")
+    b.copy_from_host(np.arange(4096, dtype=np.float32))
+    a = jax.dlpack.from_dlpack(b)
+    assert a.unsafe_buffer_pointer() == b.ptr
+    assert float(a.sum()) == float(np.arange(4096, dtype=np.float32).sum())
+
+
+@pytest.mark.parametrize("dtype", symnccl.DTYPES)
+def test_all_reduce_one_rank_every_dtype_is_identity(comm, dtype):
+    npdt = _check.numpy_dtype(dtype)
+    if npdt is None:
+        pytest.skip("ml_dtypes is not installed")
+    x, y = comm.empty(4099, dtype), comm.empty(4099, dtype)
+    for op in symnccl.OPS:
+        ins = [_check.make_input(dtype, 4099, 0, 3, op)]
+        x.copy_from_host(ins[0].view(np.uint8))
+        y.copy_from_host(_check.poison(y.nbytes))
+        comm.all_reduce(x, out=y, op=op)
+        assert _check.count_wrong(np.frombuffer(y.to_bytes(), npdt), op, ins,
+                                  dtype) == 0
+
+
+def test_torch_in_place_returns_the_same_tensor(comm):
+    torch = pytest.importorskip("torch")
+    t = torch.randn(1000, device="cuda")
+    assert comm.all_reduce(t) is t
+
+
+def test_jax_all_reduce_returns_new_jax_array(comm):
+    jax = pytest.importorskip("jax")
+    x = jax.numpy.arange(1000, dtype=jax.numpy.float32)
+    y = comm.all_reduce(x)
+    assert isinstance(y, jax.Array) and y is not x
+    np.testing.assert_array_equal(np.asarray(y), np.asarray(x))
+
+
+def test_cupy_out_of_place_returns_cupy(comm):
+    cupy = pytest.importorskip("cupy")
+    x = cupy.arange(1000, dtype=cupy.float32)
+    out = cupy.full(1000, cupy.nan, dtype=cupy.float32)
+    assert comm.all_reduce(x, out=out) is out
+    assert bool((out == x).all())
+    g = comm.all_gather(x)
+    assert isinstance(g, cupy.ndarray) and g.shape == (1000,)
+
+
+def test_closed_communicator_refuses_ops(uid):
+    torch = pytest.importorskip("torch")
+    c = symnccl.Communicator(uid, 0, 1, device=0)
+    c.close()
+    with pytest.raises(RuntimeError, match="is closed"):
+        c.all_reduce(torch.ones(3, device="cuda"))
+    with pytest.raises(RuntimeError, match="is closed"):
+        c.empty(10)
+
+
+def test_context_manager_closes(uid):
+    with symnccl.Communicator(uid, 0, 1, device=0) as c:
+        assert not c.closed
+    assert c.closed
+
+
+@pytest.mark.parametrize("close_first", [True, False])
+def test_views_outlive_buffer_and_communicator(uid, close_first):
+    torch = pytest.importorskip("torch")
+    c = symnccl.Communicator(uid, 0, 1, device=0)
+    b = c.empty(1 << 20, "float32")
+    t = torch.from_dlpack(b)
+    t.fill_(3.0)
+    del b
+    if close_first:
+        c.close()
+        assert float(t.sum()) == 3.0 * (1 << 20)
+        del t
+    else:
+        del t
+        c.close()
+
+
+def test_abort_is_final(uid):
+    c = symnccl.Communicator(uid, 0, 1, device=0)
+    c.abort()
+    assert c.closed and "aborted" in repr(c)
+    c.close()
+
+
+def test_torch_cuda_graph_capture_and_replay(comm):
+    torch = pytest.importorskip("torch")
+    x = torch.randn(4099, device="cuda")
+    out = torch.empty_like(x)
+    comm.all_reduce(x, out=out)   # NCCL connects lazily: once eagerly
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        comm.all_reduce(x, out=out, op="max")
+    for _ in range(3):
+        x.copy_(torch.randn(4099, device="cuda"))
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, x)
+
+
+def test_explicit_stream_argument_forms(comm):
+    torch = pytest.importorskip("torch")
+    s = torch.cuda.Stream()
+    x = torch.ones(100, device="cuda")
+    for form in (s, s.cuda_stream):
+        comm.all_reduce(x, stream=form)
+    s.synchronize()
+    with pytest.raises(TypeError, match="stream must be"):
+        comm.all_reduce(x, stream="fast")
