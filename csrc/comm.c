@@ -10,6 +10,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static SNState *
 comm_state(CommObject *self)
@@ -63,7 +64,7 @@ create_devcomm(SNState *st, CommObject *c)
         Py_BEGIN_ALLOW_THREADS
         rc = symnccl_devcomm_create(c->comm, SN_MAX_CTAS, mc, &dc);
         Py_END_ALLOW_THREADS
-        if (rc == ncclInProgress) {
+        if (rc == ncclInProgress || rc == ncclSuccess) {
             if (sn_wait_comms(st, &c->comm, 1, c->timeout,
                               "ncclDevCommCreate") < 0) {
                 if (!PyErr_ExceptionMatches(st->NcclError)) {
@@ -248,8 +249,7 @@ comm_new(PyTypeObject *tp, PyObject *args, PyObject *kw)
         sn_set_nccl_error(st, rc, c->comm, "ncclCommInitRankConfig");
         goto error;
     }
-    if (rc == ncclInProgress &&
-        sn_wait_comms(st, &c->comm, 1, timeout, "ncclCommInitRankConfig") < 0)
+    if (sn_wait_comms(st, &c->comm, 1, timeout, "ncclCommInitRankConfig") < 0)
         goto error;
     if (create_devcomm(st, c) < 0 || alloc_scratch(st, c) < 0)
         goto error;
@@ -507,12 +507,18 @@ sn_comm_window_release(CommObject *c, sn_window *w)
         if (cudaGetDevice(&prev) == cudaSuccess) {
             cudaSetDevice(c->device);
             cudaDeviceSynchronize();
-            ncclResult_t rc = ncclCommWindowDeregister(c->comm, w->win);
-            if (rc == ncclInProgress) {
-                ncclResult_t a = ncclInProgress;
-                while (ncclCommGetAsyncError(c->comm, &a) == ncclSuccess &&
-                       a == ncclInProgress)
-                    ;
+            /* No Python error can be raised from a deallocator: wait,
+             * bounded, without the wait helper. */
+            ncclCommWindowDeregister(c->comm, w->win);
+            struct timespec t0, t1, pause = {0, 20000};
+            clock_gettime(CLOCK_MONOTONIC, &t0);
+            ncclResult_t a = ncclInProgress;
+            while (ncclCommGetAsyncError(c->comm, &a) == ncclSuccess &&
+                   a == ncclInProgress) {
+                nanosleep(&pause, NULL);
+                clock_gettime(CLOCK_MONOTONIC, &t1);
+                if (t1.tv_sec - t0.tv_sec > (time_t)c->timeout)
+                    break;
             }
             cudaSetDevice(prev);
         }

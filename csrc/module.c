@@ -85,6 +85,16 @@ int
 sn_wait_comms(SNState *st, ncclComm_t *comms, int n, double timeout,
               const char *what)
 {
+    /* Fast path, GIL held: usually everything has completed already. */
+    int done = 1;
+    for (int i = 0; i < n && done; i++) {
+        ncclResult_t async = ncclInProgress;
+        if (ncclCommGetAsyncError(comms[i], &async) != ncclSuccess ||
+            async != ncclSuccess)
+            done = 0;
+    }
+    if (done)
+        return 0;
     double deadline = now_seconds() + timeout;
     for (;;) {
         int busy = 0, failed = -1;
@@ -135,8 +145,8 @@ sn_nccl_complete(SNState *st, CommObject *c, ncclResult_t rc,
         return sn_set_nccl_error(st, rc, c->comm, what);
     if (st->group_depth > 0)   /* completes at group end */
         return PyList_Append(st->group_pending, (PyObject *)c);
-    if (rc == ncclSuccess)
-        return 0;
+    /* A non-blocking communicator may still be busy after a call returned
+     * ncclSuccess; the next call would fail. Wait for it (cheap when done). */
     return sn_wait_comms(st, &c->comm, 1, c->timeout, what);
 }
 

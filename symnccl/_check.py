@@ -55,25 +55,44 @@ def make_input(dtype: str, count: int, rank: int, seed: int,
     return rng.integers(lo, hi, count).astype(npdt)
 
 
+def _wrap(v: np.ndarray, npdt) -> np.ndarray:
+    """Two's-complement wrap of int64 values into npdt, as the GPU does."""
+    bits = np.dtype(npdt).itemsize * 8
+    if bits >= 64:
+        return v
+    m = v & ((1 << bits) - 1)
+    if np.iinfo(npdt).min < 0:
+        m = np.where(m >= 1 << (bits - 1), m - (1 << bits), m)
+    return m
+
+
 def reference(op: str, inputs: list[np.ndarray], dtype: str) -> np.ndarray:
-    """The exact result: float64 for floats, int64 arithmetic for ints."""
-    wide = np.float64 if is_float(dtype) else np.int64
+    """The exact result: float64 for floats; for integers, int64 arithmetic
+    wrapped into the dtype (sum and product are wrapped once at the end,
+    which modular arithmetic makes equal to wrapping every step), and avg
+    as the wrapped sum divided by nranks with C truncation (NCCL's
+    sum-then-divide)."""
+    is_f = is_float(dtype)
+    wide = np.float64 if is_f else np.int64
     xs = np.stack([a.astype(wide) for a in inputs])
     n = len(inputs)
+    npdt = inputs[0].dtype
     if op == "sum":
-        return xs.sum(0)
-    if op == "prod":
-        return xs.prod(0)
-    if op == "max":
-        return xs.max(0)
-    if op == "min":
-        return xs.min(0)
-    if op == "avg":
-        s = xs.sum(0)
-        if is_float(dtype):
-            return s / n
-        return np.trunc(s / n).astype(np.int64)   # C integer division
-    raise ValueError(op)
+        r = xs.sum(0)
+    elif op == "prod":
+        r = xs.prod(0)
+    elif op == "max":
+        r = xs.max(0)
+    elif op == "min":
+        r = xs.min(0)
+    elif op == "avg":
+        if is_f:
+            return xs.sum(0) / n
+        s = _wrap(xs.sum(0), npdt)
+        return np.trunc(s / n).astype(np.int64)
+    else:
+        raise ValueError(op)
+    return r if is_f else _wrap(r, npdt)
 
 
 def count_wrong(out: np.ndarray, op: str, inputs: list[np.ndarray],
@@ -87,15 +106,7 @@ def count_wrong(out: np.ndarray, op: str, inputs: list[np.ndarray],
     ref = reference(op, inputs, dtype)
     n = len(inputs)
     if not is_float(dtype):
-        o = out.astype(np.int64)
-        if out.dtype.itemsize < 8:   # NCCL wraps like the hardware does
-            bits = out.dtype.itemsize * 8
-            signed = np.iinfo(out.dtype).min < 0
-            m = ref & ((1 << bits) - 1)
-            if signed:
-                m = np.where(m >= 1 << (bits - 1), m - (1 << bits), m)
-            ref = m
-        return int(np.count_nonzero(o != ref))
+        return int(np.count_nonzero(out.astype(np.int64) != ref))
     o = out.astype(np.float64)
     if op in ("max", "min"):
         return int(np.count_nonzero(~np.isfinite(o) | (o != ref)))
