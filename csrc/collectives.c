@@ -235,10 +235,45 @@ sn_reduce_scatter(CommObject *c, PyObject *args, PyObject *kw)
     }
     if (call_output(&k, x, out, k.x.count / n, ndim, shape, 0) < 0)
         return call_end(&k, 0);
-    ncclResult_t rc = ncclReduceScatter(k.x.ptr, k.out.ptr, k.x.count / n,
+    size_t chunk = k.x.count / n * (size_t)k.x.itemsize;
+    /* NCCL 2.28.9's symmetric-window reduce-scatter writes zeros into every
+     * 4th 16-bit element of ranks whose block does not start on a 16-byte
+     * boundary (seen on 2xH200: bf16, 1031 and 4099 elements per rank).
+     * Then the result goes through stream-ordered plain memory, which NCCL
+     * reduces with its regular kernels. */
+    char *recv = k.out.ptr;
+    if (chunk % 16 != 0 && sn_comm_in_window(c, k.out.ptr)) {
+        cudaError_t e = cudaMallocAsync((void **)&recv, chunk ? chunk : 1,
+                                        k.stream);
+        if (e != cudaSuccess) {
+            sn_set_cuda_error(k.st, e, "cudaMallocAsync");
+            return call_end(&k, 0);
+        }
+    }
+    ncclResult_t rc = ncclReduceScatter(k.x.ptr, recv, k.x.count / n,
                                         k.x.nccl_dtype, op, c->comm,
                                         k.stream);
-    return call_end(&k, enqueue_done(&k, rc, "ncclReduceScatter") == 0);
+    int ok = enqueue_done(&k, rc, "ncclReduceScatter") == 0;
+    if (recv != k.out.ptr) {
+        cudaError_t e = cudaSuccess;
+        if (ok && k.st->group_depth == 0)
+            e = cudaMemcpyAsync(k.out.ptr, recv, chunk,
+                                cudaMemcpyDeviceToDevice, k.stream);
+        else if (ok) {
+            PyErr_SetString(PyExc_NotImplementedError,
+                            "reduce_scatter into a symmetric window with a "
+                            "block that is not a multiple of 16 bytes cannot "
+                            "run inside symnccl.group()");
+            ok = 0;
+        }
+        cudaError_t e2 = cudaFreeAsync(recv, k.stream);
+        if (ok && (e != cudaSuccess || e2 != cudaSuccess)) {
+            sn_set_cuda_error(k.st, e != cudaSuccess ? e : e2,
+                              "reduce_scatter staging copy");
+            ok = 0;
+        }
+    }
+    return call_end(&k, ok);
 }
 
 PyObject *

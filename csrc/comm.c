@@ -485,6 +485,15 @@ sn_comm_window_acquire(SNState *st, CommObject *c, char *base, size_t size)
     return w;
 }
 
+int
+sn_comm_in_window(CommObject *c, const char *ptr)
+{
+    for (sn_window *w = c->windows; w != NULL; w = w->next)
+        if (w->win != NULL && ptr >= w->base && ptr < w->base + w->size)
+            return 1;
+    return 0;
+}
+
 static void
 window_unlink(CommObject *c, sn_window *w)
 {

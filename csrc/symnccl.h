@@ -153,6 +153,7 @@ int sn_comm_shutdown_all(SNState *st, double timeout);
 sn_window *sn_comm_window_acquire(SNState *st, CommObject *c, char *base,
                                   size_t size);
 void sn_comm_window_release(CommObject *c, sn_window *w);
+int sn_comm_in_window(CommObject *c, const char *ptr);
 
 /* buffer.c */
 extern PyType_Spec sn_symmetric_buffer_spec;

@@ -21,6 +21,14 @@ def test_all_reduce_every_dtype_and_op_on_windows_matches_float64(nranks):
 
 
 @ranks_param(2, 4)
+def test_reduce_scatter_between_windows_with_unaligned_blocks(nranks):
+    res = spawn(W.reduce_scatter_windows_odd_blocks, nranks, args=(9,),
+                timeout=300)
+    bad = [row for rows in res for row in rows if row[-1]]
+    assert not bad, bad
+
+
+@ranks_param(2, 4)
 def test_torch_tensors_through_every_collective(nranks):
     pytest.importorskip("torch")
     res = spawn(W.torch_collectives, nranks, args=(5,), timeout=600)

@@ -181,3 +181,26 @@ def init_all_in_one_process(devices, seed):
                                                    dtype)))
     symnccl.close_all(comms)
     return rows
+
+
+def reduce_scatter_windows_odd_blocks(rank, nranks, uid, seed):
+    """reduce_scatter between SymmetricBuffers with per-rank blocks that are
+    not 16-byte multiples (NCCL 2.28.9's symmetric kernel gets these wrong;
+    symnccl must not)."""
+    comm = symnccl.Communicator(uid, rank, nranks, device=rank, timeout=120)
+    rows = []
+    for dtype in ("bfloat16", "float16", "float8_e4m3fn", "float32"):
+        npdt = _check.numpy_dtype(dtype)
+        for count in (1, 1031, 4096, 4099, 65537):
+            ins = [_check.make_input(dtype, count * nranks, r, seed)
+                   for r in range(nranks)]
+            x, y = comm.empty(count * nranks, dtype), comm.empty(count, dtype)
+            _fill(x, ins[rank])
+            _fill(y, _check.poison(y.nbytes))
+            comm.reduce_scatter(x, out=y)
+            part = [a[rank * count:(rank + 1) * count] for a in ins]
+            rows.append((dtype, count, _check.count_wrong(_read(y, npdt),
+                                                          "sum", part,
+                                                          dtype)))
+    comm.close()
+    return rows
