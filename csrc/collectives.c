@@ -4,6 +4,7 @@
  */
 #include "symnccl.h"
 
+#include <stdlib.h>
 #include <string.h>
 
 /* One call's state: stream, device guard, borrowed tensors, result. */
@@ -152,16 +153,168 @@ parse_op(PyObject *op, ncclRedOp_t *out)
     return -1;
 }
 
+/* ------------------------------------------------------------------ */
+/* all_reduce algorithms.                                               */
+
+enum { SN_ALGO_NCCL = 0, SN_ALGO_ONE_SHOT = SYMNCCL_ALGO_ONE_SHOT,
+       SN_ALGO_TWO_SHOT = SYMNCCL_ALGO_TWO_SHOT, SN_ALGO_AUTO = -1 };
+
+static const char *const algo_names[] = {"nccl", "one_shot", "two_shot"};
+
 static int
-parse_algo(PyObject *algo)
+algo_from_name(const char *s)
+{
+    if (strcmp(s, "auto") == 0)
+        return SN_ALGO_AUTO;
+    for (int i = 0; i < 3; i++)
+        if (strcmp(s, algo_names[i]) == 0)
+            return i;
+    return -2;
+}
+
+static int
+parse_algo(PyObject *algo, int allow_lsa)
 {
     const char *s = PyUnicode_Check(algo)
                         ? PyUnicode_AsUTF8AndSize(algo, NULL) : NULL;
-    if (s != NULL && (strcmp(s, "nccl") == 0 || strcmp(s, "auto") == 0))
-        return 0;
-    PyErr_Format(PyExc_ValueError, "algo %R is not available: expected "
-                 "'nccl' or 'auto'", algo);
-    return -1;
+    int a = s != NULL ? algo_from_name(s) : -2;
+    if (a == -2 || (!allow_lsa && a > 0)) {
+        PyErr_Format(PyExc_ValueError, "algo %R is not available: expected "
+                     "%s", algo, allow_lsa
+                         ? "'auto', 'nccl', 'one_shot' or 'two_shot'"
+                         : "'nccl' or 'auto'");
+        return -2;
+    }
+    return a;
+}
+
+static int
+lsa_op(ncclRedOp_t op)
+{
+    switch (op) {
+    case ncclSum: return SYMNCCL_OP_SUM;
+    case ncclMax: return SYMNCCL_OP_MAX;
+    case ncclMin: return SYMNCCL_OP_MIN;
+    case ncclAvg: return SYMNCCL_OP_AVG;
+    default: return -1;
+    }
+}
+
+/* Why the LSA kernels cannot run this call, or NULL. Depends only on what
+ * every rank agrees on (communicator, dtype, op), never on the input's
+ * placement, so every rank takes the same decision. */
+static const char *
+lsa_unavailable(CommObject *c, ncclDataType_t dt, ncclRedOp_t op)
+{
+    if (!c->symmetric)
+        return "the NCCL device API is not usable on this communicator";
+    if (c->lsa_size != c->nranks)
+        return "not every rank is reachable by NVLink load/store";
+    if (c->staging == NULL)
+        return "the communicator has no staging window";
+    if (lsa_op(op) < 0)
+        return "op 'prod' has no LSA kernel";
+    if (!symnccl_lsa_supported(dt, lsa_op(op), c->nranks))
+        return "this dtype has no LSA kernel";
+    return NULL;
+}
+
+/* algo="auto": measured crossovers (benchmarks/NOTES.md). SYMNCCL_ALGO
+ * overrides the table. */
+static int
+auto_algo(CommObject *c, size_t bytes, ncclDataType_t dt, ncclRedOp_t op)
+{
+    const char *env = getenv("SYMNCCL_ALGO");
+    if (env != NULL && env[0] != '\0') {
+        int a = algo_from_name(env);
+        if (a >= 0 && (a == SN_ALGO_NCCL || !lsa_unavailable(c, dt, op)))
+            return a;
+    }
+    if (lsa_unavailable(c, dt, op) != NULL)
+        return SN_ALGO_NCCL;
+    size_t one_shot_max = c->nranks <= 2 ? (512u << 10) : (256u << 10);
+    if (bytes <= one_shot_max)
+        return SN_ALGO_ONE_SHOT;
+    return SN_ALGO_TWO_SHOT;
+}
+
+static int
+env_int(const char *name, int dflt)
+{
+    const char *v = getenv(name);
+    return v != NULL && v[0] != '\0' ? atoi(v) : dflt;
+}
+
+/* Launches one LSA all-reduce, chunked through the staging window when the
+ * input is not in a window (or two-shot needs a phase-1 buffer). */
+static int
+lsa_all_reduce(sn_call *k, int algo, ncclRedOp_t op)
+{
+    CommObject *c = k->c;
+    const size_t is = (size_t)k->x.itemsize;
+    const size_t count = k->x.count;
+    sn_window *w = sn_comm_find_window(c, k->x.ptr, count * is);
+    int in_place = k->out.ptr == k->x.ptr;
+    int staged = w == NULL;
+    int mid_staging = algo == SN_ALGO_TWO_SHOT && !in_place;
+    /* Chunk = the staging window, in whole 16-byte vectors per rank. */
+    size_t quantum = 16 * (size_t)c->nranks;
+    size_t chunk = count;
+    if (staged || mid_staging)
+        chunk = c->staging_bytes / quantum * quantum / is;
+    const int threads = env_int("SYMNCCL_THREADS", 512);
+    const int max_ctas = env_int(algo == SN_ALGO_ONE_SHOT
+                                     ? "SYMNCCL_ONE_SHOT_CTAS"
+                                     : "SYMNCCL_TWO_SHOT_CTAS",
+                                 algo == SN_ALGO_ONE_SHOT ? 32 : 64);
+    for (size_t done = 0; done < count || count == 0; done += chunk) {
+        size_t len = count - done < chunk ? count - done : chunk;
+        if (len == 0)
+            break;
+        symnccl_lsa_args a;
+        memset(&a, 0, sizeof(a));
+        a.algo = algo;
+        a.dc = c->devcomm;
+        if (staged) {
+            a.win = c->staging_win->win;
+            a.win_offset = 0;
+            a.src = k->x.ptr + done * is;
+        }
+        else {
+            a.win = w->win;
+            a.win_offset = (size_t)(k->x.ptr - w->base) + done * is;
+        }
+        if (mid_staging || staged) {
+            a.mid_win = c->staging_win->win;
+            a.mid_offset = 0;
+        }
+        else {
+            a.mid_win = a.win;
+            a.mid_offset = a.win_offset;
+        }
+        a.out = k->out.ptr + done * is;
+        a.count = len;
+        a.dtype = k->x.nccl_dtype;
+        a.op = lsa_op(op);
+        a.in_place = in_place && !staged;
+        /* The grid depends on len and nranks only: equal on all ranks. */
+        size_t vecs = (len * is + 15) / 16;
+        if (algo == SN_ALGO_TWO_SHOT)
+            vecs = (vecs + c->nranks - 1) / c->nranks;
+        size_t ctas = (vecs + (size_t)threads - 1) / (size_t)threads;
+        if (ctas > (size_t)max_ctas)
+            ctas = (size_t)max_ctas;
+        if (ctas > SN_MAX_CTAS)
+            ctas = SN_MAX_CTAS;
+        a.ctas = ctas < 1 ? 1 : (int)ctas;
+        a.threads = threads;
+        cudaError_t e = symnccl_lsa_allreduce(&a, k->stream);
+        if (e != cudaSuccess)
+            return sn_set_cuda_error(k->st, e, algo == SN_ALGO_ONE_SHOT
+                                     ? "one_shot all_reduce launch"
+                                     : "two_shot all_reduce launch");
+    }
+    return 0;
 }
 
 static int
@@ -177,14 +330,15 @@ sn_all_reduce(CommObject *c, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"x", "out", "op", "algo", "stream", NULL};
     PyObject *x, *out = Py_None, *stream = Py_None;
-    PyObject *op_obj = NULL, *algo = NULL;
+    PyObject *op_obj = NULL, *algo_obj = NULL;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OOOO:all_reduce", kwlist,
-                                     &x, &out, &op_obj, &algo, &stream))
+                                     &x, &out, &op_obj, &algo_obj, &stream))
         return NULL;
     ncclRedOp_t op = ncclSum;
     if (op_obj != NULL && parse_op(op_obj, &op) < 0)
         return NULL;
-    if (algo != NULL && parse_algo(algo) < 0)
+    int algo = SN_ALGO_AUTO;
+    if (algo_obj != NULL && (algo = parse_algo(algo_obj, 1)) == -2)
         return NULL;
     /* One rank: avg is sum. NCCL 2.28.9's single-rank ncclAvg left the last
      * float64 element of a 4099-element output unwritten (seen on H200). */
@@ -194,6 +348,27 @@ sn_all_reduce(CommObject *c, PyObject *args, PyObject *kw)
     if (call_begin(&k, c, x, stream) < 0 ||
         call_output(&k, x, out, k.x.count, k.x.ndim, k.x.shape, 1) < 0)
         return call_end(&k, 0);
+    if (algo == SN_ALGO_AUTO)
+        algo = auto_algo(c, k.x.count * (size_t)k.x.itemsize, k.x.nccl_dtype,
+                         op);
+    else if (algo != SN_ALGO_NCCL) {
+        const char *why = lsa_unavailable(c, k.x.nccl_dtype, op);
+        if (why != NULL) {
+            PyErr_Format(PyExc_ValueError, "algo '%s' cannot run this "
+                         "all_reduce (%s, op %d): %s", algo_names[algo],
+                         sn_dtype_name(k.x.dtype), (int)op, why);
+            return call_end(&k, 0);
+        }
+        if (k.st->group_depth > 0) {
+            PyErr_SetString(PyExc_ValueError, "the LSA algorithms cannot run "
+                            "inside symnccl.group(); use algo='nccl'");
+            return call_end(&k, 0);
+        }
+    }
+    if (algo != SN_ALGO_NCCL && k.st->group_depth > 0)
+        algo = SN_ALGO_NCCL;   /* auto inside a group: NCCL's grouping */
+    if (algo != SN_ALGO_NCCL)
+        return call_end(&k, lsa_all_reduce(&k, algo, op) == 0);
     ncclResult_t rc = ncclAllReduce(k.x.ptr, k.out.ptr, k.x.count,
                                     k.x.nccl_dtype, op, c->comm, k.stream);
     return call_end(&k, enqueue_done(&k, rc, "ncclAllReduce") == 0);
@@ -212,7 +387,7 @@ sn_reduce_scatter(CommObject *c, PyObject *args, PyObject *kw)
     ncclRedOp_t op = ncclSum;
     if (op_obj != NULL && parse_op(op_obj, &op) < 0)
         return NULL;
-    if (algo != NULL && parse_algo(algo) < 0)
+    if (algo != NULL && parse_algo(algo, 0) == -2)
         return NULL;
     sn_call k;
     if (call_begin(&k, c, x, stream) < 0)
@@ -284,7 +459,7 @@ sn_all_gather(CommObject *c, PyObject *args, PyObject *kw)
     if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OOO:all_gather", kwlist,
                                      &x, &out, &algo, &stream))
         return NULL;
-    if (algo != NULL && parse_algo(algo) < 0)
+    if (algo != NULL && parse_algo(algo, 0) == -2)
         return NULL;
     sn_call k;
     if (call_begin(&k, c, x, stream) < 0)

@@ -113,6 +113,48 @@ error:
     return -1;
 }
 
+/* ncclMemAlloc for the staging window; registration is done by the caller
+ * (alone, or for several communicators inside one NCCL group). */
+static int
+alloc_staging_memory(SNState *st, CommObject *c)
+{
+    if (!c->symmetric || c->lsa_size != c->nranks || c->staging_bytes == 0)
+        return 0;
+    ncclResult_t rc;
+    void *p = NULL;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ncclMemAlloc(&p, c->staging_bytes);
+    Py_END_ALLOW_THREADS
+    if (rc != ncclSuccess)
+        return sn_set_nccl_error(st, rc, c->comm, "ncclMemAlloc (staging)");
+    c->staging = p;
+    return 0;
+}
+
+static sn_window *
+new_window_node(CommObject *c, char *base, size_t size)
+{
+    sn_window *w = calloc(1, sizeof(sn_window));
+    if (w == NULL)
+        return NULL;
+    w->base = base;
+    w->size = size;
+    w->refs = 1;
+    w->next = c->windows;
+    c->windows = w;
+    return w;
+}
+
+static void
+free_staging_memory(CommObject *c)
+{
+    if (c->staging != NULL) {
+        ncclMemFree(c->staging);
+        c->staging = NULL;
+    }
+    c->staging_win = NULL;   /* the node stays in c->windows, detached */
+}
+
 /* ------------------------------------------------------------------ */
 /* Construction.                                                        */
 
@@ -158,7 +200,7 @@ live_remove(SNState *st, CommObject *c)
 
 static CommObject *
 comm_alloc(PyTypeObject *tp, int rank, int nranks, int device, double timeout,
-           int multicast)
+           int multicast, size_t staging_bytes)
 {
     allocfunc alloc = (allocfunc)PyType_GetSlot(tp, Py_tp_alloc);
     CommObject *c = (CommObject *)alloc(tp, 0);
@@ -168,6 +210,7 @@ comm_alloc(PyTypeObject *tp, int rank, int nranks, int device, double timeout,
     c->nranks = nranks;
     c->device = device;
     c->timeout = timeout;
+    c->staging_bytes = staging_bytes;
     c->lsa_size = 1;
     c->symmetric_reason = "not initialised";
     const char *why = decide_multicast(multicast);
@@ -177,19 +220,28 @@ comm_alloc(PyTypeObject *tp, int rank, int nranks, int device, double timeout,
     return c;
 }
 
+static void detach_windows(CommObject *c);
+
 static PyObject *
 comm_new(PyTypeObject *tp, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"unique_id", "rank", "nranks", "device",
-                             "timeout", "multicast", NULL};
+                             "timeout", "multicast", "staging_bytes", NULL};
     SNState *st = sn_state_from_type(tp);
     PyObject *uid_obj, *dev_obj = Py_None;
     int rank, nranks, multicast = 0;
     double timeout = SN_DEFAULT_TIMEOUT;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "Oii|O$dp:Communicator",
+    Py_ssize_t staging = SN_DEFAULT_STAGING;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "Oii|O$dpn:Communicator",
                                      kwlist, &uid_obj, &rank, &nranks,
-                                     &dev_obj, &timeout, &multicast))
+                                     &dev_obj, &timeout, &multicast,
+                                     &staging))
         return NULL;
+    if (staging < 0 || staging % 4096 != 0) {
+        PyErr_Format(PyExc_ValueError, "staging_bytes must be a multiple of "
+                     "4096 and >= 0, got %zd", staging);
+        return NULL;
+    }
     if (!PyBytes_Check(uid_obj) ||
         PyBytes_Size(uid_obj) != NCCL_UNIQUE_ID_BYTES) {
         PyErr_Format(PyExc_ValueError,
@@ -229,7 +281,8 @@ comm_new(PyTypeObject *tp, PyObject *args, PyObject *kw)
     if (check_device(st, device) < 0)
         return NULL;
 
-    CommObject *c = comm_alloc(tp, rank, nranks, device, timeout, multicast);
+    CommObject *c = comm_alloc(tp, rank, nranks, device, timeout, multicast,
+                               (size_t)staging);
     if (c == NULL)
         return NULL;
     int prev;
@@ -251,8 +304,15 @@ comm_new(PyTypeObject *tp, PyObject *args, PyObject *kw)
     }
     if (sn_wait_comms(st, &c->comm, 1, timeout, "ncclCommInitRankConfig") < 0)
         goto error;
-    if (create_devcomm(st, c) < 0 || alloc_scratch(st, c) < 0)
+    if (create_devcomm(st, c) < 0 || alloc_scratch(st, c) < 0 ||
+        alloc_staging_memory(st, c) < 0)
         goto error;
+    if (c->staging != NULL) {
+        c->staging_win = sn_comm_window_acquire(st, c, c->staging,
+                                                c->staging_bytes);
+        if (c->staging_win == NULL)
+            goto error;
+    }
     sn_device_pop(prev);
     return (PyObject *)c;
 
@@ -267,6 +327,7 @@ error:
         c->comm = NULL;
     }
     c->closed = 2;
+    free_staging_memory(c);
     sn_device_pop(prev);
     Py_DECREF(c);
     return NULL;
@@ -325,7 +386,8 @@ comm_init_all(PyObject *cls, PyObject *args, PyObject *kw)
             }
         if (check_device(st, (int)d) < 0)
             goto done;
-        cs[i] = comm_alloc(tp, (int)i, (int)n, (int)d, timeout, multicast);
+        cs[i] = comm_alloc(tp, (int)i, (int)n, (int)d, timeout, multicast,
+                           SN_DEFAULT_STAGING);
         if (cs[i] == NULL)
             goto done;
     }
@@ -420,6 +482,43 @@ comm_init_all(PyObject *cls, PyObject *args, PyObject *kw)
             goto done;
         }
     }
+    /* Staging windows: allocate each, register all in one group. */
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (cudaSetDevice(cs[i]->device) != cudaSuccess ||
+            alloc_staging_memory(st, cs[i]) < 0) {
+            if (!PyErr_Occurred())
+                sn_set_cuda_error(st, cudaGetLastError(), "cudaSetDevice");
+            goto done;
+        }
+    }
+    if (cs[0]->staging != NULL) {
+        Py_BEGIN_ALLOW_THREADS
+        rc = ncclGroupStart();
+        for (Py_ssize_t i = 0; i < n && rc == ncclSuccess; i++) {
+            sn_window *w = new_window_node(cs[i], cs[i]->staging,
+                                           cs[i]->staging_bytes);
+            cs[i]->staging_win = w;
+            if (w == NULL) {
+                rc = ncclSystemError;
+                break;
+            }
+            cudaSetDevice(cs[i]->device);
+            rc = ncclCommWindowRegister(cs[i]->comm, w->base, w->size,
+                                        &w->win, NCCL_WIN_COLL_SYMMETRIC);
+            if (rc == ncclInProgress)
+                rc = ncclSuccess;
+        }
+        rc2 = ncclGroupEnd();
+        if (rc == ncclSuccess && rc2 != ncclInProgress)
+            rc = rc2;
+        Py_END_ALLOW_THREADS
+        if (rc != ncclSuccess) {
+            sn_set_nccl_error(st, rc, NULL, "ncclCommWindowRegister (staging)");
+            goto done;
+        }
+        if (sn_wait_comms(st, raw, (int)n, timeout, "staging windows") < 0)
+            goto done;
+    }
     result = PyList_New(n);
     if (result == NULL)
         goto done;
@@ -436,9 +535,11 @@ done:
             if (cs[i]->comm != NULL) {
                 free(cs[i]->devcomm);
                 cs[i]->devcomm = NULL;
+                detach_windows(cs[i]);
                 ncclCommAbort(cs[i]->comm);
                 cs[i]->comm = NULL;
             }
+            free_staging_memory(cs[i]);
             cs[i]->closed = 2;
             Py_DECREF(cs[i]);
         }
@@ -483,6 +584,15 @@ sn_comm_window_acquire(SNState *st, CommObject *c, char *base, size_t size)
     w->next = c->windows;
     c->windows = w;
     return w;
+}
+
+sn_window *
+sn_comm_find_window(CommObject *c, const char *ptr, size_t size)
+{
+    for (sn_window *w = c->windows; w != NULL; w = w->next)
+        if (w->win != NULL && ptr >= w->base && ptr + size <= w->base + w->size)
+            return w;
+    return NULL;
 }
 
 int
@@ -602,6 +712,7 @@ comm_close_impl(SNState *st, CommObject *c)
         if (sn_nccl_complete(st, c, rc, "ncclCommWindowDeregister") < 0)
             goto fail;
     }
+    free_staging_memory(c);
     if (c->scratch != NULL) {
         cudaFree(c->scratch);
         c->scratch = NULL;
@@ -645,6 +756,8 @@ comm_abort_impl(CommObject *c)
     c->comm = NULL;
     c->closed = 2;
     c->scratch = NULL;   /* leaked on purpose: the device may be wedged */
+    c->staging = NULL;
+    c->staging_win = NULL;
     (void)rc;
     return 0;
 }
@@ -784,6 +897,12 @@ static PyObject *get_closed(CommObject *s, void *c) { return PyBool_FromLong(s->
 static PyObject *get_timeout(CommObject *s, void *c) { return PyFloat_FromDouble(s->timeout); }
 
 static PyObject *
+get_staging_bytes(CommObject *s, void *c)
+{
+    return PyLong_FromSize_t(s->staging != NULL ? s->staging_bytes : 0);
+}
+
+static PyObject *
 get_symmetric_reason(CommObject *s, void *c)
 {
     return PyUnicode_FromString(s->symmetric_reason);
@@ -833,6 +952,10 @@ static PyGetSetDef comm_getset[] = {
      NULL},
     {"timeout", (getter)get_timeout, NULL,
      "Seconds any wait for peers may take before TimeoutError.", NULL},
+    {"staging_bytes", (getter)get_staging_bytes, NULL,
+     "Size of the staging window the LSA kernels copy non-window inputs "
+     "through (0 when they are unavailable). Larger inputs are chunked.",
+     NULL},
     {"nccl_comm", (getter)get_handle, NULL,
      "The ncclComm_t as an integer (for interop; do not destroy it).", NULL},
     {NULL},
@@ -912,7 +1035,7 @@ static PyMethodDef comm_methods[] = {
 static PyType_Slot comm_slots[] = {
     {Py_tp_doc,
      "Communicator(unique_id, rank, nranks, device=None, *, timeout=600.0, "
-     "multicast=False)\n\n"
+     "multicast=False, staging_bytes=32 MiB)\n\n"
      "An NCCL communicator on one GPU, with its device communicator and "
      "symmetric windows. Creation waits for all nranks ranks (GIL released, "
      "at most `timeout` seconds).\n\n"

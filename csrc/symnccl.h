@@ -21,6 +21,7 @@
  * symnccl kernel may launch (one barrier slot per CTA). */
 #define SN_MAX_CTAS 128
 #define SN_DEFAULT_TIMEOUT 600.0
+#define SN_DEFAULT_STAGING (32u << 20)
 
 /* ------------------------------------------------------------------ */
 /* Module state: everything that would otherwise be a process global. */
@@ -71,6 +72,14 @@ typedef struct CommObject {
     double timeout;
     int *scratch;              /* device int used by barrier() */
     sn_window *windows;
+    /* Staging window for LSA kernels on inputs that are not in a window
+     * (and the phase-1 buffer of out-of-place two-shot). Allocated and
+     * registered at creation: registration is collective, so it cannot be
+     * left to the first op, which ranks might reach with different kinds
+     * of input. */
+    char *staging;
+    size_t staging_bytes;
+    sn_window *staging_win;
 } CommObject;
 
 /* SN_ALLOC_HOST: malloc'd host memory exported as a CPU tensor, only for
@@ -154,6 +163,8 @@ sn_window *sn_comm_window_acquire(SNState *st, CommObject *c, char *base,
                                   size_t size);
 void sn_comm_window_release(CommObject *c, sn_window *w);
 int sn_comm_in_window(CommObject *c, const char *ptr);
+/* The registered window holding [ptr, ptr + size), or NULL. */
+sn_window *sn_comm_find_window(CommObject *c, const char *ptr, size_t size);
 
 /* buffer.c */
 extern PyType_Spec sn_symmetric_buffer_spec;

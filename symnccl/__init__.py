@@ -42,17 +42,37 @@ __version__ = "0.1.0"
 __all__ = [
     "Communicator", "SymmetricBuffer", "DeviceArray", "NcclError",
     "CudaError", "get_unique_id", "group", "close_all", "versions",
-    "ALGORITHMS", "OPS", "DTYPES",
+    "ALGORITHMS", "OPS", "DTYPES", "LSA_DTYPES", "LSA_OPS", "algo_supported",
 ]
 
-#: all_reduce algorithms available in this build.
-ALGORITHMS = ("nccl",)
+#: all_reduce algorithms (besides "auto"): NCCL's own, and symnccl's LSA
+#: kernels on the NCCL device API.
+ALGORITHMS = ("nccl", "one_shot", "two_shot")
+#: dtypes and ops the LSA kernels (one_shot, two_shot) handle; anything else
+#: runs through NCCL under algo="auto".
+LSA_DTYPES = ("float32", "bfloat16", "float16", "float64", "float8_e4m3fn",
+              "float8_e5m2", "int32", "int64")
+LSA_OPS = ("sum", "max", "min", "avg")
 #: reduction ops.
 OPS = ("sum", "prod", "max", "min", "avg")
 #: dtypes accepted by every collective.
 DTYPES = ("float32", "bfloat16", "float16", "float64", "float8_e4m3fn",
           "float8_e5m2", "int8", "uint8", "int32", "uint32", "int64",
           "uint64")
+
+
+def algo_supported(comm, algo: str, dtype: str, op: str = "sum") -> bool:
+    """Whether all_reduce(algo=algo) can run dtype/op on comm.
+
+    Example::
+
+        symnccl.algo_supported(comm, "one_shot", "bfloat16")  # True on NVLink
+    """
+    if algo in ("nccl", "auto"):
+        return True
+    return (comm.symmetric and comm.lsa_size == comm.nranks
+            and comm.staging_bytes > 0 and dtype in LSA_DTYPES
+            and op in LSA_OPS)
 
 
 @contextlib.contextmanager

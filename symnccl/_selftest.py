@@ -42,6 +42,8 @@ def worker(rank, nranks, uid, seed=1234, quick=False):
             y = comm.empty((count,), dtype)
             for algo in symnccl.ALGORITHMS:
                 for op in symnccl.OPS:
+                    if not symnccl.algo_supported(comm, algo, dtype, op):
+                        continue
                     ins = [_check.make_input(dtype, count, r, seed, op)
                            for r in range(nranks)]
                     for inplace in (False, True):

@@ -53,6 +53,25 @@ def test_errors_name_what_was_seen_and_lifetime_after_close(nranks):
 
 
 @ranks_param(2, 4)
+def test_lsa_algorithms_every_dtype_op_placement_bitwise_equal(nranks):
+    pytest.importorskip("torch")
+    res = spawn(W.lsa_algorithms, nranks, args=(21,), timeout=900)
+    bad = [row for rows, _ in res for row in rows if row[-1]]
+    assert not bad, bad[:10]
+    ref = res[0][1]
+    for r, (_, digests) in enumerate(res[1:], 1):
+        diff = [k for k in ref if ref[k] != digests[k]]
+        assert not diff, f"rank {r} differs from rank 0 in {diff[:5]}"
+
+
+@ranks_param(2, 4)
+def test_lsa_graph_replay_and_stress(nranks):
+    pytest.importorskip("torch")
+    res = spawn(W.lsa_graph_and_stress, nranks, args=(4, 2000), timeout=900)
+    assert all(not b for b in res), res
+
+
+@ranks_param(2, 4)
 def test_init_all_one_process_drives_all_gpus(nranks):
     rows = W.init_all_in_one_process(list(range(nranks)), 3)
     assert all(w == 0 for _, w in rows), rows

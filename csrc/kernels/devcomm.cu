@@ -9,12 +9,8 @@
 #include <nccl.h>
 #include <nccl_device.h>
 
+#include "devcomm.cuh"
 #include "launch.h"
-
-struct symnccl_devcomm {
-  ncclDevComm dc;
-  int requested_multimem;
-};
 
 extern "C" ncclResult_t symnccl_devcomm_create(ncclComm_t comm,
                                                int lsa_barrier_count,

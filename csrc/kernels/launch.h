@@ -35,6 +35,33 @@ ncclResult_t symnccl_devcomm_destroy(ncclComm_t comm, symnccl_devcomm *dc);
 void symnccl_devcomm_info(const symnccl_devcomm *dc, int *lsa_size,
                           int *lsa_rank, int *has_multimem);
 
+/* ---- LSA all-reduce (lsa_allreduce.cu) ---- */
+
+enum { SYMNCCL_OP_SUM = 0, SYMNCCL_OP_MAX = 1, SYMNCCL_OP_MIN = 2,
+       SYMNCCL_OP_AVG = 3 };
+enum { SYMNCCL_ALGO_ONE_SHOT = 1, SYMNCCL_ALGO_TWO_SHOT = 2 };
+
+typedef struct {
+    int algo;                  /* SYMNCCL_ALGO_* */
+    const symnccl_devcomm *dc;
+    ncclWindow_t win;          /* input window (peers read it) */
+    size_t win_offset;         /* same on every rank */
+    ncclWindow_t mid_win;      /* two-shot: where phase-1 results go */
+    size_t mid_offset;
+    const void *src;           /* non-NULL: copy src into win first */
+    void *out;                 /* local output, any device memory */
+    size_t count;
+    ncclDataType_t dtype;
+    int op;                    /* SYMNCCL_OP_* */
+    int in_place;              /* out is this rank's part of win */
+    int ctas, threads;         /* same on every rank; ctas <= barrier count */
+} symnccl_lsa_args;
+
+/* 1 if the LSA kernels handle this dtype/op at this LSA size. */
+int symnccl_lsa_supported(ncclDataType_t dtype, int op, int nranks);
+cudaError_t symnccl_lsa_allreduce(const symnccl_lsa_args *args,
+                                  cudaStream_t stream);
+
 #ifdef __cplusplus
 }
 #endif

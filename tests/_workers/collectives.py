@@ -204,3 +204,105 @@ def reduce_scatter_windows_odd_blocks(rank, nranks, uid, seed):
                                                           dtype)))
     comm.close()
     return rows
+
+
+LSA_SIZES = (1, 3, 8, 1031, 65537, 1000003)
+
+
+def lsa_algorithms(rank, nranks, uid, seed, sizes=LSA_SIZES):
+    """Every LSA algo x dtype x op x input placement against the float64
+    reference, poisoned outputs; returns rows and per-result digests so the
+    parent can check that every rank got bitwise-identical results."""
+    import hashlib
+    import torch
+    torch.cuda.set_device(rank)
+    comm = symnccl.Communicator(uid, rank, nranks, device=rank, timeout=120)
+    rows, digests = [], {}
+    for dtype in symnccl.LSA_DTYPES:
+        npdt = _check.numpy_dtype(dtype)
+        tdt = getattr(torch, dtype)
+        for count in sizes:
+            win = comm.empty(count + 16, dtype)   # room for offset views
+            wt = torch.from_dlpack(win)
+            for algo in ("one_shot", "two_shot", "auto"):
+                for op in symnccl.LSA_OPS:
+                    ins = [_check.make_input(dtype, count, r, seed, op)
+                           for r in range(nranks)]
+                    host = torch.from_numpy(ins[rank].view(np.uint8).copy())
+                    mine = host.cuda().view(tdt)
+                    for place in ("window", "window_out", "tensor",
+                                  "tensor_unaligned"):
+                        if place.startswith("window"):
+                            x = wt[:count]
+                            x.copy_(mine)
+                        elif place == "tensor":
+                            x = mine.clone()
+                        else:
+                            x = torch.empty(count + 1, dtype=tdt,
+                                            device="cuda")[1:]
+                            x.copy_(mine)
+                        if place in ("window", "tensor"):
+                            out = x   # in place
+                            y = comm.all_reduce(x, op=op, algo=algo)
+                        else:
+                            out = torch.empty_like(mine).view(torch.uint8)
+                            out.fill_(0xFF)
+                            out = out.view(tdt)
+                            y = comm.all_reduce(x, out=out, op=op, algo=algo)
+                        assert y is out
+                        got = out.view(torch.uint8).cpu().numpy().view(npdt)
+                        w = _check.count_wrong(got, op, ins, dtype)
+                        rows.append((algo, dtype, op, count, place, w))
+                        digests[(algo, dtype, op, count, place)] = \
+                            hashlib.sha1(got.tobytes()).hexdigest()
+            del wt, win
+    comm.close()
+    return rows, digests
+
+
+def lsa_graph_and_stress(rank, nranks, uid, seed, iters):
+    """CUDA-graph capture + replay with new data, then `iters` eager calls
+    with random sizes, algos and placements; returns wrong-element counts."""
+    import torch
+    torch.cuda.set_device(rank)
+    comm = symnccl.Communicator(uid, rank, nranks, device=rank, timeout=120)
+    bad = []
+    for algo in ("one_shot", "two_shot"):
+        x = torch.empty(100003, dtype=torch.bfloat16, device="cuda")
+        out = torch.empty_like(x)
+        comm.all_reduce(x, out=out, algo=algo)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            comm.all_reduce(x, out=out, algo=algo)
+        for it in range(5):
+            ins = [_check.make_input("bfloat16", 100003, r, seed + it)
+                   for r in range(nranks)]
+            x.copy_(torch.from_numpy(ins[rank].view(np.uint16).copy())
+                    .view(torch.bfloat16).cuda())
+            out.fill_(float("nan"))
+            g.replay()
+            got = out.view(torch.uint16).cpu().numpy().view(ins[0].dtype)
+            w = _check.count_wrong(got, "sum", ins, "bfloat16")
+            if w:
+                bad.append(("graph", algo, it, w))
+    rng = np.random.default_rng(seed)   # same sequence on every rank
+    for it in range(iters):
+        count = int(rng.integers(1, 1 << int(rng.integers(1, 21))))
+        algo = ("one_shot", "two_shot", "auto")[int(rng.integers(0, 3))]
+        ins = [np.full(1, r + 1.0, np.float32) for r in range(nranks)]
+        x = torch.full((count,), float(rank + 1), device="cuda")
+        comm.all_reduce(x, algo=algo)
+        if it % 50 == 0 or it == iters - 1:
+            w = int((x != nranks * (nranks + 1) / 2).sum())
+            if w:
+                bad.append(("stress", algo, count, w))
+    torch.cuda.synchronize()
+    x = torch.full((1 << 20,), 1.0, device="cuda")
+    for it in range(iters):   # back to back, checked at the end
+        comm.all_reduce(x, op="max", algo=("one_shot", "two_shot")[it % 2])
+    if int((x != 1.0).sum()):
+        bad.append(("back_to_back", "mixed", 1 << 20, int((x != 1.0).sum())))
+    comm.close()
+    del ins
+    return bad

@@ -1,0 +1,313 @@
+"""All-reduce benchmark: symnccl's algorithms and the anchors, same run,
+same process layout (one process per GPU).
+
+Methods (each skipped with a printed reason where unavailable):
+  symnccl:one_shot / two_shot / auto   in place on SymmetricBuffers
+  symnccl:auto(tensor)                 torch tensor input (staged copy)
+  nccl:window      ncclAllReduce on SymmetricBuffers (NCCL's symmetric kernels)
+  nccl:plain       ncclAllReduce on torch tensors, through symnccl
+  torch.dist       torch.distributed.all_reduce (what torch users pay)
+  symm_mem:one_shot / two_shot   torch symmetric memory kernels
+
+Timing: CUDA-graph replay (or eager with --eager) of `iters` calls cycling
+over 4 input buffers, device events, median of --reps repeats. Every size is
+checked against a float64 reference first (#wrong, as nccl-tests prints).
+busbw = bytes / t * 2 (n - 1) / n.
+
+    python benchmarks/bench_allreduce.py --nranks 2 --dtype bfloat16
+    python benchmarks/bench_allreduce.py --report benchmarks/results/h200x2.json
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import socket
+import sys
+
+SIZES = [1 << 10] + [4096 << (2 * i) for i in range(9)]   # 1 KiB .. 256 MiB
+NBUF = 4
+
+
+def _free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def _time(fn, iters, reps, eager, torch):
+    """Median microseconds per call of fn(i) for i in range(iters)."""
+    for i in range(3):
+        fn(i)   # eager warm-up: NCCL connects lazily
+    torch.cuda.synchronize()
+    if not eager:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for i in range(iters):
+                fn(i)
+        g.replay()
+        torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a = torch.cuda.Event(enable_timing=True)
+        b = torch.cuda.Event(enable_timing=True)
+        torch.distributed.barrier()
+        torch.cuda.synchronize()
+        a.record()
+        if eager:
+            for i in range(iters):
+                fn(i)
+        else:
+            g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1000.0 / iters)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def worker(rank, nranks, uid, opts):
+    import torch
+    import torch.distributed as dist
+
+    import symnccl
+    torch.cuda.set_device(rank)
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ["MASTER_PORT"] = str(opts["port"])
+    dist.init_process_group("nccl", rank=rank, world_size=nranks,
+                            device_id=torch.device("cuda", rank))
+    group_name = dist.group.WORLD.group_name
+    comm = symnccl.Communicator(uid, rank, nranks, device=rank)
+    dtype = getattr(torch, opts["dtype"])
+    esize = torch.empty(0, dtype=dtype).element_size()
+    symm = None
+    try:
+        import torch.distributed._symmetric_memory as symm_mem
+        symm = symm_mem
+    except Exception as e:  # pragma: no cover - depends on the torch build
+        symm_reason = f"import failed: {e}"
+    results, skipped = [], {}
+    for nbytes in opts["sizes"]:
+        count = nbytes // esize
+        iters = opts["iters"] if nbytes <= (4 << 20) else max(
+            3, opts["iters"] // 10)
+        # inputs: random per rank, reference in float64 on the GPU
+        gen = torch.Generator(device="cuda")
+        ins = []
+        for r in range(nranks):
+            gen.manual_seed(1000 * r + 7)
+            ins.append(torch.rand(count, generator=gen, device="cuda",
+                                  dtype=torch.float32).mul_(2).sub_(1)
+                       .to(dtype))
+        ref = sum(t.double() for t in ins)
+        absum = sum(t.double().abs() for t in ins)
+        eps = {torch.bfloat16: 2**-7, torch.float16: 2**-10,
+               torch.float32: 2**-23}[dtype]
+        mine = ins[rank]
+        del ins
+
+        def wrong(out):
+            d = (out.double() - ref).abs()
+            return int(((d > (nranks + 1) * eps * absum + 1e-30)
+                        | ~torch.isfinite(out.double())).sum())
+
+        wins = [comm.empty(count, opts["dtype"]) for _ in range(NBUF)]
+        wts = [torch.from_dlpack(w) for w in wins]
+        plain = [torch.empty(count, dtype=dtype, device="cuda")
+                 for _ in range(NBUF)]
+        methods = {}
+        for algo in ("one_shot", "two_shot", "auto"):
+            methods["symnccl:" + algo] = (
+                wts, lambda i, a=algo: comm.all_reduce(wts[i % NBUF], algo=a))
+        methods["symnccl:auto(tensor)"] = (
+            plain, lambda i: comm.all_reduce(plain[i % NBUF]))
+        methods["nccl:window"] = (
+            wts, lambda i: comm.all_reduce(wts[i % NBUF], algo="nccl"))
+        methods["nccl:plain"] = (
+            plain, lambda i: comm.all_reduce(plain[i % NBUF], algo="nccl"))
+        methods["torch.dist"] = (
+            plain, lambda i: dist.all_reduce(plain[i % NBUF]))
+        if symm is not None:
+            try:
+                sbufs = [symm.empty(count, dtype=dtype, device="cuda")
+                         for _ in range(NBUF)]
+                for b in sbufs:
+                    symm.rendezvous(b, group_name)
+                ops = torch.ops.symm_mem
+                methods["symm_mem:one_shot"] = (
+                    sbufs, lambda i: ops.one_shot_all_reduce(
+                        sbufs[i % NBUF], "sum", group_name))
+                methods["symm_mem:two_shot"] = (
+                    sbufs, lambda i: ops.two_shot_all_reduce_(
+                        sbufs[i % NBUF], "sum", group_name))
+            except Exception as e:
+                skipped["symm_mem"] = f"{type(e).__name__}: {e}"[:200]
+        else:
+            skipped["symm_mem"] = symm_reason
+        row = {"bytes": nbytes, "count": count, "iters": iters}
+        for name, (bufs, fn) in methods.items():
+            try:
+                # correctness: one call on fresh input, poisoned output
+                bufs[0].copy_(mine)
+                out = fn(0)
+                if name == "symm_mem:one_shot":
+                    got = out
+                else:
+                    got = bufs[0]
+                torch.cuda.synchronize()
+                nwrong = wrong(got)
+                us = _time(fn, iters, opts["reps"], opts["eager"], torch)
+                row[name] = {"us": us, "wrong": nwrong}
+            except Exception as e:
+                skipped[name] = f"{type(e).__name__}: {e}"[:200]
+        results.append(row)
+        del wins, wts, plain, methods, ref, absum
+        torch.cuda.empty_cache()
+    comm.close()
+    dist.destroy_process_group()
+    return {"rows": results, "skipped": skipped}
+
+
+SYMNCCL_METHODS = ("symnccl:one_shot", "symnccl:two_shot", "symnccl:auto")
+ANCHORS = ("nccl:window", "nccl:plain", "torch.dist", "symm_mem:one_shot",
+           "symm_mem:two_shot")
+
+
+def _fmt_size(b):
+    for unit, s in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if b >= s:
+            return f"{b // s}{unit}"
+    return f"{b}B"
+
+
+def print_table(doc):
+    n = doc["nranks"]
+    rows = doc["rows"]
+    names = [m for m in SYMNCCL_METHODS + ("symnccl:auto(tensor)",) + ANCHORS
+             if any(m in r for r in rows)]
+    print(f"\n{doc['gpu']} x{n}, {doc['dtype']}, "
+          f"{'eager' if doc['eager'] else 'CUDA-graph replay'}, median us "
+          f"(busbw GB/s); NCCL {doc['versions']['nccl_runtime']}, "
+          f"torch {doc['versions'].get('torch')}, {doc['date']}")
+    head = f"{'size':>8} " + " ".join(f"{m:>22}" for m in names) + \
+        f" {'#wrong':>6} {'speedup':>8}"
+    print(head)
+    for r in rows:
+        f = 2.0 * (n - 1) / n
+        cells, wrong = [], 0
+        for m in names:
+            if m in r:
+                us = r[m]["us"]
+                wrong += r[m]["wrong"]
+                cells.append(f"{us:9.2f} ({r['bytes'] / us / 1e3 * f:7.1f})")
+            else:
+                cells.append(f"{'-':>22}")
+        best_s = min((r[m]["us"] for m in SYMNCCL_METHODS if m in r),
+                     default=None)
+        best_a = min((r[m]["us"] for m in ANCHORS if m in r), default=None)
+        sp = f"{best_a / best_s:7.2f}x" if best_s and best_a else "-"
+        print(f"{_fmt_size(r['bytes']):>8} " + " ".join(f"{c:>22}"
+                                                        for c in cells)
+              + f" {wrong:>6} {sp:>8}")
+    for k, v in doc.get("skipped", {}).items():
+        print(f"skipped {k}: {v}")
+
+
+def plot(doc, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    n = doc["nranks"]
+    rows = doc["rows"]
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(13, 5))
+    for m in SYMNCCL_METHODS + ("symnccl:auto(tensor)",) + ANCHORS:
+        pts = [(r["bytes"], r[m]["us"]) for r in rows if m in r]
+        if not pts:
+            continue
+        xs, ys = zip(*pts)
+        style = "-o" if m.startswith("symnccl") else "--s"
+        a1.loglog(xs, ys, style, label=m, ms=3)
+        a2.semilogx(xs, [x / y / 1e3 * 2 * (n - 1) / n for x, y in pts],
+                    style, label=m, ms=3)
+    a1.set_xlabel("message bytes")
+    a1.set_ylabel("us (median)")
+    a2.set_xlabel("message bytes")
+    a2.set_ylabel("busbw GB/s")
+    a1.legend(fontsize=7)
+    a1.set_title(f"{doc['gpu']} x{n} {doc['dtype']} all-reduce latency")
+    a2.set_title("bus bandwidth")
+    for a in (a1, a2):
+        a.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--nranks", type=int, default=None)
+    p.add_argument("--dtype", default="bfloat16",
+                   choices=["bfloat16", "float32", "float16"])
+    p.add_argument("--iters", type=int, default=50)
+    p.add_argument("--reps", type=int, default=7)
+    p.add_argument("--eager", action="store_true",
+                   help="no CUDA graph: include launch overhead")
+    p.add_argument("--max-bytes", type=int, default=256 << 20)
+    p.add_argument("--out", default=None, help="JSON path (PNG beside it)")
+    p.add_argument("--report", default=None,
+                   help="rebuild table and plot from a results JSON, no GPU")
+    args = p.parse_args(argv)
+    if args.report:
+        with open(args.report) as f:
+            doc = json.load(f)
+        print_table(doc)
+        try:
+            plot(doc, os.path.splitext(args.report)[0] + ".png")
+        except ImportError as e:
+            print(f"no plot: {e}")
+        return 0
+
+    import torch
+
+    import symnccl
+    from symnccl.bootstrap import local_device_count, spawn
+    n = args.nranks or local_device_count()
+    if n < 2:
+        print("needs at least 2 GPUs")
+        return 1
+    sizes = [s for s in SIZES if s <= args.max_bytes]
+    opts = dict(dtype=args.dtype, iters=args.iters, reps=args.reps,
+                eager=args.eager, sizes=sizes, port=_free_port())
+    res = spawn(worker, n, args=(opts,), timeout=3000)
+    gpu = torch.cuda.get_device_name(0)
+    v = symnccl.versions()
+    v["torch"] = torch.__version__
+    doc = {
+        "gpu": gpu, "nranks": n, "dtype": args.dtype, "eager": args.eager,
+        "date": datetime.date.today().isoformat(), "host": platform.node(),
+        "versions": v, "iters": args.iters, "reps": args.reps,
+        "env": {k: os.environ.get(k) for k in (
+            "NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST",
+            "NVSHMEM_DISABLE_NVLS")},
+        "rows": res[0]["rows"], "skipped": res[0]["skipped"],
+    }
+    out = args.out or os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), "results",
+        f"{gpu.split()[-1].lower()}x{n}_{args.dtype}"
+        f"{'_eager' if args.eager else ''}.json")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(doc, f, indent=1)
+    try:
+        plot(doc, os.path.splitext(out)[0] + ".png")
+    except ImportError as e:
+        print(f"no plot: {e}")
+    print_table(doc)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

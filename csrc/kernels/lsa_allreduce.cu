@@ -1,0 +1,398 @@
+// LSA all-reduce kernels on NCCL symmetric windows (NCCL 2.28 device API).
+//
+// one_shot: every rank loads every peer's whole input over NVLink
+//   (ncclGetLsaPointer) and writes the reduced result locally.
+//   Moves (n-1)*S bytes per rank; best for small messages.
+//   Barriers: entry (peers' inputs are ready), exit (no peer still reads
+//   mine). In place (out inside my own window) adds one barrier per round of
+//   the grid-stride loop between "all peers have read this round" and the
+//   store, since peers read the very elements being overwritten.
+//
+// two_shot: reduce-scatter by loads, then all-gather by loads.
+//   Slice q = [q*L, (q+1)*L) with L a whole number of 16-byte vectors.
+//   Phase 1: rank r reduces slice r from every peer into its own window
+//   (nobody else reads slice r of rank r). Phase 2: rank r copies slice q
+//   of rank q's window (the reduced result) into its output, for every q.
+//   Moves 2*(n-1)/n*S per rank. Barriers: entry, middle (phase-1 results
+//   visible to peers: acquire/release), exit.
+//
+// Staging: when the input is not in a window, src != nullptr and each CTA
+// first copies its share of src into the (staging) window; the per-CTA
+// barriers make that share visible to the same CTA on every peer, because
+// element-to-CTA mapping is identical in every phase and on every rank.
+//
+// Requirements: sm_90+ (built for sm_90/sm_100); every rank launches the
+// same grid (the host derives it from count and nranks only); grid <=
+// lsaBarrierCount (SN_MAX_CTAS); barrier index = blockIdx.x; all ranks are
+// in one LSA team (lsa_size == nranks). The window offset must be equal on
+// all ranks. 16-byte vectors when window offset, src and out are 16-byte
+// aligned, else a scalar path; tails are scalar.
+//
+// Reduction: fixed order rank 0..n-1, accumulated in fp32 for 16-bit and
+// fp8 types (fp64 for double, wrapping 64-bit for integers), so every rank
+// gets bitwise-identical results. World size is a template parameter
+// (2, 4, 8) with a generic fallback up to kMaxRanks.
+#include <cstdint>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <nccl.h>
+#include <nccl_device.h>
+
+#include "devcomm.cuh"
+#include "launch.h"
+
+namespace {
+
+constexpr int kMaxRanks = 32;
+
+// ---------------------------------------------------------------- types
+
+template <typename T>
+struct Acc;
+template <>
+struct Acc<float> {
+  using type = float;
+  __device__ static float to(float v) { return v; }
+  __device__ static float from(float v) { return v; }
+};
+template <>
+struct Acc<double> {
+  using type = double;
+  __device__ static double to(double v) { return v; }
+  __device__ static double from(double v) { return v; }
+};
+template <>
+struct Acc<__half> {
+  using type = float;
+  __device__ static float to(__half v) { return __half2float(v); }
+  __device__ static __half from(float v) { return __float2half_rn(v); }
+};
+template <>
+struct Acc<__nv_bfloat16> {
+  using type = float;
+  __device__ static float to(__nv_bfloat16 v) { return __bfloat162float(v); }
+  __device__ static __nv_bfloat16 from(float v) {
+    return __float2bfloat16_rn(v);
+  }
+};
+template <>
+struct Acc<__nv_fp8_e4m3> {
+  using type = float;
+  __device__ static float to(__nv_fp8_e4m3 v) { return float(v); }
+  __device__ static __nv_fp8_e4m3 from(float v) { return __nv_fp8_e4m3(v); }
+};
+template <>
+struct Acc<__nv_fp8_e5m2> {
+  using type = float;
+  __device__ static float to(__nv_fp8_e5m2 v) { return float(v); }
+  __device__ static __nv_fp8_e5m2 from(float v) { return __nv_fp8_e5m2(v); }
+};
+// Integers accumulate in 64 bits and wrap on the way back, like NCCL.
+template <>
+struct Acc<int32_t> {
+  using type = long long;
+  __device__ static long long to(int32_t v) { return v; }
+  __device__ static int32_t from(long long v) {
+    return (int32_t)(uint32_t)(unsigned long long)v;
+  }
+};
+template <>
+struct Acc<int64_t> {
+  using type = long long;
+  __device__ static long long to(int64_t v) { return v; }
+  __device__ static int64_t from(long long v) { return v; }
+};
+
+template <typename A>
+__device__ __forceinline__ A add(A a, A b) {
+  return a + b;
+}
+template <>
+__device__ __forceinline__ long long add(long long a, long long b) {
+  return (long long)((unsigned long long)a + (unsigned long long)b);
+}
+
+// op: SYMNCCL_OP_* (launch.h)
+template <typename A>
+__device__ __forceinline__ A reduce2(int op, A a, A b) {
+  switch (op) {
+    case SYMNCCL_OP_MAX:
+      return b > a ? b : a;
+    case SYMNCCL_OP_MIN:
+      return b < a ? b : a;
+    default:
+      return add(a, b);
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ T finish(int op, typename Acc<T>::type a, int n) {
+  using A = typename Acc<T>::type;
+  if (op == SYMNCCL_OP_AVG) {
+    if constexpr (sizeof(A) == 8 && A(0.5) == A(0)) {  // integers
+      // wrap to T first, then divide with C truncation (NCCL's order)
+      return T((A)Acc<T>::from(a) / (A)n);
+    } else {
+      return Acc<T>::from(a / A(n));
+    }
+  }
+  return Acc<T>::from(a);
+}
+
+// ---------------------------------------------------------------- kernel
+
+template <typename T>
+struct Vec {
+  static constexpr int kElems = 16 / sizeof(T);
+};
+
+// Peer base pointers for this kernel's window region, in LSA rank order.
+template <int N>
+struct Peers {
+  const char* p[N > 0 ? N : kMaxRanks];
+};
+
+template <typename T, int N>
+__device__ __forceinline__ void reduce_vec(const Peers<N>& peers, int n,
+                                           size_t byte_off, int op, T* dst) {
+  using A = typename Acc<T>::type;
+  constexpr int E = Vec<T>::kElems;
+  const int nr = N > 0 ? N : n;
+  alignas(16) T v[E];
+  A acc[E];
+  *reinterpret_cast<uint4*>(v) =
+      __ldcg(reinterpret_cast<const uint4*>(peers.p[0] + byte_off));
+#pragma unroll
+  for (int e = 0; e < E; e++) acc[e] = Acc<T>::to(v[e]);
+#pragma unroll
+  for (int q = 1; q < (N > 0 ? N : kMaxRanks); q++) {
+    if (N == 0 && q >= nr) break;
+    *reinterpret_cast<uint4*>(v) =
+        __ldcg(reinterpret_cast<const uint4*>(peers.p[q] + byte_off));
+#pragma unroll
+    for (int e = 0; e < E; e++) acc[e] = reduce2(op, acc[e], Acc<T>::to(v[e]));
+  }
+#pragma unroll
+  for (int e = 0; e < E; e++) dst[e] = finish<T>(op, acc[e], nr);
+}
+
+template <typename T, int N>
+__device__ __forceinline__ T reduce_one(const Peers<N>& peers, int n,
+                                        size_t byte_off, int op) {
+  using A = typename Acc<T>::type;
+  const int nr = N > 0 ? N : n;
+  A acc = Acc<T>::to(*reinterpret_cast<const T*>(peers.p[0] + byte_off));
+#pragma unroll
+  for (int q = 1; q < (N > 0 ? N : kMaxRanks); q++) {
+    if (N == 0 && q >= nr) break;
+    acc = reduce2(op, acc,
+                  Acc<T>::to(*reinterpret_cast<const T*>(peers.p[q] +
+                                                         byte_off)));
+  }
+  return finish<T>(op, acc, nr);
+}
+
+// Copies elements [e, e + len) (len <= E) of src into dst.
+template <typename T>
+__device__ __forceinline__ void copy_elems(const T* src, T* dst, size_t e,
+                                           size_t len, bool aligned) {
+  constexpr int E = Vec<T>::kElems;
+  if (aligned && len == E) {
+    *reinterpret_cast<uint4*>(dst + e) =
+        *reinterpret_cast<const uint4*>(src + e);
+  } else {
+    for (size_t i = 0; i < len; i++) dst[e + i] = src[e + i];
+  }
+}
+
+template <int N>
+__device__ __forceinline__ void load_peers(Peers<N>& peers, ncclWindow_t win,
+                                           size_t off, int n) {
+#pragma unroll
+  for (int q = 0; q < (N > 0 ? N : kMaxRanks); q++) {
+    if (N == 0 && q >= n) break;
+    peers.p[q] = static_cast<const char*>(ncclGetLsaPointer(win, off, q));
+  }
+}
+
+template <typename T, int N>
+__global__ void __launch_bounds__(512)
+    one_shot(ncclDevComm dc, ncclWindow_t win, size_t win_off, const T* src,
+             T* out, size_t count, int op, int in_place) {
+  constexpr int E = Vec<T>::kElems;
+  const int n = N > 0 ? N : dc.lsaSize;
+  Peers<N> peers;
+  load_peers<N>(peers, win, win_off, n);
+  T* mine = static_cast<T*>(ncclGetLsaPointer(win, win_off, dc.lsaRank));
+  const bool aligned = ((win_off | reinterpret_cast<uintptr_t>(out) |
+                         reinterpret_cast<uintptr_t>(src)) &
+                        15) == 0;
+  const size_t nvec = (count + E - 1) / E;
+  const size_t stride = (size_t)gridDim.x * blockDim.x;
+  const size_t first = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+
+  ncclLsaBarrierSession<ncclCoopCta> bar{ncclCoopCta(), dc, ncclTeamLsa(dc),
+                                         dc.lsaBarrier, blockIdx.x};
+  if (src != nullptr) {
+    for (size_t v = first; v < nvec; v += stride) {
+      size_t e = v * E;
+      copy_elems(src, mine, e, count - e < (size_t)E ? count - e : E, aligned);
+    }
+  }
+  bar.sync(ncclCoopCta(), cuda::memory_order_acq_rel);
+
+  for (size_t base = 0; base < nvec; base += stride) {
+    size_t v = base + first;
+    alignas(16) T res[E];
+    size_t e = v * E, len = 0;
+    if (v < nvec) {
+      len = count - e < (size_t)E ? count - e : E;
+      if (aligned && len == E) {
+        reduce_vec<T, N>(peers, n, e * sizeof(T), op, res);
+      } else {
+        for (size_t i = 0; i < len; i++)
+          res[i] = reduce_one<T, N>(peers, n, (e + i) * sizeof(T), op);
+      }
+    }
+    // In place: peers read the elements about to be overwritten.
+    if (in_place) bar.sync(ncclCoopCta(), cuda::memory_order_acq_rel);
+    if (len == E && aligned) {
+      *reinterpret_cast<uint4*>(out + e) = *reinterpret_cast<uint4*>(res);
+    } else {
+      for (size_t i = 0; i < len; i++) out[e + i] = res[i];
+    }
+  }
+  bar.sync(ncclCoopCta(), cuda::memory_order_acq_rel);
+}
+
+template <typename T, int N>
+__global__ void __launch_bounds__(512)
+    two_shot(ncclDevComm dc, ncclWindow_t win, size_t win_off,
+             ncclWindow_t mid_win, size_t mid_off, const T* src, T* out,
+             size_t count, int op, int skip_self) {
+  constexpr int E = Vec<T>::kElems;
+  const int n = N > 0 ? N : dc.lsaSize;
+  const int me = dc.lsaRank;
+  Peers<N> peers, mids;
+  load_peers<N>(peers, win, win_off, n);
+  load_peers<N>(mids, mid_win, mid_off, n);
+  T* mine = static_cast<T*>(ncclGetLsaPointer(win, win_off, me));
+  T* mine_mid = static_cast<T*>(ncclGetLsaPointer(mid_win, mid_off, me));
+  const bool aligned = ((win_off | mid_off | reinterpret_cast<uintptr_t>(out) |
+                         reinterpret_cast<uintptr_t>(src)) &
+                        15) == 0;
+  // Slice length: whole vectors, so every slice starts 16-byte aligned.
+  const size_t slice = ((count + n - 1) / n + E - 1) / E * E;
+  const size_t svec = slice / E;
+  const size_t stride = (size_t)gridDim.x * blockDim.x;
+  const size_t first = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+
+  ncclLsaBarrierSession<ncclCoopCta> bar{ncclCoopCta(), dc, ncclTeamLsa(dc),
+                                         dc.lsaBarrier, blockIdx.x};
+  if (src != nullptr) {
+    for (int q = 0; q < n; q++) {
+      for (size_t v = first; v < svec; v += stride) {
+        size_t e = q * slice + v * E;
+        if (e >= count) break;
+        copy_elems(src, mine, e, count - e < (size_t)E ? count - e : E,
+                   aligned);
+      }
+    }
+  }
+  bar.sync(ncclCoopCta(), cuda::memory_order_acq_rel);
+
+  // Phase 1: my slice, reduced from every peer's input, into my mid buffer
+  // (which only I write, and which nobody reads before the next barrier).
+  for (size_t v = first; v < svec; v += stride) {
+    size_t e = me * slice + v * E;
+    if (e >= count) break;
+    size_t len = count - e < (size_t)E ? count - e : E;
+    if (aligned && len == E) {
+      reduce_vec<T, N>(peers, n, e * sizeof(T), op, mine_mid + e);
+    } else {
+      for (size_t i = 0; i < len; i++)
+        mine_mid[e + i] = reduce_one<T, N>(peers, n, (e + i) * sizeof(T), op);
+    }
+  }
+  bar.sync(ncclCoopCta(), cuda::memory_order_acq_rel);
+
+  // Phase 2: every slice q from rank q's mid buffer into my output.
+  for (int q = 0; q < n; q++) {
+    if (skip_self && q == me) continue;  // already in place
+    const T* from =
+        static_cast<const T*>(ncclGetLsaPointer(mid_win, mid_off, q));
+    for (size_t v = first; v < svec; v += stride) {
+      size_t e = q * slice + v * E;
+      if (e >= count) break;
+      size_t len = count - e < (size_t)E ? count - e : E;
+      if (aligned && len == E) {
+        *reinterpret_cast<uint4*>(out + e) =
+            __ldcg(reinterpret_cast<const uint4*>(from + e));
+      } else {
+        for (size_t i = 0; i < len; i++) out[e + i] = from[e + i];
+      }
+    }
+  }
+  bar.sync(ncclCoopCta(), cuda::memory_order_acq_rel);
+}
+
+template <typename T, int N>
+cudaError_t launch_t(const symnccl_lsa_args& a, cudaStream_t stream) {
+  const T* src = static_cast<const T*>(a.src);
+  T* out = static_cast<T*>(a.out);
+  if (a.algo == SYMNCCL_ALGO_ONE_SHOT) {
+    one_shot<T, N><<<a.ctas, a.threads, 0, stream>>>(
+        a.dc->dc, a.win, a.win_offset, src, out, a.count, a.op, a.in_place);
+  } else {
+    two_shot<T, N><<<a.ctas, a.threads, 0, stream>>>(
+        a.dc->dc, a.win, a.win_offset, a.mid_win, a.mid_offset, src, out,
+        a.count, a.op, a.in_place && a.mid_win == a.win &&
+                           a.mid_offset == a.win_offset);
+  }
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t launch_n(const symnccl_lsa_args& a, cudaStream_t stream) {
+  switch (a.dc->dc.lsaSize) {
+    case 2: return launch_t<T, 2>(a, stream);
+    case 4: return launch_t<T, 4>(a, stream);
+    case 8: return launch_t<T, 8>(a, stream);
+    default: return launch_t<T, 0>(a, stream);
+  }
+}
+
+}  // namespace
+
+extern "C" int symnccl_lsa_supported(ncclDataType_t dtype, int op,
+                                     int nranks) {
+  if (nranks < 1 || nranks > kMaxRanks) return 0;
+  if (op != SYMNCCL_OP_SUM && op != SYMNCCL_OP_MAX && op != SYMNCCL_OP_MIN &&
+      op != SYMNCCL_OP_AVG)
+    return 0;
+  switch (dtype) {
+    case ncclFloat32: case ncclFloat64: case ncclFloat16: case ncclBfloat16:
+    case ncclFloat8e4m3: case ncclFloat8e5m2: case ncclInt32: case ncclInt64:
+      return 1;
+    default:
+      return 0;
+  }
+}
+
+extern "C" cudaError_t symnccl_lsa_allreduce(const symnccl_lsa_args* a,
+                                             cudaStream_t stream) {
+  if (a->dc->dc.lsaSize > kMaxRanks) return cudaErrorInvalidValue;
+  switch (a->dtype) {
+    case ncclFloat32: return launch_n<float>(*a, stream);
+    case ncclFloat64: return launch_n<double>(*a, stream);
+    case ncclFloat16: return launch_n<__half>(*a, stream);
+    case ncclBfloat16: return launch_n<__nv_bfloat16>(*a, stream);
+    case ncclFloat8e4m3: return launch_n<__nv_fp8_e4m3>(*a, stream);
+    case ncclFloat8e5m2: return launch_n<__nv_fp8_e5m2>(*a, stream);
+    case ncclInt32: return launch_n<int32_t>(*a, stream);
+    case ncclInt64: return launch_n<int64_t>(*a, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
