@@ -257,10 +257,12 @@ lsa_all_reduce(sn_call *k, int algo, ncclRedOp_t op)
     int in_place = k->out.ptr == k->x.ptr;
     int staged = w == NULL;
     int mid_staging = algo == SN_ALGO_TWO_SHOT && !in_place;
+    /* one_shot in place reduces into the local staging memory first. */
+    int scratch = algo == SN_ALGO_ONE_SHOT && in_place && !staged;
     /* Chunk = the staging window, in whole 16-byte vectors per rank. */
     size_t quantum = 16 * (size_t)c->nranks;
     size_t chunk = count;
-    if (staged || mid_staging)
+    if (staged || mid_staging || scratch)
         chunk = c->staging_bytes / quantum * quantum / is;
     const int threads = env_int("SYMNCCL_THREADS", 512);
     const int max_ctas = env_int(algo == SN_ALGO_ONE_SHOT
@@ -293,6 +295,7 @@ lsa_all_reduce(sn_call *k, int algo, ncclRedOp_t op)
             a.mid_offset = a.win_offset;
         }
         a.out = k->out.ptr + done * is;
+        a.scratch = c->staging;
         a.count = len;
         a.dtype = k->x.nccl_dtype;
         a.op = lsa_op(op);

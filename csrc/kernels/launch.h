@@ -50,6 +50,7 @@ typedef struct {
     size_t mid_offset;
     const void *src;           /* non-NULL: copy src into win first */
     void *out;                 /* local output, any device memory */
+    void *scratch;             /* one_shot in place: local, >= count elems */
     size_t count;
     ncclDataType_t dtype;
     int op;                    /* SYMNCCL_OP_* */

@@ -4,9 +4,9 @@
 //   (ncclGetLsaPointer) and writes the reduced result locally.
 //   Moves (n-1)*S bytes per rank; best for small messages.
 //   Barriers: entry (peers' inputs are ready), exit (no peer still reads
-//   mine). In place (out inside my own window) adds one barrier per round of
-//   the grid-stride loop between "all peers have read this round" and the
-//   store, since peers read the very elements being overwritten.
+//   mine). In place (out is my own part of the window), peers read the very
+//   elements being overwritten: the result goes to local scratch and each
+//   thread copies its own elements back after the exit barrier.
 //
 // two_shot: reduce-scatter by loads, then all-gather by loads.
 //   Slice q = [q*L, (q+1)*L) with L a whole number of 16-byte vectors.
@@ -46,6 +46,8 @@
 namespace {
 
 constexpr int kMaxRanks = 32;
+// Vectors per thread per loop iteration: loads in flight per peer.
+constexpr int kUnroll = 4;
 
 // ---------------------------------------------------------------- types
 
@@ -194,6 +196,60 @@ __device__ __forceinline__ T reduce_one(const Peers<N>& peers, int n,
   return finish<T>(op, acc, nr);
 }
 
+// U full vectors at elements e0, e0 + de, ...: U loads in flight per peer,
+// fixed rank order, results stored to out + e.
+template <typename T, int N, int U>
+__device__ __forceinline__ void reduce_batch(const Peers<N>& peers, int n,
+                                             size_t e0, size_t de, int op,
+                                             T* out) {
+  using A = typename Acc<T>::type;
+  constexpr int E = Vec<T>::kElems;
+  const int nr = N > 0 ? N : n;
+  A acc[U][E];
+#pragma unroll
+  for (int q = 0; q < (N > 0 ? N : kMaxRanks); q++) {
+    if (N == 0 && q >= nr) break;
+    uint4 raw[U];
+#pragma unroll
+    for (int u = 0; u < U; u++)
+      raw[u] = __ldcg(reinterpret_cast<const uint4*>(peers.p[q] +
+                                                     (e0 + u * de) *
+                                                         sizeof(T)));
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      alignas(16) T v[E];
+      *reinterpret_cast<uint4*>(v) = raw[u];
+#pragma unroll
+      for (int e = 0; e < E; e++)
+        acc[u][e] = q == 0 ? Acc<T>::to(v[e])
+                           : reduce2(op, acc[u][e], Acc<T>::to(v[e]));
+    }
+  }
+#pragma unroll
+  for (int u = 0; u < U; u++) {
+    alignas(16) T res[E];
+#pragma unroll
+    for (int e = 0; e < E; e++) res[e] = finish<T>(op, acc[u][e], nr);
+    *reinterpret_cast<uint4*>(out + e0 + u * de) =
+        *reinterpret_cast<uint4*>(res);
+  }
+}
+
+// Reduces the (possibly partial or unaligned) vector at element e into dst.
+template <typename T, int N>
+__device__ __forceinline__ void reduce_tail(const Peers<N>& peers, int n,
+                                            size_t e, size_t count,
+                                            bool aligned, int op, T* dst) {
+  constexpr int E = Vec<T>::kElems;
+  size_t len = count - e < (size_t)E ? count - e : E;
+  if (aligned && len == E) {
+    reduce_vec<T, N>(peers, n, e * sizeof(T), op, dst + e);
+  } else {
+    for (size_t i = 0; i < len; i++)
+      dst[e + i] = reduce_one<T, N>(peers, n, (e + i) * sizeof(T), op);
+  }
+}
+
 // Copies elements [e, e + len) (len <= E) of src into dst.
 template <typename T>
 __device__ __forceinline__ void copy_elems(const T* src, T* dst, size_t e,
@@ -220,8 +276,9 @@ __device__ __forceinline__ void load_peers(Peers<N>& peers, ncclWindow_t win,
 template <typename T, int N>
 __global__ void __launch_bounds__(512)
     one_shot(ncclDevComm dc, ncclWindow_t win, size_t win_off, const T* src,
-             T* out, size_t count, int op, int in_place) {
+             T* out, T* scratch, size_t count, int op, int in_place) {
   constexpr int E = Vec<T>::kElems;
+  constexpr int U = kUnroll;
   const int n = N > 0 ? N : dc.lsaSize;
   Peers<N> peers;
   load_peers<N>(peers, win, win_off, n);
@@ -230,8 +287,13 @@ __global__ void __launch_bounds__(512)
                          reinterpret_cast<uintptr_t>(src)) &
                         15) == 0;
   const size_t nvec = (count + E - 1) / E;
+  const size_t nfull = aligned ? count / E : 0;
   const size_t stride = (size_t)gridDim.x * blockDim.x;
   const size_t first = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  // In place, peers still read the elements this rank would overwrite:
+  // reduce into the local scratch, and copy back after the exit barrier
+  // (each thread copies what it computed, so no extra synchronisation).
+  T* dst = in_place ? scratch : out;
 
   ncclLsaBarrierSession<ncclCoopCta> bar{ncclCoopCta(), dc, ncclTeamLsa(dc),
                                          dc.lsaBarrier, blockIdx.x};
@@ -243,28 +305,23 @@ __global__ void __launch_bounds__(512)
   }
   bar.sync(ncclCoopCta(), cuda::memory_order_acq_rel);
 
-  for (size_t base = 0; base < nvec; base += stride) {
-    size_t v = base + first;
-    alignas(16) T res[E];
-    size_t e = v * E, len = 0;
-    if (v < nvec) {
-      len = count - e < (size_t)E ? count - e : E;
-      if (aligned && len == E) {
-        reduce_vec<T, N>(peers, n, e * sizeof(T), op, res);
-      } else {
-        for (size_t i = 0; i < len; i++)
-          res[i] = reduce_one<T, N>(peers, n, (e + i) * sizeof(T), op);
-      }
-    }
-    // In place: peers read the elements about to be overwritten.
-    if (in_place) bar.sync(ncclCoopCta(), cuda::memory_order_acq_rel);
-    if (len == E && aligned) {
-      *reinterpret_cast<uint4*>(out + e) = *reinterpret_cast<uint4*>(res);
+  for (size_t v = first; v < nvec; v += U * stride) {
+    if (v + (U - 1) * stride < nfull) {
+      reduce_batch<T, N, U>(peers, n, v * E, stride * E, op, dst);
     } else {
-      for (size_t i = 0; i < len; i++) out[e + i] = res[i];
+      for (int u = 0; u < U && v + u * stride < nvec; u++)
+        reduce_tail<T, N>(peers, n, (v + u * stride) * E, count, aligned, op,
+                          dst);
     }
   }
   bar.sync(ncclCoopCta(), cuda::memory_order_acq_rel);
+  if (in_place) {
+    for (size_t v = first; v < nvec; v += stride) {
+      size_t e = v * E;
+      copy_elems(scratch, out, e, count - e < (size_t)E ? count - e : E,
+                 aligned);
+    }
+  }
 }
 
 template <typename T, int N>
@@ -305,15 +362,20 @@ __global__ void __launch_bounds__(512)
 
   // Phase 1: my slice, reduced from every peer's input, into my mid buffer
   // (which only I write, and which nobody reads before the next barrier).
-  for (size_t v = first; v < svec; v += stride) {
+  constexpr int U = kUnroll;
+  const size_t nfull = aligned ? count / E : 0;   // full vectors overall
+  for (size_t v = first; v < svec; v += U * stride) {
     size_t e = me * slice + v * E;
     if (e >= count) break;
-    size_t len = count - e < (size_t)E ? count - e : E;
-    if (aligned && len == E) {
-      reduce_vec<T, N>(peers, n, e * sizeof(T), op, mine_mid + e);
+    if (v + (U - 1) * stride < svec &&
+        me * svec + v + (U - 1) * stride < nfull) {
+      reduce_batch<T, N, U>(peers, n, e, stride * E, op, mine_mid);
     } else {
-      for (size_t i = 0; i < len; i++)
-        mine_mid[e + i] = reduce_one<T, N>(peers, n, (e + i) * sizeof(T), op);
+      for (int u = 0; u < U && v + u * stride < svec; u++) {
+        size_t eu = e + u * stride * E;
+        if (eu >= count) break;
+        reduce_tail<T, N>(peers, n, eu, count, aligned, op, mine_mid);
+      }
     }
   }
   bar.sync(ncclCoopCta(), cuda::memory_order_acq_rel);
@@ -323,15 +385,31 @@ __global__ void __launch_bounds__(512)
     if (skip_self && q == me) continue;  // already in place
     const T* from =
         static_cast<const T*>(ncclGetLsaPointer(mid_win, mid_off, q));
-    for (size_t v = first; v < svec; v += stride) {
+    for (size_t v = first; v < svec; v += U * stride) {
       size_t e = q * slice + v * E;
       if (e >= count) break;
-      size_t len = count - e < (size_t)E ? count - e : E;
-      if (aligned && len == E) {
-        *reinterpret_cast<uint4*>(out + e) =
-            __ldcg(reinterpret_cast<const uint4*>(from + e));
+      if (v + (U - 1) * stride < svec &&
+          q * svec + v + (U - 1) * stride < nfull) {
+        uint4 raw[U];
+#pragma unroll
+        for (int u = 0; u < U; u++)
+          raw[u] = __ldcg(
+              reinterpret_cast<const uint4*>(from + e + u * stride * E));
+#pragma unroll
+        for (int u = 0; u < U; u++)
+          *reinterpret_cast<uint4*>(out + e + u * stride * E) = raw[u];
       } else {
-        for (size_t i = 0; i < len; i++) out[e + i] = from[e + i];
+        for (int u = 0; u < U && v + u * stride < svec; u++) {
+          size_t eu = e + u * stride * E;
+          if (eu >= count) break;
+          size_t len = count - eu < (size_t)E ? count - eu : E;
+          if (aligned && len == E) {
+            *reinterpret_cast<uint4*>(out + eu) =
+                __ldcg(reinterpret_cast<const uint4*>(from + eu));
+          } else {
+            for (size_t i = 0; i < len; i++) out[eu + i] = from[eu + i];
+          }
+        }
       }
     }
   }
@@ -344,7 +422,8 @@ cudaError_t launch_t(const symnccl_lsa_args& a, cudaStream_t stream) {
   T* out = static_cast<T*>(a.out);
   if (a.algo == SYMNCCL_ALGO_ONE_SHOT) {
     one_shot<T, N><<<a.ctas, a.threads, 0, stream>>>(
-        a.dc->dc, a.win, a.win_offset, src, out, a.count, a.op, a.in_place);
+        a.dc->dc, a.win, a.win_offset, src, out,
+        static_cast<T*>(a.scratch), a.count, a.op, a.in_place);
   } else {
     two_shot<T, N><<<a.ctas, a.threads, 0, stream>>>(
         a.dc->dc, a.win, a.win_offset, a.mid_win, a.mid_offset, src, out,
