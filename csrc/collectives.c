@@ -219,8 +219,15 @@ lsa_unavailable(CommObject *c, ncclDataType_t dt, ncclRedOp_t op)
     return NULL;
 }
 
-/* algo="auto": measured crossovers (benchmarks/NOTES.md). SYMNCCL_ALGO
- * overrides the table. */
+/* algo="auto": crossovers measured with benchmarks/bench_allreduce.py on
+ * 2x and 4x H200, bf16, CUDA-graph replay (benchmarks/NOTES.md):
+ *
+ *   ranks   one_shot        two_shot          nccl
+ *   2       <= 1 MiB        > 1 MiB           -
+ *   4       <= 256 KiB      <= 8 MiB          > 8 MiB
+ *   other   <= 256 KiB      <= 8 MiB          > 8 MiB   (not yet measured)
+ *
+ * SYMNCCL_ALGO=nccl|one_shot|two_shot overrides the table. */
 static int
 auto_algo(CommObject *c, size_t bytes, ncclDataType_t dt, ncclRedOp_t op)
 {
@@ -232,10 +239,11 @@ auto_algo(CommObject *c, size_t bytes, ncclDataType_t dt, ncclRedOp_t op)
     }
     if (lsa_unavailable(c, dt, op) != NULL)
         return SN_ALGO_NCCL;
-    size_t one_shot_max = c->nranks <= 2 ? (512u << 10) : (256u << 10);
-    if (bytes <= one_shot_max)
+    if (c->nranks <= 2)
+        return bytes <= (1u << 20) ? SN_ALGO_ONE_SHOT : SN_ALGO_TWO_SHOT;
+    if (bytes <= (256u << 10))
         return SN_ALGO_ONE_SHOT;
-    return SN_ALGO_TWO_SHOT;
+    return bytes <= (8u << 20) ? SN_ALGO_TWO_SHOT : SN_ALGO_NCCL;
 }
 
 static int

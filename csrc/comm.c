@@ -984,12 +984,18 @@ static PyMethodDef comm_methods[] = {
      "filled with zeros."},
     {"all_reduce", (PyCFunction)(void (*)(void))sn_all_reduce,
      METH_VARARGS | METH_KEYWORDS,
-     "all_reduce(x, out=None, op='sum', algo='nccl', stream=None)\n\n"
+     "all_reduce(x, out=None, op='sum', algo='auto', stream=None)\n\n"
      "Reduces x over all ranks. Without out= the result is written in place "
      "(for JAX arrays, which are immutable, into a new array). Returns the "
      "result in x's framework type, zero-copy. Runs on `stream`, else the "
      "framework's current stream, else the legacy default stream; never "
-     "blocks the host.\n\nops: sum, prod, max, min, avg.\n\n"
+     "blocks the host.\n\nops: sum, prod, max, min, avg.\n"
+     "algo: 'auto' (measured table, SYMNCCL_ALGO overrides), 'one_shot', "
+     "'two_shot' (symnccl's LSA kernels on the NCCL device API; inputs "
+     "outside a window go through the staging window), 'nccl'. Every rank "
+     "must pass the same algo and the same kind of input (all in a "
+     "SymmetricBuffer at the same offset, or none), and one communicator's "
+     "LSA kernels must not run on two streams at once.\n\n"
      "Example:\n    comm.all_reduce(t)                 # in place\n"
      "    y = comm.all_reduce(x, out=y, op='max')"},
     {"reduce_scatter", (PyCFunction)(void (*)(void))sn_reduce_scatter,

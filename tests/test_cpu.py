@@ -306,3 +306,31 @@ def test_cli_reports_versions_and_no_gpu():
     assert r.returncode == 1
     assert "NCCL    2.28" in r.stdout and "no CUDA device" in r.stdout
     assert "NCCL_NVLS_ENABLE=" in r.stdout
+
+
+def test_bench_report_rebuilds_table_from_recorded_json(tmp_path):
+    import json
+    import shutil
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    src = os.path.join(root, "benchmarks", "results", "h200x2_bfloat16.json")
+    dst = tmp_path / "r.json"
+    shutil.copy(src, dst)
+    r = subprocess.run([sys.executable, os.path.join(root, "benchmarks",
+                                                     "bench_allreduce.py"),
+                        "--report", str(dst)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(dst.read_text())
+    lines = [ln for ln in r.stdout.splitlines() if ln.strip().endswith("x")]
+    assert len(lines) == len(doc["rows"])   # one row per size, speedup last
+    assert "symnccl:one_shot" in r.stdout and "nccl:window" in r.stdout
+    assert "NVIDIA H200 x2" in r.stdout
+
+
+def test_bench_rejects_unknown_dtype():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    r = subprocess.run([sys.executable, os.path.join(root, "benchmarks",
+                                                     "bench_allreduce.py"),
+                        "--dtype", "int3"], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 2 and "invalid choice" in r.stderr
