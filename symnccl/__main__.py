@@ -4,6 +4,7 @@ available algorithm on all local GPUs (one process per GPU).
     python -m symnccl                 # all local GPUs
     python -m symnccl --nranks 2      # the first two
     python -m symnccl --quick         # fewer sizes
+    python -m symnccl bench --dtype bfloat16   # the all-reduce benchmark
 """
 from __future__ import annotations
 
@@ -45,17 +46,38 @@ def _report(results, nranks):
     return total_wrong == 0
 
 
+def _bench(argv) -> int:
+    """Runs benchmarks/bench_allreduce.py from a source checkout."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    bench_dir = os.path.join(here, "benchmarks")
+    if not os.path.exists(os.path.join(bench_dir, "bench_allreduce.py")):
+        print(f"benchmarks/bench_allreduce.py not found beside {here}: the "
+              "benchmark ships with the source tree")
+        return 2
+    # On sys.path (which spawned ranks inherit) so that they can import it.
+    sys.path.insert(0, bench_dir)
+    import bench_allreduce
+    return bench_allreduce.main(argv)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m symnccl",
                                 description=__doc__.splitlines()[0])
     p.add_argument("command", nargs="?", default="check",
-                   choices=["check"],
-                   help="check (default): report and correctness check")
+                   choices=["check", "bench"],
+                   help="check (default): report and correctness check; "
+                        "bench: benchmarks/bench_allreduce.py (its options "
+                        "follow)")
     p.add_argument("--nranks", type=int, default=None,
                    help="GPUs to use (default: all local GPUs)")
     p.add_argument("--quick", action="store_true", help="fewer sizes")
     p.add_argument("--timeout", type=float, default=900.0)
-    args = p.parse_args(argv)
+    args, rest = p.parse_known_args(argv)
+    if args.command == "bench":
+        return _bench(rest + (["--nranks", str(args.nranks)]
+                              if args.nranks else []))
+    if rest:
+        p.error(f"unrecognized arguments: {' '.join(rest)}")
 
     import symnccl
     from symnccl import _selftest

@@ -11,7 +11,7 @@ from _workers import collectives as W
 from conftest import ranks_param
 
 
-@ranks_param(2, 4)
+@ranks_param(2, 4, 8)
 def test_all_reduce_every_dtype_and_op_on_windows_matches_float64(nranks):
     res = spawn(W.all_reduce_every_dtype_on_windows, nranks, args=(11,),
                 timeout=600)
@@ -20,7 +20,7 @@ def test_all_reduce_every_dtype_and_op_on_windows_matches_float64(nranks):
     assert len(res[0]) == 12 * 4 * 5 * 2
 
 
-@ranks_param(2, 4)
+@ranks_param(2, 4, 8)
 def test_reduce_scatter_between_windows_with_unaligned_blocks(nranks):
     res = spawn(W.reduce_scatter_windows_odd_blocks, nranks, args=(9,),
                 timeout=300)
@@ -28,7 +28,7 @@ def test_reduce_scatter_between_windows_with_unaligned_blocks(nranks):
     assert not bad, bad
 
 
-@ranks_param(2, 4)
+@ranks_param(2, 4, 8)
 def test_torch_tensors_through_every_collective(nranks):
     pytest.importorskip("torch")
     res = spawn(W.torch_collectives, nranks, args=(5,), timeout=600)
@@ -52,7 +52,7 @@ def test_errors_name_what_was_seen_and_lifetime_after_close(nranks):
         assert total == after == 1000.0 * nranks * (nranks + 1) / 2
 
 
-@ranks_param(2, 4)
+@ranks_param(2, 4, 8)
 def test_lsa_algorithms_every_dtype_op_placement_bitwise_equal(nranks):
     pytest.importorskip("torch")
     res = spawn(W.lsa_algorithms, nranks, args=(21,), timeout=900)
@@ -64,14 +64,14 @@ def test_lsa_algorithms_every_dtype_op_placement_bitwise_equal(nranks):
         assert not diff, f"rank {r} differs from rank 0 in {diff[:5]}"
 
 
-@ranks_param(2, 4)
+@ranks_param(2, 4, 8)
 def test_lsa_graph_replay_and_stress(nranks):
     pytest.importorskip("torch")
     res = spawn(W.lsa_graph_and_stress, nranks, args=(4, 2000), timeout=900)
     assert all(not b for b in res), res
 
 
-@ranks_param(2, 4)
+@ranks_param(2, 4, 8)
 def test_init_all_one_process_drives_all_gpus(nranks):
     rows = W.init_all_in_one_process(list(range(nranks)), 3)
     assert all(w == 0 for _, w in rows), rows
