@@ -224,8 +224,9 @@ lsa_unavailable(CommObject *c, ncclDataType_t dt, ncclRedOp_t op)
  *
  *   ranks   one_shot        two_shot          nccl
  *   2       <= 1 MiB        > 1 MiB           -
- *   4       <= 256 KiB      <= 8 MiB          > 8 MiB
- *   other   <= 256 KiB      <= 8 MiB          > 8 MiB   (not yet measured)
+ *   3..7    <= 256 KiB      <= 8 MiB          > 8 MiB   (measured at 4)
+ *   >= 8    -               -                 all       (measured at 8:
+ *           NCCL's symmetric LL kernel wins below 1 MiB, ties above)
  *
  * SYMNCCL_ALGO=nccl|one_shot|two_shot overrides the table. */
 static int
@@ -241,6 +242,8 @@ auto_algo(CommObject *c, size_t bytes, ncclDataType_t dt, ncclRedOp_t op)
         return SN_ALGO_NCCL;
     if (c->nranks <= 2)
         return bytes <= (1u << 20) ? SN_ALGO_ONE_SHOT : SN_ALGO_TWO_SHOT;
+    if (c->nranks >= 8)
+        return SN_ALGO_NCCL;
     if (bytes <= (256u << 10))
         return SN_ALGO_ONE_SHOT;
     return bytes <= (8u << 20) ? SN_ALGO_TWO_SHOT : SN_ALGO_NCCL;
