@@ -1,0 +1,49 @@
+"""PyTorch integration: torch.distributed bootstrap, custom ops under
+eager, torch.compile(fullgraph=True) and CUDA graphs."""
+import socket
+
+import pytest
+
+from conftest import ranks_param
+from symnccl.bootstrap import spawn
+
+torch = pytest.importorskip("torch", reason="torch is not installed")
+
+
+def _port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+def test_custom_ops_are_registered_with_fake_kernels():
+    import symnccl.torch  # noqa: F401
+    assert hasattr(torch.ops.symnccl, "all_reduce")
+    assert hasattr(torch.ops.symnccl, "all_reduce_")
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        x = torch.empty(8, 3)
+        y = torch.ops.symnccl.all_reduce(x, 1, "sum", "auto")
+    assert y.shape == (8, 3)
+
+
+def test_communicator_needs_torch_distributed():
+    import symnccl.torch as snt
+    if torch.distributed.is_initialized():
+        pytest.skip("torch.distributed is initialized in this process")
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        snt.communicator()
+
+
+@ranks_param(2)
+def test_torch_bootstrap_eager_compile_and_graph(nranks):
+    from _workers import torch_integration as T
+    res = spawn(T.run, nranks, args=(_port(),), timeout=600)
+    for rank, r in enumerate(res):
+        assert r["devices"] == (rank, rank)
+        assert r["eager_out"] and r["eager_inplace"], r
+        assert r["compiled"], r
+        assert r["graph"], r
+        assert r["delegates"], r
