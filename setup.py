@@ -10,6 +10,10 @@ Environment:
                       of the nvidia-nccl-cu13 wheel
   CUDA_HOME           CUDA toolkit root (default: from nvcc on PATH)
   NVCC                nvcc to use
+  SYMNCCL_JAXLIB_INCLUDE  jaxlib's include/ (with xla/ffi/api/c_api.h) for
+                      the XLA FFI handler; default: the installed jaxlib's.
+                      Without it the handler is not built (symnccl.jax then
+                      says why).
 """
 import glob
 import os
@@ -90,6 +94,24 @@ def find_nccl():
     return inc, libdir, "NCCL_HOME" in os.environ
 
 
+def find_xla_ffi():
+    """jaxlib's include dir holding xla/ffi/api/c_api.h, or None. Found
+    without importing jaxlib (a build environment may lack a GPU)."""
+    inc = os.environ.get("SYMNCCL_JAXLIB_INCLUDE")
+    if inc is None:
+        import importlib.util
+        spec = importlib.util.find_spec("jaxlib")
+        roots = list(spec.submodule_search_locations or []) if spec else []
+        inc = next((os.path.join(r, "include") for r in roots
+                    if os.path.exists(os.path.join(r, "include"))), None)
+    if inc and os.path.exists(os.path.join(inc, "xla", "ffi", "api",
+                                           "c_api.h")):
+        return inc
+    if os.environ.get("SYMNCCL_JAXLIB_INCLUDE"):
+        _fail(f"SYMNCCL_JAXLIB_INCLUDE={inc} has no xla/ffi/api/c_api.h")
+    return None
+
+
 def gencode_flags():
     archs = os.environ.get("SYMNCCL_CUDA_ARCHS", "90;100")
     sms = [a.strip() for a in re.split(r"[;, ]+", archs) if a.strip()]
@@ -131,6 +153,16 @@ class BuildExt(build_ext):
 def make_extension():
     nvcc, cuda_inc, cuda_lib = CUDA
     nccl_inc, nccl_lib, nccl_home = NCCL
+    xla_inc = find_xla_ffi()
+    macros = [("Py_LIMITED_API", "0x030B0000")]
+    include_dirs = ["csrc", nccl_inc, cuda_inc]
+    if xla_inc is not None:
+        print(f"symnccl: building the XLA FFI handler against {xla_inc}")
+        macros.append(("SYMNCCL_HAVE_XLA_FFI", "1"))
+        include_dirs.append(xla_inc)
+    else:
+        print("symnccl: jaxlib's headers not found: building without the "
+              "XLA FFI handler")
     # $ORIGIN/../nvidia/nccl/lib is the wheel's libnccl beside an installed
     # symnccl; symnccl/_loader.py preloads it explicitly in any case.
     rpaths = ["$ORIGIN/../nvidia/nccl/lib"]
@@ -139,7 +171,7 @@ def make_extension():
     return Extension(
         "symnccl._C",
         sources=sorted(glob.glob(os.path.join("csrc", "*.c"))),
-        include_dirs=["csrc", nccl_inc, cuda_inc],
+        include_dirs=include_dirs,
         library_dirs=[nccl_lib, cuda_lib],
         libraries=["cudart_static", "dl", "pthread", "rt"],
         extra_link_args=["-l:libnccl.so.2"]
@@ -148,7 +180,7 @@ def make_extension():
                             "-Wno-unused-parameter",
                             "-Wno-missing-field-initializers",
                             "-Wno-cast-function-type"],
-        define_macros=[("Py_LIMITED_API", "0x030B0000")],
+        define_macros=macros,
         py_limited_api=True,
     )
 

@@ -2,17 +2,22 @@
 same process layout (one process per GPU).
 
 Methods (each skipped with a printed reason where unavailable):
-  symnccl:one_shot / two_shot / auto   in place on SymmetricBuffers
+  symnccl:ll / one_shot / two_shot / auto   in place on SymmetricBuffers
   symnccl:auto(tensor)                 torch tensor input (staged copy)
   nccl:window      ncclAllReduce on SymmetricBuffers (NCCL's symmetric kernels)
   nccl:plain       ncclAllReduce on torch tensors, through symnccl
   torch.dist       torch.distributed.all_reduce (what torch users pay)
   symm_mem:one_shot / two_shot   torch symmetric memory kernels
+  nvlink:memcpy / nvlink:kernel  the ceiling: every rank pulls the whole
+                   message from its neighbour's window (cudaMemcpyAsync
+                   through the LSA pointer; a plain 16-byte-load copy kernel).
+                   Their GB/s is bytes / time, the one-way NVLink rate one
+                   GPU gets; an all-reduce's busbw cannot exceed it.
 
 Timing: CUDA-graph replay (or eager with --eager) of `iters` calls cycling
 over 4 input buffers, device events, median of --reps repeats. Every size is
 checked against a float64 reference first (#wrong, as nccl-tests prints).
-busbw = bytes / t * 2 (n - 1) / n.
+busbw = bytes / t * 2 (n - 1) / n (nvlink:*: bytes / t).
 
     python benchmarks/bench_allreduce.py --nranks 2 --dtype bfloat16
     python benchmarks/bench_allreduce.py --report benchmarks/results/h200x2.json
@@ -27,16 +32,9 @@ import platform
 import socket
 import sys
 
-SIZES = [1 << 10] + [4096 << (2 * i) for i in range(9)]   # 1 KiB .. 256 MiB
+# 1 KiB, then 4 KiB .. 256 MiB in x4 steps, then 512 MiB
+SIZES = [1 << 10] + [4096 << (2 * i) for i in range(9)] + [512 << 20]
 NBUF = 4
-
-
-def _free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def _time(fn, iters, reps, eager, torch):
@@ -120,7 +118,7 @@ def worker(rank, nranks, uid, opts):
         plain = [torch.empty(count, dtype=dtype, device="cuda")
                  for _ in range(NBUF)]
         methods = {}
-        for algo in ("one_shot", "two_shot", "auto"):
+        for algo in ("ll", "one_shot", "two_shot", "auto"):
             methods["symnccl:" + algo] = (
                 wts, lambda i, a=algo: comm.all_reduce(wts[i % NBUF], algo=a))
         methods["symnccl:auto(tensor)"] = (
@@ -131,6 +129,17 @@ def worker(rank, nranks, uid, opts):
             plain, lambda i: comm.all_reduce(plain[i % NBUF], algo="nccl"))
         methods["torch.dist"] = (
             plain, lambda i: dist.all_reduce(plain[i % NBUF]))
+        stream = lambda: torch.cuda.current_stream().cuda_stream  # noqa
+        try:
+            peer = (rank + 1) % nranks
+            srcs = [comm._lsa_pointer(w, peer) for w in wins]
+            for eng in ("memcpy", "kernel"):
+                methods["nvlink:" + eng] = (
+                    plain, lambda i, e=eng: comm._copy(
+                        plain[i % NBUF].data_ptr(), srcs[i % NBUF], nbytes,
+                        stream(), e, 128))
+        except Exception as e:
+            skipped["nvlink"] = f"{type(e).__name__}: {e}"[:200]
         if symm is not None:
             try:
                 sbufs = [symm.empty(count, dtype=dtype, device="cuda")
@@ -159,7 +168,13 @@ def worker(rank, nranks, uid, opts):
                 else:
                     got = bufs[0]
                 torch.cuda.synchronize()
-                nwrong = wrong(got)
+                if name.startswith("nvlink:"):
+                    # a copy of the neighbour's window, which holds the
+                    # same bytes as ours (the last in-place all-reduce)
+                    nwrong = int((got.view(torch.uint8)
+                                  != wts[0].view(torch.uint8)).sum())
+                else:
+                    nwrong = wrong(got)
                 us = _time(fn, iters, opts["reps"], opts["eager"], torch)
                 row[name] = {"us": us, "wrong": nwrong}
             except Exception as e:
@@ -172,9 +187,18 @@ def worker(rank, nranks, uid, opts):
     return {"rows": results, "skipped": skipped}
 
 
-SYMNCCL_METHODS = ("symnccl:one_shot", "symnccl:two_shot", "symnccl:auto")
+SYMNCCL_METHODS = ("symnccl:ll", "symnccl:one_shot", "symnccl:two_shot",
+                   "symnccl:auto")
 ANCHORS = ("nccl:window", "nccl:plain", "torch.dist", "symm_mem:one_shot",
            "symm_mem:two_shot")
+CEILING = ("nvlink:memcpy", "nvlink:kernel")
+
+
+def _bw(doc, method, nbytes, us):
+    """GB/s: busbw for all-reduces, plain bytes / time for the ceiling."""
+    n = doc["nranks"]
+    f = 1.0 if method.startswith("nvlink:") else 2.0 * (n - 1) / n
+    return nbytes / us / 1e3 * f
 
 
 def _fmt_size(b):
@@ -188,7 +212,7 @@ def print_table(doc):
     n = doc["nranks"]
     rows = doc["rows"]
     names = [m for m in SYMNCCL_METHODS + ("symnccl:auto(tensor)",) + ANCHORS
-             if any(m in r for r in rows)]
+             + CEILING if any(m in r for r in rows)]
     print(f"\n{doc['gpu']} x{n}, {doc['dtype']}, "
           f"{'eager' if doc['eager'] else 'CUDA-graph replay'}, median us "
           f"(busbw GB/s); NCCL {doc['versions']['nccl_runtime']}, "
@@ -197,13 +221,12 @@ def print_table(doc):
         f" {'#wrong':>6} {'speedup':>8}"
     print(head)
     for r in rows:
-        f = 2.0 * (n - 1) / n
         cells, wrong = [], 0
         for m in names:
             if m in r:
                 us = r[m]["us"]
                 wrong += r[m]["wrong"]
-                cells.append(f"{us:9.2f} ({r['bytes'] / us / 1e3 * f:7.1f})")
+                cells.append(f"{us:9.2f} ({_bw(doc, m, r['bytes'], us):7.1f})")
             else:
                 cells.append(f"{'-':>22}")
         best_s = min((r[m]["us"] for m in SYMNCCL_METHODS if m in r),
@@ -224,15 +247,16 @@ def plot(doc, path):
     n = doc["nranks"]
     rows = doc["rows"]
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(13, 5))
-    for m in SYMNCCL_METHODS + ("symnccl:auto(tensor)",) + ANCHORS:
+    for m in SYMNCCL_METHODS + ("symnccl:auto(tensor)",) + ANCHORS + CEILING:
         pts = [(r["bytes"], r[m]["us"]) for r in rows if m in r]
         if not pts:
             continue
         xs, ys = zip(*pts)
-        style = "-o" if m.startswith("symnccl") else "--s"
+        style = "-o" if m.startswith("symnccl") else (
+            ":" if m.startswith("nvlink") else "--s")
         a1.loglog(xs, ys, style, label=m, ms=3)
-        a2.semilogx(xs, [x / y / 1e3 * 2 * (n - 1) / n for x, y in pts],
-                    style, label=m, ms=3)
+        a2.semilogx(xs, [_bw(doc, m, x, y) for x, y in pts], style, label=m,
+                    ms=3)
     a1.set_xlabel("message bytes")
     a1.set_ylabel("us (median)")
     a2.set_xlabel("message bytes")
@@ -255,7 +279,7 @@ def main(argv=None):
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--eager", action="store_true",
                    help="no CUDA graph: include launch overhead")
-    p.add_argument("--max-bytes", type=int, default=256 << 20)
+    p.add_argument("--max-bytes", type=int, default=512 << 20)
     p.add_argument("--out", default=None, help="JSON path (PNG beside it)")
     p.add_argument("--report", default=None,
                    help="rebuild table and plot from a results JSON, no GPU")
@@ -273,14 +297,19 @@ def main(argv=None):
     import torch
 
     import symnccl
-    from symnccl.bootstrap import local_device_count, spawn
+    from symnccl.bootstrap import free_port, local_device_count, spawn
     n = args.nranks or local_device_count()
     if n < 2:
         print("needs at least 2 GPUs")
         return 1
     sizes = [s for s in SIZES if s <= args.max_bytes]
+    free = min(torch.cuda.mem_get_info(i)[0] for i in range(n))
+    # per size: 4 windows + 4 tensors + 4 symm_mem buffers + fp64 reference
+    while sizes and 24 * sizes[-1] > free:
+        print(f"skipping {sizes[-1] >> 20} MiB: {free >> 30} GiB free")
+        sizes.pop()
     opts = dict(dtype=args.dtype, iters=args.iters, reps=args.reps,
-                eager=args.eager, sizes=sizes, port=_free_port())
+                eager=args.eager, sizes=sizes, port=free_port())
     res = spawn(worker, n, args=(opts,), timeout=3000)
     gpu = torch.cuda.get_device_name(0)
     v = symnccl.versions()

@@ -153,35 +153,19 @@ parse_op(PyObject *op, ncclRedOp_t *out)
     return -1;
 }
 
-/* ------------------------------------------------------------------ */
-/* all_reduce algorithms.                                               */
-
-enum { SN_ALGO_NCCL = 0, SN_ALGO_ONE_SHOT = SYMNCCL_ALGO_ONE_SHOT,
-       SN_ALGO_TWO_SHOT = SYMNCCL_ALGO_TWO_SHOT, SN_ALGO_AUTO = -1 };
-
-static const char *const algo_names[] = {"nccl", "one_shot", "two_shot"};
-
-static int
-algo_from_name(const char *s)
-{
-    if (strcmp(s, "auto") == 0)
-        return SN_ALGO_AUTO;
-    for (int i = 0; i < 3; i++)
-        if (strcmp(s, algo_names[i]) == 0)
-            return i;
-    return -2;
-}
-
+/* algo= argument: a name from sn_algo_names or "auto"; the LSA ones only
+ * where allow_lsa. Returns SN_ALGO_*, or -2 with ValueError set. */
 static int
 parse_algo(PyObject *algo, int allow_lsa)
 {
     const char *s = PyUnicode_Check(algo)
                         ? PyUnicode_AsUTF8AndSize(algo, NULL) : NULL;
-    int a = s != NULL ? algo_from_name(s) : -2;
+    int a = s != NULL ? sn_algo_from_name(s) : -2;
     if (a == -2 || (!allow_lsa && a > 0)) {
         PyErr_Format(PyExc_ValueError, "algo %R is not available: expected "
                      "%s", algo, allow_lsa
-                         ? "'auto', 'nccl', 'one_shot' or 'two_shot'"
+                         ? "'auto', 'nccl', 'one_shot', 'two_shot', 'll' or "
+                           "'multimem'"
                          : "'nccl' or 'auto'");
         return -2;
     }
@@ -189,145 +173,23 @@ parse_algo(PyObject *algo, int allow_lsa)
 }
 
 static int
-lsa_op(ncclRedOp_t op)
-{
-    switch (op) {
-    case ncclSum: return SYMNCCL_OP_SUM;
-    case ncclMax: return SYMNCCL_OP_MAX;
-    case ncclMin: return SYMNCCL_OP_MIN;
-    case ncclAvg: return SYMNCCL_OP_AVG;
-    default: return -1;
-    }
-}
-
-/* Why the LSA kernels cannot run this call, or NULL. Depends only on what
- * every rank agrees on (communicator, dtype, op), never on the input's
- * placement, so every rank takes the same decision. */
-static const char *
-lsa_unavailable(CommObject *c, ncclDataType_t dt, ncclRedOp_t op)
-{
-    if (!c->symmetric)
-        return "the NCCL device API is not usable on this communicator";
-    if (c->lsa_size != c->nranks)
-        return "not every rank is reachable by NVLink load/store";
-    if (c->staging == NULL)
-        return "the communicator has no staging window";
-    if (lsa_op(op) < 0)
-        return "op 'prod' has no LSA kernel";
-    if (!symnccl_lsa_supported(dt, lsa_op(op), c->nranks))
-        return "this dtype has no LSA kernel";
-    return NULL;
-}
-
-/* algo="auto": crossovers measured with benchmarks/bench_allreduce.py on
- * 2x and 4x H200, bf16, CUDA-graph replay (benchmarks/NOTES.md):
- *
- *   ranks   one_shot        two_shot          nccl
- *   2       <= 1 MiB        > 1 MiB           -
- *   3..7    <= 256 KiB      <= 8 MiB          > 8 MiB   (measured at 4)
- *   >= 8    -               -                 all       (measured at 8:
- *           NCCL's symmetric LL kernel wins below 1 MiB, ties above)
- *
- * SYMNCCL_ALGO=nccl|one_shot|two_shot overrides the table. */
-static int
-auto_algo(CommObject *c, size_t bytes, ncclDataType_t dt, ncclRedOp_t op)
-{
-    const char *env = getenv("SYMNCCL_ALGO");
-    if (env != NULL && env[0] != '\0') {
-        int a = algo_from_name(env);
-        if (a >= 0 && (a == SN_ALGO_NCCL || !lsa_unavailable(c, dt, op)))
-            return a;
-    }
-    if (lsa_unavailable(c, dt, op) != NULL)
-        return SN_ALGO_NCCL;
-    if (c->nranks <= 2)
-        return bytes <= (1u << 20) ? SN_ALGO_ONE_SHOT : SN_ALGO_TWO_SHOT;
-    if (c->nranks >= 8)
-        return SN_ALGO_NCCL;
-    if (bytes <= (256u << 10))
-        return SN_ALGO_ONE_SHOT;
-    return bytes <= (8u << 20) ? SN_ALGO_TWO_SHOT : SN_ALGO_NCCL;
-}
-
-static int
-env_int(const char *name, int dflt)
-{
-    const char *v = getenv(name);
-    return v != NULL && v[0] != '\0' ? atoi(v) : dflt;
-}
-
-/* Launches one LSA all-reduce, chunked through the staging window when the
- * input is not in a window (or two-shot needs a phase-1 buffer). */
-static int
 lsa_all_reduce(sn_call *k, int algo, ncclRedOp_t op)
 {
-    CommObject *c = k->c;
-    const size_t is = (size_t)k->x.itemsize;
-    const size_t count = k->x.count;
-    sn_window *w = sn_comm_find_window(c, k->x.ptr, count * is);
-    int in_place = k->out.ptr == k->x.ptr;
-    int staged = w == NULL;
-    int mid_staging = algo == SN_ALGO_TWO_SHOT && !in_place;
-    /* one_shot in place reduces into the local staging memory first. */
-    int scratch = algo == SN_ALGO_ONE_SHOT && in_place && !staged;
-    /* Chunk = the staging window, in whole 16-byte vectors per rank. */
-    size_t quantum = 16 * (size_t)c->nranks;
-    size_t chunk = count;
-    if (staged || mid_staging || scratch)
-        chunk = c->staging_bytes / quantum * quantum / is;
-    const int threads = env_int("SYMNCCL_THREADS", 512);
-    const int max_ctas = env_int(algo == SN_ALGO_ONE_SHOT
-                                     ? "SYMNCCL_ONE_SHOT_CTAS"
-                                     : "SYMNCCL_TWO_SHOT_CTAS",
-                                 algo == SN_ALGO_ONE_SHOT ? 32 : 64);
-    for (size_t done = 0; done < count || count == 0; done += chunk) {
-        size_t len = count - done < chunk ? count - done : chunk;
-        if (len == 0)
-            break;
-        symnccl_lsa_args a;
-        memset(&a, 0, sizeof(a));
-        a.algo = algo;
-        a.dc = c->devcomm;
-        if (staged) {
-            a.win = c->staging_win->win;
-            a.win_offset = 0;
-            a.src = k->x.ptr + done * is;
-        }
-        else {
-            a.win = w->win;
-            a.win_offset = (size_t)(k->x.ptr - w->base) + done * is;
-        }
-        if (mid_staging || staged) {
-            a.mid_win = c->staging_win->win;
-            a.mid_offset = 0;
-        }
-        else {
-            a.mid_win = a.win;
-            a.mid_offset = a.win_offset;
-        }
-        a.out = k->out.ptr + done * is;
-        a.scratch = c->staging;
-        a.count = len;
-        a.dtype = k->x.nccl_dtype;
-        a.op = lsa_op(op);
-        a.in_place = in_place && !staged;
-        /* The grid depends on len and nranks only: equal on all ranks. */
-        size_t vecs = (len * is + 15) / 16;
-        if (algo == SN_ALGO_TWO_SHOT)
-            vecs = (vecs + c->nranks - 1) / c->nranks;
-        size_t ctas = (vecs + (size_t)threads - 1) / (size_t)threads;
-        if (ctas > (size_t)max_ctas)
-            ctas = (size_t)max_ctas;
-        if (ctas > SN_MAX_CTAS)
-            ctas = SN_MAX_CTAS;
-        a.ctas = ctas < 1 ? 1 : (int)ctas;
-        a.threads = threads;
-        cudaError_t e = symnccl_lsa_allreduce(&a, k->stream);
-        if (e != cudaSuccess)
-            return sn_set_cuda_error(k->st, e, algo == SN_ALGO_ONE_SHOT
-                                     ? "one_shot all_reduce launch"
-                                     : "two_shot all_reduce launch");
-    }
+    sn_ar r;
+    memset(&r, 0, sizeof(r));
+    r.c = k->c;
+    r.algo = algo;
+    r.x = k->x.ptr;
+    r.out = k->out.ptr;
+    r.win = sn_comm_find_window(k->c, k->x.ptr,
+                                k->x.count * (size_t)k->x.itemsize);
+    r.count = k->x.count;
+    r.itemsize = k->x.itemsize;
+    r.dtype = k->x.nccl_dtype;
+    r.op = op;
+    r.stream = k->stream;
+    if (sn_lsa_all_reduce(&r) < 0)
+        return sn_set_cuda_error(k->st, r.cuda_error, r.err);
     return 0;
 }
 
@@ -363,13 +225,13 @@ sn_all_reduce(CommObject *c, PyObject *args, PyObject *kw)
         call_output(&k, x, out, k.x.count, k.x.ndim, k.x.shape, 1) < 0)
         return call_end(&k, 0);
     if (algo == SN_ALGO_AUTO)
-        algo = auto_algo(c, k.x.count * (size_t)k.x.itemsize, k.x.nccl_dtype,
+        algo = sn_auto_algo(c, k.x.count * (size_t)k.x.itemsize, k.x.nccl_dtype,
                          op);
     else if (algo != SN_ALGO_NCCL) {
-        const char *why = lsa_unavailable(c, k.x.nccl_dtype, op);
+        const char *why = sn_lsa_unavailable(c, algo, k.x.nccl_dtype, op);
         if (why != NULL) {
             PyErr_Format(PyExc_ValueError, "algo '%s' cannot run this "
-                         "all_reduce (%s, op %d): %s", algo_names[algo],
+                         "all_reduce (%s, op %d): %s", sn_algo_names[algo],
                          sn_dtype_name(k.x.dtype), (int)op, why);
             return call_end(&k, 0);
         }

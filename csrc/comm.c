@@ -31,9 +31,9 @@ init_config(ncclConfig_t *cfg)
 /* Device communicator: created right after the communicator, collective. */
 
 static const char *
-decide_multicast(int requested)
+decide_multicast(int mode)
 {
-    return sn_multicast_gate(requested, getenv("NCCL_NVLS_ENABLE"),
+    return sn_multicast_gate(mode, getenv("NCCL_NVLS_ENABLE"),
                              getenv("TORCH_SYMM_MEM_DISABLE_MULTICAST"),
                              getenv("NVSHMEM_DISABLE_NVLS"));
 }
@@ -105,29 +105,56 @@ create_devcomm(SNState *st, CommObject *c)
 static int
 alloc_scratch(SNState *st, CommObject *c)
 {
-    SN_CUDA_GOTO(st, cudaMalloc((void **)&c->scratch, 256), "cudaMalloc",
-                 error);
-    SN_CUDA_GOTO(st, cudaMemset(c->scratch, 0, 256), "cudaMemset", error);
+    SN_CUDA_GOTO(st, cudaMalloc((void **)&c->scratch, SN_SCRATCH_BYTES),
+                 "cudaMalloc", error);
+    SN_CUDA_GOTO(st, cudaMemset(c->scratch, 0, SN_SCRATCH_BYTES),
+                 "cudaMemset", error);
+    SN_CUDA_GOTO(st, cudaEventCreateWithFlags(&c->lsa_event,
+                                              cudaEventDisableTiming),
+                 "cudaEventCreateWithFlags", error);
     return 0;
 error:
     return -1;
 }
 
-/* ncclMemAlloc for the staging window; registration is done by the caller
- * (alone, or for several communicators inside one NCCL group). */
+static int
+env_int(const char *name, int dflt, int lo, int hi)
+{
+    const char *v = getenv(name);
+    int x = v != NULL && v[0] != '\0' ? atoi(v) : dflt;
+    return x < lo ? lo : x > hi ? hi : x;
+}
+
+/* ncclMemAlloc for the staging window (the staging area, then the LL
+ * receive buffers, zeroed); registration is done by the caller (alone, or
+ * for several communicators inside one NCCL group), after this returns, so
+ * no peer can write into the LL buffers before they are cleared. */
 static int
 alloc_staging_memory(SNState *st, CommObject *c)
 {
     if (!c->symmetric || c->lsa_size != c->nranks || c->staging_bytes == 0)
         return 0;
+    /* Largest LL message per launch: the region split into 2 slots x
+     * nranks rows x 2 bytes of packet per byte of data, in whole pages. */
+    c->ll_max_bytes = SN_LL_REGION / (4 * (size_t)c->nranks) / 4096 * 4096;
+    c->ll_offset = c->staging_bytes;
+    c->ll_ctas = env_int("SYMNCCL_LL_CTAS", 16, 1, SN_MAX_CTAS);
+    c->ll_threads = env_int("SYMNCCL_LL_THREADS", 512, 32, 512) / 32 * 32;
+    size_t ll = symnccl_ll_buffer_bytes(c->nranks, c->ll_max_bytes);
+    c->staging_alloc = c->staging_bytes + ll;
     ncclResult_t rc;
     void *p = NULL;
     Py_BEGIN_ALLOW_THREADS
-    rc = ncclMemAlloc(&p, c->staging_bytes);
+    rc = ncclMemAlloc(&p, c->staging_alloc);
     Py_END_ALLOW_THREADS
     if (rc != ncclSuccess)
         return sn_set_nccl_error(st, rc, c->comm, "ncclMemAlloc (staging)");
     c->staging = p;
+    cudaError_t e = cudaMemset(c->staging + c->ll_offset, 0, ll);
+    if (e == cudaSuccess)
+        e = cudaDeviceSynchronize();
+    if (e != cudaSuccess)
+        return sn_set_cuda_error(st, e, "clearing the LL buffers");
     return 0;
 }
 
@@ -213,9 +240,12 @@ comm_alloc(PyTypeObject *tp, int rank, int nranks, int device, double timeout,
     c->staging_bytes = staging_bytes;
     c->lsa_size = 1;
     c->symmetric_reason = "not initialised";
+    pthread_mutex_init(&c->lock, NULL);
     const char *why = decide_multicast(multicast);
     c->multicast_requested = why == NULL;
-    c->multicast_reason = why != NULL ? why : "requested";
+    c->multicast_reason = why != NULL ? why
+                          : multicast == SN_MC_AUTO ? "requested (auto)"
+                                                    : "requested";
     live_add(sn_state_from_type(tp), c);
     return c;
 }
@@ -228,14 +258,15 @@ comm_new(PyTypeObject *tp, PyObject *args, PyObject *kw)
     static char *kwlist[] = {"unique_id", "rank", "nranks", "device",
                              "timeout", "multicast", "staging_bytes", NULL};
     SNState *st = sn_state_from_type(tp);
-    PyObject *uid_obj, *dev_obj = Py_None;
-    int rank, nranks, multicast = 0;
+    PyObject *uid_obj, *dev_obj = Py_None, *mc_obj = Py_None;
+    int rank, nranks, multicast;
     double timeout = SN_DEFAULT_TIMEOUT;
     Py_ssize_t staging = SN_DEFAULT_STAGING;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "Oii|O$dpn:Communicator",
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "Oii|O$dOn:Communicator",
                                      kwlist, &uid_obj, &rank, &nranks,
-                                     &dev_obj, &timeout, &multicast,
-                                     &staging))
+                                     &dev_obj, &timeout, &mc_obj,
+                                     &staging) ||
+        sn_parse_multicast(mc_obj, &multicast) < 0)
         return NULL;
     if (staging < 0 || staging % 4096 != 0) {
         PyErr_Format(PyExc_ValueError, "staging_bytes must be a multiple of "
@@ -309,7 +340,7 @@ comm_new(PyTypeObject *tp, PyObject *args, PyObject *kw)
         goto error;
     if (c->staging != NULL) {
         c->staging_win = sn_comm_window_acquire(st, c, c->staging,
-                                                c->staging_bytes);
+                                                c->staging_alloc);
         if (c->staging_win == NULL)
             goto error;
     }
@@ -341,10 +372,12 @@ comm_init_all(PyObject *cls, PyObject *args, PyObject *kw)
     PyTypeObject *tp = (PyTypeObject *)cls;
     SNState *st = sn_state_from_type(tp);
     PyObject *devs_obj, *seq = NULL, *result = NULL;
+    PyObject *mc_obj = Py_None;
     double timeout = SN_DEFAULT_TIMEOUT;
-    int multicast = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$dp:init_all", kwlist,
-                                     &devs_obj, &timeout, &multicast))
+    int multicast;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$dO:init_all", kwlist,
+                                     &devs_obj, &timeout, &mc_obj) ||
+        sn_parse_multicast(mc_obj, &multicast) < 0)
         return NULL;
     if (st->group_depth > 0) {
         PyErr_SetString(PyExc_RuntimeError,
@@ -496,7 +529,7 @@ comm_init_all(PyObject *cls, PyObject *args, PyObject *kw)
         rc = ncclGroupStart();
         for (Py_ssize_t i = 0; i < n && rc == ncclSuccess; i++) {
             sn_window *w = new_window_node(cs[i], cs[i]->staging,
-                                           cs[i]->staging_bytes);
+                                           cs[i]->staging_alloc);
             cs[i]->staging_win = w;
             if (w == NULL) {
                 rc = ncclSystemError;
@@ -694,6 +727,7 @@ comm_close_impl(SNState *st, CommObject *c)
         sn_set_cuda_error(st, ce, "cudaDeviceSynchronize (close)");
         goto fail;
     }
+    sn_xla_forget(c);
     if (c->devcomm != NULL) {
         Py_BEGIN_ALLOW_THREADS
         rc = symnccl_devcomm_destroy(c->comm, c->devcomm);
@@ -702,6 +736,13 @@ comm_close_impl(SNState *st, CommObject *c)
         if (sn_nccl_complete(st, c, rc, "ncclDevCommDestroy") < 0)
             goto fail;
     }
+    int xrc;
+    Py_BEGIN_ALLOW_THREADS
+    xrc = sn_xla_release_windows(c, 1);
+    Py_END_ALLOW_THREADS
+    if (xrc < 0 && sn_nccl_complete(st, c, ncclInternalError,
+                                    "ncclCommWindowDeregister (XLA)") < 0)
+        goto fail;
     for (sn_window *w = c->windows; w != NULL; w = w->next) {
         if (w->win == NULL)
             continue;
@@ -716,6 +757,10 @@ comm_close_impl(SNState *st, CommObject *c)
     if (c->scratch != NULL) {
         cudaFree(c->scratch);
         c->scratch = NULL;
+    }
+    if (c->lsa_event != NULL) {
+        cudaEventDestroy(c->lsa_event);
+        c->lsa_event = NULL;
     }
     Py_BEGIN_ALLOW_THREADS
     rc = ncclCommFinalize(c->comm);
@@ -746,6 +791,8 @@ comm_abort_impl(CommObject *c)
     }
     /* After an abort nothing may be called on the communicator: the device
      * communicator and windows go with it. */
+    sn_xla_forget(c);
+    sn_xla_release_windows(c, 0);
     free(c->devcomm);
     c->devcomm = NULL;
     detach_windows(c);
@@ -756,6 +803,7 @@ comm_abort_impl(CommObject *c)
     c->comm = NULL;
     c->closed = 2;
     c->scratch = NULL;   /* leaked on purpose: the device may be wedged */
+    c->lsa_event = NULL;
     c->staging = NULL;
     c->staging_win = NULL;
     (void)rc;
@@ -839,6 +887,7 @@ comm_dealloc(CommObject *self)
         free(w);
         w = next;
     }
+    pthread_mutex_destroy(&self->lock);
     freefunc tp_free = (freefunc)PyType_GetSlot(tp, Py_tp_free);
     tp_free(self);
     Py_DECREF(tp);
@@ -961,10 +1010,91 @@ static PyGetSetDef comm_getset[] = {
     {NULL},
 };
 
+/* ------------------------------------------------------------------ */
+/* Benchmark hooks: the NVLink ceiling the all-reduce numbers are read
+ * against (benchmarks/bench_allreduce.py). */
+
+/* _lsa_pointer(buf, peer) -> int: where this GPU reaches peer's copy of a
+ * SymmetricBuffer's memory (synchronous; call once, outside timing). */
+static PyObject *
+comm_lsa_pointer(CommObject *self, PyObject *args)
+{
+    SNState *st = comm_state(self);
+    PyObject *obj;
+    int peer;
+    if (!PyArg_ParseTuple(args, "Oi:_lsa_pointer", &obj, &peer) ||
+        sn_comm_check_usable(st, self) < 0)
+        return NULL;
+    if (!PyObject_TypeCheck(obj, st->SymmetricBufferType)) {
+        PyErr_SetString(PyExc_TypeError, "expected a SymmetricBuffer");
+        return NULL;
+    }
+    BufferObject *b = (BufferObject *)obj;
+    if (b->win == NULL || b->comm != self || !self->symmetric ||
+        peer < 0 || peer >= self->lsa_size) {
+        PyErr_Format(PyExc_ValueError, "no LSA pointer: the buffer must be "
+                     "a registered window of this communicator and 0 <= "
+                     "peer < lsa_size (%d), got peer %d", self->lsa_size,
+                     peer);
+        return NULL;
+    }
+    int prev;
+    if (sn_device_push(st, self->device, &prev) < 0)
+        return NULL;
+    void *p = NULL;
+    cudaError_t e = symnccl_lsa_pointer(b->win->win,
+                                        (size_t)(b->ptr - b->win->base),
+                                        peer, &p);
+    sn_device_pop(prev);
+    if (e != cudaSuccess)
+        return (sn_set_cuda_error(st, e, "reading the LSA pointer"), NULL);
+    return PyLong_FromVoidPtr(p);
+}
+
+/* _copy(dst, src, nbytes, stream, engine): cudaMemcpyAsync ("memcpy") or
+ * symnccl's copy kernel ("kernel", 16-byte loads) between raw addresses. */
+static PyObject *
+comm_copy(CommObject *self, PyObject *args)
+{
+    SNState *st = comm_state(self);
+    unsigned long long dst, src, nbytes, stream;
+    const char *engine;
+    int ctas = 64;
+    if (!PyArg_ParseTuple(args, "KKKKs|i:_copy", &dst, &src, &nbytes,
+                          &stream, &engine, &ctas))
+        return NULL;
+    int prev;
+    if (sn_device_push(st, self->device, &prev) < 0)
+        return NULL;
+    cudaError_t e;
+    if (strcmp(engine, "memcpy") == 0)
+        e = cudaMemcpyAsync((void *)(uintptr_t)dst, (void *)(uintptr_t)src,
+                            (size_t)nbytes, cudaMemcpyDeviceToDevice,
+                            (cudaStream_t)(uintptr_t)stream);
+    else if (strcmp(engine, "kernel") == 0)
+        e = symnccl_copy((void *)(uintptr_t)dst, (void *)(uintptr_t)src,
+                         (size_t)nbytes, ctas,
+                         (cudaStream_t)(uintptr_t)stream);
+    else {
+        sn_device_pop(prev);
+        PyErr_Format(PyExc_ValueError, "engine must be 'memcpy' or "
+                     "'kernel', got %s", engine);
+        return NULL;
+    }
+    sn_device_pop(prev);
+    if (e != cudaSuccess)
+        return (sn_set_cuda_error(st, e, "_copy"), NULL);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef comm_methods[] = {
+    {"_lsa_pointer", (PyCFunction)comm_lsa_pointer, METH_VARARGS,
+     "_lsa_pointer(buf, peer) -> int (benchmark hook)"},
+    {"_copy", (PyCFunction)comm_copy, METH_VARARGS,
+     "_copy(dst, src, nbytes, stream, engine, ctas=64) (benchmark hook)"},
     {"init_all", (PyCFunction)(void (*)(void))comm_init_all,
      METH_CLASS | METH_VARARGS | METH_KEYWORDS,
-     "init_all(devices, *, timeout=600.0, multicast=False) -> list\n\n"
+     "init_all(devices, *, timeout=600.0, multicast=None) -> list\n\n"
      "One communicator per device, all driven from this thread (rank i on "
      "devices[i]). Collective calls on them (empty, zeros, all_reduce, ...) "
      "must be issued for every communicator inside one symnccl.group().\n\n"
@@ -1041,10 +1171,14 @@ static PyMethodDef comm_methods[] = {
 static PyType_Slot comm_slots[] = {
     {Py_tp_doc,
      "Communicator(unique_id, rank, nranks, device=None, *, timeout=600.0, "
-     "multicast=False, staging_bytes=32 MiB)\n\n"
+     "multicast=None, staging_bytes=32 MiB)\n\n"
      "An NCCL communicator on one GPU, with its device communicator and "
      "symmetric windows. Creation waits for all nranks ranks (GIL released, "
      "at most `timeout` seconds).\n\n"
+     "multicast: None asks NCCL for an NVLink multicast handle unless "
+     "NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1 or "
+     "NVSHMEM_DISABLE_NVLS=1 is set; True asks likewise and says why not in "
+     "multicast_reason; False never asks.\n\n"
      "Example:\n    uid = symnccl.get_unique_id()   # on rank 0, then share\n"
      "    comm = symnccl.Communicator(uid, rank, nranks, device=rank)"},
     {Py_tp_new, comm_new},

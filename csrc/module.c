@@ -187,7 +187,7 @@ env_true(const char *v)
 }
 
 const char *
-sn_multicast_gate(int requested, const char *nvls_enable,
+sn_multicast_gate(int mode, const char *nvls_enable,
                   const char *torch_disable, const char *nvshmem_disable)
 {
     if (nvls_enable != NULL && nvls_enable[0] != '\0' && !env_true(nvls_enable))
@@ -196,21 +196,41 @@ sn_multicast_gate(int requested, const char *nvls_enable,
         return "disabled by TORCH_SYMM_MEM_DISABLE_MULTICAST";
     if (env_true(nvshmem_disable))
         return "disabled by NVSHMEM_DISABLE_NVLS";
-    if (!requested)
-        return "not requested (pass multicast=True to ask NCCL for it)";
+    if (mode == SN_MC_OFF)
+        return "not requested (multicast=False)";
     return NULL;
 }
 
+int
+sn_parse_multicast(PyObject *obj, int *mode)
+{
+    if (obj == NULL || obj == Py_None) {
+        *mode = SN_MC_AUTO;
+        return 0;
+    }
+    int t = PyObject_IsTrue(obj);
+    if (t < 0)
+        return -1;
+    *mode = t ? SN_MC_ON : SN_MC_OFF;
+    return 0;
+}
+
+/* _multicast_gate(multicast, NCCL_NVLS_ENABLE, TORCH_SYMM_MEM_DISABLE_
+ * MULTICAST, NVSHMEM_DISABLE_NVLS) -> (request?, reason): the decision the
+ * communicator takes, for the CPU tests. */
 static PyObject *
 py_multicast_gate(PyObject *module, PyObject *args)
 {
-    int requested;
+    PyObject *mc;
+    int mode;
     const char *a = NULL, *b = NULL, *c = NULL;
-    if (!PyArg_ParseTuple(args, "pzzz", &requested, &a, &b, &c))
+    if (!PyArg_ParseTuple(args, "Ozzz", &mc, &a, &b, &c) ||
+        sn_parse_multicast(mc, &mode) < 0)
         return NULL;
-    const char *reason = sn_multicast_gate(requested, a, b, c);
+    const char *reason = sn_multicast_gate(mode, a, b, c);
     if (reason == NULL)
-        return Py_BuildValue("(Os)", Py_True, "requested");
+        return Py_BuildValue("(Os)", Py_True, mode == SN_MC_AUTO
+                             ? "requested (auto)" : "requested");
     return Py_BuildValue("(Os)", Py_False, reason);
 }
 
@@ -433,6 +453,14 @@ static PyMethodDef sn_methods[] = {
      "(request, reason). The decision the Communicator takes, as a pure "
      "function of the environment values (None for unset)."},
     {"_dtype_info", py_dtype_info, METH_O, NULL},
+    {"_xla_handler", sn_py_xla_handler, METH_NOARGS,
+     "_xla_handler() -> PyCapsule: the XLA FFI handler symnccl_all_reduce "
+     "(for jax.ffi.register_ffi_target; raises if built without jaxlib)."},
+    {"_xla_register", sn_py_xla_register, METH_O,
+     "_xla_register(comm): the XLA handler uses comm on comm.device."},
+    {"_xla_stats", sn_py_xla_stats, METH_O,
+     "_xla_stats(device) -> (window_calls, staged_calls, registrations) of "
+     "the XLA handler on that device (testing)."},
     {"_import_info", sn_py_import_info, METH_VARARGS,
      "_import_info(obj, device) -> dict: what DLPack import sees (testing; "
      "device=-1 also accepts CPU tensors)."},

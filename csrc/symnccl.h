@@ -9,6 +9,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <pthread.h>
 #include <stdint.h>
 #include <cuda_runtime_api.h>
 #include <nccl.h>
@@ -22,6 +23,12 @@
 #define SN_MAX_CTAS 128
 #define SN_DEFAULT_TIMEOUT 600.0
 #define SN_DEFAULT_STAGING (32u << 20)
+/* Receive buffers of the LL kernel, per rank, after the staging area in the
+ * same window: 2 slots x nranks rows x 16-byte packets per 8 data bytes. */
+#define SN_LL_REGION (16u << 20)
+/* Device scratch per communicator: barrier() int at 0, LL epochs at 256. */
+#define SN_SCRATCH_BYTES 4096
+#define SN_EPOCHS_OFFSET 256
 
 /* ------------------------------------------------------------------ */
 /* Module state: everything that would otherwise be a process global. */
@@ -70,7 +77,8 @@ typedef struct CommObject {
     int multicast_requested;
     int closed;                /* 0 open, 1 closed, 2 aborted */
     double timeout;
-    int *scratch;              /* device int used by barrier() */
+    int *scratch;              /* SN_SCRATCH_BYTES of zeroed device memory:
+                                  barrier()'s int, the LL epoch counters */
     sn_window *windows;
     /* Staging window for LSA kernels on inputs that are not in a window
      * (and the phase-1 buffer of out-of-place two-shot). Allocated and
@@ -78,9 +86,28 @@ typedef struct CommObject {
      * left to the first op, which ranks might reach with different kinds
      * of input. */
     char *staging;
-    size_t staging_bytes;
+    size_t staging_bytes;      /* usable staging area at offset 0 */
+    size_t staging_alloc;      /* whole allocation: staging + LL region */
     sn_window *staging_win;
+    /* LL kernel: receive buffer at staging + ll_offset, messages of up to
+     * ll_max_bytes per launch, fixed grid (ll_ctas x ll_threads). */
+    size_t ll_offset, ll_max_bytes;
+    int ll_ctas, ll_threads;
+    /* LSA kernels of one communicator share barrier slots and LL buffers, so
+     * they run one after another: lsa_event is recorded after each launch,
+     * and a call on another stream first waits for it (comm.c). */
+    cudaEvent_t lsa_event;
+    cudaStream_t lsa_stream;
+    unsigned long long lsa_capture;  /* capture id of the last record, 0 */
+    int lsa_used;
+    /* Guards the LSA ordering state and xla_windows: the XLA FFI handler
+     * launches from XLA's threads without the GIL. */
+    pthread_mutex_t lock;
+    sn_window *xla_windows;    /* XLA buffers registered by the handler */
 } CommObject;
+
+static inline void sn_lock(CommObject *c) { pthread_mutex_lock(&c->lock); }
+static inline void sn_unlock(CommObject *c) { pthread_mutex_unlock(&c->lock); }
 
 /* SN_ALLOC_HOST: malloc'd host memory exported as a CPU tensor, only for
  * testing the DLPack machinery on machines without a GPU. */
@@ -136,9 +163,15 @@ int sn_wait_comms(SNState *st, ncclComm_t *comms, int n, double timeout,
 /* Completes an NCCL call made on a (non-blocking) communicator. */
 int sn_nccl_complete(SNState *st, CommObject *c, ncclResult_t rc,
                      const char *what);
-const char *sn_multicast_gate(int requested, const char *nvls_enable,
+/* multicast= modes: False, True, None (auto: request unless disabled). */
+enum { SN_MC_OFF = 0, SN_MC_ON = 1, SN_MC_AUTO = 2 };
+/* NULL when lsaMultimem may be requested, else why not. Never NULL while
+ * NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1 or
+ * NVSHMEM_DISABLE_NVLS=1 (the arguments are those variables' values). */
+const char *sn_multicast_gate(int mode, const char *nvls_enable,
                               const char *torch_disable,
                               const char *nvshmem_disable);
+int sn_parse_multicast(PyObject *obj, int *mode);
 
 /* Switch to a device, remembering the previous one. */
 int sn_device_push(SNState *st, int device, int *prev);
@@ -163,6 +196,7 @@ sn_window *sn_comm_window_acquire(SNState *st, CommObject *c, char *base,
                                   size_t size);
 void sn_comm_window_release(CommObject *c, sn_window *w);
 int sn_comm_in_window(CommObject *c, const char *ptr);
+
 /* The registered window holding [ptr, ptr + size), or NULL. */
 sn_window *sn_comm_find_window(CommObject *c, const char *ptr, size_t size);
 
@@ -197,6 +231,49 @@ PyObject *sn_py_host_buffer(PyObject *module, PyObject *args);
 void sn_tensor_release(SNTensor *t);
 PyObject *sn_buffer_dlpack(BufferObject *b, PyObject *args, PyObject *kw);
 int sn_is_immutable(PyObject *obj);
+
+/* lsa.c: all_reduce on symnccl's kernels, without the Python API. */
+enum { SN_ALGO_NCCL = 0, SN_ALGO_ONE_SHOT = SYMNCCL_ALGO_ONE_SHOT,
+       SN_ALGO_TWO_SHOT = SYMNCCL_ALGO_TWO_SHOT, SN_ALGO_LL = SYMNCCL_ALGO_LL,
+       SN_ALGO_MULTIMEM = SYMNCCL_ALGO_MULTIMEM, SN_ALGO_COUNT,
+       SN_ALGO_AUTO = -1 };
+extern const char *const sn_algo_names[SN_ALGO_COUNT];
+/* SN_ALGO_* for a name ("auto" included), -2 if unknown. */
+int sn_algo_from_name(const char *s);
+int sn_lsa_op(ncclRedOp_t op);
+/* Why `algo` cannot run this dtype/op on c, or NULL. Depends only on what
+ * every rank agrees on, so every rank decides alike. */
+const char *sn_lsa_unavailable(const CommObject *c, int algo,
+                               ncclDataType_t dt, ncclRedOp_t op);
+/* algo="auto" (the measured table, SYMNCCL_ALGO override). */
+int sn_auto_algo(const CommObject *c, size_t bytes, ncclDataType_t dt,
+                 ncclRedOp_t op);
+
+typedef struct {
+    CommObject *c;
+    int algo;                  /* an LSA SN_ALGO_*, already checked */
+    const char *x;             /* input, any device memory of c's GPU */
+    char *out;                 /* output; == x for in place */
+    const sn_window *win;      /* window holding x, or NULL (staged) */
+    size_t count;
+    int itemsize;
+    ncclDataType_t dtype;
+    ncclRedOp_t op;
+    cudaStream_t stream;
+    cudaError_t cuda_error;    /* out: on failure */
+    char err[160];             /* out: what failed */
+} sn_ar;
+/* Enqueues the all-reduce on r->stream; 0, or -1 with r->err filled. */
+int sn_lsa_all_reduce(sn_ar *r);
+
+/* xla_ffi.c: the XLA FFI handler and its Python-side hooks. */
+PyObject *sn_py_xla_handler(PyObject *module, PyObject *unused);
+PyObject *sn_py_xla_register(PyObject *module, PyObject *arg);
+PyObject *sn_py_xla_stats(PyObject *module, PyObject *arg);
+/* Drops c from the handler's table (close, abort). */
+void sn_xla_forget(CommObject *c);
+/* Deregisters (deregister != 0) and frees the handler's windows of c. */
+int sn_xla_release_windows(CommObject *c, int deregister);
 
 /* collectives.c */
 PyObject *sn_all_reduce(CommObject *c, PyObject *args, PyObject *kw);

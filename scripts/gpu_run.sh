@@ -8,8 +8,18 @@ env | grep -E 'NCCL_NVLS_ENABLE|TORCH_SYMM_MEM_DISABLE_MULTICAST|NVSHMEM_DISABLE
 nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader | tee -a "$OUT/env.txt"
 python3 -c "import symnccl; print(symnccl.versions())" || exit 1
 if [ -n "${PYTEST_K:-}" ]; then
-  timeout ${TEST_TIMEOUT:-400} python3 -m pytest -q -rs -x tests -k "$PYTEST_K" 2>&1 | tee "$OUT/pytest.log" | tail -25
+  timeout ${TEST_TIMEOUT:-400} python3 -m pytest -q -rs --durations=15 tests -k "$PYTEST_K" 2>&1 | tee "$OUT/pytest.log" | tail -40
 fi
-if [ -n "${BENCH:-}" ]; then
-  timeout ${BENCH_TIMEOUT:-300} python3 benchmarks/bench_allreduce.py $BENCH --out "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log" | tail -25
+# BENCH, BENCH2, BENCH3: argument lists for separate benchmark runs
+i=0
+for b in "${BENCH:-}" "${BENCH2:-}" "${BENCH3:-}"; do
+  i=$((i + 1))
+  [ -n "$b" ] || continue
+  timeout ${BENCH_TIMEOUT:-300} python3 benchmarks/bench_allreduce.py $b --out "$OUT/bench$i.json" 2>&1 | tee "$OUT/bench$i.log" | tail -16
+done
+if [ -n "${SASS:-}" ]; then
+  # the multicast kernel is only compiled here: show its multimem SASS
+  cuobjdump -sass symnccl/_C.abi3.so > /tmp/sass.txt 2>&1
+  awk '/Function :/{f=$0} /MULTIMEM|multimem|UBLKRED|LDGMC|REDG|\.MC/{print f" :: "$0}' /tmp/sass.txt | grep -i multimem_allreduce | sed 's/  */ /g' > "$OUT/multimem_sass.txt"
+  grep -c . "$OUT/multimem_sass.txt"; head -20 "$OUT/multimem_sass.txt"
 fi

@@ -42,17 +42,22 @@ __version__ = "0.1.0"
 __all__ = [
     "Communicator", "SymmetricBuffer", "DeviceArray", "NcclError",
     "CudaError", "get_unique_id", "group", "close_all", "versions",
-    "ALGORITHMS", "OPS", "DTYPES", "LSA_DTYPES", "LSA_OPS", "algo_supported",
+    "ALGORITHMS", "OPS", "DTYPES", "LSA_DTYPES", "LSA_OPS", "MULTIMEM_OPS",
+    "algo_supported",
 ]
 
 #: all_reduce algorithms (besides "auto"): NCCL's own, and symnccl's LSA
 #: kernels on the NCCL device API.
-ALGORITHMS = ("nccl", "one_shot", "two_shot")
-#: dtypes and ops the LSA kernels (one_shot, two_shot) handle; anything else
-#: runs through NCCL under algo="auto".
+ALGORITHMS = ("nccl", "one_shot", "two_shot", "ll", "multimem")
+#: dtypes and ops the LSA kernels (one_shot, two_shot, ll) handle; anything
+#: else runs through NCCL under algo="auto".
 LSA_DTYPES = ("float32", "bfloat16", "float16", "float64", "float8_e4m3fn",
               "float8_e5m2", "int32", "int64")
 LSA_OPS = ("sum", "max", "min", "avg")
+#: what the multicast kernel reduces in the NVSwitch (multimem.ld_reduce).
+MULTIMEM_OPS = {"float32": ("sum", "avg"),
+                "float16": ("sum", "avg", "max", "min"),
+                "bfloat16": ("sum", "avg", "max", "min")}
 #: reduction ops.
 OPS = ("sum", "prod", "max", "min", "avg")
 #: dtypes accepted by every collective.
@@ -70,9 +75,14 @@ def algo_supported(comm, algo: str, dtype: str, op: str = "sum") -> bool:
     """
     if algo in ("nccl", "auto"):
         return True
-    return (comm.symmetric and comm.lsa_size == comm.nranks
-            and comm.staging_bytes > 0 and dtype in LSA_DTYPES
-            and op in LSA_OPS)
+    lsa = (comm.symmetric and comm.lsa_size == comm.nranks
+           and comm.staging_bytes > 0)
+    if algo == "multimem":
+        return lsa and comm.multicast and op in MULTIMEM_OPS.get(dtype, ())
+    if algo not in ALGORITHMS:
+        raise ValueError(f"unknown algo {algo!r}: expected one of "
+                         f"{ALGORITHMS + ('auto',)}")
+    return lsa and dtype in LSA_DTYPES and op in LSA_OPS
 
 
 @contextlib.contextmanager

@@ -15,12 +15,21 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import queue
+import socket
 import time
 import traceback
 
 from . import _C
 
-__all__ = ["spawn", "local_device_count"]
+__all__ = ["spawn", "local_device_count", "free_port"]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (for the
+    torch.distributed / jax.distributed coordinators of spawned ranks)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def local_device_count() -> int:

@@ -46,27 +46,49 @@ def test_unique_id_is_128_fresh_bytes():
     assert isinstance(a, bytes) and len(a) == 128 and a != b
 
 
-@pytest.mark.parametrize("requested", [False, True])
+@pytest.mark.parametrize("requested", [False, True, None])
 def test_multicast_never_requested_when_nvls_disabled(requested):
     req, why = _C._multicast_gate(requested, "0", None, None)
     assert req is False and "NCCL_NVLS_ENABLE=0" in why
 
 
+@pytest.mark.parametrize("requested", [True, None])
 @pytest.mark.parametrize("value", ["1", "true", "yes"])
-def test_multicast_never_requested_when_torch_disables_it(value):
-    req, why = _C._multicast_gate(True, None, value, None)
+def test_multicast_never_requested_when_torch_disables_it(value, requested):
+    req, why = _C._multicast_gate(requested, None, value, None)
     assert req is False and "TORCH_SYMM_MEM_DISABLE_MULTICAST" in why
 
 
-def test_multicast_never_requested_when_nvshmem_disables_nvls():
-    req, why = _C._multicast_gate(True, None, None, "1")
+@pytest.mark.parametrize("requested", [True, None])
+def test_multicast_never_requested_when_nvshmem_disables_nvls(requested):
+    req, why = _C._multicast_gate(requested, None, None, "1")
     assert req is False and "NVSHMEM_DISABLE_NVLS" in why
 
 
-def test_multicast_requested_only_on_opt_in():
-    assert _C._multicast_gate(False, None, None, None)[0] is False
+def test_multicast_requested_on_opt_in_or_auto_never_when_off():
+    assert _C._multicast_gate(False, None, None, None) == (
+        False, "not requested (multicast=False)")
     assert _C._multicast_gate(True, None, None, None) == (True, "requested")
     assert _C._multicast_gate(True, None, "0", "0") == (True, "requested")
+    # auto (the default): asked for only where NCCL's own auto mode could
+    # grant it, i.e. nothing disables it
+    assert _C._multicast_gate(None, None, None, None) == (
+        True, "requested (auto)")
+    assert _C._multicast_gate(None, "1", "0", None) == (
+        True, "requested (auto)")
+
+
+def test_this_machine_never_requests_multicast_when_the_safety_variables_are_set():
+    """On the lent GPU machines the safety variables are set: whatever the
+    caller passes, the gate built from this process's environment says no."""
+    import os
+    env = (os.environ.get("NCCL_NVLS_ENABLE"),
+           os.environ.get("TORCH_SYMM_MEM_DISABLE_MULTICAST"),
+           os.environ.get("NVSHMEM_DISABLE_NVLS"))
+    if env == (None, None, None):
+        pytest.skip("none of the multicast safety variables is set here")
+    for requested in (True, None, False):
+        assert _C._multicast_gate(requested, *env)[0] is False
 
 
 def test_communicator_rejects_a_short_unique_id():

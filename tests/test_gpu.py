@@ -159,3 +159,34 @@ def test_explicit_stream_argument_forms(comm):
     s.synchronize()
     with pytest.raises(TypeError, match="stream must be"):
         comm.all_reduce(x, stream="fast")
+
+
+def test_multicast_reported_unavailable_and_multimem_refused(comm):
+    """Where multicast is disabled (the lent machines), no communicator asks
+    for it, and algo='multimem' raises naming why; auto never picks it."""
+    import os
+    if not any(os.environ.get(k) for k in (
+            "NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST",
+            "NVSHMEM_DISABLE_NVLS")) and comm.multicast:
+        pytest.skip("multicast is enabled and granted here")
+    assert comm.multicast is False
+    assert comm.multicast_reason
+    assert not symnccl.algo_supported(comm, "multimem", "bfloat16")
+    x = comm.empty(1024, "bfloat16")
+    with pytest.raises(ValueError, match="algo 'multimem' cannot run") as e:
+        comm.all_reduce(x, algo="multimem")
+    assert comm.multicast_reason in str(e.value)
+    comm.all_reduce(x)   # auto still works
+
+
+@pytest.mark.parametrize("algo", ["ll", "one_shot", "two_shot"])
+def test_lsa_algorithms_on_one_rank_are_identity(comm, algo):
+    for dtype in ("float32", "bfloat16", "int64"):
+        npdt = _check.numpy_dtype(dtype)
+        if npdt is None:
+            continue
+        x = _check.make_input(dtype, 1031, 0, 3)
+        b = comm.empty(1031, dtype)
+        b.copy_from_host(x.tobytes())
+        comm.all_reduce(b, algo=algo)
+        assert b.to_bytes() == x.tobytes(), (algo, dtype)

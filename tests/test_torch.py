@@ -1,21 +1,11 @@
 """PyTorch integration: torch.distributed bootstrap, custom ops under
 eager, torch.compile(fullgraph=True) and CUDA graphs."""
-import socket
-
 import pytest
 
 from conftest import ranks_param
-from symnccl.bootstrap import spawn
+from symnccl.bootstrap import free_port, spawn
 
 torch = pytest.importorskip("torch", reason="torch is not installed")
-
-
-def _port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 def test_custom_ops_are_registered_with_fake_kernels():
@@ -40,7 +30,7 @@ def test_communicator_needs_torch_distributed():
 @ranks_param(2)
 def test_torch_bootstrap_eager_compile_and_graph(nranks):
     from _workers import torch_integration as T
-    res = spawn(T.run, nranks, args=(_port(),), timeout=600)
+    res = spawn(T.run, nranks, args=(free_port(),), timeout=600)
     for rank, r in enumerate(res):
         assert r["devices"] == (rank, rank)
         assert r["eager_out"] and r["eager_inplace"], r

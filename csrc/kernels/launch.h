@@ -9,6 +9,7 @@
 #define SYMNCCL_KERNELS_LAUNCH_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
@@ -39,7 +40,8 @@ void symnccl_devcomm_info(const symnccl_devcomm *dc, int *lsa_size,
 
 enum { SYMNCCL_OP_SUM = 0, SYMNCCL_OP_MAX = 1, SYMNCCL_OP_MIN = 2,
        SYMNCCL_OP_AVG = 3 };
-enum { SYMNCCL_ALGO_ONE_SHOT = 1, SYMNCCL_ALGO_TWO_SHOT = 2 };
+enum { SYMNCCL_ALGO_ONE_SHOT = 1, SYMNCCL_ALGO_TWO_SHOT = 2,
+       SYMNCCL_ALGO_LL = 3, SYMNCCL_ALGO_MULTIMEM = 4 };
 
 typedef struct {
     int algo;                  /* SYMNCCL_ALGO_* */
@@ -62,6 +64,50 @@ typedef struct {
 int symnccl_lsa_supported(ncclDataType_t dtype, int op, int nranks);
 cudaError_t symnccl_lsa_allreduce(const symnccl_lsa_args *args,
                                   cudaStream_t stream);
+
+/* ---- multicast all-reduce (multimem_allreduce.cu) ----
+ * Same arguments as the LSA kernels (algo SYMNCCL_ALGO_MULTIMEM): the result
+ * is written in place into win at win_offset (16-byte aligned) on every
+ * rank, then copied to out unless in_place. Runs only on a device
+ * communicator that NCCL granted lsaMultimem; cudaErrorInvalidValue
+ * otherwise. */
+int symnccl_multimem_supported(ncclDataType_t dtype, int op);
+cudaError_t symnccl_multimem_allreduce(const symnccl_lsa_args *args,
+                                       cudaStream_t stream);
+
+/* ---- low-latency all-reduce (ll_allreduce.cu) ---- */
+
+typedef struct {
+    const symnccl_devcomm *dc;
+    ncclWindow_t win;          /* window holding the LL receive buffer */
+    size_t ll_offset;          /* its offset in win (same on every rank) */
+    size_t row_bytes;          /* bytes per (slot, source rank) row: 16 per
+                                  8 bytes of input, >= 2 * count * itemsize */
+    uint64_t *epochs;          /* ctas zero-initialised counters, local */
+    const void *src;           /* any device memory, 8-byte aligned or not */
+    void *out;                 /* any device memory; may equal src */
+    size_t count;
+    ncclDataType_t dtype;
+    int op;                    /* SYMNCCL_OP_* */
+    int ctas, threads;         /* ctas: fixed for the communicator */
+    uint64_t timeout_ns;       /* give up (trap) after waiting this long */
+} symnccl_ll_args;
+
+/* Receive-buffer bytes the LL kernel needs per rank for nranks ranks and
+ * messages of up to max_bytes: 2 slots x nranks rows x 2 x max_bytes. */
+size_t symnccl_ll_buffer_bytes(int nranks, size_t max_bytes);
+cudaError_t symnccl_ll_allreduce(const symnccl_ll_args *args,
+                                 cudaStream_t stream);
+
+/* ---- benchmark helpers (copy.cu) ---- */
+
+/* dst <- src with 16-byte loads (both 16-byte aligned), `ctas` x 512. */
+cudaError_t symnccl_copy(void *dst, const void *src, size_t nbytes, int ctas,
+                         cudaStream_t stream);
+/* The address through which this GPU reaches `peer`'s copy of the window
+ * at offset (ncclGetLsaPointer, read back by the host; synchronous). */
+cudaError_t symnccl_lsa_pointer(ncclWindow_t win, size_t offset, int peer,
+                                void **out);
 
 #ifdef __cplusplus
 }

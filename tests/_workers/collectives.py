@@ -224,7 +224,7 @@ def lsa_algorithms(rank, nranks, uid, seed, sizes=LSA_SIZES):
         for count in sizes:
             win = comm.empty(count + 16, dtype)   # room for offset views
             wt = torch.from_dlpack(win)
-            for algo in ("one_shot", "two_shot", "auto"):
+            for algo in ("one_shot", "two_shot", "ll", "auto"):
                 for op in symnccl.LSA_OPS:
                     ins = [_check.make_input(dtype, count, r, seed, op)
                            for r in range(nranks)]
@@ -261,13 +261,15 @@ def lsa_algorithms(rank, nranks, uid, seed, sizes=LSA_SIZES):
 
 
 def lsa_graph_and_stress(rank, nranks, uid, seed, iters):
-    """CUDA-graph capture + replay with new data, then `iters` eager calls
-    with random sizes, algos and placements; returns wrong-element counts."""
+    """CUDA-graph capture + replay with new data for every LSA algo, then
+    `iters` eager calls with random sizes, dtypes, ops, algos, placements
+    and streams, each checked on the GPU (no host sync per call); returns
+    the failures."""
     import torch
     torch.cuda.set_device(rank)
     comm = symnccl.Communicator(uid, rank, nranks, device=rank, timeout=120)
     bad = []
-    for algo in ("one_shot", "two_shot"):
+    for algo in ("one_shot", "two_shot", "ll"):
         x = torch.empty(100003, dtype=torch.bfloat16, device="cuda")
         out = torch.empty_like(x)
         comm.all_reduce(x, out=out, algo=algo)
@@ -275,6 +277,7 @@ def lsa_graph_and_stress(rank, nranks, uid, seed, iters):
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
             comm.all_reduce(x, out=out, algo=algo)
+            comm.all_reduce(out, algo=algo, op="max")   # in place, 2nd op
         for it in range(5):
             ins = [_check.make_input("bfloat16", 100003, r, seed + it)
                    for r in range(nranks)]
@@ -286,23 +289,195 @@ def lsa_graph_and_stress(rank, nranks, uid, seed, iters):
             w = _check.count_wrong(got, "sum", ins, "bfloat16")
             if w:
                 bad.append(("graph", algo, it, w))
-    rng = np.random.default_rng(seed)   # same sequence on every rank
+    torch.cuda.synchronize()
+
+    # Stress: every rank draws the same sequence; inputs are small integers
+    # (exact in every dtype and order), regenerated for all ranks from
+    # per-(iteration, rank) seeds, so the expected result is exact.
+    rng = np.random.default_rng(seed)
+    gen = torch.Generator(device="cuda")
+    maxn = 1 << 20
+    wins = {dt: torch.from_dlpack(comm.empty(maxn + 16, dt))
+            for dt in ("float32", "bfloat16")}
+    side = torch.cuda.Stream()
+    errors = torch.zeros((), dtype=torch.int64, device="cuda")
+    algos = ("one_shot", "two_shot", "ll", "auto", "nccl")
     for it in range(iters):
         count = int(rng.integers(1, 1 << int(rng.integers(1, 21))))
-        algo = ("one_shot", "two_shot", "auto")[int(rng.integers(0, 3))]
-        ins = [np.full(1, r + 1.0, np.float32) for r in range(nranks)]
-        x = torch.full((count,), float(rank + 1), device="cuda")
-        comm.all_reduce(x, algo=algo)
-        if it % 50 == 0 or it == iters - 1:
-            w = int((x != nranks * (nranks + 1) / 2).sum())
-            if w:
-                bad.append(("stress", algo, count, w))
+        dt = ("float32", "bfloat16")[int(rng.integers(0, 2))]
+        algo = algos[int(rng.integers(0, len(algos)))]
+        op = ("sum", "max")[int(rng.integers(0, 2))]
+        place = int(rng.integers(0, 4))
+        use_side = bool(rng.integers(0, 4) == 0)
+        tdt = getattr(torch, dt)
+        vals = []
+        for r in range(nranks):
+            gen.manual_seed(seed * 100003 + it * 64 + r)
+            vals.append(torch.randint(-8, 9, (count,), generator=gen,
+                                      device="cuda").to(tdt))
+        want = vals[0].float()
+        for v in vals[1:]:
+            want = want + v.float() if op == "sum" else \
+                torch.maximum(want, v.float())
+        s = side if use_side else torch.cuda.current_stream()
+        if use_side:
+            side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            if place == 0:      # in place in a window, unaligned offset
+                off = int(rng.integers(0, 9))
+                x = wins[dt][off:off + count]
+                x.copy_(vals[rank])
+                comm.all_reduce(x, op=op, algo=algo)
+                got = x
+            elif place == 1:    # window in, tensor out
+                x = wins[dt][:count]
+                x.copy_(vals[rank])
+                got = torch.full_like(x, float("nan"))
+                comm.all_reduce(x, out=got, op=op, algo=algo)
+            elif place == 2:    # tensor in place
+                got = vals[rank].clone()
+                comm.all_reduce(got, op=op, algo=algo)
+            else:               # tensor, new output
+                got = comm.all_reduce(vals[rank], out=torch.empty_like(
+                    vals[rank]), op=op, algo=algo)
+            errors += (got.float() != want).sum()
+        if use_side:
+            torch.cuda.current_stream().wait_stream(side)
+        if it % 1000 == 999 and int(errors):
+            bad.append(("stress", it, int(errors)))
+            errors.zero_()
     torch.cuda.synchronize()
+    if int(errors):
+        bad.append(("stress", iters, int(errors)))
     x = torch.full((1 << 20,), 1.0, device="cuda")
-    for it in range(iters):   # back to back, checked at the end
-        comm.all_reduce(x, op="max", algo=("one_shot", "two_shot")[it % 2])
+    for it in range(200):   # back to back, checked at the end
+        comm.all_reduce(x, op="max",
+                        algo=("one_shot", "two_shot", "ll")[it % 3])
     if int((x != 1.0).sum()):
         bad.append(("back_to_back", "mixed", 1 << 20, int((x != 1.0).sum())))
     comm.close()
-    del ins
     return bad
+
+
+def lsa_two_comms_two_streams(rank, nranks, uid, uid2, iters):
+    """Two communicators on two streams, issued in opposite orders on
+    alternate ranks, and one communicator used from two streams with no
+    synchronisation between calls: nothing may hang or be wrong."""
+    import torch
+    torch.cuda.set_device(rank)
+    c1 = symnccl.Communicator(uid, rank, nranks, device=rank, timeout=120)
+    c2 = symnccl.Communicator(uid2, rank, nranks, device=rank, timeout=120)
+    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    n = 65537
+    want = float(nranks * (nranks + 1) // 2)
+    a = torch.full((n,), float(rank + 1), device="cuda")
+    b = torch.full((n,), float(rank + 1), device="cuda")
+    torch.cuda.synchronize()
+    bad = []
+    for it in range(iters):
+        algo = ("ll", "one_shot", "two_shot")[it % 3]
+        xa = a.clone()
+        xb = b.clone()
+        torch.cuda.synchronize()
+        order = [(c1, s1, xa), (c2, s2, xb)]
+        if rank % 2:
+            order.reverse()
+        for c, s, x in order:
+            with torch.cuda.stream(s):
+                c.all_reduce(x, algo=algo)
+        torch.cuda.synchronize()
+        w = int((xa != want).sum()) + int((xb != want).sum())
+        if w:
+            bad.append(("two_comms", algo, it, w))
+    # one communicator, two streams, alternating, no sync between calls:
+    # symnccl orders them (the later call waits for the earlier one)
+    xs = [a.clone() for _ in range(8)]
+    torch.cuda.synchronize()
+    for i, x in enumerate(xs):
+        with torch.cuda.stream((s1, s2)[i % 2]):
+            c1.all_reduce(x, algo=("ll", "one_shot")[i // 2 % 2])
+    torch.cuda.synchronize()
+    w = sum(int((x != want).sum()) for x in xs)
+    if w:
+        bad.append(("one_comm_two_streams", w))
+    c2.close()
+    c1.close()
+    return bad
+
+
+def lsa_large(rank, nranks, uid, seed):
+    """256 MiB-class messages (odd counts) through every algorithm, in place
+    in a window and from a tensor (chunked through the staging window),
+    checked on the GPU against a float64 reference."""
+    import torch
+    torch.cuda.set_device(rank)
+    comm = symnccl.Communicator(uid, rank, nranks, device=rank, timeout=300)
+    count = (256 << 20) // 2 - 3          # bf16, not a multiple of anything
+    gen = torch.Generator(device="cuda")
+    ref = torch.zeros(count, dtype=torch.float64, device="cuda")
+    mag = torch.zeros_like(ref)
+    mine = None
+    for r in range(nranks):
+        gen.manual_seed(seed * 1000 + r)
+        v = (torch.rand(count, generator=gen, device="cuda") * 2 - 1).to(
+            torch.bfloat16)
+        ref += v.double()
+        mag += v.double().abs()
+        if r == rank:
+            mine = v
+    tol = (nranks + 1) * 2.0 ** -7 * mag + 2.0 ** -7 * ref.abs()
+    win = torch.from_dlpack(comm.empty(count + 8, "bfloat16"))
+    rows = []
+    for algo in ("ll", "one_shot", "two_shot", "auto", "nccl"):
+        for place in ("window", "tensor"):
+            if place == "window":
+                x = win[1:1 + count]      # 2-byte offset: unaligned
+                x.copy_(mine)
+                comm.all_reduce(x, algo=algo)
+                got = x
+            else:
+                got = torch.full_like(mine, float("nan"))
+                comm.all_reduce(mine, out=got, algo=algo)
+            d = (got.double() - ref).abs()
+            rows.append((algo, place, count,
+                         int(((d > tol) | ~torch.isfinite(d)).sum())))
+            del got, d
+    comm.close()
+    return rows
+
+
+def multimem_every_dtype(rank, nranks, uid, seed):
+    """algo='multimem' for every dtype/op it supports, in place and not,
+    against the float64 reference; None when multicast was not granted."""
+    import torch
+    torch.cuda.set_device(rank)
+    comm = symnccl.Communicator(uid, rank, nranks, device=rank, timeout=120,
+                                multicast=True)
+    if not comm.multicast:
+        comm.close()
+        return None
+    rows = []
+    for dtype, ops in symnccl.MULTIMEM_OPS.items():
+        npdt = _check.numpy_dtype(dtype)
+        tdt = getattr(torch, dtype)
+        for count in (1, 7, 1031, 65537, 1000003):
+            win = torch.from_dlpack(comm.empty(count, dtype))
+            for op in ops:
+                ins = [_check.make_input(dtype, count, r, seed, op)
+                       for r in range(nranks)]
+                mine = torch.from_numpy(ins[rank].view(np.uint8).copy()) \
+                    .cuda().view(tdt)
+                for inplace in (True, False):
+                    if inplace:
+                        win.copy_(mine)
+                        comm.all_reduce(win, op=op, algo="multimem")
+                        got = win
+                    else:
+                        got = torch.full_like(mine, float("nan"))
+                        comm.all_reduce(mine, out=got, op=op,
+                                        algo="multimem")
+                    out = got.view(torch.uint8).cpu().numpy().view(npdt)
+                    rows.append((dtype, op, count, inplace,
+                                 _check.count_wrong(out, op, ins, dtype)))
+    comm.close()
+    return rows

@@ -1,0 +1,235 @@
+// Low-latency ("ll") all-reduce on NCCL symmetric windows: no barrier.
+//
+// Every rank pushes its input to every peer as LL packets and polls its own
+// memory for the peers' packets. A packet is 16 bytes, {data0, flag, data1,
+// flag}, written by one 16-byte volatile store: each 8-byte half carries its
+// own copy of the flag, so a reader that sees the flag in both halves has
+// both halves of the data (NVLink guarantees 8-byte atomicity, not 16). Data
+// and "it is there" travel in the same store: one one-way NVLink trip, where
+// a barrier-based kernel needs a barrier round trip before it can load.
+//
+// Receive buffer (in the communicator's staging window, after the staging
+// area, same offset on every rank):
+//   [slot 0..1][source rank 0..n-1][packet 0..max_packets)   16 bytes each
+// Rank r writes packet i of its input into slot s, row r, of every peer.
+//
+// Epochs: each CTA keeps a 64-bit call counter in local device memory
+// (`epochs[blockIdx.x]`), read at kernel start and incremented at the end, so
+// graph replays get fresh epochs with no host involvement. Call c uses slot
+// c & 1 and flag (c mod (2^32 - 1)) + 1, never 0 (the buffer starts zeroed).
+// The grid is fixed per communicator (the host always launches `ctas` CTAs),
+// so every CTA counts every call and all counters agree on every rank.
+//
+// Why two slots are enough and no slot is ever cleared: a rank can only
+// finish call c + 1 after receiving packets that peer p sent in call c + 1,
+// which p's kernel sends only after its call c has completed (stream order),
+// i.e. after p read everything of call c. So when rank r writes slot c & 1
+// again (call c + 2), p is done with call c; a stale packet in a slot holds
+// the flag of c - 2 (or older), never the one being waited for.
+//
+// Reduction: fixed rank order 0..n-1, own contribution read from the local
+// input, fp32 accumulation for 16-bit and fp8 types: every rank gets the same
+// bits. In place is safe: each thread reads its input elements before it
+// writes the same elements of the output, and no other thread touches them.
+//
+// A peer that never arrives: polling gives up after `timeout_ns` (the
+// communicator's timeout) with a message and a trap, so a dead peer turns
+// into a CUDA error instead of a GPU spinning forever.
+#include <cstdint>
+#include <cstdio>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <nccl.h>
+#include <nccl_device.h>
+
+#include "devcomm.cuh"
+#include "launch.h"
+#include "reduce.cuh"
+
+namespace {
+
+using symnccl::Acc;
+using symnccl::finish;
+using symnccl::reduce2;
+
+constexpr int kMaxRanks = 32;
+
+__device__ __forceinline__ void ll_store(char* p, uint64_t data,
+                                         uint32_t flag) {
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p),
+               "r"((uint32_t)data), "r"(flag), "r"((uint32_t)(data >> 32)),
+               "r"(flag)
+               : "memory");
+}
+
+__device__ __forceinline__ uint64_t global_timer() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+// Spins until both halves of the packet carry `flag`; returns its data.
+__device__ __forceinline__ uint64_t ll_wait(const char* p, uint32_t flag,
+                                            uint64_t timeout_ns, int from) {
+  uint32_t d0, f0, d1, f1;
+  uint64_t start = 0;
+  for (uint32_t spins = 0;; spins++) {
+    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(d0), "=r"(f0), "=r"(d1), "=r"(f1)
+                 : "l"(p)
+                 : "memory");
+    if (f0 == flag && f1 == flag) break;
+    if ((spins & 1023) == 1023) {
+      uint64_t now = global_timer();
+      if (start == 0) {
+        start = now;
+      } else if (now - start > timeout_ns) {
+        printf("symnccl: ll all_reduce waited more than %llu s for rank %d "
+               "(flag %u): a peer is gone or did not make the same call\n",
+               (unsigned long long)(timeout_ns / 1000000000ull), from, flag);
+        __trap();
+      }
+    }
+  }
+  return (uint64_t)d0 | ((uint64_t)d1 << 32);
+}
+
+// The 8 bytes [8i, 8i + 8) of a T array of `count` elements; bytes past the
+// end read as zero. `aligned`: p is 8-byte aligned.
+template <typename T>
+__device__ __forceinline__ uint64_t load8(const T* p, size_t i, size_t count,
+                                          bool aligned) {
+  constexpr int K = 8 / sizeof(T);
+  if (aligned && (i + 1) * K <= count)
+    return *reinterpret_cast<const uint64_t*>(p + i * K);
+  union { uint64_t u; T t[K]; } v;
+  v.u = 0;
+  for (int k = 0; k < K; k++)
+    if (i * K + k < count) v.t[k] = p[i * K + k];
+  return v.u;
+}
+
+template <typename T>
+__device__ __forceinline__ void store8(T* p, size_t i, size_t count,
+                                       bool aligned, uint64_t w) {
+  constexpr int K = 8 / sizeof(T);
+  if (aligned && (i + 1) * K <= count) {
+    *reinterpret_cast<uint64_t*>(p + i * K) = w;
+    return;
+  }
+  union { uint64_t u; T t[K]; } v;
+  v.u = w;
+  for (int k = 0; k < K; k++)
+    if (i * K + k < count) p[i * K + k] = v.t[k];
+}
+
+template <typename T, int N>
+__global__ void __launch_bounds__(512)
+    ll_allreduce(ncclDevComm dc, ncclWindow_t win, size_t ll_off,
+                 size_t row_bytes, uint64_t* epochs, const T* in, T* out,
+                 size_t count, int op, uint64_t timeout_ns) {
+  using A = typename Acc<T>::type;
+  constexpr int K = 8 / sizeof(T);
+  const int n = N > 0 ? N : dc.lsaSize;
+  const int me = dc.lsaRank;
+
+  __shared__ uint64_t s_epoch;
+  if (threadIdx.x == 0) s_epoch = epochs[blockIdx.x];
+  __syncthreads();
+  const uint64_t epoch = s_epoch;
+  const uint32_t flag = (uint32_t)(epoch % 0xFFFFFFFFull) + 1u;
+  const size_t slot_off = ll_off + (epoch & 1) * (size_t)n * row_bytes;
+
+  const size_t npk = (count + K - 1) / K;
+  const size_t stride = (size_t)gridDim.x * blockDim.x;
+  const size_t first = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  const bool in_al = (reinterpret_cast<uintptr_t>(in) & 7) == 0;
+  const bool out_al = (reinterpret_cast<uintptr_t>(out) & 7) == 0;
+
+  // Push: my packets into row `me` of every peer's slot.
+  char* row_at[N > 0 ? N : kMaxRanks];
+#pragma unroll
+  for (int q = 0; q < (N > 0 ? N : kMaxRanks); q++) {
+    if (N == 0 && q >= n) break;
+    row_at[q] = static_cast<char*>(ncclGetLsaPointer(
+        win, slot_off + (size_t)me * row_bytes, q));
+  }
+  for (size_t i = first; i < npk; i += stride) {
+    uint64_t w = load8(in, i, count, in_al);
+#pragma unroll
+    for (int q = 0; q < (N > 0 ? N : kMaxRanks); q++) {
+      if (N == 0 && q >= n) break;
+      if (q != me) ll_store(row_at[q] + i * 16, w, flag);
+    }
+  }
+
+  // Poll my own slot, reduce in rank order, write the result.
+  const char* mine = static_cast<const char*>(
+      ncclGetLsaPointer(win, slot_off, me));
+  for (size_t i = first; i < npk; i += stride) {
+    A acc[K];
+#pragma unroll
+    for (int q = 0; q < (N > 0 ? N : kMaxRanks); q++) {
+      if (N == 0 && q >= n) break;
+      union { uint64_t u; T t[K]; } v;
+      v.u = q == me ? load8(in, i, count, in_al)
+                    : ll_wait(mine + (size_t)q * row_bytes + i * 16, flag,
+                              timeout_ns, q);
+#pragma unroll
+      for (int k = 0; k < K; k++)
+        acc[k] = q == 0 ? Acc<T>::to(v.t[k])
+                        : reduce2(op, acc[k], Acc<T>::to(v.t[k]));
+    }
+    union { uint64_t u; T t[K]; } r;
+#pragma unroll
+    for (int k = 0; k < K; k++) r.t[k] = finish<T>(op, acc[k], n);
+    store8(out, i, count, out_al, r.u);
+  }
+
+  __syncthreads();
+  if (threadIdx.x == 0) epochs[blockIdx.x] = epoch + 1;
+}
+
+template <typename T, int N>
+cudaError_t launch_t(const symnccl_ll_args& a, cudaStream_t stream) {
+  ll_allreduce<T, N><<<a.ctas, a.threads, 0, stream>>>(
+      a.dc->dc, a.win, a.ll_offset, a.row_bytes, a.epochs,
+      static_cast<const T*>(a.src), static_cast<T*>(a.out), a.count, a.op,
+      a.timeout_ns);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t launch_n(const symnccl_ll_args& a, cudaStream_t stream) {
+  switch (a.dc->dc.lsaSize) {
+    case 2: return launch_t<T, 2>(a, stream);
+    case 4: return launch_t<T, 4>(a, stream);
+    case 8: return launch_t<T, 8>(a, stream);
+    default: return launch_t<T, 0>(a, stream);
+  }
+}
+
+}  // namespace
+
+extern "C" cudaError_t symnccl_ll_allreduce(const symnccl_ll_args* a,
+                                            cudaStream_t stream) {
+  if (a->dc->dc.lsaSize > kMaxRanks || a->threads > 512)
+    return cudaErrorInvalidValue;
+  switch (a->dtype) {
+    case ncclFloat32: return launch_n<float>(*a, stream);
+    case ncclFloat64: return launch_n<double>(*a, stream);
+    case ncclFloat16: return launch_n<__half>(*a, stream);
+    case ncclBfloat16: return launch_n<__nv_bfloat16>(*a, stream);
+    case ncclFloat8e4m3: return launch_n<__nv_fp8_e4m3>(*a, stream);
+    case ncclFloat8e5m2: return launch_n<__nv_fp8_e5m2>(*a, stream);
+    case ncclInt32: return launch_n<int32_t>(*a, stream);
+    case ncclInt64: return launch_n<int64_t>(*a, stream);
+    default: return cudaErrorInvalidValue;
+  }
+}
+
+extern "C" size_t symnccl_ll_buffer_bytes(int nranks, size_t max_bytes) {
+  return 2 * (size_t)nranks * 2 * max_bytes;
+}

@@ -1,0 +1,438 @@
+/* XLA FFI handler "symnccl_all_reduce": symnccl's all-reduce as a custom
+ * call inside jax.jit / shard_map (symnccl/jax.py registers and calls it).
+ *
+ * Written against jaxlib's xla/ffi/api/c_api.h, found at build time
+ * (setup.py defines SYMNCCL_HAVE_XLA_FFI); without it the module functions
+ * below raise and symnccl.jax reports why.
+ *
+ * The handler runs on XLA's threads without the GIL and never calls the
+ * Python API. It
+ *   - answers XLA's metadata query (call frame carrying the metadata
+ *     extension, ctx NULL) with the API version it was built against;
+ *   - takes the stream from XLA_FFI_Stream_Get and the device from
+ *     XLA_FFI_DeviceOrdinal_Get, and picks the communicator registered for
+ *     that device (symnccl.jax.communicator() registers them; the table is
+ *     process-wide because the handler has no module to look in);
+ *   - never initialises a communicator or talks to a key-value store;
+ *   - runs the algorithm on XLA's buffer where it lies in a window: an XLA
+ *     buffer inside a VMM allocation (XLA's collective-memory allocator
+ *     under --xla_gpu_enable_nccl_user_buffers=true uses ncclMemAlloc) is
+ *     registered once per allocation, collectively, in the same call on
+ *     every rank, and cached; any other buffer goes through the
+ *     communicator's staging window (or, for "ll", needs no window).
+ */
+#include "symnccl.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define SN_XLA_MAX_DEVICES 64
+
+static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
+static CommObject *registry[SN_XLA_MAX_DEVICES];   /* borrowed */
+
+typedef struct {
+    unsigned long long window_calls, staged_calls, registrations;
+} sn_xla_stats;
+static sn_xla_stats stats[SN_XLA_MAX_DEVICES];
+
+static double
+now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Waits (without the GIL) until the non-blocking communicator has finished
+ * the NCCL call that returned rc. */
+static ncclResult_t
+nccl_finish(CommObject *c, ncclResult_t rc)
+{
+    if (rc != ncclSuccess && rc != ncclInProgress)
+        return rc;
+    double t0 = now_s();
+    for (;;) {
+        ncclResult_t st = ncclSuccess;
+        ncclResult_t q = ncclCommGetAsyncError(c->comm, &st);
+        if (q != ncclSuccess)
+            return q;
+        if (st != ncclInProgress)
+            return st;
+        if (now_s() - t0 > c->timeout)
+            return ncclInProgress;
+        struct timespec ts = {0, 20000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+void
+sn_xla_forget(CommObject *c)
+{
+    pthread_mutex_lock(&registry_lock);
+    for (int i = 0; i < SN_XLA_MAX_DEVICES; i++)
+        if (registry[i] == c)
+            registry[i] = NULL;
+    pthread_mutex_unlock(&registry_lock);
+}
+
+/* Deregisters the windows the handler made; called by close() before the
+ * communicator's own windows go. */
+int
+sn_xla_release_windows(CommObject *c, int deregister)
+{
+    ncclResult_t first = ncclSuccess;
+    sn_window *w = c->xla_windows;
+    c->xla_windows = NULL;
+    while (w != NULL) {
+        sn_window *next = w->next;
+        if (deregister && w->win != NULL && c->comm != NULL) {
+            ncclResult_t rc = nccl_finish(
+                c, ncclCommWindowDeregister(c->comm, w->win));
+            if (rc != ncclSuccess && first == ncclSuccess)
+                first = rc;
+        }
+        free(w);
+        w = next;
+    }
+    return first == ncclSuccess ? 0 : -1;
+}
+
+#ifdef SYMNCCL_HAVE_XLA_FFI
+
+#include <cuda.h>
+#include "xla/ffi/api/c_api.h"
+
+static XLA_FFI_Error *
+ffi_error(const XLA_FFI_Api *api, XLA_FFI_Error_Code code, const char *msg)
+{
+    XLA_FFI_Error_Create_Args a;
+    memset(&a, 0, sizeof(a));
+    a.struct_size = XLA_FFI_Error_Create_Args_STRUCT_SIZE;
+    a.message = msg;
+    a.errc = code;
+    return api->XLA_FFI_Error_Create(&a);
+}
+
+static int
+nccl_dtype(XLA_FFI_DataType t, ncclDataType_t *dt, int *size)
+{
+    switch (t) {
+    case XLA_FFI_DataType_F32: *dt = ncclFloat32; *size = 4; return 0;
+    case XLA_FFI_DataType_F64: *dt = ncclFloat64; *size = 8; return 0;
+    case XLA_FFI_DataType_F16: *dt = ncclFloat16; *size = 2; return 0;
+    case XLA_FFI_DataType_BF16: *dt = ncclBfloat16; *size = 2; return 0;
+    case XLA_FFI_DataType_F8E4M3FN: *dt = ncclFloat8e4m3; *size = 1; return 0;
+    case XLA_FFI_DataType_F8E5M2: *dt = ncclFloat8e5m2; *size = 1; return 0;
+    case XLA_FFI_DataType_S8: *dt = ncclInt8; *size = 1; return 0;
+    case XLA_FFI_DataType_U8: *dt = ncclUint8; *size = 1; return 0;
+    case XLA_FFI_DataType_S32: *dt = ncclInt32; *size = 4; return 0;
+    case XLA_FFI_DataType_U32: *dt = ncclUint32; *size = 4; return 0;
+    case XLA_FFI_DataType_S64: *dt = ncclInt64; *size = 8; return 0;
+    case XLA_FFI_DataType_U64: *dt = ncclUint64; *size = 8; return 0;
+    default: return -1;
+    }
+}
+
+/* Integer attribute `name` (an int32 scalar), or dflt when absent. */
+static int
+attr_int(const XLA_FFI_CallFrame *call, const char *name, int dflt)
+{
+    size_t len = strlen(name);
+    for (int64_t i = 0; i < call->attrs.size; i++) {
+        const XLA_FFI_ByteSpan *n = call->attrs.names[i];
+        if (n->len != len || memcmp(n->ptr, name, len) != 0)
+            continue;
+        if (call->attrs.types[i] != XLA_FFI_AttrType_SCALAR)
+            return dflt;
+        const XLA_FFI_Scalar *s = call->attrs.attrs[i];
+        if (s->dtype == XLA_FFI_DataType_S32)
+            return *(const int32_t *)s->value;
+        if (s->dtype == XLA_FFI_DataType_S64)
+            return (int)*(const int64_t *)s->value;
+        return dflt;
+    }
+    return dflt;
+}
+
+typedef CUresult (*get_range_fn)(CUdeviceptr *, size_t *, CUdeviceptr);
+typedef CUresult (*retain_fn)(CUmemGenericAllocationHandle *, void *);
+typedef CUresult (*release_fn)(CUmemGenericAllocationHandle);
+
+/* The VMM allocation holding p, if p is in one (only those can be NCCL
+ * symmetric windows). */
+static int
+vmm_range(const void *p, char **base, size_t *size)
+{
+    static get_range_fn get_range;
+    static retain_fn retain;
+    static release_fn release;
+    static int loaded;
+    if (!loaded) {
+        enum cudaDriverEntryPointQueryResult q;
+        cudaGetDriverEntryPointByVersion("cuMemGetAddressRange",
+                                         (void **)&get_range, 12000,
+                                         cudaEnableDefault, &q);
+        cudaGetDriverEntryPointByVersion("cuMemRetainAllocationHandle",
+                                         (void **)&retain, 12000,
+                                         cudaEnableDefault, &q);
+        cudaGetDriverEntryPointByVersion("cuMemRelease", (void **)&release,
+                                         12000, cudaEnableDefault, &q);
+        loaded = 1;
+    }
+    if (get_range == NULL || retain == NULL || release == NULL)
+        return 0;
+    CUmemGenericAllocationHandle h;
+    if (retain(&h, (void *)p) != CUDA_SUCCESS)
+        return 0;   /* not VMM memory */
+    release(h);
+    CUdeviceptr b = 0;
+    size_t s = 0;
+    if (get_range(&b, &s, (CUdeviceptr)(uintptr_t)p) != CUDA_SUCCESS)
+        return 0;
+    *base = (char *)(uintptr_t)b;
+    *size = s;
+    return 1;
+}
+
+/* The handler's window for [p, p + bytes): cached, or registered now
+ * (collective: every rank reaches this in the same call, because XLA runs
+ * the same program with the same allocator everywhere), or NULL. */
+static const sn_window *
+xla_window(CommObject *c, const char *p, size_t bytes, int device,
+           char *err, size_t errlen)
+{
+    for (sn_window *w = c->xla_windows; w != NULL; w = w->next)
+        if (p >= w->base && p + bytes <= w->base + w->size)
+            return w->win != NULL ? w : NULL;
+    char *base;
+    size_t size;
+    if (!vmm_range(p, &base, &size))
+        return NULL;
+    sn_window *w = calloc(1, sizeof(*w));
+    if (w == NULL)
+        return NULL;
+    w->base = base;
+    w->size = size;
+    w->refs = 1;
+    ncclResult_t rc = ncclCommWindowRegister(c->comm, base, size, &w->win,
+                                             NCCL_WIN_COLL_SYMMETRIC);
+    rc = nccl_finish(c, rc);
+    if (rc != ncclSuccess) {
+        /* Remember the failure (win NULL): the staging window from now on. */
+        snprintf(err, errlen, "ncclCommWindowRegister of XLA's buffer "
+                 "failed (%s); using the staging window", ncclGetErrorString(rc));
+        w->win = NULL;
+    }
+    else
+        stats[device].registrations++;
+    w->next = c->xla_windows;
+    c->xla_windows = w;
+    return w->win != NULL ? w : NULL;
+}
+
+static XLA_FFI_Error *
+handler(XLA_FFI_CallFrame *call)
+{
+    const XLA_FFI_Api *api = call->api;
+    /* Metadata query at registration: report the API version we speak. */
+    if (call->extension_start != NULL &&
+        call->extension_start->type == XLA_FFI_Extension_Metadata) {
+        XLA_FFI_Metadata_Extension *ext =
+            (XLA_FFI_Metadata_Extension *)call->extension_start;
+        ext->metadata->api_version.major_version = XLA_FFI_API_MAJOR;
+        ext->metadata->api_version.minor_version = XLA_FFI_API_MINOR;
+        ext->metadata->traits = 0;   /* not command-buffer compatible */
+        return NULL;
+    }
+    if (call->ctx == NULL)
+        return NULL;
+    if (call->stage != XLA_FFI_ExecutionStage_EXECUTE)
+        return NULL;
+    char msg[320];
+    if (call->args.size != 1 || call->rets.size != 1 ||
+        call->args.types[0] != XLA_FFI_ArgType_BUFFER ||
+        call->rets.types[0] != XLA_FFI_RetType_BUFFER)
+        return ffi_error(api, XLA_FFI_Error_Code_INVALID_ARGUMENT,
+                         "symnccl_all_reduce: expected one buffer operand "
+                         "and one buffer result");
+    const XLA_FFI_Buffer *x = call->args.args[0];
+    const XLA_FFI_Buffer *y = call->rets.rets[0];
+    ncclDataType_t dt;
+    int is;
+    if (nccl_dtype(x->dtype, &dt, &is) < 0 || x->dtype != y->dtype) {
+        snprintf(msg, sizeof(msg), "symnccl_all_reduce: XLA dtype %d is not "
+                 "supported (or differs from the result's, %d)",
+                 (int)x->dtype, (int)y->dtype);
+        return ffi_error(api, XLA_FFI_Error_Code_INVALID_ARGUMENT, msg);
+    }
+    size_t count = 1, ycount = 1;
+    for (int64_t i = 0; i < x->rank; i++)
+        count *= (size_t)x->dims[i];
+    for (int64_t i = 0; i < y->rank; i++)
+        ycount *= (size_t)y->dims[i];
+    if (count != ycount)
+        return ffi_error(api, XLA_FFI_Error_Code_INVALID_ARGUMENT,
+                         "symnccl_all_reduce: operand and result sizes "
+                         "differ");
+
+    XLA_FFI_Stream_Get_Args sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.struct_size = XLA_FFI_Stream_Get_Args_STRUCT_SIZE;
+    sa.ctx = call->ctx;
+    XLA_FFI_Error *e = api->XLA_FFI_Stream_Get(&sa);
+    if (e != NULL)
+        return e;
+    XLA_FFI_DeviceOrdinal_Get_Args da;
+    memset(&da, 0, sizeof(da));
+    da.struct_size = XLA_FFI_DeviceOrdinal_Get_Args_STRUCT_SIZE;
+    da.ctx = call->ctx;
+    if ((e = api->XLA_FFI_DeviceOrdinal_Get(&da)) != NULL)
+        return e;
+    int dev = da.device_ordinal;
+    pthread_mutex_lock(&registry_lock);
+    CommObject *c = dev >= 0 && dev < SN_XLA_MAX_DEVICES ? registry[dev]
+                                                         : NULL;
+    pthread_mutex_unlock(&registry_lock);
+    if (c == NULL || c->closed || c->comm == NULL) {
+        snprintf(msg, sizeof(msg), "symnccl_all_reduce: no open symnccl "
+                 "communicator is registered for device %d: create it with "
+                 "symnccl.jax.communicator() before running the computation",
+                 dev);
+        return ffi_error(api, XLA_FFI_Error_Code_FAILED_PRECONDITION, msg);
+    }
+    if (count == 0)
+        return NULL;
+
+    ncclRedOp_t op = (ncclRedOp_t)attr_int(call, "op", ncclSum);
+    int algo = attr_int(call, "algo", SN_ALGO_AUTO);
+    int may_register = attr_int(call, "register", 0);
+    if (op == ncclAvg && c->nranks == 1)
+        op = ncclSum;
+    if (algo == SN_ALGO_AUTO)
+        algo = sn_auto_algo(c, count * (size_t)is, dt, op);
+    else if (algo < 0 || algo >= SN_ALGO_COUNT) {
+        return ffi_error(api, XLA_FFI_Error_Code_INVALID_ARGUMENT,
+                         "symnccl_all_reduce: bad algo attribute");
+    }
+    else if (algo != SN_ALGO_NCCL) {
+        const char *why = sn_lsa_unavailable(c, algo, dt, op);
+        if (why != NULL) {
+            snprintf(msg, sizeof(msg), "symnccl_all_reduce: algo '%s' "
+                     "cannot run here: %s", sn_algo_names[algo], why);
+            return ffi_error(api, XLA_FFI_Error_Code_INVALID_ARGUMENT, msg);
+        }
+    }
+
+    int prev = -1;
+    cudaGetDevice(&prev);
+    if (prev != c->device)
+        cudaSetDevice(c->device);
+    int failed = 0;
+    cudaStream_t stream = (cudaStream_t)sa.stream;
+    if (algo == SN_ALGO_NCCL) {
+        ncclResult_t rc = nccl_finish(c, ncclAllReduce(
+            x->data, y->data, count, dt, op, c->comm, stream));
+        if (rc != ncclSuccess) {
+            snprintf(msg, sizeof(msg), "symnccl_all_reduce: ncclAllReduce: "
+                     "%s", rc == ncclInProgress ? "timed out"
+                                                : ncclGetErrorString(rc));
+            failed = 1;
+        }
+    }
+    else {
+        sn_ar r;
+        memset(&r, 0, sizeof(r));
+        r.c = c;
+        r.algo = algo;
+        r.x = x->data;
+        r.out = y->data;
+        r.count = count;
+        r.itemsize = is;
+        r.dtype = dt;
+        r.op = op;
+        r.stream = stream;
+        msg[0] = '\0';
+        sn_lock(c);
+        if (algo != SN_ALGO_LL && may_register)
+            r.win = xla_window(c, x->data, count * (size_t)is, dev, msg,
+                               sizeof(msg));
+        if (r.win != NULL)
+            stats[dev].window_calls++;
+        else if (algo != SN_ALGO_LL)   /* ll pushes: it never stages */
+            stats[dev].staged_calls++;
+        sn_unlock(c);
+        if (sn_lsa_all_reduce(&r) < 0) {
+            snprintf(msg, sizeof(msg), "symnccl_all_reduce: %s: %s", r.err,
+                     cudaGetErrorString(r.cuda_error));
+            failed = 1;
+        }
+    }
+    if (prev >= 0 && prev != c->device)
+        cudaSetDevice(prev);
+    if (failed)
+        return ffi_error(api, XLA_FFI_Error_Code_INTERNAL, msg);
+    return NULL;
+}
+
+/* _xla_handler() -> PyCapsule of the handler for
+ * jax.ffi.register_ffi_target. */
+PyObject *
+sn_py_xla_handler(PyObject *module, PyObject *unused)
+{
+    return PyCapsule_New((void *)&handler, NULL, NULL);
+}
+
+#else   /* !SYMNCCL_HAVE_XLA_FFI */
+
+PyObject *
+sn_py_xla_handler(PyObject *module, PyObject *unused)
+{
+    PyErr_SetString(PyExc_RuntimeError, "symnccl was built without jaxlib's "
+                    "XLA FFI headers (xla/ffi/api/c_api.h): reinstall it in "
+                    "an environment where jaxlib is installed");
+    return NULL;
+}
+
+#endif
+
+/* _xla_register(comm): the handler uses comm for comm.device. */
+PyObject *
+sn_py_xla_register(PyObject *module, PyObject *arg)
+{
+    SNState *st = PyModule_GetState(module);
+    if (!PyObject_TypeCheck(arg, st->CommunicatorType)) {
+        PyErr_Format(PyExc_TypeError, "expected a symnccl.Communicator, got "
+                     "%T", arg);
+        return NULL;
+    }
+    CommObject *c = (CommObject *)arg;
+    if (sn_comm_check_usable(st, c) < 0)
+        return NULL;
+    if (c->device < 0 || c->device >= SN_XLA_MAX_DEVICES) {
+        PyErr_Format(PyExc_ValueError, "device %d is out of range for the "
+                     "XLA handler (< %d)", c->device, SN_XLA_MAX_DEVICES);
+        return NULL;
+    }
+    pthread_mutex_lock(&registry_lock);
+    registry[c->device] = c;
+    pthread_mutex_unlock(&registry_lock);
+    Py_RETURN_NONE;
+}
+
+/* _xla_stats(device) -> (window_calls, staged_calls, registrations) */
+PyObject *
+sn_py_xla_stats(PyObject *module, PyObject *arg)
+{
+    long d = PyLong_AsLong(arg);
+    if (d == -1 && PyErr_Occurred())
+        return NULL;
+    if (d < 0 || d >= SN_XLA_MAX_DEVICES) {
+        PyErr_Format(PyExc_ValueError, "device %ld is out of range", d);
+        return NULL;
+    }
+    return Py_BuildValue("(KKK)", stats[d].window_calls,
+                         stats[d].staged_calls, stats[d].registrations);
+}

@@ -1,0 +1,78 @@
+"""JAX: symnccl.jax.all_reduce as an XLA FFI custom call inside jax.jit and
+shard_map, against jax.lax.psum; one process driving every GPU, and one
+process per GPU under jax.distributed."""
+import pytest
+
+from conftest import ranks_param
+from symnccl.bootstrap import free_port, spawn
+
+jax = pytest.importorskip("jax", reason="jax is not installed")
+
+
+def _handler_or_skip():
+    from symnccl import _C
+    try:
+        _C._xla_handler()
+    except RuntimeError as e:
+        pytest.skip(str(e))
+
+
+def test_custom_call_lowers_with_memory_space_attributes():
+    """No GPU needed: lowering for CUDA shows the custom call, its
+    attributes and the collective memory space requests."""
+    _handler_or_skip()
+    import jax.numpy as jnp
+    import symnccl.jax as sj
+    f = jax.jit(lambda a: sj.all_reduce(a, op="max", algo="ll"))
+    text = f.trace(jax.ShapeDtypeStruct((1000,), jnp.bfloat16)).lower(
+        lowering_platforms=("cuda",)).as_text()
+    assert "stablehlo.custom_call @symnccl_all_reduce" in text
+    assert 'operands_memory_spaces = "{0:1}"' in text
+    assert 'results_memory_spaces = "{0:1}"' in text
+    assert "algo = 3 : i32" in text and "op = 2 : i32" in text
+
+
+def test_bad_arguments_raise_before_lowering():
+    _handler_or_skip()
+    import jax.numpy as jnp
+    import symnccl.jax as sj
+    with pytest.raises(ValueError, match="op 'mean' is not supported"):
+        sj.all_reduce(jnp.ones(3), op="mean")
+    with pytest.raises(ValueError, match="algo 'fast' is not available"):
+        sj.all_reduce(jnp.ones(3), algo="fast")
+
+
+def _assert_rows(rows):
+    bad = [r for r in rows if r[1] or r[2]]
+    assert not bad, bad[:10]
+
+
+@ranks_param(2)
+def test_one_process_shard_map_equals_psum(nranks):
+    _handler_or_skip()
+    from _workers import jax_workers as J
+    res = spawn(J.single_process, 1, args=(5,), timeout=900)[0]
+    assert res["n"] >= 2
+    _assert_rows(res["rows"])
+    # one process may run every device's handler from one thread: XLA's
+    # buffers are never registered there (staging window / ll push)
+    for st in res["stats"]:
+        assert st["staged_calls"] > 0 and st["registrations"] == 0, st
+
+
+@ranks_param(2)
+@pytest.mark.parametrize("user_buffers", [False, True],
+                         ids=["xla_buffers", "nccl_user_buffers"])
+def test_jax_distributed_processes_equal_psum(nranks, user_buffers):
+    _handler_or_skip()
+    from _workers import jax_workers as J
+    res = spawn(J.multi_process, nranks,
+                args=(free_port(), user_buffers, 7), timeout=900)
+    for r in res:
+        _assert_rows(r["rows"])
+    st = res[0]["stats"]
+    assert st["window_calls"] + st["staged_calls"] > 0, st
+    if user_buffers:
+        # XLA allocates collective memory with ncclMemAlloc: the handler
+        # registers it once per allocation and runs on it in place
+        assert st["registrations"] > 0 and st["window_calls"] > 0, st
