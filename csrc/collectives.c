@@ -201,6 +201,57 @@ enqueue_done(sn_call *k, ncclResult_t rc, const char *what)
 
 /* ------------------------------------------------------------------ */
 
+/* 1 if p lies in one of c's windows at an offset that is not a multiple
+ * of 16 bytes. */
+static int
+misaligned_in_window(CommObject *c, const char *p)
+{
+    sn_window *w = sn_comm_find_window(c, p, 1);
+    return w != NULL && (p - w->base) % 16 != 0;
+}
+
+/* NCCL 2.28.9's symmetric-window all-reduce gives wrong bf16 results when
+ * the tensor starts at an offset that is not a multiple of 16 bytes in its
+ * window (seen on 2xH200: window offsets of 1..8 bf16 elements, in place;
+ * float32 at the same offsets was right). Such calls go through
+ * stream-ordered plain memory, which NCCL reduces with its regular kernels:
+ * copy in, all-reduce in place, copy out. */
+static int
+nccl_all_reduce_via_plain(sn_call *k, ncclRedOp_t op, size_t bytes)
+{
+    if (k->st->group_depth > 0) {
+        PyErr_SetString(PyExc_NotImplementedError, "algo='nccl' on a window "
+                        "view that does not start on a 16-byte boundary "
+                        "cannot run inside symnccl.group() (NCCL 2.28.9 "
+                        "workaround, README: Known NCCL issues)");
+        return -1;
+    }
+    char *tmp = NULL;
+    cudaError_t e = cudaMallocAsync((void **)&tmp, bytes ? bytes : 1,
+                                    k->stream);
+    if (e != cudaSuccess)
+        return sn_set_cuda_error(k->st, e, "cudaMallocAsync");
+    int ok = 0;
+    e = cudaMemcpyAsync(tmp, k->x.ptr, bytes, cudaMemcpyDeviceToDevice,
+                        k->stream);
+    if (e == cudaSuccess) {
+        ncclResult_t rc = ncclAllReduce(tmp, tmp, k->x.count,
+                                        k->x.nccl_dtype, op, k->c->comm,
+                                        k->stream);
+        ok = enqueue_done(k, rc, "ncclAllReduce") == 0;
+        if (ok)
+            e = cudaMemcpyAsync(k->out.ptr, tmp, bytes,
+                                cudaMemcpyDeviceToDevice, k->stream);
+    }
+    cudaError_t e2 = cudaFreeAsync(tmp, k->stream);
+    if (!PyErr_Occurred() && (e != cudaSuccess || e2 != cudaSuccess)) {
+        sn_set_cuda_error(k->st, e != cudaSuccess ? e : e2,
+                          "all_reduce staging copy (NCCL workaround)");
+        ok = 0;
+    }
+    return ok ? 0 : -1;
+}
+
 PyObject *
 sn_all_reduce(CommObject *c, PyObject *args, PyObject *kw)
 {
@@ -245,6 +296,9 @@ sn_all_reduce(CommObject *c, PyObject *args, PyObject *kw)
         algo = SN_ALGO_NCCL;   /* auto inside a group: NCCL's grouping */
     if (algo != SN_ALGO_NCCL)
         return call_end(&k, lsa_all_reduce(&k, algo, op) == 0);
+    size_t bytes = k.x.count * (size_t)k.x.itemsize;
+    if (misaligned_in_window(c, k.x.ptr) || misaligned_in_window(c, k.out.ptr))
+        return call_end(&k, nccl_all_reduce_via_plain(&k, op, bytes) == 0);
     ncclResult_t rc = ncclAllReduce(k.x.ptr, k.out.ptr, k.x.count,
                                     k.x.nccl_dtype, op, c->comm, k.stream);
     return call_end(&k, enqueue_done(&k, rc, "ncclAllReduce") == 0);

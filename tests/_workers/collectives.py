@@ -300,12 +300,16 @@ def lsa_graph_and_stress(rank, nranks, uid, seed, iters):
     wins = {dt: torch.from_dlpack(comm.empty(maxn + 16, dt))
             for dt in ("float32", "bfloat16")}
     side = torch.cuda.Stream()
-    errors = torch.zeros((), dtype=torch.int64, device="cuda")
     algos = ("one_shot", "two_shot", "ll", "auto", "nccl")
+    # wrong elements per (algo, placement, dtype, side stream?), on the GPU
+    errors = torch.zeros((len(algos), 4, 2, 2), dtype=torch.int64,
+                         device="cuda")
     for it in range(iters):
         count = int(rng.integers(1, 1 << int(rng.integers(1, 21))))
-        dt = ("float32", "bfloat16")[int(rng.integers(0, 2))]
-        algo = algos[int(rng.integers(0, len(algos)))]
+        di = int(rng.integers(0, 2))
+        dt = ("float32", "bfloat16")[di]
+        ai = int(rng.integers(0, len(algos)))
+        algo = algos[ai]
         op = ("sum", "max")[int(rng.integers(0, 2))]
         place = int(rng.integers(0, 4))
         use_side = bool(rng.integers(0, 4) == 0)
@@ -340,15 +344,17 @@ def lsa_graph_and_stress(rank, nranks, uid, seed, iters):
             else:               # tensor, new output
                 got = comm.all_reduce(vals[rank], out=torch.empty_like(
                     vals[rank]), op=op, algo=algo)
-            errors += (got.float() != want).sum()
+            errors[ai, place, di, int(use_side)] += (got.float()
+                                                      != want).sum()
         if use_side:
             torch.cuda.current_stream().wait_stream(side)
-        if it % 1000 == 999 and int(errors):
-            bad.append(("stress", it, int(errors)))
-            errors.zero_()
     torch.cuda.synchronize()
-    if int(errors):
-        bad.append(("stress", iters, int(errors)))
+    for idx in torch.nonzero(errors).tolist():
+        ai, place, di, sd = idx
+        bad.append(("stress", algos[ai], ("window_inplace_offset",
+                    "window_to_tensor", "tensor_inplace", "tensor_out")[place],
+                    ("float32", "bfloat16")[di], "side" if sd else "main",
+                    int(errors[ai, place, di, sd])))
     x = torch.full((1 << 20,), 1.0, device="cuda")
     for it in range(200):   # back to back, checked at the end
         comm.all_reduce(x, op="max",
