@@ -356,3 +356,52 @@ def test_bench_rejects_unknown_dtype():
                         "--dtype", "int3"], capture_output=True, text=True,
                        timeout=60)
     assert r.returncode == 2 and "invalid choice" in r.stderr
+
+
+def test_multimem_kernel_compiles_to_multimem_ptx(tmp_path):
+    """The multicast kernel is never run on the development machines (NVLink
+    multicast is disabled there): check that it compiles for sm_90 and that
+    its PTX holds the switch reductions and stores it is built on."""
+    import os
+    import shutil
+    import subprocess
+    nvcc = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if
+                                    os.path.exists("/usr/local/cuda/bin/nvcc")
+                                    else None)
+    if nvcc is None:
+        pytest.skip("nvcc is not installed here")
+    try:
+        import nvidia.nccl as m
+        inc = next(os.path.join(r, "include") for r in m.__path__
+                   if os.path.exists(os.path.join(r, "include",
+                                                  "nccl_device.h")))
+    except (ImportError, StopIteration):
+        pytest.skip("the NCCL wheel's headers are not installed")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    src = os.path.join(root, "csrc", "kernels", "multimem_allreduce.cu")
+    ptx = tmp_path / "mm.ptx"
+    subprocess.run([nvcc, "-std=c++17", "-arch=compute_90", "--ptx",
+                    f"-I{inc}", "-I" + os.path.join(root, "csrc", "kernels"),
+                    src, "-o", str(ptx)], check=True, capture_output=True,
+                   timeout=300)
+    text = ptx.read_text()
+    for insn in ("multimem.ld_reduce.relaxed.sys.global.add.acc::f32.v4.bf16x2",
+                 "multimem.ld_reduce.relaxed.sys.global.add.acc::f32.v4.f16x2",
+                 "multimem.ld_reduce.relaxed.sys.global.max.v4.bf16x2",
+                 "multimem.ld_reduce.relaxed.sys.global.min.v4.f16x2",
+                 "multimem.ld_reduce.relaxed.sys.global.add.v4.f32",
+                 "multimem.st.relaxed.sys.global.v4.f32"):
+        assert insn in text, insn
+
+
+def test_multimem_algo_is_gated_by_multicast():
+    class FakeComm:
+        symmetric, lsa_size, nranks, staging_bytes = True, 2, 2, 1 << 25
+        multicast = False
+    assert not symnccl.algo_supported(FakeComm, "multimem", "bfloat16")
+    FakeComm.multicast = True
+    assert symnccl.algo_supported(FakeComm, "multimem", "bfloat16", "max")
+    assert not symnccl.algo_supported(FakeComm, "multimem", "float32", "max")
+    assert not symnccl.algo_supported(FakeComm, "multimem", "int32")
+    with pytest.raises(ValueError, match="unknown algo"):
+        symnccl.algo_supported(FakeComm, "fast", "bfloat16")
