@@ -8,13 +8,15 @@
 //   elements being overwritten: the result goes to local scratch and each
 //   thread copies its own elements back after the exit barrier.
 //
-// two_shot: reduce-scatter by loads, then all-gather by loads.
+// two_shot: reduce-scatter by loads, then all-gather by stores to peers.
 //   Slice q = [q*L, (q+1)*L) with L a whole number of 16-byte vectors.
-//   Phase 1: rank r reduces slice r from every peer into its own window
-//   (nobody else reads slice r of rank r). Phase 2: rank r copies slice q
-//   of rank q's window (the reduced result) into its output, for every q.
-//   Moves 2*(n-1)/n*S per rank. Barriers: entry, middle (phase-1 results
-//   visible to peers: acquire/release), exit.
+//   Rank r reduces slice r from every peer's input and stores each result
+//   vector into every rank's "mid" buffer (nobody else reads or writes
+//   slice r). In place on a window the mid buffer is the input itself;
+//   otherwise it is the staging window and each rank copies the result out
+//   locally after the exit barrier. Moves 2*(n-1)/n*S per rank over NVLink.
+//   Barriers: entry (inputs ready, previous kernel done everywhere) and exit
+//   (release/acquire: every pushed result landed); no middle barrier.
 //
 // Staging: when the input is not in a window, src != nullptr and each CTA
 // first copies its share of src into the (staging) window; the per-CTA
@@ -108,11 +110,11 @@ __device__ __forceinline__ T reduce_one(const Peers<N>& peers, int n,
 }
 
 // U full vectors at elements e0, e0 + de, ...: U loads in flight per peer,
-// fixed rank order, results stored to out + e.
+// fixed rank order; the results (as raw 16-byte vectors) go to res.
 template <typename T, int N, int U>
-__device__ __forceinline__ void reduce_batch(const Peers<N>& peers, int n,
-                                             size_t e0, size_t de, int op,
-                                             T* out) {
+__device__ __forceinline__ void reduce_batch_regs(const Peers<N>& peers,
+                                                  int n, size_t e0, size_t de,
+                                                  int op, uint4 (&res)[U]) {
   using A = typename Acc<T>::type;
   constexpr int E = Vec<T>::kElems;
   const int nr = N > 0 ? N : n;
@@ -138,12 +140,23 @@ __device__ __forceinline__ void reduce_batch(const Peers<N>& peers, int n,
   }
 #pragma unroll
   for (int u = 0; u < U; u++) {
-    alignas(16) T res[E];
+    alignas(16) T r[E];
 #pragma unroll
-    for (int e = 0; e < E; e++) res[e] = finish<T>(op, acc[u][e], nr);
-    *reinterpret_cast<uint4*>(out + e0 + u * de) =
-        *reinterpret_cast<uint4*>(res);
+    for (int e = 0; e < E; e++) r[e] = finish<T>(op, acc[u][e], nr);
+    res[u] = *reinterpret_cast<uint4*>(r);
   }
+}
+
+// The same, stored to out + e0 + u * de.
+template <typename T, int N, int U>
+__device__ __forceinline__ void reduce_batch(const Peers<N>& peers, int n,
+                                             size_t e0, size_t de, int op,
+                                             T* out) {
+  uint4 res[U];
+  reduce_batch_regs<T, N, U>(peers, n, e0, de, op, res);
+#pragma unroll
+  for (int u = 0; u < U; u++)
+    *reinterpret_cast<uint4*>(out + e0 + u * de) = res[u];
 }
 
 // Reduces the (possibly partial or unaligned) vector at element e into dst.
@@ -239,8 +252,9 @@ template <typename T, int N>
 __global__ void __launch_bounds__(512)
     two_shot(ncclDevComm dc, ncclWindow_t win, size_t win_off,
              ncclWindow_t mid_win, size_t mid_off, const T* src, T* out,
-             size_t count, int op, int skip_self) {
+             size_t count, int op, int out_is_mid) {
   constexpr int E = Vec<T>::kElems;
+  constexpr int U = kUnroll;
   const int n = N > 0 ? N : dc.lsaSize;
   const int me = dc.lsaRank;
   Peers<N> peers, mids;
@@ -269,62 +283,65 @@ __global__ void __launch_bounds__(512)
       }
     }
   }
+  // Entry: every peer's input is in place, and every peer has finished its
+  // previous kernel (so nobody still reads the mid buffers pushed to below).
   bar.sync(ncclCoopCta(), cuda::memory_order_acq_rel);
 
-  // Phase 1: my slice, reduced from every peer's input, into my mid buffer
-  // (which only I write, and which nobody reads before the next barrier).
-  constexpr int U = kUnroll;
+  // Reduce my slice from every peer's input, and push each result vector
+  // into every rank's mid buffer at the same place. Slice `me` is read and
+  // written by this rank only (the thread that reads element e of it from
+  // every peer is the one that writes e), so in place needs no scratch.
   const size_t nfull = aligned ? count / E : 0;   // full vectors overall
   for (size_t v = first; v < svec; v += U * stride) {
     size_t e = me * slice + v * E;
     if (e >= count) break;
     if (v + (U - 1) * stride < svec &&
         me * svec + v + (U - 1) * stride < nfull) {
-      reduce_batch<T, N, U>(peers, n, e, stride * E, op, mine_mid);
+      uint4 res[U];
+      reduce_batch_regs<T, N, U>(peers, n, e, stride * E, op, res);
+#pragma unroll
+      for (int q = 0; q < (N > 0 ? N : kMaxRanks); q++) {
+        if (N == 0 && q >= n) break;
+#pragma unroll
+        for (int u = 0; u < U; u++)
+          *reinterpret_cast<uint4*>(const_cast<char*>(mids.p[q]) +
+                                    (e + u * stride * E) * sizeof(T)) =
+              res[u];
+      }
     } else {
       for (int u = 0; u < U && v + u * stride < svec; u++) {
         size_t eu = e + u * stride * E;
         if (eu >= count) break;
-        reduce_tail<T, N>(peers, n, eu, count, aligned, op, mine_mid);
-      }
-    }
-  }
-  bar.sync(ncclCoopCta(), cuda::memory_order_acq_rel);
-
-  // Phase 2: every slice q from rank q's mid buffer into my output.
-  for (int q = 0; q < n; q++) {
-    if (skip_self && q == me) continue;  // already in place
-    const T* from =
-        static_cast<const T*>(ncclGetLsaPointer(mid_win, mid_off, q));
-    for (size_t v = first; v < svec; v += U * stride) {
-      size_t e = q * slice + v * E;
-      if (e >= count) break;
-      if (v + (U - 1) * stride < svec &&
-          q * svec + v + (U - 1) * stride < nfull) {
-        uint4 raw[U];
-#pragma unroll
-        for (int u = 0; u < U; u++)
-          raw[u] = __ldcg(
-              reinterpret_cast<const uint4*>(from + e + u * stride * E));
-#pragma unroll
-        for (int u = 0; u < U; u++)
-          *reinterpret_cast<uint4*>(out + e + u * stride * E) = raw[u];
-      } else {
-        for (int u = 0; u < U && v + u * stride < svec; u++) {
-          size_t eu = e + u * stride * E;
-          if (eu >= count) break;
-          size_t len = count - eu < (size_t)E ? count - eu : E;
-          if (aligned && len == E) {
-            *reinterpret_cast<uint4*>(out + eu) =
-                __ldcg(reinterpret_cast<const uint4*>(from + eu));
-          } else {
-            for (size_t i = 0; i < len; i++) out[eu + i] = from[eu + i];
-          }
+        size_t len = count - eu < (size_t)E ? count - eu : E;
+        alignas(16) T r[E];
+        if (aligned && len == E)
+          reduce_vec<T, N>(peers, n, eu * sizeof(T), op, r);
+        else
+          for (size_t i = 0; i < len; i++)
+            r[i] = reduce_one<T, N>(peers, n, (eu + i) * sizeof(T), op);
+        for (int q = 0; q < n; q++) {
+          T* to = reinterpret_cast<T*>(const_cast<char*>(mids.p[q]));
+          if (aligned && len == E)
+            *reinterpret_cast<uint4*>(to + eu) =
+                *reinterpret_cast<const uint4*>(r);
+          else
+            for (size_t i = 0; i < len; i++) to[eu + i] = r[i];
         }
       }
     }
   }
+  // Exit: every push into my mid buffer (by the same CTA index on every
+  // rank, which covers exactly the elements this CTA copies below) landed.
   bar.sync(ncclCoopCta(), cuda::memory_order_acq_rel);
+  if (out_is_mid) return;   // in place in the window: done
+  for (int q = 0; q < n; q++) {
+    for (size_t v = first; v < svec; v += stride) {
+      size_t e = q * slice + v * E;
+      if (e >= count) break;
+      copy_elems<T>(mine_mid, out, e, count - e < (size_t)E ? count - e : E,
+                    aligned);
+    }
+  }
 }
 
 template <typename T, int N>
