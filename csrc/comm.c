@@ -8,6 +8,7 @@
  */
 #include "symnccl.h"
 
+#include <cuda.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -30,12 +31,50 @@ init_config(ncclConfig_t *cfg)
 /* ------------------------------------------------------------------ */
 /* Device communicator: created right after the communicator, collective. */
 
-static const char *
-decide_multicast(int mode)
+/* CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED through the driver entry point
+ * (an attribute query: no multicast object is created). -1 if unknown. */
+static int
+device_has_multicast(int device)
 {
-    return sn_multicast_gate(mode, getenv("NCCL_NVLS_ENABLE"),
-                             getenv("TORCH_SYMM_MEM_DISABLE_MULTICAST"),
-                             getenv("NVSHMEM_DISABLE_NVLS"));
+    typedef CUresult (*attr_fn)(int *, CUdevice_attribute, CUdevice);
+    static attr_fn get_attr;
+    static int loaded;
+    if (!loaded) {
+        enum cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuDeviceGetAttribute",
+                                             (void **)&get_attr, 12000,
+                                             cudaEnableDefault, &q)
+            != cudaSuccess)
+            get_attr = NULL;
+        loaded = 1;
+    }
+    int v = 0;
+    if (get_attr == NULL ||
+        get_attr(&v, CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED, device)
+            != CUDA_SUCCESS)
+        return -1;
+    return v != 0;
+}
+
+static const char *
+decide_multicast(int mode, int nranks, int device)
+{
+    const char *why = sn_multicast_gate(
+        mode, getenv("NCCL_NVLS_ENABLE"),
+        getenv("TORCH_SYMM_MEM_DISABLE_MULTICAST"),
+        getenv("NVSHMEM_DISABLE_NVLS"));
+    if (why != NULL)
+        return why;
+    /* NCCL 2.28.9 accepts lsaMultimem on a system without NVLS and then
+     * fails every window registration ("Multicast support requested for
+     * team but none available on system", seen on a single H100, with
+     * multicast=True too). So: never for one rank, and auto only where the
+     * GPU reports switch multicast. */
+    if (nranks < 2)
+        return "not requested (a single rank has no peers)";
+    if (mode == SN_MC_AUTO && device_has_multicast(device) != 1)
+        return "not requested (auto: the GPU reports no switch multicast)";
+    return NULL;
 }
 
 static void
@@ -241,7 +280,7 @@ comm_alloc(PyTypeObject *tp, int rank, int nranks, int device, double timeout,
     c->lsa_size = 1;
     c->symmetric_reason = "not initialised";
     pthread_mutex_init(&c->lock, NULL);
-    const char *why = decide_multicast(multicast);
+    const char *why = decide_multicast(multicast, nranks, device);
     c->multicast_requested = why == NULL;
     c->multicast_reason = why != NULL ? why
                           : multicast == SN_MC_AUTO ? "requested (auto)"

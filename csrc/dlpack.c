@@ -478,6 +478,143 @@ call_dlpack(SNState *st, PyObject *obj, cudaStream_t stream, int cuda)
     return cap;
 }
 
+/* ------------------------------------------------------------------ */
+/* torch fast path. torch's __dlpack__ costs ~22 us per call (measured on
+ * H100, torch 2.11), more than a small all-reduce: a torch.Tensor that is
+ * already on the right device, contiguous, without autograd/conj/neg bits,
+ * and used on torch's current stream (so DLPack's stream handshake would be
+ * a no-op) is read directly: data_ptr(), dtype, shape. Anything else takes
+ * the DLPack path, which also produces the error messages. */
+
+static int
+torch_lookup(SNState *st)
+{
+    if (st->torch_tensor != NULL)
+        return 1;
+    PyObject *mods = PySys_GetObject("modules");   /* borrowed */
+    PyObject *torch = mods ? PyDict_GetItemString(mods, "torch") : NULL;
+    if (torch == NULL)
+        return 0;
+    PyObject *tensor = PyObject_GetAttrString(torch, "Tensor");
+    PyObject *c = PyObject_GetAttrString(torch, "_C");
+    PyObject *raw = c ? PyObject_GetAttrString(c, "_cuda_getCurrentRawStream")
+                      : NULL;
+    Py_XDECREF(c);
+    if (tensor == NULL || raw == NULL || !PyType_Check(tensor)) {
+        PyErr_Clear();
+        Py_XDECREF(tensor);
+        Py_XDECREF(raw);
+        return 0;
+    }
+    st->torch_tensor = tensor;
+    st->torch_raw_stream = raw;
+    return 1;
+}
+
+/* 1 / 0 for a method returning a bool, -1 on error. */
+static int
+call_bool(PyObject *obj, const char *method)
+{
+    PyObject *r = PyObject_CallMethod(obj, method, NULL);
+    if (r == NULL)
+        return -1;
+    int v = PyObject_IsTrue(r);
+    Py_DECREF(r);
+    return v;
+}
+
+static int
+torch_dtype(SNState *st, PyObject *obj, SN_DLDataType *out)
+{
+    PyObject *dt = PyObject_GetAttrString(obj, "dtype");
+    if (dt == NULL)
+        return -1;
+    for (int i = 0; i < st->n_torch_dtypes; i++)
+        if (st->torch_dtypes[i].obj == dt) {
+            *out = st->torch_dtypes[i].dt;
+            Py_DECREF(dt);
+            return 0;
+        }
+    PyObject *str = PyObject_Str(dt);   /* "torch.bfloat16" */
+    const char *name = str ? PyUnicode_AsUTF8AndSize(str, NULL) : NULL;
+    int rc = -1;
+    if (name != NULL && strncmp(name, "torch.", 6) == 0 &&
+        sn_dtype_from_name(name + 6, out) == 0) {
+        rc = 0;
+        if (st->n_torch_dtypes < 16) {
+            st->torch_dtypes[st->n_torch_dtypes].obj = Py_NewRef(dt);
+            st->torch_dtypes[st->n_torch_dtypes].dt = *out;
+            st->n_torch_dtypes++;
+        }
+    }
+    Py_XDECREF(str);
+    Py_DECREF(dt);
+    return rc;
+}
+
+/* 1: t filled; 0: not applicable (take the DLPack path). Never raises. */
+static int
+torch_fast_import(SNState *st, PyObject *obj, cudaStream_t stream,
+                  int device, SNTensor *t)
+{
+    if (!torch_lookup(st) ||
+        !PyObject_TypeCheck(obj, (PyTypeObject *)st->torch_tensor))
+        return 0;
+    int ok = 0;
+    PyObject *shape = NULL, *r = NULL;
+    r = PyObject_CallFunction(st->torch_raw_stream, "i", device);
+    if (r == NULL || PyLong_AsVoidPtr(r) != (void *)stream)
+        goto done;
+    Py_CLEAR(r);
+    r = PyObject_CallMethod(obj, "get_device", NULL);
+    if (r == NULL || PyLong_AsLong(r) != device)
+        goto done;
+    Py_CLEAR(r);
+    r = PyObject_GetAttrString(obj, "requires_grad");
+    if (r == NULL || PyObject_IsTrue(r) != 0)
+        goto done;
+    if (call_bool(obj, "is_conj") != 0 || call_bool(obj, "is_neg") != 0 ||
+        call_bool(obj, "is_contiguous") != 1)
+        goto done;
+    SN_DLDataType dt;
+    if (torch_dtype(st, obj, &dt) < 0 ||
+        sn_dtype_to_nccl(dt, &t->nccl_dtype) < 0)
+        goto done;
+    shape = PyObject_GetAttrString(obj, "shape");
+    Py_ssize_t nd = shape ? PySequence_Size(shape) : -1;
+    if (nd < 0 || nd > SN_MAX_NDIM)
+        goto done;
+    size_t count = 1;
+    for (Py_ssize_t i = 0; i < nd; i++) {
+        PyObject *d = PySequence_GetItem(shape, i);
+        long long v = d ? PyLong_AsLongLong(d) : -1;
+        Py_XDECREF(d);
+        if (v < 0)
+            goto done;
+        t->shape[i] = v;
+        count *= (size_t)v;
+    }
+    Py_CLEAR(r);
+    r = PyObject_CallMethod(obj, "data_ptr", NULL);
+    void *ptr = r ? PyLong_AsVoidPtr(r) : NULL;
+    if (PyErr_Occurred())
+        goto done;
+    t->ptr = ptr;
+    t->device = device;
+    t->dtype = dt;
+    t->itemsize = sn_dtype_itemsize(dt);
+    t->ndim = (int)nd;
+    t->count = count;
+    t->capsule = Py_NewRef(obj);   /* keeps the tensor alive for the call */
+    ok = 1;
+done:
+    if (!ok)
+        PyErr_Clear();
+    Py_XDECREF(r);
+    Py_XDECREF(shape);
+    return ok;
+}
+
 int
 sn_tensor_import(SNState *st, PyObject *obj, cudaStream_t stream, int device,
                  const char *argname, SNTensor *t)
@@ -486,6 +623,9 @@ sn_tensor_import(SNState *st, PyObject *obj, cudaStream_t stream, int device,
     if (sn_is_buffer(st, obj))
         return import_own(st, (BufferObject *)obj, stream, device, argname,
                           t);
+    if (torch_fast_import(st, obj, stream, device, t))
+        return 0;
+    memset(t, 0, sizeof(*t));
     if (!PyObject_HasAttr(obj, st->str_dlpack)) {
         PyErr_Format(PyExc_TypeError, "%s: expected a tensor that supports "
                      "DLPack (__dlpack__), got %R", argname, Py_TYPE(obj));

@@ -538,6 +538,10 @@ sn_traverse(PyObject *module, visitproc visit, void *arg)
     Py_VISIT(st->stream_hook);
     Py_VISIT(st->frameworks);
     Py_VISIT(st->group_pending);
+    Py_VISIT(st->torch_tensor);
+    Py_VISIT(st->torch_raw_stream);
+    for (int i = 0; i < st->n_torch_dtypes; i++)
+        Py_VISIT(st->torch_dtypes[i].obj);
     return 0;
 }
 
@@ -555,6 +559,11 @@ sn_clear(PyObject *module)
     Py_CLEAR(st->group_pending);
     Py_CLEAR(st->str_dlpack);
     Py_CLEAR(st->str_dlpack_device);
+    Py_CLEAR(st->torch_tensor);
+    Py_CLEAR(st->torch_raw_stream);
+    for (int i = 0; i < st->n_torch_dtypes; i++)
+        Py_CLEAR(st->torch_dtypes[i].obj);
+    st->n_torch_dtypes = 0;
     return 0;
 }
 

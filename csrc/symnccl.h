@@ -50,6 +50,13 @@ typedef struct {
     unsigned long group_thread;
     PyObject *group_pending;   /* list of objects finished at group end */
     int shutting_down;         /* set at interpreter exit: leak, don't free */
+    /* torch fast path (dlpack.c): torch.Tensor and
+     * torch._C._cuda_getCurrentRawStream, looked up once torch is imported,
+     * and the dtypes seen so far (torch dtypes are singletons). */
+    PyObject *torch_tensor;
+    PyObject *torch_raw_stream;
+    struct { PyObject *obj; SN_DLDataType dt; } torch_dtypes[16];
+    int n_torch_dtypes;
     struct CommObject *live;   /* communicators not yet closed (borrowed) */
 } SNState;
 

@@ -24,6 +24,9 @@ def default_stream(x, device: int) -> int:
     if fw == "torch" or (x is None and "torch" in sys.modules
                          and sys.modules["torch"].cuda.is_initialized()):
         torch = sys.modules["torch"]
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        if raw is not None:   # 0.2 us instead of 4 us for current_stream()
+            return raw(device)
         return torch.cuda.current_stream(device).cuda_stream
     if fw == "cupy":
         cupy = sys.modules["cupy"]

@@ -190,3 +190,42 @@ def test_lsa_algorithms_on_one_rank_are_identity(comm, algo):
         b.copy_from_host(x.tobytes())
         comm.all_reduce(b, algo=algo)
         assert b.to_bytes() == x.tobytes(), (algo, dtype)
+
+
+def test_torch_fast_path_keeps_dlpack_rules(comm):
+    """torch tensors skip __dlpack__ only where it would be a no-op: a
+    tensor that needs autograd is still refused, and one used on another
+    stream still gets DLPack's stream handshake (correct result)."""
+    torch = pytest.importorskip("torch")
+    x = torch.ones(8, device="cuda", requires_grad=True)
+    with pytest.raises((RuntimeError, BufferError), match="(?i)grad"):
+        comm.all_reduce(x)
+    y = torch.arange(4099, dtype=torch.float32, device="cuda")
+    side = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    y.mul_(2)   # queued on the current stream
+    out = torch.empty_like(y)
+    comm.all_reduce(y, out=out, stream=side)   # must see the mul_
+    side.synchronize()
+    assert torch.equal(out, torch.arange(4099, device="cuda") * 2.0)
+    # the fast path proper: window view and plain tensor, every LSA algo
+    b = torch.from_dlpack(comm.empty(1031, "bfloat16"))
+    for algo in ("ll", "one_shot", "two_shot", "nccl"):
+        b.fill_(3)
+        comm.all_reduce(b, algo=algo)
+        t = torch.full((1031,), 5.0, device="cuda")
+        r = comm.all_reduce(t, out=torch.empty_like(t), algo=algo)
+        assert bool((b == 3).all()) and bool((r == 5).all()), algo
+
+
+@pytest.mark.parametrize("multicast", [None, True])
+def test_multicast_is_not_requested_for_one_rank(uid, multicast):
+    """NCCL 2.28.9 would accept the request and then fail every window
+    registration on a system without NVLS (seen on one H100)."""
+    c = symnccl.Communicator(uid, 0, 1, device=0, timeout=60,
+                             multicast=multicast)
+    assert c.multicast is False
+    assert "not requested" in c.multicast_reason or \
+        "disabled" in c.multicast_reason, c.multicast_reason
+    c.empty(16, "float32")   # windows register
+    c.close()
