@@ -346,7 +346,22 @@ def test_bench_report_rebuilds_table_from_recorded_json(tmp_path):
     lines = [ln for ln in r.stdout.splitlines() if ln.strip().endswith("x")]
     assert len(lines) == len(doc["rows"])   # one row per size, speedup last
     assert "symnccl:one_shot" in r.stdout and "nccl:window" in r.stdout
+    assert "symnccl:ll" in r.stdout and "nvlink:memcpy" in r.stdout
     assert "NVIDIA H200 x2" in r.stdout
+    # the ceiling's GB/s is bytes / time (no all-reduce bus factor)
+    last = doc["rows"][-1]
+    us = last["nvlink:memcpy"]["us"]
+    assert f"({last['bytes'] / us / 1e3:7.1f})" in r.stdout
+    assert (tmp_path / "r.png").exists() or "no plot" in r.stdout
+
+
+def test_examples_compile():
+    import py_compile
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for name in os.listdir(os.path.join(root, "examples")):
+        if name.endswith(".py"):
+            py_compile.compile(os.path.join(root, "examples", name),
+                               doraise=True)
 
 
 def test_bench_rejects_unknown_dtype():
