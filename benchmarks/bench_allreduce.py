@@ -2,7 +2,8 @@
 same process layout (one process per GPU).
 
 Methods (each skipped with a printed reason where unavailable):
-  symnccl:ll / one_shot / two_shot / auto   in place on SymmetricBuffers
+  symnccl:ll / one_shot / two_shot / push / auto   in place on
+                   SymmetricBuffers
   symnccl:auto(tensor)                 torch tensor input (staged copy)
   nccl:window      ncclAllReduce on SymmetricBuffers (NCCL's symmetric kernels)
   nccl:plain       ncclAllReduce on torch tensors, through symnccl
@@ -118,7 +119,7 @@ def worker(rank, nranks, uid, opts):
         plain = [torch.empty(count, dtype=dtype, device="cuda")
                  for _ in range(NBUF)]
         methods = {}
-        for algo in ("ll", "one_shot", "two_shot", "auto"):
+        for algo in ("ll", "one_shot", "two_shot", "push", "auto"):
             methods["symnccl:" + algo] = (
                 wts, lambda i, a=algo: comm.all_reduce(wts[i % NBUF], algo=a))
         methods["symnccl:auto(tensor)"] = (
@@ -157,6 +158,9 @@ def worker(rank, nranks, uid, opts):
                 skipped["symm_mem"] = f"{type(e).__name__}: {e}"[:200]
         else:
             skipped["symm_mem"] = symm_reason
+        if opts.get("methods"):
+            methods = {k: v for k, v in methods.items()
+                       if any(k.startswith(m) for m in opts["methods"])}
         row = {"bytes": nbytes, "count": count, "iters": iters}
         for name, (bufs, fn) in methods.items():
             try:
@@ -188,7 +192,7 @@ def worker(rank, nranks, uid, opts):
 
 
 SYMNCCL_METHODS = ("symnccl:ll", "symnccl:one_shot", "symnccl:two_shot",
-                   "symnccl:auto")
+                   "symnccl:push", "symnccl:auto")
 ANCHORS = ("nccl:window", "nccl:plain", "torch.dist", "symm_mem:one_shot",
            "symm_mem:two_shot")
 CEILING = ("nvlink:memcpy", "nvlink:kernel")
@@ -199,6 +203,19 @@ def _bw(doc, method, nbytes, us):
     n = doc["nranks"]
     f = 1.0 if method.startswith("nvlink:") else 2.0 * (n - 1) / n
     return nbytes / us / 1e3 * f
+
+
+def parse_sizes(text):
+    """'4K,1M,256M' (or plain byte counts) -> [4096, 1048576, 268435456]."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    out = []
+    for tok in text.split(","):
+        tok = tok.strip().upper().removesuffix("IB").removesuffix("B")
+        if tok and tok[-1] in units:
+            out.append(int(float(tok[:-1]) * units[tok[-1]]))
+        elif tok:
+            out.append(int(tok))
+    return out
 
 
 def _fmt_size(b):
@@ -280,6 +297,12 @@ def main(argv=None):
     p.add_argument("--eager", action="store_true",
                    help="no CUDA graph: include launch overhead")
     p.add_argument("--max-bytes", type=int, default=512 << 20)
+    p.add_argument("--sizes", default=None,
+                   help="comma-separated sizes instead of the default sweep, "
+                        "e.g. 4K,1M,256M")
+    p.add_argument("--methods", default=None,
+                   help="comma-separated method prefixes to run, e.g. "
+                        "symnccl:push,nccl:plain (default: all)")
     p.add_argument("--out", default=None, help="JSON path (PNG beside it)")
     p.add_argument("--report", default=None,
                    help="rebuild table and plot from a results JSON, no GPU")
@@ -302,14 +325,16 @@ def main(argv=None):
     if n < 2:
         print("needs at least 2 GPUs")
         return 1
-    sizes = [s for s in SIZES if s <= args.max_bytes]
+    sizes = [s for s in (parse_sizes(args.sizes) if args.sizes else SIZES)
+             if s <= args.max_bytes]
     free = min(torch.cuda.mem_get_info(i)[0] for i in range(n))
     # per size: 4 windows + 4 tensors + 4 symm_mem buffers + fp64 reference
     while sizes and 24 * sizes[-1] > free:
         print(f"skipping {sizes[-1] >> 20} MiB: {free >> 30} GiB free")
         sizes.pop()
     opts = dict(dtype=args.dtype, iters=args.iters, reps=args.reps,
-                eager=args.eager, sizes=sizes, port=free_port())
+                eager=args.eager, sizes=sizes, port=free_port(),
+                methods=args.methods.split(",") if args.methods else None)
     res = spawn(worker, n, args=(opts,), timeout=3000)
     gpu = torch.cuda.get_device_name(0)
     v = symnccl.versions()
@@ -318,9 +343,9 @@ def main(argv=None):
         "gpu": gpu, "nranks": n, "dtype": args.dtype, "eager": args.eager,
         "date": datetime.date.today().isoformat(), "host": platform.node(),
         "versions": v, "iters": args.iters, "reps": args.reps,
-        "env": {k: os.environ.get(k) for k in (
+        "env": {k: v for k, v in os.environ.items() if k in (
             "NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST",
-            "NVSHMEM_DISABLE_NVLS")},
+            "NVSHMEM_DISABLE_NVLS") or k.startswith("SYMNCCL_")},
         "rows": res[0]["rows"], "skipped": res[0]["skipped"],
     }
     out = args.out or os.path.join(

@@ -164,8 +164,8 @@ parse_algo(PyObject *algo, int allow_lsa)
     if (a == -2 || (!allow_lsa && a > 0)) {
         PyErr_Format(PyExc_ValueError, "algo %R is not available: expected "
                      "%s", algo, allow_lsa
-                         ? "'auto', 'nccl', 'one_shot', 'two_shot', 'll' or "
-                           "'multimem'"
+                         ? "'auto', 'nccl', 'one_shot', 'two_shot', 'll', "
+                           "'push' or 'multimem'"
                          : "'nccl' or 'auto'");
         return -2;
     }

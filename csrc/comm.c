@@ -164,23 +164,39 @@ env_int(const char *name, int dflt, int lo, int hi)
     return x < lo ? lo : x > hi ? hi : x;
 }
 
-/* ncclMemAlloc for the staging window (the staging area, then the LL
- * receive buffers, zeroed); registration is done by the caller (alone, or
- * for several communicators inside one NCCL group), after this returns, so
- * no peer can write into the LL buffers before they are cleared. */
+/* ncclMemAlloc for the staging window (the staging area, the LL receive
+ * buffers, the push region; the last two zeroed); registration is done by
+ * the caller (alone, or for several communicators inside one NCCL group),
+ * after this returns, so no peer can write into them before they are
+ * cleared. */
 static int
 alloc_staging_memory(SNState *st, CommObject *c)
 {
     if (!c->symmetric || c->lsa_size != c->nranks || c->staging_bytes == 0)
         return 0;
+    const size_t n = (size_t)c->nranks;
     /* Largest LL message per launch: the region split into 2 slots x
      * nranks rows x 2 bytes of packet per byte of data, in whole pages. */
-    c->ll_max_bytes = SN_LL_REGION / (4 * (size_t)c->nranks) / 4096 * 4096;
+    c->ll_max_bytes = SN_LL_REGION / (4 * n) / 4096 * 4096;
     c->ll_offset = c->staging_bytes;
     c->ll_ctas = env_int("SYMNCCL_LL_CTAS", 16, 1, SN_MAX_CTAS);
     c->ll_threads = env_int("SYMNCCL_LL_THREADS", 512, 32, 512) / 32 * 32;
     size_t ll = symnccl_ll_buffer_bytes(c->nranks, c->ll_max_bytes);
-    c->staging_alloc = c->staging_bytes + ll;
+    /* push: 4 x nranks slots in the region, in whole pages */
+    size_t region = (size_t)env_int("SYMNCCL_PUSH_REGION_MIB",
+                                    (int)(SN_PUSH_REGION >> 20), 1, 4096)
+                    << 20;
+    c->push_slot_bytes = region / (4 * n) / 4096 * 4096;
+    if (c->push_slot_bytes == 0)
+        c->push_slot_bytes = 4096;
+    c->push_ctas = env_int("SYMNCCL_PUSH_CTAS", 32, 1, SYMNCCL_PUSH_MAX_CTAS);
+    c->push_threads = env_int("SYMNCCL_PUSH_THREADS", 512, 64, 512) / 32 * 32;
+    c->push_offset = c->ll_offset + ll;
+    size_t data_off = 0;
+    size_t push = symnccl_push_region_bytes(c->nranks, c->push_slot_bytes,
+                                            &data_off);
+    c->push_data = c->push_offset + data_off;
+    c->staging_alloc = c->staging_bytes + ll + push;
     ncclResult_t rc;
     void *p = NULL;
     Py_BEGIN_ALLOW_THREADS
@@ -189,11 +205,11 @@ alloc_staging_memory(SNState *st, CommObject *c)
     if (rc != ncclSuccess)
         return sn_set_nccl_error(st, rc, c->comm, "ncclMemAlloc (staging)");
     c->staging = p;
-    cudaError_t e = cudaMemset(c->staging + c->ll_offset, 0, ll);
+    cudaError_t e = cudaMemset(c->staging + c->ll_offset, 0, ll + data_off);
     if (e == cudaSuccess)
         e = cudaDeviceSynchronize();
     if (e != cudaSuccess)
-        return sn_set_cuda_error(st, e, "clearing the LL buffers");
+        return sn_set_cuda_error(st, e, "clearing the LL and push buffers");
     return 0;
 }
 
@@ -1159,12 +1175,16 @@ static PyMethodDef comm_methods[] = {
      "result in x's framework type, zero-copy. Runs on `stream`, else the "
      "framework's current stream, else the legacy default stream; never "
      "blocks the host.\n\nops: sum, prod, max, min, avg.\n"
-     "algo: 'auto' (measured table, SYMNCCL_ALGO overrides), 'one_shot', "
-     "'two_shot' (symnccl's LSA kernels on the NCCL device API; inputs "
-     "outside a window go through the staging window), 'nccl'. Every rank "
-     "must pass the same algo and the same kind of input (all in a "
-     "SymmetricBuffer at the same offset, or none), and one communicator's "
-     "LSA kernels must not run on two streams at once.\n\n"
+     "algo: 'auto' (measured table, SYMNCCL_ALGO overrides); symnccl's "
+     "kernels on the NCCL device API: 'll' (barrier-free LL packets, small "
+     "messages), 'one_shot', 'two_shot' (NVLink loads; inputs outside a "
+     "window go through the staging window), 'push' (store-only two-shot "
+     "with flags, any input), 'multimem' (NVLink SHARP, only where multicast "
+     "was granted); 'nccl'. Every rank must pass the same algo and the same "
+     "kind of input (all in a SymmetricBuffer at the same offset, or none). "
+     "Calls on one communicator from different streams are ordered by "
+     "symnccl; a replayed CUDA graph must not overlap other calls on the "
+     "same communicator.\n\n"
      "Example:\n    comm.all_reduce(t)                 # in place\n"
      "    y = comm.all_reduce(x, out=y, op='max')"},
     {"reduce_scatter", (PyCFunction)(void (*)(void))sn_reduce_scatter,

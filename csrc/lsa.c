@@ -11,7 +11,10 @@
 #include <string.h>
 
 const char *const sn_algo_names[SN_ALGO_COUNT] = {
-    "nccl", "one_shot", "two_shot", "ll", "multimem"};
+    "nccl", "one_shot", "two_shot", "ll", "multimem", "push"};
+
+_Static_assert(SYMNCCL_PUSH_MAX_CTAS <= SN_MAX_CTAS,
+               "push epochs live in the scratch's SN_MAX_CTAS slots");
 
 int
 sn_algo_from_name(const char *s)
@@ -208,6 +211,41 @@ ll_launches(sn_ar *r)
     return 0;
 }
 
+/* push: one launch for any size (the kernel walks the chunks itself),
+ * straight from wherever x is; results are stored into the peers' output
+ * when the call is in place on a window at a 16-byte aligned offset, else
+ * into their result slots. */
+static int
+push_launch(sn_ar *r)
+{
+    CommObject *c = r->c;
+    symnccl_push_args a;
+    memset(&a, 0, sizeof(a));
+    a.dc = c->devcomm;
+    a.win = c->staging_win->win;
+    a.flags_offset = c->push_offset;
+    a.data_offset = c->push_data;
+    a.slot_bytes = c->push_slot_bytes;
+    a.epochs = (uint64_t *)((char *)c->scratch + SN_PUSH_EPOCHS_OFFSET);
+    a.src = r->x;
+    a.out = r->out;
+    if (r->win != NULL && r->out == r->x &&
+        (size_t)(r->x - r->win->base) % 16 == 0) {
+        a.out_win = r->win->win;
+        a.out_offset = (size_t)(r->x - r->win->base);
+    }
+    a.count = r->count;
+    a.dtype = r->dtype;
+    a.op = sn_lsa_op(r->op);
+    a.ctas = c->push_ctas;
+    a.threads = c->push_threads;
+    a.timeout_ns = (uint64_t)(c->timeout * 1e9);
+    cudaError_t e = symnccl_push_allreduce(&a, r->stream);
+    if (e != cudaSuccess)
+        return fail(r, e, "push all_reduce launch");
+    return 0;
+}
+
 /* one_shot, two_shot and multimem: peers load from (or multimem reduces
  * over) the window holding x (r->win), or the staging window x is copied
  * into. */
@@ -302,7 +340,9 @@ sn_lsa_all_reduce(sn_ar *r)
     sn_lock(c);
     int rc = order_begin(r);
     if (rc == 0)
-        rc = r->algo == SN_ALGO_LL ? ll_launches(r) : load_launches(r);
+        rc = r->algo == SN_ALGO_LL     ? ll_launches(r)
+             : r->algo == SN_ALGO_PUSH ? push_launch(r)
+                                       : load_launches(r);
     if (rc == 0)
         rc = order_end(r);
     sn_unlock(c);

@@ -26,9 +26,15 @@
 /* Receive buffers of the LL kernel, per rank, after the staging area in the
  * same window: 2 slots x nranks rows x 16-byte packets per 8 data bytes. */
 #define SN_LL_REGION (16u << 20)
-/* Device scratch per communicator: barrier() int at 0, LL epochs at 256. */
+/* Flags and slots of the push kernel, per rank, after the LL region:
+ * 2 parities x (receive + result) x nranks slots. SYMNCCL_PUSH_REGION_MIB
+ * overrides the size at communicator creation. */
+#define SN_PUSH_REGION (32u << 20)
+/* Device scratch per communicator: barrier() int at 0, LL epochs at 256,
+ * push epochs at 1280 (SN_MAX_CTAS 64-bit counters each). */
 #define SN_SCRATCH_BYTES 4096
 #define SN_EPOCHS_OFFSET 256
+#define SN_PUSH_EPOCHS_OFFSET (SN_EPOCHS_OFFSET + 8 * SN_MAX_CTAS)
 
 /* ------------------------------------------------------------------ */
 /* Module state: everything that would otherwise be a process global. */
@@ -94,12 +100,17 @@ typedef struct CommObject {
      * of input. */
     char *staging;
     size_t staging_bytes;      /* usable staging area at offset 0 */
-    size_t staging_alloc;      /* whole allocation: staging + LL region */
+    size_t staging_alloc;      /* whole allocation: staging + LL region +
+                                  push region */
     sn_window *staging_win;
     /* LL kernel: receive buffer at staging + ll_offset, messages of up to
      * ll_max_bytes per launch, fixed grid (ll_ctas x ll_threads). */
     size_t ll_offset, ll_max_bytes;
     int ll_ctas, ll_threads;
+    /* push kernel: flags at staging + push_offset, slots at push_data,
+     * slot_bytes per slot, fixed grid (push_ctas x push_threads). */
+    size_t push_offset, push_data, push_slot_bytes;
+    int push_ctas, push_threads;
     /* LSA kernels of one communicator share barrier slots and LL buffers, so
      * they run one after another: lsa_event is recorded after each launch,
      * and a call on another stream first waits for it (comm.c). */
@@ -242,7 +253,8 @@ int sn_is_immutable(PyObject *obj);
 /* lsa.c: all_reduce on symnccl's kernels, without the Python API. */
 enum { SN_ALGO_NCCL = 0, SN_ALGO_ONE_SHOT = SYMNCCL_ALGO_ONE_SHOT,
        SN_ALGO_TWO_SHOT = SYMNCCL_ALGO_TWO_SHOT, SN_ALGO_LL = SYMNCCL_ALGO_LL,
-       SN_ALGO_MULTIMEM = SYMNCCL_ALGO_MULTIMEM, SN_ALGO_COUNT,
+       SN_ALGO_MULTIMEM = SYMNCCL_ALGO_MULTIMEM,
+       SN_ALGO_PUSH = SYMNCCL_ALGO_PUSH, SN_ALGO_COUNT,
        SN_ALGO_AUTO = -1 };
 extern const char *const sn_algo_names[SN_ALGO_COUNT];
 /* SN_ALGO_* for a name ("auto" included), -2 if unknown. */

@@ -361,7 +361,8 @@ handler(XLA_FFI_CallFrame *call)
                                sizeof(msg));
         if (r.win != NULL)
             stats[dev].window_calls++;
-        else if (algo != SN_ALGO_LL)   /* ll pushes: it never stages */
+        else if (algo != SN_ALGO_LL && algo != SN_ALGO_PUSH)
+            /* ll and push read x where it is: they never stage */
             stats[dev].staged_calls++;
         sn_unlock(c);
         if (sn_lsa_all_reduce(&r) < 0) {

@@ -41,7 +41,7 @@ void symnccl_devcomm_info(const symnccl_devcomm *dc, int *lsa_size,
 enum { SYMNCCL_OP_SUM = 0, SYMNCCL_OP_MAX = 1, SYMNCCL_OP_MIN = 2,
        SYMNCCL_OP_AVG = 3 };
 enum { SYMNCCL_ALGO_ONE_SHOT = 1, SYMNCCL_ALGO_TWO_SHOT = 2,
-       SYMNCCL_ALGO_LL = 3, SYMNCCL_ALGO_MULTIMEM = 4 };
+       SYMNCCL_ALGO_LL = 3, SYMNCCL_ALGO_MULTIMEM = 4, SYMNCCL_ALGO_PUSH = 5 };
 
 typedef struct {
     int algo;                  /* SYMNCCL_ALGO_* */
@@ -98,6 +98,41 @@ typedef struct {
 size_t symnccl_ll_buffer_bytes(int nranks, size_t max_bytes);
 cudaError_t symnccl_ll_allreduce(const symnccl_ll_args *args,
                                  cudaStream_t stream);
+
+/* ---- store-only all-reduce (push_allreduce.cu) ---- */
+
+/* Largest grid of the push kernel (flag lines are laid out for it). */
+#define SYMNCCL_PUSH_MAX_CTAS 128
+
+typedef struct {
+    const symnccl_devcomm *dc;
+    ncclWindow_t win;          /* window holding the push region */
+    size_t flags_offset;       /* region start in win (same on every rank) */
+    size_t data_offset;        /* slots' offset in win: flags_offset plus
+                                  what symnccl_push_region_bytes reports */
+    size_t slot_bytes;         /* bytes per slot (16-byte multiple): the
+                                  largest slice of one chunk */
+    uint64_t *epochs;          /* SYMNCCL_PUSH_MAX_CTAS zeroed counters */
+    const void *src;           /* any device memory */
+    void *out;                 /* any device memory; may equal src */
+    ncclWindow_t out_win;      /* non-NULL: in place on a window, out is at
+                                  out_offset (16-byte aligned, same on every
+                                  rank) and results are stored there */
+    size_t out_offset;
+    size_t count;
+    ncclDataType_t dtype;
+    int op;                    /* SYMNCCL_OP_* */
+    int ctas, threads;         /* ctas: fixed for the communicator */
+    uint64_t timeout_ns;       /* give up (trap) after waiting this long */
+} symnccl_push_args;
+
+/* Bytes of the push region for nranks ranks and slots of slot_bytes: the
+ * flag lines (their size goes to *data_offset, page-rounded), then 2 parities
+ * x nranks receive slots and 2 x nranks result slots. Zero it before use. */
+size_t symnccl_push_region_bytes(int nranks, size_t slot_bytes,
+                                 size_t *data_offset);
+cudaError_t symnccl_push_allreduce(const symnccl_push_args *args,
+                                   cudaStream_t stream);
 
 /* ---- benchmark helpers (copy.cu) ---- */
 

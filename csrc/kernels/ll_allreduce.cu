@@ -217,17 +217,9 @@ extern "C" cudaError_t symnccl_ll_allreduce(const symnccl_ll_args* a,
                                             cudaStream_t stream) {
   if (a->dc->dc.lsaSize > kMaxRanks || a->threads > 512)
     return cudaErrorInvalidValue;
-  switch (a->dtype) {
-    case ncclFloat32: return launch_n<float>(*a, stream);
-    case ncclFloat64: return launch_n<double>(*a, stream);
-    case ncclFloat16: return launch_n<__half>(*a, stream);
-    case ncclBfloat16: return launch_n<__nv_bfloat16>(*a, stream);
-    case ncclFloat8e4m3: return launch_n<__nv_fp8_e4m3>(*a, stream);
-    case ncclFloat8e5m2: return launch_n<__nv_fp8_e5m2>(*a, stream);
-    case ncclInt32: return launch_n<int32_t>(*a, stream);
-    case ncclInt64: return launch_n<int64_t>(*a, stream);
-    default: return cudaErrorInvalidValue;
-  }
+  return symnccl::dispatch_dtype(a->dtype, [&](auto tag) {
+    return launch_n<decltype(tag)>(*a, stream);
+  });
 }
 
 extern "C" size_t symnccl_ll_buffer_bytes(int nranks, size_t max_bytes) {

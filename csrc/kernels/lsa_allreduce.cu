@@ -391,15 +391,7 @@ extern "C" int symnccl_lsa_supported(ncclDataType_t dtype, int op,
 extern "C" cudaError_t symnccl_lsa_allreduce(const symnccl_lsa_args* a,
                                              cudaStream_t stream) {
   if (a->dc->dc.lsaSize > kMaxRanks) return cudaErrorInvalidValue;
-  switch (a->dtype) {
-    case ncclFloat32: return launch_n<float>(*a, stream);
-    case ncclFloat64: return launch_n<double>(*a, stream);
-    case ncclFloat16: return launch_n<__half>(*a, stream);
-    case ncclBfloat16: return launch_n<__nv_bfloat16>(*a, stream);
-    case ncclFloat8e4m3: return launch_n<__nv_fp8_e4m3>(*a, stream);
-    case ncclFloat8e5m2: return launch_n<__nv_fp8_e5m2>(*a, stream);
-    case ncclInt32: return launch_n<int32_t>(*a, stream);
-    case ncclInt64: return launch_n<int64_t>(*a, stream);
-    default: return cudaErrorInvalidValue;
-  }
+  return symnccl::dispatch_dtype(a->dtype, [&](auto tag) {
+    return launch_n<decltype(tag)>(*a, stream);
+  });
 }

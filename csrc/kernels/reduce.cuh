@@ -109,6 +109,23 @@ __device__ __forceinline__ T finish(int op, typename Acc<T>::type a, int n) {
   return Acc<T>::from(a);
 }
 
+// Calls f(T{}) with T the element type of dt: the one place that maps
+// NCCL dtypes to kernel instantiations.
+template <typename F>
+inline cudaError_t dispatch_dtype(ncclDataType_t dt, F&& f) {
+  switch (dt) {
+    case ncclFloat32: return f(float{});
+    case ncclFloat64: return f(double{});
+    case ncclFloat16: return f(__half{});
+    case ncclBfloat16: return f(__nv_bfloat16{});
+    case ncclFloat8e4m3: return f(__nv_fp8_e4m3{});
+    case ncclFloat8e5m2: return f(__nv_fp8_e5m2{});
+    case ncclInt32: return f(int32_t{});
+    case ncclInt64: return f(int64_t{});
+    default: return cudaErrorInvalidValue;
+  }
+}
+
 }  // namespace symnccl
 
 #endif  // SYMNCCL_KERNELS_REDUCE_CUH

@@ -1,0 +1,436 @@
+// Store-only ("push") all-reduce on NCCL symmetric windows: a two-shot in
+// which every byte crosses NVLink as a store, and per-CTA flags replace the
+// barriers.
+//
+// For each chunk of up to n * slot elements (slice q = the q-th n-th):
+//   1. scatter: rank r stores its slice q into rank q's receive slot
+//      [parity][r], for every q != r (peers in rotated order, so the ranks
+//      do not all target the same GPU at once), then raises flag 0 at q;
+//   2. reduce: rank q waits for flag 0 from every peer, reduces slice q in
+//      rank order 0..n-1 (its own part read from its input) and stores the
+//      result into every rank: straight into the output when the call is in
+//      place on a window (same offset on every rank), else into that rank's
+//      result slot [parity][q], then raises flag 1 at every peer;
+//   3. gather: rank r waits for flag 1 from every peer and copies the result
+//      slots into its output (nothing to do in place on a window).
+// Only local memory is ever loaded: no NVLink read round trips, no
+// barrier round trips; each phase costs one one-way trip for its flag. The
+// scatter of chunk j + 1 is issued before waiting for the results of chunk
+// j, so consecutive chunks overlap.
+//
+// Work split: chunk j, slice q, is cut into `gridDim.x` equal runs of
+// 16-byte vectors; CTA b of every rank handles run b in every phase and
+// every slice, so one flag per (phase, CTA, source rank) says "run b is
+// there". The grid is fixed per communicator (the host always launches the
+// same number of CTAs).
+//
+// Epochs: CTA b keeps a 64-bit counter in local device memory
+// (`epochs[b]`), one count per chunk, so graph replays need no host. Chunk
+// with epoch e uses parity e & 1 and raises flags to e + 1 (flags only grow;
+// waits are for >= e + 1).
+//
+// Why two parities suffice: rank r scatters chunk e + 2 into q's slot
+// (e & 1) only after waiting for q's flag 1 of chunk e + 1 - 1 = e, which q
+// raises after it reduced chunk e, i.e. after reading that slot. Rank q
+// pushes results of chunk e + 2 into r's result slot only after r's flag 0
+// of chunk e + 2, which r raises after its gather of chunk e. In place, q
+// stores results into r's input run b of slice q only after r's flag 0 of
+// that chunk, which r raises after reading run b for its scatter.
+//
+// Reduction: fixed rank order 0..n-1 with the accumulators of reduce.cuh:
+// the same bits on every rank, and the same bits as the other algorithms.
+// Tails (counts not a multiple of anything) and inputs/outputs that are not
+// 16-byte aligned take element-wise paths; slots are always aligned.
+//
+// A peer that never arrives: polling gives up after `timeout_ns` with a
+// message and a trap (a CUDA error instead of a GPU spinning forever).
+#include <cstdint>
+#include <cstdio>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <nccl.h>
+#include <nccl_device.h>
+
+#include "devcomm.cuh"
+#include "launch.h"
+#include "reduce.cuh"
+
+namespace {
+
+using symnccl::Acc;
+using symnccl::finish;
+using symnccl::reduce2;
+
+constexpr int kMaxRanks = 32;
+
+// Byte stride between the flag lines of two CTAs: one 128-byte line holds
+// the flags of up to 16 source ranks.
+__host__ __device__ inline size_t flag_line(int n) {
+  return ((size_t)n * 8 + 127) / 128 * 128;
+}
+
+__device__ __forceinline__ uint64_t global_timer() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__device__ __forceinline__ void release_store(uint64_t* p, uint64_t v) {
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v)
+               : "memory");
+}
+
+__device__ __forceinline__ uint64_t acquire_load(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];"
+               : "=l"(v)
+               : "l"(p)
+               : "memory");
+  return v;
+}
+
+// Every thread's stores so far, then flag `phase` of this CTA := v at every
+// peer (thread q signals peer q).
+__device__ __forceinline__ void signal(ncclWindow_t win, size_t flags_off,
+                                       int phase, int me, int n,
+                                       uint64_t v) {
+  __syncthreads();
+  const int q = threadIdx.x;
+  if (q < n && q != me) {
+    size_t off = flags_off +
+                 ((size_t)phase * SYMNCCL_PUSH_MAX_CTAS + blockIdx.x) *
+                     flag_line(n) +
+                 (size_t)me * 8;
+    release_store(static_cast<uint64_t*>(ncclGetLsaPointer(win, off, q)), v);
+  }
+}
+
+// Until every peer's flag `phase` for this CTA is >= v (thread s waits for
+// peer s), then the whole CTA may read what the peers stored before.
+__device__ __forceinline__ void wait(const char* my_flags, int phase, int me,
+                                     int n, uint64_t v, uint64_t timeout_ns) {
+  const int s = threadIdx.x;
+  if (s < n && s != me) {
+    const uint64_t* f = reinterpret_cast<const uint64_t*>(
+        my_flags +
+        ((size_t)phase * SYMNCCL_PUSH_MAX_CTAS + blockIdx.x) * flag_line(n) +
+        (size_t)s * 8);
+    uint64_t start = 0;
+    for (uint32_t spins = 0; acquire_load(f) < v; spins++) {
+      if ((spins & 1023) == 1023) {
+        uint64_t now = global_timer();
+        if (start == 0) {
+          start = now;
+        } else if (now - start > timeout_ns) {
+          printf("symnccl: push all_reduce waited more than %llu s for rank "
+                 "%d (phase %d, epoch %llu): a peer is gone or did not make "
+                 "the same call\n",
+                 (unsigned long long)(timeout_ns / 1000000000ull), s, phase,
+                 (unsigned long long)(v - 1));
+          __trap();
+        }
+      }
+    }
+  }
+  __syncthreads();
+}
+
+// One 16-byte vector of T: elements [e, e + len) of p, len <= E; missing
+// elements read as zero. `al`: p + e is 16-byte aligned whenever len == E.
+template <typename T>
+__device__ __forceinline__ uint4 load_vec(const T* p, size_t e, int len,
+                                          bool al) {
+  constexpr int E = 16 / sizeof(T);
+  if (al && len == E) return __ldcg(reinterpret_cast<const uint4*>(p + e));
+  union { uint4 v; T t[E]; } u;
+  u.v = make_uint4(0, 0, 0, 0);
+  for (int i = 0; i < len; i++) u.t[i] = p[e + i];
+  return u.v;
+}
+
+template <typename T>
+__device__ __forceinline__ void store_vec(T* p, size_t e, int len, bool al,
+                                          uint4 v) {
+  constexpr int E = 16 / sizeof(T);
+  if (al && len == E) {
+    *reinterpret_cast<uint4*>(p + e) = v;
+    return;
+  }
+  union { uint4 v; T t[E]; } u;
+  u.v = v;
+  for (int i = 0; i < len; i++) p[e + i] = u.t[i];
+}
+
+// Geometry of one chunk as seen by one CTA.
+struct Run {
+  size_t c0;     // first element of the chunk
+  size_t slice;  // elements per slice (a whole number of vectors)
+  size_t v0, v1; // this CTA's vectors [v0, v1) of every slice
+};
+
+__device__ __forceinline__ Run chunk_run(size_t j, size_t chunk_elems,
+                                         size_t count, int n, int E) {
+  Run r;
+  r.c0 = j * chunk_elems;
+  size_t cj = count - r.c0 < chunk_elems ? count - r.c0 : chunk_elems;
+  size_t per = (cj + n - 1) / n;
+  r.slice = (per + E - 1) / E * E;
+  size_t nv = r.slice / E;
+  size_t pv = (nv + gridDim.x - 1) / gridDim.x;
+  r.v0 = blockIdx.x * pv < nv ? blockIdx.x * pv : nv;
+  r.v1 = r.v0 + pv < nv ? r.v0 + pv : nv;
+  return r;
+}
+
+// Valid elements of vector v of slice q (0 when past the end).
+__device__ __forceinline__ int vec_len(const Run& r, int q, size_t v,
+                                       size_t count, int E) {
+  size_t e = r.c0 + q * r.slice + v * E;
+  if (e >= count) return 0;
+  return count - e < (size_t)E ? (int)(count - e) : E;
+}
+
+// dst[v * E ..] <- src[v * E ..] for this CTA's vectors of one slice; dst
+// is a slot (aligned, whole vectors written), src any memory.
+template <typename T, int U>
+__device__ __forceinline__ void put_run(const Run& r, int q, const T* src,
+                                        bool src_al, char* dst,
+                                        size_t count) {
+  constexpr int E = 16 / sizeof(T);
+  const size_t bd = blockDim.x;
+  for (size_t v = r.v0 + threadIdx.x; v < r.v1; v += U * bd) {
+    uint4 x[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      size_t vv = v + u * bd;
+      int len = vv < r.v1 ? vec_len(r, q, vv, count, E) : 0;
+      if (len > 0) x[u] = load_vec(src, vv * E, len, src_al);
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      size_t vv = v + u * bd;
+      if (vv < r.v1 && vec_len(r, q, vv, count, E) > 0)
+        reinterpret_cast<uint4*>(dst)[vv] = x[u];
+    }
+  }
+}
+
+// out[v * E ..] <- slot[v * E ..] (valid elements only).
+template <typename T, int U>
+__device__ __forceinline__ void get_run(const Run& r, int q, const char* slot,
+                                        T* out, bool out_al, size_t count) {
+  constexpr int E = 16 / sizeof(T);
+  const size_t bd = blockDim.x;
+  for (size_t v = r.v0 + threadIdx.x; v < r.v1; v += U * bd) {
+    uint4 x[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      size_t vv = v + u * bd;
+      if (vv < r.v1 && vec_len(r, q, vv, count, E) > 0)
+        x[u] = __ldcg(reinterpret_cast<const uint4*>(slot) + vv);
+    }
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+      size_t vv = v + u * bd;
+      int len = vv < r.v1 ? vec_len(r, q, vv, count, E) : 0;
+      if (len > 0) store_vec(out, vv * E, len, out_al, x[u]);
+    }
+  }
+}
+
+template <int N>
+struct Ptrs {
+  char* p[N > 0 ? N : kMaxRanks];
+};
+
+template <typename T, int N>
+__global__ void __launch_bounds__(512)
+    push_allreduce(ncclDevComm dc, ncclWindow_t win, size_t flags_off,
+                   size_t data_off, size_t slot_bytes, uint64_t* epochs,
+                   const T* src, T* out, ncclWindow_t out_win,
+                   size_t out_off, size_t count, int op,
+                   uint64_t timeout_ns) {
+  using A = typename Acc<T>::type;
+  constexpr int E = 16 / sizeof(T);
+  // vectors per thread in flight: as many as the accumulators allow without
+  // spilling (acc is U x E values of Acc<T>)
+  constexpr int U = N == 0 ? 1 : N <= 4 ? (E >= 16 ? 2 : 4) : (E >= 16 ? 1 : 2);
+  constexpr int UC = 4;   // the same for the plain copies
+  const int n = N > 0 ? N : dc.lsaSize;
+  const int me = dc.lsaRank;
+  const size_t chunk_elems = slot_bytes / sizeof(T) * n;
+  const size_t nch = (count + chunk_elems - 1) / chunk_elems;
+  const bool src_al = (reinterpret_cast<uintptr_t>(src) & 15) == 0;
+  const bool out_al = (reinterpret_cast<uintptr_t>(out) & 15) == 0;
+  const size_t bd = blockDim.x;
+
+  __shared__ uint64_t s_epoch;
+  if (threadIdx.x == 0) s_epoch = epochs[blockIdx.x];
+  __syncthreads();
+  const uint64_t e0 = s_epoch;
+
+  // Receive slots [parity][source], then result slots [parity][slice].
+  const size_t res_off = data_off + 2 * (size_t)n * slot_bytes;
+  const char* my_flags =
+      static_cast<const char*>(ncclGetLsaPointer(win, flags_off, me));
+  const char* my_data =
+      static_cast<const char*>(ncclGetLsaPointer(win, data_off, me));
+  // Where results go on every rank: the output in place, else result slots.
+  Ptrs<N> dst;
+#pragma unroll
+  for (int q = 0; q < (N > 0 ? N : kMaxRanks); q++) {
+    if (N == 0 && q >= n) break;
+    dst.p[q] = static_cast<char*>(
+        out_win != nullptr ? ncclGetLsaPointer(out_win, out_off, q)
+                           : ncclGetLsaPointer(win, res_off, q));
+  }
+
+  for (size_t j = 0; j < nch; j++) {
+    const uint64_t e = e0 + j;
+    const size_t par = e & 1;
+    const Run r = chunk_run(j, chunk_elems, count, n, E);
+
+    // 1. scatter my slices into their owners' receive slots
+    for (int k = 1; k < n; k++) {
+      const int q = (me + k) % n;
+      char* slot = static_cast<char*>(ncclGetLsaPointer(
+          win, data_off + (par * n + me) * slot_bytes, q));
+      put_run<T, UC>(r, q, src + r.c0 + q * r.slice, src_al, slot, count);
+    }
+    signal(win, flags_off, 0, me, n, e + 1);
+
+    // 3 (previous chunk). gather its results: they are complete once every
+    // peer's flag 1 reached e (its epoch + 1)
+    if (j > 0) {
+      wait(my_flags, 1, me, n, e, timeout_ns);
+      if (out_win == nullptr) {
+        const Run rp = chunk_run(j - 1, chunk_elems, count, n, E);
+        const size_t pp = (e - 1) & 1;
+        for (int q = 0; q < n; q++)
+          if (q != me)
+            get_run<T, UC>(rp, q, my_data + (res_off - data_off) +
+                                     (pp * n + q) * slot_bytes,
+                          out + rp.c0 + q * rp.slice, out_al, count);
+      }
+    }
+
+    // 2. reduce my slice (rank order) and push the result everywhere
+    wait(my_flags, 0, me, n, e + 1, timeout_ns);
+    const T* own = src + r.c0 + me * r.slice;
+    const size_t res_base =
+        out_win != nullptr ? (r.c0 + me * r.slice) * sizeof(T)
+                           : (par * n + me) * slot_bytes;
+    for (size_t v = r.v0 + threadIdx.x; v < r.v1; v += U * bd) {
+      A acc[U][E];
+      int lens[U];
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        size_t vv = v + u * bd;
+        lens[u] = vv < r.v1 ? vec_len(r, me, vv, count, E) : 0;
+      }
+#pragma unroll
+      for (int q = 0; q < (N > 0 ? N : kMaxRanks); q++) {
+        if (N == 0 && q >= n) break;
+        uint4 x[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+          size_t vv = v + u * bd;
+          if (lens[u] > 0)
+            x[u] = q == me
+                       ? load_vec(own, vv * E, lens[u], src_al)
+                       : __ldcg(reinterpret_cast<const uint4*>(
+                                    my_data + (par * n + q) * slot_bytes) +
+                                vv);
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+          union { uint4 v; T t[E]; } w;
+          w.v = x[u];
+#pragma unroll
+          for (int i = 0; i < E; i++)
+            acc[u][i] = q == 0 ? Acc<T>::to(w.t[i])
+                               : reduce2(op, acc[u][i], Acc<T>::to(w.t[i]));
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        if (lens[u] == 0) continue;
+        size_t vv = v + u * bd;
+        union { uint4 v; T t[E]; } w;
+#pragma unroll
+        for (int i = 0; i < E; i++) w.t[i] = finish<T>(op, acc[u][i], n);
+        if (out_win == nullptr)   // mine straight into my output
+          store_vec(out + r.c0 + me * r.slice, vv * E, lens[u], out_al, w.v);
+#pragma unroll
+        for (int q = 0; q < (N > 0 ? N : kMaxRanks); q++) {
+          if (N == 0 && q >= n) break;
+          if (out_win == nullptr && q == me) continue;
+          // in place the destination is output memory: valid elements only
+          // (out_off is 16-byte aligned); slots take whole vectors
+          store_vec(reinterpret_cast<T*>(dst.p[q] + res_base), vv * E,
+                    out_win != nullptr ? lens[u] : E, true, w.v);
+        }
+      }
+    }
+    signal(win, flags_off, 1, me, n, e + 1);
+  }
+
+  // 3 (last chunk).
+  if (nch > 0) {
+    const uint64_t e = e0 + nch;   // flag value of the last chunk
+    wait(my_flags, 1, me, n, e, timeout_ns);
+    if (out_win == nullptr) {
+      const Run rp = chunk_run(nch - 1, chunk_elems, count, n, E);
+      const size_t pp = (e - 1) & 1;
+      for (int q = 0; q < n; q++)
+        if (q != me)
+          get_run<T, UC>(rp, q, my_data + (res_off - data_off) +
+                                   (pp * n + q) * slot_bytes,
+                        out + rp.c0 + q * rp.slice, out_al, count);
+    }
+  }
+  if (threadIdx.x == 0) epochs[blockIdx.x] = e0 + nch;
+}
+
+template <typename T, int N>
+cudaError_t launch_t(const symnccl_push_args& a, cudaStream_t stream) {
+  push_allreduce<T, N><<<a.ctas, a.threads, 0, stream>>>(
+      a.dc->dc, a.win, a.flags_offset, a.data_offset, a.slot_bytes,
+      a.epochs, static_cast<const T*>(a.src), static_cast<T*>(a.out),
+      a.out_win, a.out_offset, a.count, a.op, a.timeout_ns);
+  return cudaGetLastError();
+}
+
+template <typename T>
+cudaError_t launch_n(const symnccl_push_args& a, cudaStream_t stream) {
+  switch (a.dc->dc.lsaSize) {
+    case 2: return launch_t<T, 2>(a, stream);
+    case 4: return launch_t<T, 4>(a, stream);
+    case 8: return launch_t<T, 8>(a, stream);
+    default: return launch_t<T, 0>(a, stream);
+  }
+}
+
+}  // namespace
+
+extern "C" size_t symnccl_push_region_bytes(int nranks, size_t slot_bytes,
+                                            size_t* data_offset) {
+  size_t flags = 2 * (size_t)SYMNCCL_PUSH_MAX_CTAS * flag_line(nranks);
+  flags = (flags + 4095) / 4096 * 4096;
+  if (data_offset != nullptr) *data_offset = flags;
+  return flags + 4 * (size_t)nranks * slot_bytes;
+}
+
+extern "C" cudaError_t symnccl_push_allreduce(const symnccl_push_args* a,
+                                              cudaStream_t stream) {
+  if (a->dc->dc.lsaSize > kMaxRanks || a->threads > 512 ||
+      a->threads < a->dc->dc.lsaSize || a->ctas > SYMNCCL_PUSH_MAX_CTAS ||
+      a->slot_bytes % 16 != 0 ||
+      (a->out_win != nullptr && a->out_offset % 16 != 0))
+    return cudaErrorInvalidValue;
+  return symnccl::dispatch_dtype(a->dtype, [&](auto tag) {
+    return launch_n<decltype(tag)>(*a, stream);
+  });
+}
