@@ -5,6 +5,7 @@ Methods (each skipped with a printed reason where unavailable):
   symnccl:ll / one_shot / two_shot / push / auto   in place on
                    SymmetricBuffers
   symnccl:auto(tensor)                 torch tensor input (staged copy)
+  symnccl:two_shot(tensor), push(tensor)   the same per algorithm
   nccl:window      ncclAllReduce on SymmetricBuffers (NCCL's symmetric kernels)
   nccl:plain       ncclAllReduce on torch tensors, through symnccl
   torch.dist       torch.distributed.all_reduce (what torch users pay)
@@ -124,6 +125,10 @@ def worker(rank, nranks, uid, opts):
                 wts, lambda i, a=algo: comm.all_reduce(wts[i % NBUF], algo=a))
         methods["symnccl:auto(tensor)"] = (
             plain, lambda i: comm.all_reduce(plain[i % NBUF]))
+        for algo in ("two_shot", "push"):   # the tensor paths, for auto
+            methods[f"symnccl:{algo}(tensor)"] = (
+                plain, lambda i, a=algo: comm.all_reduce(plain[i % NBUF],
+                                                         algo=a))
         methods["nccl:window"] = (
             wts, lambda i: comm.all_reduce(wts[i % NBUF], algo="nccl"))
         methods["nccl:plain"] = (
@@ -193,6 +198,8 @@ def worker(rank, nranks, uid, opts):
 
 SYMNCCL_METHODS = ("symnccl:ll", "symnccl:one_shot", "symnccl:two_shot",
                    "symnccl:push", "symnccl:auto")
+TENSOR_METHODS = ("symnccl:auto(tensor)", "symnccl:two_shot(tensor)",
+                  "symnccl:push(tensor)")
 ANCHORS = ("nccl:window", "nccl:plain", "torch.dist", "symm_mem:one_shot",
            "symm_mem:two_shot")
 CEILING = ("nvlink:memcpy", "nvlink:kernel")
@@ -228,7 +235,7 @@ def _fmt_size(b):
 def print_table(doc):
     n = doc["nranks"]
     rows = doc["rows"]
-    names = [m for m in SYMNCCL_METHODS + ("symnccl:auto(tensor)",) + ANCHORS
+    names = [m for m in SYMNCCL_METHODS + TENSOR_METHODS + ANCHORS
              + CEILING if any(m in r for r in rows)]
     print(f"\n{doc['gpu']} x{n}, {doc['dtype']}, "
           f"{'eager' if doc['eager'] else 'CUDA-graph replay'}, median us "
@@ -264,7 +271,7 @@ def plot(doc, path):
     n = doc["nranks"]
     rows = doc["rows"]
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(13, 5))
-    for m in SYMNCCL_METHODS + ("symnccl:auto(tensor)",) + ANCHORS + CEILING:
+    for m in SYMNCCL_METHODS + TENSOR_METHODS + ANCHORS + CEILING:
         pts = [(r["bytes"], r[m]["us"]) for r in rows if m in r]
         if not pts:
             continue

@@ -276,8 +276,12 @@ sn_all_reduce(CommObject *c, PyObject *args, PyObject *kw)
         call_output(&k, x, out, k.x.count, k.x.ndim, k.x.shape, 1) < 0)
         return call_end(&k, 0);
     if (algo == SN_ALGO_AUTO)
-        algo = sn_auto_algo(c, k.x.count * (size_t)k.x.itemsize, k.x.nccl_dtype,
-                         op);
+        algo = sn_auto_algo(c, k.x.count * (size_t)k.x.itemsize,
+                            k.x.nccl_dtype, op,
+                            sn_comm_find_window(c, k.x.ptr,
+                                                k.x.count *
+                                                    (size_t)k.x.itemsize)
+                                != NULL);
     else if (algo != SN_ALGO_NCCL) {
         const char *why = sn_lsa_unavailable(c, algo, k.x.nccl_dtype, op);
         if (why != NULL) {

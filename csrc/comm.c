@@ -179,7 +179,11 @@ alloc_staging_memory(SNState *st, CommObject *c)
      * nranks rows x 2 bytes of packet per byte of data, in whole pages. */
     c->ll_max_bytes = SN_LL_REGION / (4 * n) / 4096 * 4096;
     c->ll_offset = c->staging_bytes;
-    c->ll_ctas = env_int("SYMNCCL_LL_CTAS", 16, 1, SN_MAX_CTAS);
+    /* 2 ranks: ll runs up to 256 KiB, where 64 CTAs beat 16 (4.6 vs
+     * 5.4 us); 3+ ranks: only up to 64 KiB, where 16 are as fast and
+     * launch less (benchmarks/NOTES.md, section 11) */
+    c->ll_ctas = env_int("SYMNCCL_LL_CTAS", n <= 2 ? 64 : 16, 1,
+                         SN_MAX_CTAS);
     c->ll_threads = env_int("SYMNCCL_LL_THREADS", 512, 32, 512) / 32 * 32;
     size_t ll = symnccl_ll_buffer_bytes(c->nranks, c->ll_max_bytes);
     /* push: 4 x nranks slots in the region, in whole pages */
@@ -189,7 +193,10 @@ alloc_staging_memory(SNState *st, CommObject *c)
     c->push_slot_bytes = region / (4 * n) / 4096 * 4096;
     if (c->push_slot_bytes == 0)
         c->push_slot_bytes = 4096;
-    c->push_ctas = env_int("SYMNCCL_PUSH_CTAS", 32, 1, SYMNCCL_PUSH_MAX_CTAS);
+    /* 64 CTAs: two communicators' push kernels stay co-resident on a
+     * 132-SM GPU (README: Streams) */
+    c->push_ctas = env_int("SYMNCCL_PUSH_CTAS", 64, 1,
+                           SYMNCCL_PUSH_MAX_CTAS);
     c->push_threads = env_int("SYMNCCL_PUSH_THREADS", 512, 64, 512) / 32 * 32;
     c->push_offset = c->ll_offset + ll;
     size_t data_off = 0;

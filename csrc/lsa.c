@@ -51,6 +51,8 @@ sn_lsa_unavailable(const CommObject *c, int algo, ncclDataType_t dt,
         return "the communicator has no staging window";
     if (sn_lsa_op(op) < 0)
         return "op 'prod' has no LSA kernel";
+    if (algo == SN_ALGO_PUSH && c->push_slot_bytes == 0)
+        return "the communicator has no push region";
     if (algo == SN_ALGO_MULTIMEM) {
         if (!c->multicast)
             return c->multicast_reason != NULL
@@ -66,21 +68,23 @@ sn_lsa_unavailable(const CommObject *c, int algo, ncclDataType_t dt,
 }
 
 /* algo="auto": crossovers measured with benchmarks/bench_allreduce.py on
- * 2x and 4x H200, bf16, CUDA-graph replay (benchmarks/NOTES.md):
+ * 2x and 4x H200, bf16, CUDA-graph replay (benchmarks/NOTES.md, section
+ * 11). x in a window (in_window) or a plain tensor:
  *
- *   ranks   ll           one_shot        two_shot          nccl
- *   2       <= 256 KiB   <= 1 MiB        > 1 MiB           -
- *   3..7    <= 64 KiB    <= 256 KiB      <= 8 MiB          > 8 MiB
- *                                                    (measured at 4)
- *   >= 8    -            -               -                 all
- *           (measured at 8 before the ll kernel existed: NCCL's symmetric
- *           LL kernel won below 1 MiB and tied above)
+ *   ranks   ll           two_shot                        push
+ *   2       <= 256 KiB   <= 4 MiB (tensor: <= 1 MiB)     above
+ *   3..7    <= 64 KiB    <= 4 MiB (tensor: <= 1 MiB)     above
+ *                                                        (measured at 4)
+ *   >= 8    NCCL at every size (measured at 8 before ll and push existed)
  *
- * multimem is never chosen automatically. SYMNCCL_ALGO=nccl|one_shot|
- * two_shot|ll overrides the table where that algorithm can run. */
+ * one_shot never wins on these machines (two_shot's two barriers cost what
+ * one_shot's n-1 full reads save); multimem is never chosen automatically.
+ * SYMNCCL_ALGO=nccl|one_shot|two_shot|ll|push overrides the table where
+ * that algorithm can run. in_window must be the same on every rank (as the
+ * kind of input must be). */
 int
 sn_auto_algo(const CommObject *c, size_t bytes, ncclDataType_t dt,
-             ncclRedOp_t op)
+             ncclRedOp_t op, int in_window)
 {
     const char *env = getenv("SYMNCCL_ALGO");
     if (env != NULL && env[0] != '\0') {
@@ -89,20 +93,15 @@ sn_auto_algo(const CommObject *c, size_t bytes, ncclDataType_t dt,
                        !sn_lsa_unavailable(c, a, dt, op)))
             return a;
     }
-    if (sn_lsa_unavailable(c, SN_ALGO_ONE_SHOT, dt, op) != NULL)
+    if (sn_lsa_unavailable(c, SN_ALGO_PUSH, dt, op) != NULL)
         return SN_ALGO_NCCL;
     if (c->nranks >= 8)
         return SN_ALGO_NCCL;
-    if (c->nranks <= 2) {
-        if (bytes <= (256u << 10))
-            return SN_ALGO_LL;
-        return bytes <= (1u << 20) ? SN_ALGO_ONE_SHOT : SN_ALGO_TWO_SHOT;
-    }
-    if (bytes <= (64u << 10))
+    if (bytes <= (c->nranks <= 2 ? (256u << 10) : (64u << 10)))
         return SN_ALGO_LL;
-    if (bytes <= (256u << 10))
-        return SN_ALGO_ONE_SHOT;
-    return bytes <= (8u << 20) ? SN_ALGO_TWO_SHOT : SN_ALGO_NCCL;
+    if (bytes <= (in_window ? (4u << 20) : (1u << 20)))
+        return SN_ALGO_TWO_SHOT;
+    return SN_ALGO_PUSH;
 }
 
 static int

@@ -29,7 +29,7 @@
 /* Flags and slots of the push kernel, per rank, after the LL region:
  * 2 parities x (receive + result) x nranks slots. SYMNCCL_PUSH_REGION_MIB
  * overrides the size at communicator creation. */
-#define SN_PUSH_REGION (32u << 20)
+#define SN_PUSH_REGION (64u << 20)
 /* Device scratch per communicator: barrier() int at 0, LL epochs at 256,
  * push epochs at 1280 (SN_MAX_CTAS 64-bit counters each). */
 #define SN_SCRATCH_BYTES 4096
@@ -264,9 +264,10 @@ int sn_lsa_op(ncclRedOp_t op);
  * every rank agrees on, so every rank decides alike. */
 const char *sn_lsa_unavailable(const CommObject *c, int algo,
                                ncclDataType_t dt, ncclRedOp_t op);
-/* algo="auto" (the measured table, SYMNCCL_ALGO override). */
+/* algo="auto" (the measured table, SYMNCCL_ALGO override); in_window: x
+ * lies in a registered window (the same on every rank). */
 int sn_auto_algo(const CommObject *c, size_t bytes, ncclDataType_t dt,
-                 ncclRedOp_t op);
+                 ncclRedOp_t op, int in_window);
 
 typedef struct {
     CommObject *c;

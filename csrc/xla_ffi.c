@@ -312,7 +312,8 @@ handler(XLA_FFI_CallFrame *call)
     if (op == ncclAvg && c->nranks == 1)
         op = ncclSum;
     if (algo == SN_ALGO_AUTO)
-        algo = sn_auto_algo(c, count * (size_t)is, dt, op);
+        /* may_register: the same attribute on every rank */
+        algo = sn_auto_algo(c, count * (size_t)is, dt, op, may_register);
     else if (algo < 0 || algo >= SN_ALGO_COUNT) {
         return ffi_error(api, XLA_FFI_Error_Code_INVALID_ARGUMENT,
                          "symnccl_all_reduce: bad algo attribute");
