@@ -185,6 +185,8 @@ alloc_staging_memory(SNState *st, CommObject *c)
     c->ll_ctas = env_int("SYMNCCL_LL_CTAS", n <= 2 ? 64 : 16, 1,
                          SN_MAX_CTAS);
     c->ll_threads = env_int("SYMNCCL_LL_THREADS", 512, 32, 512) / 32 * 32;
+    c->ll_two_shot_min = (size_t)env_int("SYMNCCL_LL_TWO_SHOT_KIB", 32, 0,
+                                         1 << 20) << 10;
     size_t ll = symnccl_ll_buffer_bytes(c->nranks, c->ll_max_bytes);
     /* push: 4 x nranks slots in the region, in whole pages */
     size_t region = (size_t)env_int("SYMNCCL_PUSH_REGION_MIB",

@@ -179,13 +179,19 @@ order_end(sn_ar *r)
 /* Launches.                                                            */
 
 /* ll: pushes from wherever x is (no staging copy), in launches of at most
- * ll_max_bytes. */
+ * ll_max_bytes (one-shot), or nranks * ll_max_bytes / 2 with the two-shot
+ * packet kernel (3+ ranks, from ll_two_shot_min bytes: every rank decides
+ * alike, from the size). */
 static int
 ll_launches(sn_ar *r)
 {
     CommObject *c = r->c;
     const size_t is = (size_t)r->itemsize;
-    const size_t chunk = c->ll_max_bytes / is;
+    const int two_shot = c->nranks >= 3 &&
+                         r->count * is >= c->ll_two_shot_min;
+    const size_t chunk = two_shot
+                             ? (size_t)c->nranks * (c->ll_max_bytes / 2) / is
+                             : c->ll_max_bytes / is;
     for (size_t done = 0; done < r->count; done += chunk) {
         size_t len = r->count - done < chunk ? r->count - done : chunk;
         symnccl_ll_args a;
@@ -203,6 +209,7 @@ ll_launches(sn_ar *r)
         a.ctas = c->ll_ctas;
         a.threads = c->ll_threads;
         a.timeout_ns = (uint64_t)(c->timeout * 1e9);
+        a.two_shot = two_shot;
         cudaError_t e = symnccl_ll_allreduce(&a, r->stream);
         if (e != cudaSuccess)
             return fail(r, e, "ll all_reduce launch");

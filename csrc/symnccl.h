@@ -107,6 +107,8 @@ typedef struct CommObject {
      * ll_max_bytes per launch, fixed grid (ll_ctas x ll_threads). */
     size_t ll_offset, ll_max_bytes;
     int ll_ctas, ll_threads;
+    /* ll on 3+ ranks: the two-shot packet kernel from this many bytes */
+    size_t ll_two_shot_min;
     /* push kernel: flags at staging + push_offset, slots at push_data,
      * slot_bytes per slot, fixed grid (push_ctas x push_threads). */
     size_t push_offset, push_data, push_slot_bytes;

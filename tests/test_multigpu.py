@@ -52,7 +52,7 @@ def test_errors_name_what_was_seen_and_lifetime_after_close(nranks):
         assert total == after == 1000.0 * nranks * (nranks + 1) / 2
 
 
-@ranks_param(2, 4, 8)
+@ranks_param(2, 3, 4, 8)   # 3: the generic (non-templated) world size
 def test_lsa_algorithms_every_dtype_op_placement_bitwise_equal(nranks):
     pytest.importorskip("torch")
     res = spawn(W.lsa_algorithms, nranks, args=(21,), timeout=900)
@@ -71,7 +71,7 @@ def test_lsa_algorithms_every_dtype_op_placement_bitwise_equal(nranks):
         assert len({h for _, _, h in got}) == 1, (case, sorted(got))
 
 
-@ranks_param(2, 4, 8)
+@ranks_param(2, 3, 4, 8)
 def test_lsa_graph_replay_and_10000_call_stress(nranks):
     pytest.importorskip("torch")
     res = spawn(W.lsa_graph_and_stress, nranks, args=(4, 10000),

@@ -91,6 +91,9 @@ typedef struct {
     int op;                    /* SYMNCCL_OP_* */
     int ctas, threads;         /* ctas: fixed for the communicator */
     uint64_t timeout_ns;       /* give up (trap) after waiting this long */
+    int two_shot;              /* reduce-scatter + all-gather in packets;
+                                  needs 2 * count * itemsize <= nranks *
+                                  row_bytes / 2 */
 } symnccl_ll_args;
 
 /* Receive-buffer bytes the LL kernel needs per rank for nranks ranks and

@@ -192,12 +192,122 @@ __global__ void __launch_bounds__(512)
   if (threadIdx.x == 0) epochs[blockIdx.x] = epoch + 1;
 }
 
+// Two-shot in LL packets, for 3+ ranks from a few tens of KiB: each rank
+// pushes slice q of its input only to rank q (phase 1), q reduces it as the
+// packets arrive and pushes the result to every rank (phase 2), and every
+// rank polls for the other slices' results (phase 3). Per rank (n-1)/n of
+// the message goes out twice, instead of n-1 whole copies, still with no
+// barrier: each phase waits only for packets of the phase before, which
+// never wait, so nothing can deadlock.
+//
+// Slot layout (same slots, epochs and flags as ll_allreduce; a slot holds
+// n * row_bytes): phase-1 rows [source rank r] at r * half, phase-2 rows
+// [slice q] at (n + q) * half, half = row_bytes / 2 >= 16 * slice packets.
+// The slot-reuse argument of the one-shot kernel holds as is: finishing
+// call c + 1 needs phase-2 packets of every peer for c + 1, sent only after
+// that peer's kernel c completed. Packet (slice q, index j) is read in
+// phase 1 and written in phase 3 by the same thread, so in place is safe.
+template <typename T, int N>
+__global__ void __launch_bounds__(512)
+    ll_two_shot(ncclDevComm dc, ncclWindow_t win, size_t ll_off,
+                size_t row_bytes, uint64_t* epochs, const T* in, T* out,
+                size_t count, int op, uint64_t timeout_ns) {
+  using A = typename Acc<T>::type;
+  constexpr int K = 8 / sizeof(T);
+  const int n = N > 0 ? N : dc.lsaSize;
+  const int me = dc.lsaRank;
+
+  __shared__ uint64_t s_epoch;
+  if (threadIdx.x == 0) s_epoch = epochs[blockIdx.x];
+  __syncthreads();
+  const uint64_t epoch = s_epoch;
+  const uint32_t flag = (uint32_t)(epoch % 0xFFFFFFFFull) + 1u;
+  const size_t slot_off = ll_off + (epoch & 1) * (size_t)n * row_bytes;
+  const size_t half = row_bytes / 2;
+
+  const size_t npk = (count + K - 1) / K;
+  const size_t spk = (npk + n - 1) / n;   // packets per slice
+  const size_t stride = (size_t)gridDim.x * blockDim.x;
+  const size_t first = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  const bool in_al = (reinterpret_cast<uintptr_t>(in) & 7) == 0;
+  const bool out_al = (reinterpret_cast<uintptr_t>(out) & 7) == 0;
+  const char* mine = static_cast<const char*>(
+      ncclGetLsaPointer(win, slot_off, me));
+
+  // 1. slice q of my input -> rank q, row `me` (peers in rotated order)
+  for (int k = 1; k < n; k++) {
+    const int q = (me + k) % n;
+    char* row = static_cast<char*>(
+        ncclGetLsaPointer(win, slot_off + (size_t)me * half, q));
+    for (size_t j = first; j < spk && q * spk + j < npk; j += stride)
+      ll_store(row + j * 16, load8(in, q * spk + j, count, in_al), flag);
+  }
+
+  // 2. reduce my slice in rank order, push the result to every rank
+  char* res_at[N > 0 ? N : kMaxRanks];
+#pragma unroll
+  for (int q = 0; q < (N > 0 ? N : kMaxRanks); q++) {
+    if (N == 0 && q >= n) break;
+    res_at[q] = static_cast<char*>(ncclGetLsaPointer(
+        win, slot_off + (size_t)(n + me) * half, q));
+  }
+  for (size_t j = first; j < spk && me * spk + j < npk; j += stride) {
+    const size_t i = me * spk + j;
+    A acc[K];
+#pragma unroll
+    for (int q = 0; q < (N > 0 ? N : kMaxRanks); q++) {
+      if (N == 0 && q >= n) break;
+      union { uint64_t u; T t[K]; } v;
+      v.u = q == me ? load8(in, i, count, in_al)
+                    : ll_wait(mine + (size_t)q * half + j * 16, flag,
+                              timeout_ns, q);
+#pragma unroll
+      for (int e = 0; e < K; e++)
+        acc[e] = q == 0 ? Acc<T>::to(v.t[e])
+                        : reduce2(op, acc[e], Acc<T>::to(v.t[e]));
+    }
+    union { uint64_t u; T t[K]; } r;
+#pragma unroll
+    for (int e = 0; e < K; e++) r.t[e] = finish<T>(op, acc[e], n);
+#pragma unroll
+    for (int q = 0; q < (N > 0 ? N : kMaxRanks); q++) {
+      if (N == 0 && q >= n) break;
+      if (q != me) ll_store(res_at[q] + j * 16, r.u, flag);
+    }
+    store8(out, i, count, out_al, r.u);
+  }
+
+  // 3. every other slice's result
+  for (int k = 1; k < n; k++) {
+    const int q = (me + k) % n;
+    const char* row = mine + (size_t)(n + q) * half;
+    for (size_t j = first; j < spk && q * spk + j < npk; j += stride)
+      store8(out, q * spk + j, count, out_al,
+             ll_wait(row + j * 16, flag, timeout_ns, q));
+  }
+
+  __syncthreads();
+  if (threadIdx.x == 0) epochs[blockIdx.x] = epoch + 1;
+}
+
 template <typename T, int N>
 cudaError_t launch_t(const symnccl_ll_args& a, cudaStream_t stream) {
-  ll_allreduce<T, N><<<a.ctas, a.threads, 0, stream>>>(
-      a.dc->dc, a.win, a.ll_offset, a.row_bytes, a.epochs,
-      static_cast<const T*>(a.src), static_cast<T*>(a.out), a.count, a.op,
-      a.timeout_ns);
+  // the rows must hold the packets (16 bytes per 8 data bytes)
+  const size_t npk = (a.count + 8 / sizeof(T) - 1) / (8 / sizeof(T));
+  const size_t n = a.dc->dc.lsaSize;
+  if (a.two_shot ? (npk + n - 1) / n * 16 > a.row_bytes / 2
+                 : npk * 16 > a.row_bytes)
+    return cudaErrorInvalidValue;
+  if (a.two_shot)
+    ll_two_shot<T, N><<<a.ctas, a.threads, 0, stream>>>(
+        a.dc->dc, a.win, a.ll_offset, a.row_bytes, a.epochs,
+        static_cast<const T*>(a.src), static_cast<T*>(a.out), a.count,
+        a.op, a.timeout_ns);
+  else
+    ll_allreduce<T, N><<<a.ctas, a.threads, 0, stream>>>(
+        a.dc->dc, a.win, a.ll_offset, a.row_bytes, a.epochs,
+        static_cast<const T*>(a.src), static_cast<T*>(a.out), a.count,
+        a.op, a.timeout_ns);
   return cudaGetLastError();
 }
 
