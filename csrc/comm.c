@@ -179,13 +179,11 @@ alloc_staging_memory(SNState *st, CommObject *c)
      * nranks rows x 2 bytes of packet per byte of data, in whole pages. */
     c->ll_max_bytes = SN_LL_REGION / (4 * n) / 4096 * 4096;
     c->ll_offset = c->staging_bytes;
-    /* 2 ranks: ll runs up to 256 KiB, where 64 CTAs beat 16 (4.6 vs
-     * 5.4 us); 3+ ranks: only up to 64 KiB, where 16 are as fast and
-     * launch less (benchmarks/NOTES.md, section 11) */
-    c->ll_ctas = env_int("SYMNCCL_LL_CTAS", n <= 2 ? 64 : 16, 1,
-                         SN_MAX_CTAS);
+    /* 64 CTAs: 256 KiB 5.4 -> 4.6 us on 2 ranks, 8.7 -> 7.9 us (two-shot
+     * packets) on 4; the same at 4 KiB (benchmarks/NOTES.md, 11-12) */
+    c->ll_ctas = env_int("SYMNCCL_LL_CTAS", 64, 1, SN_MAX_CTAS);
     c->ll_threads = env_int("SYMNCCL_LL_THREADS", 512, 32, 512) / 32 * 32;
-    c->ll_two_shot_min = (size_t)env_int("SYMNCCL_LL_TWO_SHOT_KIB", 32, 0,
+    c->ll_two_shot_min = (size_t)env_int("SYMNCCL_LL_TWO_SHOT_KIB", 128, 0,
                                          1 << 20) << 10;
     size_t ll = symnccl_ll_buffer_bytes(c->nranks, c->ll_max_bytes);
     /* push: 4 x nranks slots in the region, in whole pages */
