@@ -72,9 +72,10 @@ sn_lsa_unavailable(const CommObject *c, int algo, ncclDataType_t dt,
  * 11). x in a window (in_window) or a plain tensor:
  *
  *   ranks   ll           two_shot                        push
- *   2..7    <= 256 KiB   <= 4 MiB (tensor: <= 1 MiB)     above
- *           (3..7 measured at 3 and 4; ll is the two-shot packet kernel
- *           there from 128 KiB)
+ *   2       <= 256 KiB   <= 4 MiB (tensor: <= 1 MiB)     above
+ *   3..7    <= 512 KiB   <= 4 MiB (tensor: <= 1 MiB)     above
+ *           (measured at 3 and 4; ll is the two-shot packet kernel there
+ *           from 128 KiB: 9.7 vs two_shot's 10.5 us at 512 KiB on 4)
  *   >= 8    NCCL at every size (measured at 8 before ll and push existed)
  *
  * one_shot never wins on these machines (two_shot's two barriers cost what
@@ -97,7 +98,7 @@ sn_auto_algo(const CommObject *c, size_t bytes, ncclDataType_t dt,
         return SN_ALGO_NCCL;
     if (c->nranks >= 8)
         return SN_ALGO_NCCL;
-    if (bytes <= (256u << 10))
+    if (bytes <= (c->nranks <= 2 ? (256u << 10) : (512u << 10)))
         return SN_ALGO_LL;
     if (bytes <= (in_window ? (4u << 20) : (1u << 20)))
         return SN_ALGO_TWO_SHOT;
