@@ -4,7 +4,7 @@ same process layout (one process per GPU).
 Methods (each skipped with a printed reason where unavailable):
   symnccl:ll / one_shot / two_shot / push / auto   in place on
                    SymmetricBuffers
-  symnccl:auto(tensor)                 torch tensor input (staged copy)
+  symnccl:auto(tensor)                 torch tensor input (auto's choice)
   symnccl:two_shot(tensor), push(tensor)   the same per algorithm
   nccl:window      ncclAllReduce on SymmetricBuffers (NCCL's symmetric kernels)
   nccl:plain       ncclAllReduce on torch tensors, through symnccl
@@ -350,7 +350,7 @@ def main(argv=None):
         "gpu": gpu, "nranks": n, "dtype": args.dtype, "eager": args.eager,
         "date": datetime.date.today().isoformat(), "host": platform.node(),
         "versions": v, "iters": args.iters, "reps": args.reps,
-        "env": {k: v for k, v in os.environ.items() if k in (
+        "env": {k: val for k, val in os.environ.items() if k in (
             "NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST",
             "NVSHMEM_DISABLE_NVLS") or k.startswith("SYMNCCL_")},
         "rows": res[0]["rows"], "skipped": res[0]["skipped"],

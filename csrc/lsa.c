@@ -68,8 +68,9 @@ sn_lsa_unavailable(const CommObject *c, int algo, ncclDataType_t dt,
 }
 
 /* algo="auto": crossovers measured with benchmarks/bench_allreduce.py on
- * 2x and 4x H200, bf16, CUDA-graph replay (benchmarks/NOTES.md, section
- * 11). x in a window (in_window) or a plain tensor:
+ * 2x and 4x H200 (and 3 of them), bf16, CUDA-graph replay
+ * (benchmarks/NOTES.md, sections 10-12). x in a window (in_window) or a
+ * plain tensor:
  *
  *   ranks   ll           two_shot                        push
  *   2       <= 256 KiB   <= 4 MiB (tensor: <= 1 MiB)     above
@@ -78,8 +79,8 @@ sn_lsa_unavailable(const CommObject *c, int algo, ncclDataType_t dt,
  *           from 128 KiB: 9.7 vs two_shot's 10.5 us at 512 KiB on 4)
  *   >= 8    NCCL at every size (measured at 8 before ll and push existed)
  *
- * one_shot never wins on these machines (two_shot's two barriers cost what
- * one_shot's n-1 full reads save); multimem is never chosen automatically.
+ * one_shot won at no size in those runs (it reads n-1 whole copies where
+ * two_shot reads one); multimem is never chosen automatically.
  * SYMNCCL_ALGO=nccl|one_shot|two_shot|ll|push overrides the table where
  * that algorithm can run. in_window must be the same on every rank (as the
  * kind of input must be). */

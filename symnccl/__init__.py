@@ -49,8 +49,8 @@ __all__ = [
 #: all_reduce algorithms (besides "auto"): NCCL's own, and symnccl's LSA
 #: kernels on the NCCL device API.
 ALGORITHMS = ("nccl", "one_shot", "two_shot", "ll", "push", "multimem")
-#: dtypes and ops the LSA kernels (one_shot, two_shot, ll, push) handle; anything
-#: else runs through NCCL under algo="auto".
+#: dtypes and ops the LSA kernels (one_shot, two_shot, ll, push) handle;
+#: anything else runs through NCCL under algo="auto".
 LSA_DTYPES = ("float32", "bfloat16", "float16", "float64", "float8_e4m3fn",
               "float8_e5m2", "int32", "int64")
 LSA_OPS = ("sum", "max", "min", "avg")

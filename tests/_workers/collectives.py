@@ -265,7 +265,7 @@ def lsa_graph_and_stress(rank, nranks, uid, seed, iters):
     `iters` eager calls with random sizes, dtypes, ops, algos, placements
     and streams, each checked on the GPU (no host sync per call); returns
     the failures. The push region is shrunk to 1 MiB so that push walks
-    many chunks (slots of 128 KiB / nranks) at these sizes."""
+    many chunks (slots of 256 KiB / nranks) at these sizes."""
     import os
     import torch
     torch.cuda.set_device(rank)
