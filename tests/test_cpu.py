@@ -347,12 +347,25 @@ def test_bench_report_rebuilds_table_from_recorded_json(tmp_path):
     assert len(lines) == len(doc["rows"])   # one row per size, speedup last
     assert "symnccl:one_shot" in r.stdout and "nccl:window" in r.stdout
     assert "symnccl:ll" in r.stdout and "nvlink:memcpy" in r.stdout
+    assert "symnccl:push" in r.stdout and "symnccl:push(tensor)" in r.stdout
     assert "NVIDIA H200 x2" in r.stdout
     # the ceiling's GB/s is bytes / time (no all-reduce bus factor)
     last = doc["rows"][-1]
     us = last["nvlink:memcpy"]["us"]
     assert f"({last['bytes'] / us / 1e3:7.1f})" in r.stdout
     assert (tmp_path / "r.png").exists() or "no plot" in r.stdout
+
+
+def test_bench_parses_size_lists():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, os.path.join(root, "benchmarks"))
+    try:
+        import bench_allreduce as b
+    finally:
+        sys.path.pop(0)
+    assert b.parse_sizes("4K, 1M,256MiB,1000,1.5KiB") == [
+        4096, 1 << 20, 256 << 20, 1000, 1536]
+    assert b.parse_sizes("") == []
 
 
 def test_examples_compile():
