@@ -164,6 +164,39 @@ env_int(const char *name, int dflt, int lo, int hi)
     return x < lo ? lo : x > hi ? hi : x;
 }
 
+/* Run-time knobs (README: Build and run-time knobs), read once per
+ * communicator; each must be equal on every rank. */
+static int
+read_knobs(CommObject *c)
+{
+    /* 64 CTAs: 256 KiB 5.4 -> 4.6 us on 2 ranks, 8.7 -> 7.9 us (two-shot
+     * packets) on 4; the same at 4 KiB (benchmarks/NOTES.md, 11-12) */
+    c->ll_ctas = env_int("SYMNCCL_LL_CTAS", 64, 1, SN_MAX_CTAS);
+    c->ll_threads = env_int("SYMNCCL_LL_THREADS", 512, 32, 512) / 32 * 32;
+    c->ll_two_shot_min = (size_t)env_int("SYMNCCL_LL_TWO_SHOT_KIB", 128, 0,
+                                         1 << 20) << 10;
+    /* 64 CTAs: two communicators' push kernels stay co-resident on a
+     * 132-SM GPU (README: Streams) */
+    c->push_ctas = env_int("SYMNCCL_PUSH_CTAS", 64, 1,
+                           SYMNCCL_PUSH_MAX_CTAS);
+    c->push_threads = env_int("SYMNCCL_PUSH_THREADS", 512, 64, 512) / 32 * 32;
+    c->lsa_threads = env_int("SYMNCCL_THREADS", 512, 32, 512) / 32 * 32;
+    c->one_shot_ctas = env_int("SYMNCCL_ONE_SHOT_CTAS", 32, 1, SN_MAX_CTAS);
+    c->two_shot_ctas = env_int("SYMNCCL_TWO_SHOT_CTAS", 64, 1, SN_MAX_CTAS);
+    c->algo_env = SN_ALGO_AUTO;
+    const char *a = getenv("SYMNCCL_ALGO");
+    if (a != NULL && a[0] != '\0') {
+        c->algo_env = sn_algo_from_name(a);
+        if (c->algo_env == -2) {
+            PyErr_Format(PyExc_ValueError, "SYMNCCL_ALGO=%s is not an "
+                         "algorithm: expected auto, nccl, one_shot, "
+                         "two_shot, ll, push or multimem", a);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* ncclMemAlloc for the staging window (the staging area, the LL receive
  * buffers, the push region; the last two zeroed); registration is done by
  * the caller (alone, or for several communicators inside one NCCL group),
@@ -179,12 +212,6 @@ alloc_staging_memory(SNState *st, CommObject *c)
      * nranks rows x 2 bytes of packet per byte of data, in whole pages. */
     c->ll_max_bytes = SN_LL_REGION / (4 * n) / 4096 * 4096;
     c->ll_offset = c->staging_bytes;
-    /* 64 CTAs: 256 KiB 5.4 -> 4.6 us on 2 ranks, 8.7 -> 7.9 us (two-shot
-     * packets) on 4; the same at 4 KiB (benchmarks/NOTES.md, 11-12) */
-    c->ll_ctas = env_int("SYMNCCL_LL_CTAS", 64, 1, SN_MAX_CTAS);
-    c->ll_threads = env_int("SYMNCCL_LL_THREADS", 512, 32, 512) / 32 * 32;
-    c->ll_two_shot_min = (size_t)env_int("SYMNCCL_LL_TWO_SHOT_KIB", 128, 0,
-                                         1 << 20) << 10;
     size_t ll = symnccl_ll_buffer_bytes(c->nranks, c->ll_max_bytes);
     /* push: 4 x nranks slots in the region, in whole pages */
     size_t region = (size_t)env_int("SYMNCCL_PUSH_REGION_MIB",
@@ -193,11 +220,6 @@ alloc_staging_memory(SNState *st, CommObject *c)
     c->push_slot_bytes = region / (4 * n) / 4096 * 4096;
     if (c->push_slot_bytes == 0)
         c->push_slot_bytes = 4096;
-    /* 64 CTAs: two communicators' push kernels stay co-resident on a
-     * 132-SM GPU (README: Streams) */
-    c->push_ctas = env_int("SYMNCCL_PUSH_CTAS", 64, 1,
-                           SYMNCCL_PUSH_MAX_CTAS);
-    c->push_threads = env_int("SYMNCCL_PUSH_THREADS", 512, 64, 512) / 32 * 32;
     c->push_offset = c->ll_offset + ll;
     size_t data_off = 0;
     size_t push = symnccl_push_region_bytes(c->nranks, c->push_slot_bytes,
@@ -287,6 +309,22 @@ live_remove(SNState *st, CommObject *c)
     c->live_next = c->live_prev = NULL;
 }
 
+/* NCCL calls inside a group return ncclInProgress on nonblocking
+ * communicators: that is success here (sn_wait_comms waits for them). */
+static ncclResult_t
+started(ncclResult_t rc)
+{
+    return rc == ncclInProgress ? ncclSuccess : rc;
+}
+
+/* Ends a group; the first failure (rc, then the group's) is returned. */
+static ncclResult_t
+group_end(ncclResult_t rc)
+{
+    ncclResult_t end = started(ncclGroupEnd());
+    return rc != ncclSuccess ? rc : end;
+}
+
 static CommObject *
 comm_alloc(PyTypeObject *tp, int rank, int nranks, int device, double timeout,
            int multicast, size_t staging_bytes)
@@ -309,6 +347,10 @@ comm_alloc(PyTypeObject *tp, int rank, int nranks, int device, double timeout,
                           : multicast == SN_MC_AUTO ? "requested (auto)"
                                                     : "requested";
     live_add(sn_state_from_type(tp), c);
+    if (read_knobs(c) < 0) {
+        Py_DECREF(c);
+        return NULL;
+    }
     return c;
 }
 
@@ -464,7 +506,7 @@ comm_init_all(PyObject *cls, PyObject *args, PyObject *kw)
     CommObject **cs = PyMem_Calloc((size_t)n, sizeof(CommObject *));
     ncclComm_t *raw = PyMem_Calloc((size_t)n, sizeof(ncclComm_t));
     int prev = -1, pushed = 0, group_open = 0;
-    ncclResult_t rc, rc2;
+    ncclResult_t rc;
     if (cs == NULL || raw == NULL) {
         PyErr_NoMemory();
         goto done;
@@ -505,13 +547,10 @@ comm_init_all(PyObject *cls, PyObject *args, PyObject *kw)
             rc = ncclUnhandledCudaError;
             break;
         }
-        rc = ncclCommInitRankConfig(&cs[i]->comm, (int)n, id, (int)i, &cfg);
-        if (rc == ncclInProgress)
-            rc = ncclSuccess;
+        rc = started(ncclCommInitRankConfig(&cs[i]->comm, (int)n, id, (int)i,
+                                            &cfg));
     }
-    rc2 = ncclGroupEnd();
-    if (rc == ncclSuccess && rc2 != ncclInProgress)
-        rc = rc2;
+    rc = group_end(rc);
     Py_END_ALLOW_THREADS
     if (rc != ncclSuccess) {
         sn_set_nccl_error(st, rc, NULL, "ncclCommInitRankConfig (init_all)");
@@ -530,16 +569,11 @@ comm_init_all(PyObject *cls, PyObject *args, PyObject *kw)
         group_open = rc == ncclSuccess;
         for (Py_ssize_t i = 0; i < n && rc == ncclSuccess; i++) {
             cudaSetDevice(cs[i]->device);
-            rc = symnccl_devcomm_create(cs[i]->comm, SN_MAX_CTAS, mc,
-                                        &cs[i]->devcomm);
-            if (rc == ncclInProgress)
-                rc = ncclSuccess;
+            rc = started(symnccl_devcomm_create(cs[i]->comm, SN_MAX_CTAS, mc,
+                                                &cs[i]->devcomm));
         }
-        if (group_open) {
-            rc2 = ncclGroupEnd();
-            if (rc == ncclSuccess && rc2 != ncclInProgress)
-                rc = rc2;
-        }
+        if (group_open)
+            rc = group_end(rc);
         Py_END_ALLOW_THREADS
         group_open = 0;
         if (rc == ncclSuccess &&
@@ -598,14 +632,11 @@ comm_init_all(PyObject *cls, PyObject *args, PyObject *kw)
                 break;
             }
             cudaSetDevice(cs[i]->device);
-            rc = ncclCommWindowRegister(cs[i]->comm, w->base, w->size,
-                                        &w->win, NCCL_WIN_COLL_SYMMETRIC);
-            if (rc == ncclInProgress)
-                rc = ncclSuccess;
+            rc = started(ncclCommWindowRegister(cs[i]->comm, w->base, w->size,
+                                                &w->win,
+                                                NCCL_WIN_COLL_SYMMETRIC));
         }
-        rc2 = ncclGroupEnd();
-        if (rc == ncclSuccess && rc2 != ncclInProgress)
-            rc = rc2;
+        rc = group_end(rc);
         Py_END_ALLOW_THREADS
         if (rc != ncclSuccess) {
             sn_set_nccl_error(st, rc, NULL, "ncclCommWindowRegister (staging)");

@@ -88,13 +88,9 @@ int
 sn_auto_algo(const CommObject *c, size_t bytes, ncclDataType_t dt,
              ncclRedOp_t op, int in_window)
 {
-    const char *env = getenv("SYMNCCL_ALGO");
-    if (env != NULL && env[0] != '\0') {
-        int a = sn_algo_from_name(env);
-        if (a >= 0 && (a == SN_ALGO_NCCL ||
-                       !sn_lsa_unavailable(c, a, dt, op)))
-            return a;
-    }
+    const int a = c->algo_env;
+    if (a >= 0 && (a == SN_ALGO_NCCL || !sn_lsa_unavailable(c, a, dt, op)))
+        return a;
     if (sn_lsa_unavailable(c, SN_ALGO_PUSH, dt, op) != NULL)
         return SN_ALGO_NCCL;
     if (c->nranks >= 8)
@@ -115,13 +111,6 @@ fail(sn_ar *r, cudaError_t e, const char *fmt, ...)
     va_end(ap);
     r->cuda_error = e;
     return -1;
-}
-
-static int
-env_int(const char *name, int dflt)
-{
-    const char *v = getenv(name);
-    return v != NULL && v[0] != '\0' ? atoi(v) : dflt;
 }
 
 /* ------------------------------------------------------------------ */
@@ -280,11 +269,9 @@ load_launches(sn_ar *r)
     size_t chunk = count;
     if (staged || mid_staging || scratch)
         chunk = c->staging_bytes / quantum * quantum / is;
-    const int threads = env_int("SYMNCCL_THREADS", 512);
-    const int max_ctas = env_int(algo == SN_ALGO_ONE_SHOT
-                                     ? "SYMNCCL_ONE_SHOT_CTAS"
-                                     : "SYMNCCL_TWO_SHOT_CTAS",
-                                 algo == SN_ALGO_ONE_SHOT ? 32 : 64);
+    const int threads = c->lsa_threads;
+    const int max_ctas = algo == SN_ALGO_ONE_SHOT ? c->one_shot_ctas
+                                                  : c->two_shot_ctas;
     for (size_t done = 0; done < count; done += chunk) {
         size_t len = count - done < chunk ? count - done : chunk;
         symnccl_lsa_args a;
@@ -321,8 +308,6 @@ load_launches(sn_ar *r)
         size_t ctas = (vecs + (size_t)threads - 1) / (size_t)threads;
         if (ctas > (size_t)max_ctas)
             ctas = (size_t)max_ctas;
-        if (ctas > SN_MAX_CTAS)
-            ctas = SN_MAX_CTAS;
         a.ctas = ctas < 1 ? 1 : (int)ctas;
         a.threads = threads;
         cudaError_t e = algo == SN_ALGO_MULTIMEM

@@ -113,6 +113,11 @@ typedef struct CommObject {
      * slot_bytes per slot, fixed grid (push_ctas x push_threads). */
     size_t push_offset, push_data, push_slot_bytes;
     int push_ctas, push_threads;
+    /* one_shot/two_shot grid limits and the SYMNCCL_ALGO override
+     * (SN_ALGO_AUTO when unset), read once at creation like the knobs
+     * above: the launch path does no getenv. */
+    int lsa_threads, one_shot_ctas, two_shot_ctas;
+    int algo_env;
     /* LSA kernels of one communicator share barrier slots and LL buffers, so
      * they run one after another: lsa_event is recorded after each launch,
      * and a call on another stream first waits for it (comm.c). */

@@ -10,6 +10,22 @@ python3 -c "import symnccl; print(symnccl.versions())" || exit 1
 if [ -n "${PYTEST_K:-}" ]; then
   timeout ${TEST_TIMEOUT:-400} python3 -m pytest -q -rs --durations=15 tests -k "$PYTEST_K" 2>&1 | tee "$OUT/pytest.log" | tail -40
 fi
+# PROFILE: a spec file of lines "nranks | cases | metrics" for
+# scripts/profile_ncu.py (Nsight Compute on rank 0, one pass)
+if [ -n "${PROFILE:-}" ]; then
+  ncu --version | tail -1
+  ncu --query-metrics --chip gh100 2>/dev/null | grep -E '^nvl(rx|tx)__' | cut -c1-90 | head -8
+  k=0
+  while IFS='|' read -r nr cases metrics; do
+    nr=$(echo "$nr" | xargs); [ -z "$nr" ] && continue
+    case "$nr" in \#*) continue;; esac
+    k=$((k + 1))
+    echo "== profile $k: $nr ranks: $cases"
+    timeout ${PROFILE_TIMEOUT:-240} python3 scripts/profile_ncu.py --nranks "$nr" \
+        --cases "$(echo $cases | xargs)" --metrics "$(echo $metrics | xargs)" \
+        --log "$OUT/ncu$k.csv" 2>&1 | grep -v "^==PROF==" | tail -40
+  done < "$PROFILE"
+fi
 # BENCH, BENCH2, BENCH3: argument lists for separate benchmark runs
 i=0
 for b in "${BENCH:-}" "${BENCH2:-}" "${BENCH3:-}"; do

@@ -229,3 +229,18 @@ def test_multicast_is_not_requested_for_one_rank(uid, multicast):
         "disabled" in c.multicast_reason, c.multicast_reason
     c.empty(16, "float32")   # windows register
     c.close()
+
+
+def test_symnccl_algo_is_read_at_creation_and_checked(uid, monkeypatch):
+    monkeypatch.setenv("SYMNCCL_ALGO", "oneshot")
+    with pytest.raises(ValueError, match="SYMNCCL_ALGO=oneshot is not an "
+                                         "algorithm"):
+        symnccl.Communicator(uid, 0, 1, device=0)
+    monkeypatch.setenv("SYMNCCL_ALGO", "one_shot")
+    with symnccl.Communicator(uid, 0, 1, device=0) as c:
+        monkeypatch.delenv("SYMNCCL_ALGO")
+        x = _check.make_input("float32", 517, 0, 3)
+        b = c.empty(517, "float32")
+        b.copy_from_host(x.tobytes())
+        c.all_reduce(b)   # auto -> one_shot, fixed at creation
+        assert b.to_bytes() == x.tobytes()

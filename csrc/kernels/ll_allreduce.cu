@@ -125,12 +125,39 @@ __device__ __forceinline__ void store8(T* p, size_t i, size_t count,
     if (i * K + k < count) p[i * K + k] = v.t[k];
 }
 
+// One packet's reduction in fixed rank order 0..n-1: `own` is this rank's
+// 8 bytes, rank q's arrive at rows + q * row_stride (polled for `flag`).
+template <typename T, int N>
+__device__ __forceinline__ uint64_t reduce_packet(const char* rows,
+                                                  size_t row_stride,
+                                                  uint64_t own, int me, int n,
+                                                  int op, uint32_t flag,
+                                                  uint64_t timeout_ns) {
+  using A = typename Acc<T>::type;
+  constexpr int K = 8 / sizeof(T);
+  A acc[K];
+#pragma unroll
+  for (int q = 0; q < (N > 0 ? N : kMaxRanks); q++) {
+    if (N == 0 && q >= n) break;
+    union { uint64_t u; T t[K]; } v;
+    v.u = q == me ? own
+                  : ll_wait(rows + (size_t)q * row_stride, flag, timeout_ns, q);
+#pragma unroll
+    for (int k = 0; k < K; k++)
+      acc[k] = q == 0 ? Acc<T>::to(v.t[k])
+                      : reduce2(op, acc[k], Acc<T>::to(v.t[k]));
+  }
+  union { uint64_t u; T t[K]; } r;
+#pragma unroll
+  for (int k = 0; k < K; k++) r.t[k] = finish<T>(op, acc[k], n);
+  return r.u;
+}
+
 template <typename T, int N>
 __global__ void __launch_bounds__(512)
     ll_allreduce(ncclDevComm dc, ncclWindow_t win, size_t ll_off,
                  size_t row_bytes, uint64_t* epochs, const T* in, T* out,
                  size_t count, int op, uint64_t timeout_ns) {
-  using A = typename Acc<T>::type;
   constexpr int K = 8 / sizeof(T);
   const int n = N > 0 ? N : dc.lsaSize;
   const int me = dc.lsaRank;
@@ -168,25 +195,11 @@ __global__ void __launch_bounds__(512)
   // Poll my own slot, reduce in rank order, write the result.
   const char* mine = static_cast<const char*>(
       ncclGetLsaPointer(win, slot_off, me));
-  for (size_t i = first; i < npk; i += stride) {
-    A acc[K];
-#pragma unroll
-    for (int q = 0; q < (N > 0 ? N : kMaxRanks); q++) {
-      if (N == 0 && q >= n) break;
-      union { uint64_t u; T t[K]; } v;
-      v.u = q == me ? load8(in, i, count, in_al)
-                    : ll_wait(mine + (size_t)q * row_bytes + i * 16, flag,
-                              timeout_ns, q);
-#pragma unroll
-      for (int k = 0; k < K; k++)
-        acc[k] = q == 0 ? Acc<T>::to(v.t[k])
-                        : reduce2(op, acc[k], Acc<T>::to(v.t[k]));
-    }
-    union { uint64_t u; T t[K]; } r;
-#pragma unroll
-    for (int k = 0; k < K; k++) r.t[k] = finish<T>(op, acc[k], n);
-    store8(out, i, count, out_al, r.u);
-  }
+  for (size_t i = first; i < npk; i += stride)
+    store8(out, i, count, out_al,
+           reduce_packet<T, N>(mine + i * 16, row_bytes,
+                               load8(in, i, count, in_al), me, n, op, flag,
+                               timeout_ns));
 
   __syncthreads();
   if (threadIdx.x == 0) epochs[blockIdx.x] = epoch + 1;
@@ -212,7 +225,6 @@ __global__ void __launch_bounds__(512)
     ll_two_shot(ncclDevComm dc, ncclWindow_t win, size_t ll_off,
                 size_t row_bytes, uint64_t* epochs, const T* in, T* out,
                 size_t count, int op, uint64_t timeout_ns) {
-  using A = typename Acc<T>::type;
   constexpr int K = 8 / sizeof(T);
   const int n = N > 0 ? N : dc.lsaSize;
   const int me = dc.lsaRank;
@@ -253,28 +265,15 @@ __global__ void __launch_bounds__(512)
   }
   for (size_t j = first; j < spk && me * spk + j < npk; j += stride) {
     const size_t i = me * spk + j;
-    A acc[K];
+    const uint64_t r = reduce_packet<T, N>(
+        mine + j * 16, half, load8(in, i, count, in_al), me, n, op, flag,
+        timeout_ns);
 #pragma unroll
     for (int q = 0; q < (N > 0 ? N : kMaxRanks); q++) {
       if (N == 0 && q >= n) break;
-      union { uint64_t u; T t[K]; } v;
-      v.u = q == me ? load8(in, i, count, in_al)
-                    : ll_wait(mine + (size_t)q * half + j * 16, flag,
-                              timeout_ns, q);
-#pragma unroll
-      for (int e = 0; e < K; e++)
-        acc[e] = q == 0 ? Acc<T>::to(v.t[e])
-                        : reduce2(op, acc[e], Acc<T>::to(v.t[e]));
+      if (q != me) ll_store(res_at[q] + j * 16, r, flag);
     }
-    union { uint64_t u; T t[K]; } r;
-#pragma unroll
-    for (int e = 0; e < K; e++) r.t[e] = finish<T>(op, acc[e], n);
-#pragma unroll
-    for (int q = 0; q < (N > 0 ? N : kMaxRanks); q++) {
-      if (N == 0 && q >= n) break;
-      if (q != me) ll_store(res_at[q] + j * 16, r.u, flag);
-    }
-    store8(out, i, count, out_al, r.u);
+    store8(out, i, count, out_al, r);
   }
 
   // 3. every other slice's result
@@ -311,24 +310,14 @@ cudaError_t launch_t(const symnccl_ll_args& a, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-template <typename T>
-cudaError_t launch_n(const symnccl_ll_args& a, cudaStream_t stream) {
-  switch (a.dc->dc.lsaSize) {
-    case 2: return launch_t<T, 2>(a, stream);
-    case 4: return launch_t<T, 4>(a, stream);
-    case 8: return launch_t<T, 8>(a, stream);
-    default: return launch_t<T, 0>(a, stream);
-  }
-}
-
 }  // namespace
 
 extern "C" cudaError_t symnccl_ll_allreduce(const symnccl_ll_args* a,
                                             cudaStream_t stream) {
   if (a->dc->dc.lsaSize > kMaxRanks || a->threads > 512)
     return cudaErrorInvalidValue;
-  return symnccl::dispatch_dtype(a->dtype, [&](auto tag) {
-    return launch_n<decltype(tag)>(*a, stream);
+  return symnccl::dispatch(a->dtype, a->dc->dc.lsaSize, [&](auto t, auto n) {
+    return launch_t<decltype(t), decltype(n)::value>(*a, stream);
   });
 }
 

@@ -361,16 +361,6 @@ cudaError_t launch_t(const symnccl_lsa_args& a, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
-template <typename T>
-cudaError_t launch_n(const symnccl_lsa_args& a, cudaStream_t stream) {
-  switch (a.dc->dc.lsaSize) {
-    case 2: return launch_t<T, 2>(a, stream);
-    case 4: return launch_t<T, 4>(a, stream);
-    case 8: return launch_t<T, 8>(a, stream);
-    default: return launch_t<T, 0>(a, stream);
-  }
-}
-
 }  // namespace
 
 extern "C" int symnccl_lsa_supported(ncclDataType_t dtype, int op,
@@ -391,7 +381,7 @@ extern "C" int symnccl_lsa_supported(ncclDataType_t dtype, int op,
 extern "C" cudaError_t symnccl_lsa_allreduce(const symnccl_lsa_args* a,
                                              cudaStream_t stream) {
   if (a->dc->dc.lsaSize > kMaxRanks) return cudaErrorInvalidValue;
-  return symnccl::dispatch_dtype(a->dtype, [&](auto tag) {
-    return launch_n<decltype(tag)>(*a, stream);
+  return symnccl::dispatch(a->dtype, a->dc->dc.lsaSize, [&](auto t, auto n) {
+    return launch_t<decltype(t), decltype(n)::value>(*a, stream);
   });
 }

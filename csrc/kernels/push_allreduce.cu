@@ -287,6 +287,20 @@ __global__ void __launch_bounds__(512)
                            : ncclGetLsaPointer(win, res_off, q));
   }
 
+  // 3. gather chunk jc's results: complete once every peer's flag 1
+  // reached e (the chunk's epoch + 1); in place they are already in out.
+  auto gather = [&](size_t jc, uint64_t e) {
+    wait(my_flags, 1, me, n, e, timeout_ns);
+    if (out_win != nullptr) return;
+    const Run rp = chunk_run(jc, chunk_elems, count, n, E);
+    const size_t pp = (e - 1) & 1;
+    for (int q = 0; q < n; q++)
+      if (q != me)
+        get_run<T, UC>(rp, q, my_data + (res_off - data_off) +
+                                 (pp * n + q) * slot_bytes,
+                      out + rp.c0 + q * rp.slice, out_al, count);
+  };
+
   for (size_t j = 0; j < nch; j++) {
     const uint64_t e = e0 + j;
     const size_t par = e & 1;
@@ -301,20 +315,8 @@ __global__ void __launch_bounds__(512)
     }
     signal(win, flags_off, 0, me, n, e + 1);
 
-    // 3 (previous chunk). gather its results: they are complete once every
-    // peer's flag 1 reached e (its epoch + 1)
-    if (j > 0) {
-      wait(my_flags, 1, me, n, e, timeout_ns);
-      if (out_win == nullptr) {
-        const Run rp = chunk_run(j - 1, chunk_elems, count, n, E);
-        const size_t pp = (e - 1) & 1;
-        for (int q = 0; q < n; q++)
-          if (q != me)
-            get_run<T, UC>(rp, q, my_data + (res_off - data_off) +
-                                     (pp * n + q) * slot_bytes,
-                          out + rp.c0 + q * rp.slice, out_al, count);
-      }
-    }
+    // 3 (previous chunk), overlapping this chunk's scatter
+    if (j > 0) gather(j - 1, e);
 
     // 2. reduce my slice (rank order) and push the result everywhere
     wait(my_flags, 0, me, n, e + 1, timeout_ns);
@@ -377,20 +379,8 @@ __global__ void __launch_bounds__(512)
     signal(win, flags_off, 1, me, n, e + 1);
   }
 
-  // 3 (last chunk).
-  if (nch > 0) {
-    const uint64_t e = e0 + nch;   // flag value of the last chunk
-    wait(my_flags, 1, me, n, e, timeout_ns);
-    if (out_win == nullptr) {
-      const Run rp = chunk_run(nch - 1, chunk_elems, count, n, E);
-      const size_t pp = (e - 1) & 1;
-      for (int q = 0; q < n; q++)
-        if (q != me)
-          get_run<T, UC>(rp, q, my_data + (res_off - data_off) +
-                                   (pp * n + q) * slot_bytes,
-                        out + rp.c0 + q * rp.slice, out_al, count);
-    }
-  }
+  // 3 (last chunk)
+  if (nch > 0) gather(nch - 1, e0 + nch);
   if (threadIdx.x == 0) epochs[blockIdx.x] = e0 + nch;
 }
 
@@ -401,16 +391,6 @@ cudaError_t launch_t(const symnccl_push_args& a, cudaStream_t stream) {
       a.epochs, static_cast<const T*>(a.src), static_cast<T*>(a.out),
       a.out_win, a.out_offset, a.count, a.op, a.timeout_ns);
   return cudaGetLastError();
-}
-
-template <typename T>
-cudaError_t launch_n(const symnccl_push_args& a, cudaStream_t stream) {
-  switch (a.dc->dc.lsaSize) {
-    case 2: return launch_t<T, 2>(a, stream);
-    case 4: return launch_t<T, 4>(a, stream);
-    case 8: return launch_t<T, 8>(a, stream);
-    default: return launch_t<T, 0>(a, stream);
-  }
 }
 
 }  // namespace
@@ -430,7 +410,7 @@ extern "C" cudaError_t symnccl_push_allreduce(const symnccl_push_args* a,
       a->slot_bytes % 16 != 0 ||
       (a->out_win != nullptr && a->out_offset % 16 != 0))
     return cudaErrorInvalidValue;
-  return symnccl::dispatch_dtype(a->dtype, [&](auto tag) {
-    return launch_n<decltype(tag)>(*a, stream);
+  return symnccl::dispatch(a->dtype, a->dc->dc.lsaSize, [&](auto t, auto n) {
+    return launch_t<decltype(t), decltype(n)::value>(*a, stream);
   });
 }

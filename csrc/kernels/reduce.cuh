@@ -126,6 +126,27 @@ inline cudaError_t dispatch_dtype(ncclDataType_t dt, F&& f) {
   }
 }
 
+// World size as a type: the kernels are specialised for 2, 4 and 8 ranks
+// (unrolled peer loops, arrays in registers) with 0 the generic fallback.
+template <int N>
+struct Ranks {
+  static constexpr int value = N;
+};
+
+// Calls f(T{}, Ranks<N>{}) for the dtype and world size: the one place
+// that maps them to kernel instantiations.
+template <typename F>
+inline cudaError_t dispatch(ncclDataType_t dt, int nranks, F&& f) {
+  return dispatch_dtype(dt, [&](auto t) -> cudaError_t {
+    switch (nranks) {
+      case 2: return f(t, Ranks<2>{});
+      case 4: return f(t, Ranks<4>{});
+      case 8: return f(t, Ranks<8>{});
+      default: return f(t, Ranks<0>{});
+    }
+  });
+}
+
 }  // namespace symnccl
 
 #endif  // SYMNCCL_KERNELS_REDUCE_CUH

@@ -1,0 +1,173 @@
+"""Hardware counters of the all-reduce kernels, with Nsight Compute on rank 0.
+
+    python scripts/profile_ncu.py --nranks 2 --cases ll:4K,two_shot:1M,push:256M \
+        --metrics gpu__time_duration.sum,dram__bytes_read.sum
+
+One process per rank (device = rank); rank 0 runs under ncu, the others
+run normally. A collective kernel cannot be replayed (its peers do not
+replay with it), so the metric list must fit in ONE pass: the script first
+asks ncu how many passes the list needs on a local kernel and refuses a
+list that needs more. Only the calls between torch.cuda.profiler.start()
+and stop() are profiled (--profile-from-start off): for each case, `--warmup`
+unprofiled calls, then `--reps` profiled ones, all in place on a window
+buffer of bf16. Rank 0's profiled kernel starts long after its peers' (ncu
+prepares the counters first), so its duration is the kernel without the
+arrival skew of a real step: a lower bound of a graph replay's time.
+
+Prints one row per profiled kernel (case, kernel, metrics) and, for each
+case, the mean over the reps with the bytes turned into GB/s.
+"""
+import argparse
+import csv
+import io
+import os
+import subprocess
+import sys
+
+NCU = ["ncu", "--clock-control", "none", "--cache-control", "none",
+       "--replay-mode", "kernel", "--csv", "--page", "raw"]
+
+
+def parse_size(s):
+    s = s.strip().upper()
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    return int(s[:-1]) * mult[s[-1]] if s[-1] in mult else int(s)
+
+
+def passes(metrics):
+    """How many passes ncu needs for `metrics` on a plain local kernel."""
+    code = ("import torch; x = torch.ones(1 << 20, device='cuda'); "
+            "y = x * 2; torch.cuda.synchronize()")
+    p = subprocess.run(NCU[:-3] + ["--metrics", metrics, sys.executable,
+                                   "-c", code],
+                       capture_output=True, text=True, timeout=300)
+    n = None
+    for line in (p.stdout + p.stderr).splitlines():
+        if "==PROF==" in line and " pass" in line:
+            n = int(line.rsplit("-", 1)[1].split()[0])
+    if n is None:
+        sys.stderr.write(p.stdout[-2000:] + p.stderr[-2000:])
+    return n
+
+
+def worker(a):
+    import torch
+
+    import symnccl
+    torch.cuda.set_device(a.rank)
+    comm = symnccl.Communicator(bytes.fromhex(a.uid), a.rank, a.nranks,
+                                device=a.rank, timeout=300.0,
+                                multicast=False)
+    for case in a.cases.split(","):
+        algo, size = case.split(":")
+        count = parse_size(size) // 2
+        buf = comm.empty(count, "bfloat16")
+        t = torch.from_dlpack(buf)
+        g = torch.Generator(device="cuda").manual_seed(a.rank + 1)
+        t.copy_(torch.rand(count, generator=g, device="cuda") - 0.5)
+        for _ in range(a.warmup):
+            comm.all_reduce(t, algo=algo)
+        torch.cuda.synchronize()
+        torch.cuda.profiler.start()
+        for _ in range(a.reps):
+            comm.all_reduce(t, algo=algo)
+        torch.cuda.synchronize()
+        torch.cuda.profiler.stop()
+        del t, buf
+        comm.barrier()
+    comm.close()
+
+
+def report(log, cases, reps, nranks, metrics):
+    rows = list(csv.reader(io.StringIO(
+        "".join(l for l in open(log) if l.startswith('"')))))
+    if not rows:
+        print("no ncu rows in", log)
+        return
+    head, units, data = rows[0], rows[1], rows[2:]
+    kcol = head.index("Kernel Name")
+    mcols = [i for i, h in enumerate(head) if h in metrics]
+    names = [head[i] for i in mcols]
+    print(f"\n{len(data)} profiled kernels on rank 0 of {nranks} "
+          f"({len(cases)} cases x {reps} reps expected)")
+    print("case          kernel" + "".join(f" | {n}" for n in names))
+    per_case = {}
+    for k, r in enumerate(data):
+        case = cases[k // reps] if k // reps < len(cases) else "?"
+        vals = []
+        for i in mcols:
+            try:
+                vals.append(float(r[i].replace(",", "")))
+            except ValueError:
+                vals.append(float("nan"))
+        per_case.setdefault(case, []).append(vals)
+        print(f"{case:<13} {r[kcol][:40]:<40}" +
+              "".join(f" | {v:.4g}" for v in vals))
+    # means, and bytes per second where a duration was collected
+    if "gpu__time_duration.sum" not in names:
+        return
+    d = names.index("gpu__time_duration.sum")
+    scale = 1e-3 if units[mcols[d]] == "nsecond" else (
+        1.0 if units[mcols[d]] == "usecond" else 1e3)
+    print("\nmean per case: duration, busbw from it, and each byte count "
+          "as GB/s over the duration")
+    for case, vs in per_case.items():
+        m = [sum(v[i] for v in vs) / len(vs) for i in range(len(names))]
+        us = m[d] * scale
+        nbytes = parse_size(case.split(":")[1])
+        bus = 2 * (nranks - 1) / nranks * nbytes / (us * 1e-6) / 1e9
+        extra = "".join(
+            f" {n}={m[i] / (us * 1e-6) / 1e9:.0f}GB/s"
+            for i, n in enumerate(names)
+            if "bytes" in n and units[mcols[i]] == "byte")
+        print(f"{case:<13} {us:9.2f} us  busbw {bus:7.1f} GB/s{extra}")
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--nranks", type=int, default=2)
+    p.add_argument("--cases", default="ll:4K,two_shot:1M,push:16M,push:256M")
+    p.add_argument("--metrics", default="gpu__time_duration.sum")
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--log", default=os.path.join(
+        os.environ.get("OUT", "/tmp"), "ncu.csv"))
+    p.add_argument("--rank", type=int, default=None)   # worker mode
+    p.add_argument("--uid", default=None)
+    a = p.parse_args()
+    if a.rank is not None:
+        worker(a)
+        return 0
+    n = passes(a.metrics)
+    print(f"ncu needs {n} pass(es) for {a.metrics}")
+    if n != 1:
+        print("refused: a collective kernel can only be measured in one pass")
+        return 1
+    import symnccl
+    uid = symnccl.get_unique_id().hex()
+    me = [sys.executable, os.path.abspath(__file__), "--nranks",
+          str(a.nranks), "--cases", a.cases, "--reps", str(a.reps),
+          "--warmup", str(a.warmup), "--uid", uid]
+    procs = []
+    for r in range(a.nranks):
+        cmd = me + ["--rank", str(r)]
+        if r == 0:
+            cmd = NCU + ["--profile-from-start", "off", "--metrics",
+                         a.metrics, "--log-file", a.log] + cmd
+        procs.append(subprocess.Popen(cmd))
+    rcs = []
+    for pr in procs:
+        try:
+            rcs.append(pr.wait(timeout=600))
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            rcs.append("timeout")
+    print("exit codes", rcs)
+    report(a.log, a.cases.split(","), a.reps, a.nranks,
+           a.metrics.split(","))
+    return 0 if not any(rcs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
