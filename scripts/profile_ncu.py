@@ -5,9 +5,9 @@
 
 One process per rank (device = rank); rank 0 runs under ncu, the others
 run normally. A collective kernel cannot be replayed (its peers do not
-replay with it), so the metric list must fit in ONE pass: the script first
-asks ncu how many passes the list needs on a local kernel and refuses a
-list that needs more. Only the calls between torch.cuda.profiler.start()
+replay with it), so every ncu run must collect in ONE pass: the script
+asks ncu how many passes metrics need on a local kernel, splits the list
+into one-pass groups, and runs the ranks once per group. Only the calls between torch.cuda.profiler.start()
 and stop() are profiled (--profile-from-start off): for each case, `--warmup`
 unprofiled calls, then `--reps` profiled ones, all in place on a window
 buffer of bf16. Rank 0's profiled kernel starts long after its peers' (ncu
@@ -78,12 +78,13 @@ def worker(a):
     comm.close()
 
 
-def report(log, cases, reps, nranks, metrics):
+def report(log, cases, reps, nranks, metrics, durations=None):
+    durations = dict(durations or {})
     rows = list(csv.reader(io.StringIO(
         "".join(l for l in open(log) if l.startswith('"')))))
     if not rows:
         print("no ncu rows in", log)
-        return
+        return durations
     head, units, data = rows[0], rows[1], rows[2:]
     kcol = head.index("Kernel Name")
     mcols = [i for i, h in enumerate(head) if h in metrics]
@@ -103,24 +104,33 @@ def report(log, cases, reps, nranks, metrics):
         per_case.setdefault(case, []).append(vals)
         print(f"{case:<13} {r[kcol][:40]:<40}" +
               "".join(f" | {v:.4g}" for v in vals))
-    # means, and bytes per second where a duration was collected
-    if "gpu__time_duration.sum" not in names:
-        return
-    d = names.index("gpu__time_duration.sum")
-    scale = 1e-3 if units[mcols[d]] == "nsecond" else (
-        1.0 if units[mcols[d]] == "usecond" else 1e3)
-    print("\nmean per case: duration, busbw from it, and each byte count "
-          "as GB/s over the duration")
+    # The fastest rep is the kernel's own time: in the slower ones rank 0
+    # started before a peer and waited for it. Byte counters are shown as
+    # GB/s over that time (from this run, or `durations` of an earlier one).
+    if "gpu__time_duration.sum" in names:
+        d = names.index("gpu__time_duration.sum")
+        scale = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0,
+                 "ms": 1e3, "msecond": 1e3}[units[mcols[d]]]
+        durations = {c: min(v[d] for v in vs) * scale
+                     for c, vs in per_case.items()}
+    if not durations:
+        return durations
+    print("\nper case: fastest rep (us), busbw from it; byte counters "
+          "(mean over the reps) as GB/s over it")
     for case, vs in per_case.items():
-        m = [sum(v[i] for v in vs) / len(vs) for i in range(len(names))]
-        us = m[d] * scale
+        us = durations.get(case)
+        if us is None:
+            continue
         nbytes = parse_size(case.split(":")[1])
         bus = 2 * (nranks - 1) / nranks * nbytes / (us * 1e-6) / 1e9
+        m = [sum(v[i] for v in vs) / len(vs) for i in range(len(names))]
         extra = "".join(
-            f" {n}={m[i] / (us * 1e-6) / 1e9:.0f}GB/s"
+            f" {n.split('.')[0]}={m[i] / 1e6:.1f}MB"
+            f"({m[i] / (us * 1e-6) / 1e9:.0f}GB/s)"
             for i, n in enumerate(names)
-            if "bytes" in n and units[mcols[i]] == "byte")
+            if units[mcols[i]] in ("byte", "Kbyte", "Mbyte") and "bytes" in n)
         print(f"{case:<13} {us:9.2f} us  busbw {bus:7.1f} GB/s{extra}")
+    return durations
 
 
 def main():
@@ -129,6 +139,8 @@ def main():
     p.add_argument("--cases", default="ll:4K,two_shot:1M,push:16M,push:256M")
     p.add_argument("--metrics", default="gpu__time_duration.sum")
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--max-groups", type=int, default=3,
+                   help="ncu runs at most (metrics in the order given)")
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--log", default=os.path.join(
         os.environ.get("OUT", "/tmp"), "ncu.csv"))
@@ -138,11 +150,61 @@ def main():
     if a.rank is not None:
         worker(a)
         return 0
-    n = passes(a.metrics)
-    print(f"ncu needs {n} pass(es) for {a.metrics}")
-    if n != 1:
-        print("refused: a collective kernel can only be measured in one pass")
-        return 1
+    groups = one_pass_groups(a.metrics.split(","))[:a.max_groups]
+    failed, durations = 0, None
+    for k, g in enumerate(groups):
+        log = a.log.replace(".csv", f"_{k}.csv")
+        failed += run_ranks(a, ",".join(g), log)
+        durations = report(log, a.cases.split(","), a.reps, a.nranks, g,
+                           durations)
+    return 1 if failed else 0
+
+
+def one_pass_groups(metrics):
+    """Splits `metrics` into lists that ncu collects in one pass each
+    (greedy; gpu__time_duration.sum leads every group). Cached per list
+    in $TMPDIR, as each probe costs a process start."""
+    import json
+    cache = os.path.join(os.environ.get("TMPDIR", "/tmp"),
+                         "symnccl_ncu_groups.json")
+    known = json.load(open(cache)) if os.path.exists(cache) else {}
+    key = ",".join(metrics)
+    if key in known:
+        return known[key]
+    lead = "gpu__time_duration.sum"
+    groups, cur, alone = [], [lead], []
+    for m in metrics:
+        if m == lead:
+            continue
+        if passes(",".join(cur + [m])) == 1:
+            cur.append(m)
+        elif len(cur) > 1 and passes(",".join([lead, m])) == 1:
+            groups.append(cur)
+            cur = [lead, m]
+        else:
+            alone.append(m)
+    groups.append(cur)
+    # counters that cannot share a pass with the duration (NVLink's):
+    # groups of their own, read against the first group's durations
+    cur = []
+    for m in alone:
+        if passes(",".join(cur + [m])) == 1:
+            cur.append(m)
+        elif cur and passes(m) == 1:
+            groups.append(cur)
+            cur = [m]
+        else:
+            print(f"dropped {m}: not collectable in one pass (or unknown)")
+    if cur:
+        groups.append(cur)
+    for g in groups:
+        print("one-pass group:", ",".join(g))
+    known[key] = groups
+    json.dump(known, open(cache, "w"))
+    return groups
+
+
+def run_ranks(a, metrics, log):
     import symnccl
     uid = symnccl.get_unique_id().hex()
     me = [sys.executable, os.path.abspath(__file__), "--nranks",
@@ -153,7 +215,7 @@ def main():
         cmd = me + ["--rank", str(r)]
         if r == 0:
             cmd = NCU + ["--profile-from-start", "off", "--metrics",
-                         a.metrics, "--log-file", a.log] + cmd
+                         metrics, "--log-file", log] + cmd
         procs.append(subprocess.Popen(cmd))
     rcs = []
     for pr in procs:
@@ -164,8 +226,6 @@ def main():
                 q.kill()
             rcs.append("timeout")
     print("exit codes", rcs)
-    report(a.log, a.cases.split(","), a.reps, a.nranks,
-           a.metrics.split(","))
     return 0 if not any(rcs) else 1
 
 
