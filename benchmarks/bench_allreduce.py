@@ -120,7 +120,7 @@ def worker(rank, nranks, uid, opts):
         plain = [torch.empty(count, dtype=dtype, device="cuda")
                  for _ in range(NBUF)]
         methods = {}
-        for algo in ("ll", "one_shot", "two_shot", "push", "auto"):
+        for algo in ("ll", "ll128", "one_shot", "two_shot", "push", "auto"):
             methods["symnccl:" + algo] = (
                 wts, lambda i, a=algo: comm.all_reduce(wts[i % NBUF], algo=a))
         methods["symnccl:auto(tensor)"] = (

@@ -11,7 +11,7 @@
 #include <string.h>
 
 const char *const sn_algo_names[SN_ALGO_COUNT] = {
-    "nccl", "one_shot", "two_shot", "ll", "multimem", "push"};
+    "nccl", "one_shot", "two_shot", "ll", "multimem", "push", "ll128"};
 
 _Static_assert(SYMNCCL_PUSH_MAX_CTAS <= SN_MAX_CTAS,
                "push epochs live in the scratch's SN_MAX_CTAS slots");
@@ -169,20 +169,23 @@ order_end(sn_ar *r)
 /* ------------------------------------------------------------------ */
 /* Launches.                                                            */
 
-/* ll: pushes from wherever x is (no staging copy), in launches of at most
- * ll_max_bytes (one-shot), or nranks * ll_max_bytes / 2 with the two-shot
- * packet kernel (3+ ranks, from ll_two_shot_min bytes: every rank decides
- * alike, from the size). */
+/* ll and ll128: push from wherever x is (no staging copy). ll: launches of
+ * at most ll_max_bytes (one-shot), or nranks * ll_max_bytes / 2 with the
+ * two-shot packet kernel (3+ ranks, from ll_two_shot_min bytes: every rank
+ * decides alike, from the size); ll128: as many elements as a row holds in
+ * 128-byte lines. */
 static int
 ll_launches(sn_ar *r)
 {
     CommObject *c = r->c;
     const size_t is = (size_t)r->itemsize;
-    const int two_shot = c->nranks >= 3 &&
+    const int ll128 = r->algo == SN_ALGO_LL128;
+    const int two_shot = !ll128 && c->nranks >= 3 &&
                          r->count * is >= c->ll_two_shot_min;
-    const size_t chunk = two_shot
-                             ? (size_t)c->nranks * (c->ll_max_bytes / 2) / is
-                             : c->ll_max_bytes / is;
+    const size_t chunk =
+        ll128 ? symnccl_ll128_max_count(2 * c->ll_max_bytes, is)
+        : two_shot ? (size_t)c->nranks * (c->ll_max_bytes / 2) / is
+                   : c->ll_max_bytes / is;
     for (size_t done = 0; done < r->count; done += chunk) {
         size_t len = r->count - done < chunk ? r->count - done : chunk;
         symnccl_ll_args a;
@@ -201,9 +204,10 @@ ll_launches(sn_ar *r)
         a.threads = c->ll_threads;
         a.timeout_ns = (uint64_t)(c->timeout * 1e9);
         a.two_shot = two_shot;
-        cudaError_t e = symnccl_ll_allreduce(&a, r->stream);
+        cudaError_t e = ll128 ? symnccl_ll128_allreduce(&a, r->stream)
+                              : symnccl_ll_allreduce(&a, r->stream);
         if (e != cudaSuccess)
-            return fail(r, e, "ll all_reduce launch");
+            return fail(r, e, "%s all_reduce launch", sn_algo_names[r->algo]);
     }
     return 0;
 }
@@ -333,7 +337,8 @@ sn_lsa_all_reduce(sn_ar *r)
     sn_lock(c);
     int rc = order_begin(r);
     if (rc == 0)
-        rc = r->algo == SN_ALGO_LL     ? ll_launches(r)
+        rc = r->algo == SN_ALGO_LL || r->algo == SN_ALGO_LL128
+                 ? ll_launches(r)
              : r->algo == SN_ALGO_PUSH ? push_launch(r)
                                        : load_launches(r);
     if (rc == 0)

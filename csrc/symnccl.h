@@ -261,7 +261,8 @@ int sn_is_immutable(PyObject *obj);
 enum { SN_ALGO_NCCL = 0, SN_ALGO_ONE_SHOT = SYMNCCL_ALGO_ONE_SHOT,
        SN_ALGO_TWO_SHOT = SYMNCCL_ALGO_TWO_SHOT, SN_ALGO_LL = SYMNCCL_ALGO_LL,
        SN_ALGO_MULTIMEM = SYMNCCL_ALGO_MULTIMEM,
-       SN_ALGO_PUSH = SYMNCCL_ALGO_PUSH, SN_ALGO_COUNT,
+       SN_ALGO_PUSH = SYMNCCL_ALGO_PUSH, SN_ALGO_LL128 = SYMNCCL_ALGO_LL128,
+       SN_ALGO_COUNT,
        SN_ALGO_AUTO = -1 };
 extern const char *const sn_algo_names[SN_ALGO_COUNT];
 /* SN_ALGO_* for a name ("auto" included), -2 if unknown. */

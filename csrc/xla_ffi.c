@@ -357,13 +357,16 @@ handler(XLA_FFI_CallFrame *call)
         r.stream = stream;
         msg[0] = '\0';
         sn_lock(c);
-        if (algo != SN_ALGO_LL && may_register)
+        const int reads_in_place = algo == SN_ALGO_LL ||
+                                   algo == SN_ALGO_LL128 ||
+                                   algo == SN_ALGO_PUSH;
+        if (algo != SN_ALGO_LL && algo != SN_ALGO_LL128 && may_register)
             r.win = xla_window(c, x->data, count * (size_t)is, dev, msg,
                                sizeof(msg));
         if (r.win != NULL)
             stats[dev].window_calls++;
-        else if (algo != SN_ALGO_LL && algo != SN_ALGO_PUSH)
-            /* ll and push read x where it is: they never stage */
+        else if (!reads_in_place)
+            /* ll, ll128 and push read x where it is: they never stage */
             stats[dev].staged_calls++;
         sn_unlock(c);
         if (sn_lsa_all_reduce(&r) < 0) {

@@ -48,8 +48,10 @@ __all__ = [
 
 #: all_reduce algorithms (besides "auto"): NCCL's own, and symnccl's LSA
 #: kernels on the NCCL device API.
-ALGORITHMS = ("nccl", "one_shot", "two_shot", "ll", "push", "multimem")
-#: dtypes and ops the LSA kernels (one_shot, two_shot, ll, push) handle;
+ALGORITHMS = ("nccl", "one_shot", "two_shot", "ll", "ll128", "push",
+              "multimem")
+#: dtypes and ops the LSA kernels (one_shot, two_shot, ll, ll128, push)
+#: handle;
 #: anything else runs through NCCL under algo="auto".
 LSA_DTYPES = ("float32", "bfloat16", "float16", "float64", "float8_e4m3fn",
               "float8_e5m2", "int32", "int64")

@@ -179,7 +179,8 @@ def test_multicast_reported_unavailable_and_multimem_refused(comm):
     comm.all_reduce(x)   # auto still works
 
 
-@pytest.mark.parametrize("algo", ["ll", "one_shot", "two_shot", "push"])
+@pytest.mark.parametrize("algo", ["ll", "ll128", "one_shot", "two_shot",
+                                  "push"])
 def test_lsa_algorithms_on_one_rank_are_identity(comm, algo):
     for dtype in ("float32", "bfloat16", "int64"):
         npdt = _check.numpy_dtype(dtype)
@@ -210,7 +211,7 @@ def test_torch_fast_path_keeps_dlpack_rules(comm):
     assert torch.equal(out, torch.arange(4099, device="cuda") * 2.0)
     # the fast path proper: window view and plain tensor, every LSA algo
     b = torch.from_dlpack(comm.empty(1031, "bfloat16"))
-    for algo in ("ll", "one_shot", "two_shot", "push", "nccl"):
+    for algo in ("ll", "ll128", "one_shot", "two_shot", "push", "nccl"):
         b.fill_(3)
         comm.all_reduce(b, algo=algo)
         t = torch.full((1031,), 5.0, device="cuda")

@@ -41,7 +41,8 @@ void symnccl_devcomm_info(const symnccl_devcomm *dc, int *lsa_size,
 enum { SYMNCCL_OP_SUM = 0, SYMNCCL_OP_MAX = 1, SYMNCCL_OP_MIN = 2,
        SYMNCCL_OP_AVG = 3 };
 enum { SYMNCCL_ALGO_ONE_SHOT = 1, SYMNCCL_ALGO_TWO_SHOT = 2,
-       SYMNCCL_ALGO_LL = 3, SYMNCCL_ALGO_MULTIMEM = 4, SYMNCCL_ALGO_PUSH = 5 };
+       SYMNCCL_ALGO_LL = 3, SYMNCCL_ALGO_MULTIMEM = 4, SYMNCCL_ALGO_PUSH = 5,
+       SYMNCCL_ALGO_LL128 = 6 };
 
 typedef struct {
     int algo;                  /* SYMNCCL_ALGO_* */
@@ -101,6 +102,14 @@ typedef struct {
 size_t symnccl_ll_buffer_bytes(int nranks, size_t max_bytes);
 cudaError_t symnccl_ll_allreduce(const symnccl_ll_args *args,
                                  cudaStream_t stream);
+
+/* ---- ll128 (ll128_allreduce.cu): the ll one-shot in 128-byte lines ----
+ * Same arguments, buffer, grid and epochs as ll (two_shot must be 0);
+ * threads a multiple of 32. At most symnccl_ll128_max_count(row_bytes,
+ * itemsize) elements per launch. */
+size_t symnccl_ll128_max_count(size_t row_bytes, size_t itemsize);
+cudaError_t symnccl_ll128_allreduce(const symnccl_ll_args *args,
+                                    cudaStream_t stream);
 
 /* ---- store-only all-reduce (push_allreduce.cu) ---- */
 

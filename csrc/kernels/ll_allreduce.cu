@@ -46,13 +46,17 @@
 
 #include "devcomm.cuh"
 #include "launch.h"
+#include "packets.cuh"
 #include "reduce.cuh"
 
 namespace {
 
 using symnccl::Acc;
 using symnccl::finish;
+using symnccl::global_timer;
+using symnccl::load8;
 using symnccl::reduce2;
+using symnccl::store8;
 
 constexpr int kMaxRanks = 32;
 
@@ -62,12 +66,6 @@ __device__ __forceinline__ void ll_store(char* p, uint64_t data,
                "r"((uint32_t)data), "r"(flag), "r"((uint32_t)(data >> 32)),
                "r"(flag)
                : "memory");
-}
-
-__device__ __forceinline__ uint64_t global_timer() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
 }
 
 // Spins until both halves of the packet carry `flag`; returns its data.
@@ -94,35 +92,6 @@ __device__ __forceinline__ uint64_t ll_wait(const char* p, uint32_t flag,
     }
   }
   return (uint64_t)d0 | ((uint64_t)d1 << 32);
-}
-
-// The 8 bytes [8i, 8i + 8) of a T array of `count` elements; bytes past the
-// end read as zero. `aligned`: p is 8-byte aligned.
-template <typename T>
-__device__ __forceinline__ uint64_t load8(const T* p, size_t i, size_t count,
-                                          bool aligned) {
-  constexpr int K = 8 / sizeof(T);
-  if (aligned && (i + 1) * K <= count)
-    return *reinterpret_cast<const uint64_t*>(p + i * K);
-  union { uint64_t u; T t[K]; } v;
-  v.u = 0;
-  for (int k = 0; k < K; k++)
-    if (i * K + k < count) v.t[k] = p[i * K + k];
-  return v.u;
-}
-
-template <typename T>
-__device__ __forceinline__ void store8(T* p, size_t i, size_t count,
-                                       bool aligned, uint64_t w) {
-  constexpr int K = 8 / sizeof(T);
-  if (aligned && (i + 1) * K <= count) {
-    *reinterpret_cast<uint64_t*>(p + i * K) = w;
-    return;
-  }
-  union { uint64_t u; T t[K]; } v;
-  v.u = w;
-  for (int k = 0; k < K; k++)
-    if (i * K + k < count) p[i * K + k] = v.t[k];
 }
 
 // One packet's reduction in fixed rank order 0..n-1: `own` is this rank's

@@ -224,7 +224,8 @@ def lsa_algorithms(rank, nranks, uid, seed, sizes=LSA_SIZES):
         for count in sizes:
             win = comm.empty(count + 16, dtype)   # room for offset views
             wt = torch.from_dlpack(win)
-            for algo in ("one_shot", "two_shot", "ll", "push", "auto"):
+            for algo in ("one_shot", "two_shot", "ll", "ll128", "push",
+                         "auto"):
                 for op in symnccl.LSA_OPS:
                     ins = [_check.make_input(dtype, count, r, seed, op)
                            for r in range(nranks)]
@@ -276,7 +277,7 @@ def lsa_graph_and_stress(rank, nranks, uid, seed, iters):
     finally:
         del os.environ["SYMNCCL_PUSH_REGION_MIB"]
     bad = []
-    for algo in ("one_shot", "two_shot", "ll", "push"):
+    for algo in ("one_shot", "two_shot", "ll", "ll128", "push"):
         x = torch.empty(100003, dtype=torch.bfloat16, device="cuda")
         out = torch.empty_like(x)
         comm.all_reduce(x, out=out, algo=algo)
@@ -307,7 +308,7 @@ def lsa_graph_and_stress(rank, nranks, uid, seed, iters):
     wins = {dt: torch.from_dlpack(comm.empty(maxn + 16, dt))
             for dt in ("float32", "bfloat16")}
     side = torch.cuda.Stream()
-    algos = ("one_shot", "two_shot", "ll", "push", "auto", "nccl")
+    algos = ("one_shot", "two_shot", "ll", "ll128", "push", "auto", "nccl")
     # wrong elements per (algo, placement, dtype, side stream?), on the GPU
     errors = torch.zeros((len(algos), 4, 2, 2), dtype=torch.int64,
                          device="cuda")
@@ -365,7 +366,8 @@ def lsa_graph_and_stress(rank, nranks, uid, seed, iters):
     x = torch.full((1 << 20,), 1.0, device="cuda")
     for it in range(200):   # back to back, checked at the end
         comm.all_reduce(x, op="max",
-                        algo=("one_shot", "two_shot", "ll", "push")[it % 4])
+                        algo=("one_shot", "two_shot", "ll", "ll128",
+                              "push")[it % 5])
     if int((x != 1.0).sum()):
         bad.append(("back_to_back", "mixed", 1 << 20, int((x != 1.0).sum())))
     comm.close()
@@ -388,7 +390,7 @@ def lsa_two_comms_two_streams(rank, nranks, uid, uid2, iters):
     torch.cuda.synchronize()
     bad = []
     for it in range(iters):
-        algo = ("ll", "one_shot", "two_shot", "push")[it % 4]
+        algo = ("ll", "one_shot", "two_shot", "ll128", "push")[it % 5]
         xa = a.clone()
         xb = b.clone()
         torch.cuda.synchronize()
@@ -408,7 +410,8 @@ def lsa_two_comms_two_streams(rank, nranks, uid, uid2, iters):
     torch.cuda.synchronize()
     for i, x in enumerate(xs):
         with torch.cuda.stream((s1, s2)[i % 2]):
-            c1.all_reduce(x, algo=("ll", "one_shot", "push")[i // 2 % 3])
+            c1.all_reduce(x, algo=("ll", "one_shot", "push",
+                                   "ll128")[i // 2 % 4])
     torch.cuda.synchronize()
     w = sum(int((x != want).sum()) for x in xs)
     if w:
@@ -441,7 +444,8 @@ def lsa_large(rank, nranks, uid, seed):
     tol = (nranks + 1) * 2.0 ** -7 * mag + 2.0 ** -7 * ref.abs()
     win = torch.from_dlpack(comm.empty(count + 8, "bfloat16"))
     rows = []
-    for algo in ("ll", "one_shot", "two_shot", "push", "auto", "nccl"):
+    for algo in ("ll", "ll128", "one_shot", "two_shot", "push", "auto",
+                 "nccl"):
         for place in ("window", "window_aligned", "tensor"):
             if place.startswith("window"):
                 # 2-byte offset (unaligned), or 16 bytes in

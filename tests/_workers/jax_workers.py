@@ -7,7 +7,7 @@ import numpy as np
 
 CASES = [  # (algo, dtype, op, elements per shard)
     (algo, dtype, op, m)
-    for algo in ("auto", "nccl", "one_shot", "two_shot", "ll", "push")
+    for algo in ("auto", "nccl", "one_shot", "two_shot", "ll", "ll128", "push")
     for dtype, op, m in (("float32", "sum", 1031), ("bfloat16", "sum", 1031),
                          ("int32", "sum", 1031), ("float32", "max", 1031),
                          ("bfloat16", "max", 65537), ("float32", "sum", 1),

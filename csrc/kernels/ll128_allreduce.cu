@@ -1,0 +1,225 @@
+// "ll128" all-reduce: the ll kernel's one round, in 128-byte lines that
+// carry 120 bytes of data and one 8-byte flag, instead of 16-byte packets
+// that carry 8 (ll_allreduce.cu). The link carries 16/15 of the message
+// per peer instead of 2x: at 1 MiB on 2 GPUs that is 1.07 MB per direction
+// instead of 2.1 MB.
+//
+// A line is written by 8 consecutive lanes of one warp with one 16-byte
+// volatile store each (lane 8l+7's second word is the flag), so a warp's
+// store instruction covers 4 whole, 128-byte aligned lines; the reader
+// loads the same 4 lines with one warp-wide 16-byte volatile load and
+// accepts them when all 4 flags are current. This relies on NVLink and the
+// receiving L2 keeping such a 128-byte line write whole with respect to such
+// a 128-byte line read: the property NCCL's LL128 protocol rests on, which
+// NCCL enables on NVLink-connected Hopper. It is not a documented CUDA
+// memory-model guarantee; tests/_workers/collectives.py checks it with
+// random data, poisoned outputs and bitwise comparisons in every dtype
+// (a torn line would be a wrong result, not a hang).
+//
+// Buffer, slots, epochs and flags are the ll kernel's: the same LL region
+// of the staging window, [slot 0..1][source rank][row_bytes], the same
+// per-CTA 64-bit epochs (the grid is the communicator's ll grid), slot
+// c & 1 and 32-bit flag (c mod (2^32 - 1)) + 1 of call c, here as the word
+// flag << 32 | flag. Either kernel may follow the other: a stale word in a
+// slot was written by call c - 2 or older and holds an older flag (an LL
+// packet's second word is flag << 32 | data), so it never matches. The
+// two-slot argument of ll_allreduce.cu holds unchanged.
+//
+// Reduction: rank order 0..n-1 with the own contribution read from the
+// input, fp32 accumulation for 16-bit and fp8 types: the same bits as ll.
+// Each lane reads and writes the same words of in and out, so in place is
+// safe.
+#include <cstdint>
+#include <cstdio>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <nccl.h>
+#include <nccl_device.h>
+
+#include "devcomm.cuh"
+#include "launch.h"
+#include "packets.cuh"
+#include "reduce.cuh"
+
+namespace {
+
+using symnccl::Acc;
+using symnccl::finish;
+using symnccl::global_timer;
+using symnccl::load8;
+using symnccl::reduce2;
+using symnccl::store8;
+
+constexpr int kMaxRanks = 32;
+constexpr int kWords = 60;        // data words in a warp's 4 lines
+constexpr int kBlockBytes = 512;  // 4 lines of 128 bytes
+
+__device__ __forceinline__ void store16(char* p, uint64_t a, uint64_t b) {
+  asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(p), "l"(a),
+               "l"(b)
+               : "memory");
+}
+
+// Spins until the 4 lines this warp reads at p (one 16-byte piece per
+// lane) all carry `flag`; returns the lane's two words.
+__device__ __forceinline__ void wait_lines(const char* p, uint64_t flag,
+                                           bool flag_lane, uint64_t& v0,
+                                           uint64_t& v1, uint64_t timeout_ns,
+                                           int from) {
+  uint64_t start = 0;
+  for (uint32_t spins = 0;; spins++) {
+    asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];"
+                 : "=l"(v0), "=l"(v1)
+                 : "l"(p)
+                 : "memory");
+    if (__all_sync(0xffffffffu, !flag_lane || v1 == flag)) return;
+    if ((spins & 1023) == 1023) {
+      uint64_t now = global_timer();
+      if (start == 0) {
+        start = now;
+      } else if (now - start > timeout_ns) {
+        if ((threadIdx.x & 31) == 0)
+          printf("symnccl: ll128 all_reduce waited more than %llu s for "
+                 "rank %d (flag %u): a peer is gone or did not make the "
+                 "same call\n",
+                 (unsigned long long)(timeout_ns / 1000000000ull), from,
+                 (unsigned)flag);
+        __trap();
+      }
+    }
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void accumulate(typename Acc<T>::type* acc,
+                                           uint64_t w, int q, int op) {
+  constexpr int K = 8 / sizeof(T);
+  union { uint64_t u; T t[K]; } v;
+  v.u = w;
+#pragma unroll
+  for (int k = 0; k < K; k++)
+    acc[k] = q == 0 ? Acc<T>::to(v.t[k])
+                    : reduce2(op, acc[k], Acc<T>::to(v.t[k]));
+}
+
+template <typename T>
+__device__ __forceinline__ uint64_t finished(const typename Acc<T>::type* acc,
+                                             int op, int n) {
+  constexpr int K = 8 / sizeof(T);
+  union { uint64_t u; T t[K]; } r;
+#pragma unroll
+  for (int k = 0; k < K; k++) r.t[k] = finish<T>(op, acc[k], n);
+  return r.u;
+}
+
+// blockDim.x must be a multiple of 32 (the host rounds the ll grid).
+template <typename T, int N>
+__global__ void __launch_bounds__(512)
+    ll128_allreduce(ncclDevComm dc, ncclWindow_t win, size_t ll_off,
+                    size_t row_bytes, uint64_t* epochs, const T* in, T* out,
+                    size_t count, int op, uint64_t timeout_ns) {
+  using A = typename Acc<T>::type;
+  constexpr int K = 8 / sizeof(T);
+  const int n = N > 0 ? N : dc.lsaSize;
+  const int me = dc.lsaRank;
+
+  __shared__ uint64_t s_epoch;
+  if (threadIdx.x == 0) s_epoch = epochs[blockIdx.x];
+  __syncthreads();
+  const uint64_t epoch = s_epoch;
+  const uint32_t f32 = (uint32_t)(epoch % 0xFFFFFFFFull) + 1u;
+  const uint64_t flag = (uint64_t)f32 << 32 | f32;
+  const size_t slot_off = ll_off + (epoch & 1) * (size_t)n * row_bytes;
+
+  const int lane = threadIdx.x & 31;
+  // lane -> words: line lane / 8 holds words [15 * line, 15 * line + 15) of
+  // the block; lane 8l + p holds words 2p, 2p + 1, except p = 7: word 14
+  // and the flag.
+  const bool flag_lane = (lane & 7) == 7;
+  const size_t lw = (size_t)(lane >> 3) * 15 + (size_t)(lane & 7) * 2;
+  const size_t nw = (count + K - 1) / K;
+  const size_t nb = (nw + kWords - 1) / kWords;
+  const size_t warps = (size_t)gridDim.x * (blockDim.x / 32);
+  const size_t wid = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  const bool in_al = (reinterpret_cast<uintptr_t>(in) & 7) == 0;
+  const bool out_al = (reinterpret_cast<uintptr_t>(out) & 7) == 0;
+
+  // Push: my lines into row `me` of every peer's slot.
+  char* row_at[N > 0 ? N : kMaxRanks];
+#pragma unroll
+  for (int q = 0; q < (N > 0 ? N : kMaxRanks); q++) {
+    if (N == 0 && q >= n) break;
+    row_at[q] = static_cast<char*>(ncclGetLsaPointer(
+        win, slot_off + (size_t)me * row_bytes, q));
+  }
+  for (size_t b = wid; b < nb; b += warps) {
+    const size_t w = b * kWords + lw;
+    const uint64_t v0 = load8(in, w, count, in_al);
+    const uint64_t v1 = flag_lane ? flag : load8(in, w + 1, count, in_al);
+    const size_t at = b * kBlockBytes + (size_t)lane * 16;
+#pragma unroll
+    for (int q = 0; q < (N > 0 ? N : kMaxRanks); q++) {
+      if (N == 0 && q >= n) break;
+      if (q != me) store16(row_at[q] + at, v0, v1);
+    }
+  }
+
+  // Poll my own slot, reduce in rank order, write the result.
+  const char* mine =
+      static_cast<const char*>(ncclGetLsaPointer(win, slot_off, me));
+  for (size_t b = wid; b < nb; b += warps) {
+    const size_t w = b * kWords + lw;
+    const size_t at = b * kBlockBytes + (size_t)lane * 16;
+    A acc0[K], acc1[K];
+#pragma unroll
+    for (int q = 0; q < (N > 0 ? N : kMaxRanks); q++) {
+      if (N == 0 && q >= n) break;
+      uint64_t v0, v1;
+      if (q == me) {
+        v0 = load8(in, w, count, in_al);
+        v1 = flag_lane ? 0 : load8(in, w + 1, count, in_al);
+      } else {
+        wait_lines(mine + (size_t)q * row_bytes + at, flag, flag_lane, v0, v1,
+                   timeout_ns, q);
+      }
+      accumulate<T>(acc0, v0, q, op);
+      accumulate<T>(acc1, v1, q, op);
+    }
+    if (w < nw) store8(out, w, count, out_al, finished<T>(acc0, op, n));
+    if (!flag_lane && w + 1 < nw)
+      store8(out, w + 1, count, out_al, finished<T>(acc1, op, n));
+  }
+
+  __syncthreads();
+  if (threadIdx.x == 0) epochs[blockIdx.x] = epoch + 1;
+}
+
+template <typename T, int N>
+cudaError_t launch_t(const symnccl_ll_args& a, cudaStream_t stream) {
+  const size_t nw = (a.count + 8 / sizeof(T) - 1) / (8 / sizeof(T));
+  if ((nw + kWords - 1) / kWords * kBlockBytes > a.row_bytes)
+    return cudaErrorInvalidValue;
+  ll128_allreduce<T, N><<<a.ctas, a.threads, 0, stream>>>(
+      a.dc->dc, a.win, a.ll_offset, a.row_bytes, a.epochs,
+      static_cast<const T*>(a.src), static_cast<T*>(a.out), a.count, a.op,
+      a.timeout_ns);
+  return cudaGetLastError();
+}
+
+}  // namespace
+
+extern "C" size_t symnccl_ll128_max_count(size_t row_bytes, size_t itemsize) {
+  return row_bytes / kBlockBytes * kWords * 8 / itemsize;
+}
+
+extern "C" cudaError_t symnccl_ll128_allreduce(const symnccl_ll_args* a,
+                                               cudaStream_t stream) {
+  if (a->dc->dc.lsaSize > kMaxRanks || a->threads > 512 ||
+      a->threads % 32 != 0 || a->two_shot)
+    return cudaErrorInvalidValue;
+  return symnccl::dispatch(a->dtype, a->dc->dc.lsaSize, [&](auto t, auto n) {
+    return launch_t<decltype(t), decltype(n)::value>(*a, stream);
+  });
+}
