@@ -190,7 +190,7 @@ read_knobs(CommObject *c)
         if (c->algo_env == -2) {
             PyErr_Format(PyExc_ValueError, "SYMNCCL_ALGO=%s is not an "
                          "algorithm: expected auto, nccl, one_shot, "
-                         "two_shot, ll, push or multimem", a);
+                         "two_shot, ll, ll128, push or multimem", a);
             return -1;
         }
     }
@@ -213,6 +213,10 @@ alloc_staging_memory(SNState *st, CommObject *c)
     c->ll_max_bytes = SN_LL_REGION / (4 * n) / 4096 * 4096;
     c->ll_offset = c->staging_bytes;
     size_t ll = symnccl_ll_buffer_bytes(c->nranks, c->ll_max_bytes);
+    /* ll128: 2 slots x nranks rows, in whole pages */
+    c->ll128_offset = c->ll_offset + ll;
+    c->ll128_row_bytes = SN_LL128_REGION / (2 * n) / 4096 * 4096;
+    const size_t ll128 = 2 * n * c->ll128_row_bytes;
     /* push: 4 x nranks slots in the region, in whole pages */
     size_t region = (size_t)env_int("SYMNCCL_PUSH_REGION_MIB",
                                     (int)(SN_PUSH_REGION >> 20), 1, 4096)
@@ -220,12 +224,12 @@ alloc_staging_memory(SNState *st, CommObject *c)
     c->push_slot_bytes = region / (4 * n) / 4096 * 4096;
     if (c->push_slot_bytes == 0)
         c->push_slot_bytes = 4096;
-    c->push_offset = c->ll_offset + ll;
+    c->push_offset = c->ll128_offset + ll128;
     size_t data_off = 0;
     size_t push = symnccl_push_region_bytes(c->nranks, c->push_slot_bytes,
                                             &data_off);
     c->push_data = c->push_offset + data_off;
-    c->staging_alloc = c->staging_bytes + ll + push;
+    c->staging_alloc = c->staging_bytes + ll + ll128 + push;
     ncclResult_t rc;
     void *p = NULL;
     Py_BEGIN_ALLOW_THREADS
@@ -234,7 +238,8 @@ alloc_staging_memory(SNState *st, CommObject *c)
     if (rc != ncclSuccess)
         return sn_set_nccl_error(st, rc, c->comm, "ncclMemAlloc (staging)");
     c->staging = p;
-    cudaError_t e = cudaMemset(c->staging + c->ll_offset, 0, ll + data_off);
+    cudaError_t e = cudaMemset(c->staging + c->ll_offset, 0,
+                               ll + ll128 + data_off);
     if (e == cudaSuccess)
         e = cudaDeviceSynchronize();
     if (e != cudaSuccess)

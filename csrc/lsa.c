@@ -15,6 +15,8 @@ const char *const sn_algo_names[SN_ALGO_COUNT] = {
 
 _Static_assert(SYMNCCL_PUSH_MAX_CTAS <= SN_MAX_CTAS,
                "push epochs live in the scratch's SN_MAX_CTAS slots");
+_Static_assert(SN_LL128_EPOCHS_OFFSET + 8 * SN_MAX_CTAS <= SN_SCRATCH_BYTES,
+               "the epoch arrays fit in the scratch");
 
 int
 sn_algo_from_name(const char *s)
@@ -69,19 +71,21 @@ sn_lsa_unavailable(const CommObject *c, int algo, ncclDataType_t dt,
 
 /* algo="auto": crossovers measured with benchmarks/bench_allreduce.py on
  * 2x and 4x H200 (and 3 of them), bf16, CUDA-graph replay
- * (benchmarks/NOTES.md, sections 10-12). x in a window (in_window) or a
+ * (benchmarks/NOTES.md, sections 10-14). x in a window (in_window) or a
  * plain tensor:
  *
- *   ranks   ll           two_shot                        push
- *   2       <= 256 KiB   <= 4 MiB (tensor: <= 1 MiB)     above
- *   3..7    <= 512 KiB   <= 4 MiB (tensor: <= 1 MiB)     above
+ *   ranks   ll           ll128        two_shot                     push
+ *   2       <= 64 KiB    <= 1 MiB     <= 4 MiB (tensor: none)      above
+ *   3..7    <= 512 KiB   -            <= 4 MiB (tensor: <= 1 MiB)  above
  *           (measured at 3 and 4; ll is the two-shot packet kernel there
  *           from 128 KiB: 9.7 vs two_shot's 10.5 us at 512 KiB on 4)
  *   >= 8    NCCL at every size (measured at 8 before ll and push existed)
  *
+ * ll128 (NOTES section 14): 2x 256 KiB 4.1 vs ll 4.7, 1 MiB 7.6 vs
+ * two_shot 9.0; not yet measured on 3+ ranks, so not picked there.
  * one_shot won at no size in those runs (it reads n-1 whole copies where
  * two_shot reads one); multimem is never chosen automatically.
- * SYMNCCL_ALGO=nccl|one_shot|two_shot|ll|push overrides the table where
+ * SYMNCCL_ALGO=nccl|one_shot|two_shot|ll|ll128|push overrides the table where
  * that algorithm can run. in_window must be the same on every rank (as the
  * kind of input must be). */
 int
@@ -95,8 +99,10 @@ sn_auto_algo(const CommObject *c, size_t bytes, ncclDataType_t dt,
         return SN_ALGO_NCCL;
     if (c->nranks >= 8)
         return SN_ALGO_NCCL;
-    if (bytes <= (c->nranks <= 2 ? (256u << 10) : (512u << 10)))
+    if (bytes <= (c->nranks <= 2 ? (64u << 10) : (512u << 10)))
         return SN_ALGO_LL;
+    if (c->nranks <= 2 && bytes <= (1u << 20))
+        return SN_ALGO_LL128;
     if (bytes <= (in_window ? (4u << 20) : (1u << 20)))
         return SN_ALGO_TWO_SHOT;
     return SN_ALGO_PUSH;
@@ -183,7 +189,7 @@ ll_launches(sn_ar *r)
     const int two_shot = !ll128 && c->nranks >= 3 &&
                          r->count * is >= c->ll_two_shot_min;
     const size_t chunk =
-        ll128 ? symnccl_ll128_max_count(2 * c->ll_max_bytes, is)
+        ll128 ? symnccl_ll128_max_count(c->ll128_row_bytes, is)
         : two_shot ? (size_t)c->nranks * (c->ll_max_bytes / 2) / is
                    : c->ll_max_bytes / is;
     for (size_t done = 0; done < r->count; done += chunk) {
@@ -192,9 +198,11 @@ ll_launches(sn_ar *r)
         memset(&a, 0, sizeof(a));
         a.dc = c->devcomm;
         a.win = c->staging_win->win;
-        a.ll_offset = c->ll_offset;
-        a.row_bytes = 2 * c->ll_max_bytes;
-        a.epochs = (uint64_t *)((char *)c->scratch + SN_EPOCHS_OFFSET);
+        a.ll_offset = ll128 ? c->ll128_offset : c->ll_offset;
+        a.row_bytes = ll128 ? c->ll128_row_bytes : 2 * c->ll_max_bytes;
+        a.epochs = (uint64_t *)((char *)c->scratch +
+                                (ll128 ? SN_LL128_EPOCHS_OFFSET
+                                       : SN_EPOCHS_OFFSET));
         a.src = r->x + done * is;
         a.out = r->out + done * is;
         a.count = len;

@@ -26,15 +26,20 @@
 /* Receive buffers of the LL kernel, per rank, after the staging area in the
  * same window: 2 slots x nranks rows x 16-byte packets per 8 data bytes. */
 #define SN_LL_REGION (16u << 20)
-/* Flags and slots of the push kernel, per rank, after the LL region:
+/* Receive buffers of the ll128 kernel, per rank, after the LL region:
+ * 2 slots x nranks rows of 128-byte lines (120 data bytes each). */
+#define SN_LL128_REGION (8u << 20)
+/* Flags and slots of the push kernel, per rank, after the ll128 region:
  * 2 parities x (receive + result) x nranks slots. SYMNCCL_PUSH_REGION_MIB
  * overrides the size at communicator creation. */
 #define SN_PUSH_REGION (64u << 20)
 /* Device scratch per communicator: barrier() int at 0, LL epochs at 256,
- * push epochs at 1280 (SN_MAX_CTAS 64-bit counters each). */
+ * push epochs at 1280, ll128 epochs at 2304 (SN_MAX_CTAS 64-bit counters
+ * each). */
 #define SN_SCRATCH_BYTES 4096
 #define SN_EPOCHS_OFFSET 256
 #define SN_PUSH_EPOCHS_OFFSET (SN_EPOCHS_OFFSET + 8 * SN_MAX_CTAS)
+#define SN_LL128_EPOCHS_OFFSET (SN_PUSH_EPOCHS_OFFSET + 8 * SN_MAX_CTAS)
 
 /* ------------------------------------------------------------------ */
 /* Module state: everything that would otherwise be a process global. */
@@ -109,6 +114,9 @@ typedef struct CommObject {
     int ll_ctas, ll_threads;
     /* ll on 3+ ranks: the two-shot packet kernel from this many bytes */
     size_t ll_two_shot_min;
+    /* ll128 kernel: its receive buffer at staging + ll128_offset, rows of
+     * ll128_row_bytes, the ll grid, its own epochs */
+    size_t ll128_offset, ll128_row_bytes;
     /* push kernel: flags at staging + push_offset, slots at push_data,
      * slot_bytes per slot, fixed grid (push_ctas x push_threads). */
     size_t push_offset, push_data, push_slot_bytes;

@@ -16,14 +16,16 @@
 // random data, poisoned outputs and bitwise comparisons in every dtype
 // (a torn line would be a wrong result, not a hang).
 //
-// Buffer, slots, epochs and flags are the ll kernel's: the same LL region
-// of the staging window, [slot 0..1][source rank][row_bytes], the same
-// per-CTA 64-bit epochs (the grid is the communicator's ll grid), slot
-// c & 1 and 32-bit flag (c mod (2^32 - 1)) + 1 of call c, here as the word
-// flag << 32 | flag. Either kernel may follow the other: a stale word in a
-// slot was written by call c - 2 or older and holds an older flag (an LL
-// packet's second word is flag << 32 | data), so it never matches. The
-// two-slot argument of ll_allreduce.cu holds unchanged.
+// Buffer, slots, epochs and flags work as in the ll kernel, in a region and
+// epoch array of ll128's own (same layout [slot 0..1][source rank][row],
+// the communicator's ll grid, slot c & 1 and 32-bit flag (c mod (2^32 - 1))
+// + 1 of call c, here as the word flag << 32 | flag); the two-slot argument
+// of ll_allreduce.cu holds unchanged. Own buffers, because the two formats
+// cannot share slots: ll looks for its flag in bytes 4-7 and 12-15 of each
+// 16 bytes, where a stale ll128 line holds user data, and a data word that
+// happens to equal the current flag in both places (bf16 pairs such as
+// (1.0, 0.0) read as 16256) would be taken for a fresh packet. The stress
+// test hit exactly that while both shared one region.
 //
 // Reduction: rank order 0..n-1 with the own contribution read from the
 // input, fp32 accumulation for 16-bit and fp8 types: the same bits as ll.
