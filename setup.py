@@ -145,8 +145,13 @@ class BuildExt(build_ext):
                 print(" ".join(cmd), flush=True)
                 subprocess.check_call(cmd)
             objects.append(obj)
+        headers = glob.glob(os.path.join("csrc", "*.h")) + \
+            glob.glob(os.path.join("csrc", "kernels", "launch.h"))
         for ext in self.extensions:
             ext.extra_objects = objects + list(ext.extra_objects or [])
+            # relink when a kernel object or a header is newer than the
+            # library (setuptools looks only at the .c sources otherwise)
+            ext.depends = list(ext.depends or []) + objects + headers
         super().build_extensions()
 
 

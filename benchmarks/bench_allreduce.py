@@ -196,8 +196,8 @@ def worker(rank, nranks, uid, opts):
     return {"rows": results, "skipped": skipped}
 
 
-SYMNCCL_METHODS = ("symnccl:ll", "symnccl:one_shot", "symnccl:two_shot",
-                   "symnccl:push", "symnccl:auto")
+SYMNCCL_METHODS = ("symnccl:ll", "symnccl:ll128", "symnccl:one_shot",
+                   "symnccl:two_shot", "symnccl:push", "symnccl:auto")
 TENSOR_METHODS = ("symnccl:auto(tensor)", "symnccl:two_shot(tensor)",
                   "symnccl:push(tensor)")
 ANCHORS = ("nccl:window", "nccl:plain", "torch.dist", "symm_mem:one_shot",
