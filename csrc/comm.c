@@ -197,8 +197,8 @@ read_knobs(CommObject *c)
     return 0;
 }
 
-/* ncclMemAlloc for the staging window (the staging area, the LL receive
- * buffers, the push region; the last two zeroed); registration is done by
+/* ncclMemAlloc for the staging window (the staging area, the LL and ll128
+ * receive buffers, the push region; all but the first zeroed); registration is done by
  * the caller (alone, or for several communicators inside one NCCL group),
  * after this returns, so no peer can write into them before they are
  * cleared. */

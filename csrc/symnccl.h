@@ -106,7 +106,7 @@ typedef struct CommObject {
     char *staging;
     size_t staging_bytes;      /* usable staging area at offset 0 */
     size_t staging_alloc;      /* whole allocation: staging + LL region +
-                                  push region */
+                                  ll128 region + push region */
     sn_window *staging_win;
     /* LL kernel: receive buffer at staging + ll_offset, messages of up to
      * ll_max_bytes per launch, fixed grid (ll_ctas x ll_threads). */

@@ -104,9 +104,10 @@ cudaError_t symnccl_ll_allreduce(const symnccl_ll_args *args,
                                  cudaStream_t stream);
 
 /* ---- ll128 (ll128_allreduce.cu): the ll one-shot in 128-byte lines ----
- * Same arguments, buffer, grid and epochs as ll (two_shot must be 0);
- * threads a multiple of 32. At most symnccl_ll128_max_count(row_bytes,
- * itemsize) elements per launch. */
+ * The ll argument struct and grid, with ll_offset / row_bytes / epochs of
+ * ll128's own region and counters (the two formats must not share slots);
+ * two_shot must be 0, threads a multiple of 32. At most
+ * symnccl_ll128_max_count(row_bytes, itemsize) elements per launch. */
 size_t symnccl_ll128_max_count(size_t row_bytes, size_t itemsize);
 cudaError_t symnccl_ll128_allreduce(const symnccl_ll_args *args,
                                     cudaStream_t stream);
