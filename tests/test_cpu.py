@@ -440,3 +440,35 @@ def test_multimem_algo_is_gated_by_multicast():
     assert not symnccl.algo_supported(FakeComm, "multimem", "int32")
     with pytest.raises(ValueError, match="unknown algo"):
         symnccl.algo_supported(FakeComm, "fast", "bfloat16")
+
+
+def test_profile_ncu_reads_recorded_csv_and_groups_metrics(monkeypatch,
+                                                           capsys, tmp_path):
+    import importlib.util
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location(
+        "profile_ncu", os.path.join(root, "scripts", "profile_ncu.py"))
+    pn = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pn)
+    cases = ("ll:4K,ll:256K,two_shot:1M,push:1M,push:16M,push:256M,"
+             "nccl:256M").split(",")
+    prof = os.path.join(root, "benchmarks", "results", "profiles")
+    d = pn.report(os.path.join(prof, "ncu_2ranks_time_dram.csv"), cases, 3,
+                  2, ["gpu__time_duration.sum", "dram__bytes_read.sum"])
+    assert set(d) == set(cases)
+    assert abs(d["push:256M"] - 778.56) < 0.01      # fastest rep, in us
+    out = capsys.readouterr().out
+    assert "21 profiled kernels" in out and "busbw" in out
+    # byte counters of a run without durations are read against `durations`
+    pn.report(os.path.join(prof, "ncu_2ranks_nvlink.csv"), cases, 3, 2,
+              ["nvltx__bytes_data_user.sum"], d)
+    out = capsys.readouterr().out
+    assert "nvltx__bytes_data_user=268.5MB(345GB/s)" in out
+    # one-pass grouping: NVLink counters need a pass of their own
+    monkeypatch.setenv("TMPDIR", os.fspath(tmp_path))
+    monkeypatch.setattr(pn, "passes", lambda m: 1 if "nvl" not in m
+                        or "gpu__" not in m and "dram" not in m else 2)
+    g = pn.one_pass_groups(["gpu__time_duration.sum", "dram__bytes_read.sum",
+                            "nvltx__bytes.sum", "nvlrx__bytes.sum"])
+    assert g == [["gpu__time_duration.sum", "dram__bytes_read.sum"],
+                 ["nvltx__bytes.sum", "nvlrx__bytes.sum"]]
