@@ -24,14 +24,17 @@ import os
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))), "benchmarks"))
+from bench_allreduce import parse_sizes  # noqa: E402
+
 NCU = ["ncu", "--clock-control", "none", "--cache-control", "none",
        "--replay-mode", "kernel", "--csv", "--page", "raw"]
 
 
 def parse_size(s):
-    s = s.strip().upper()
-    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    return int(s[:-1]) * mult[s[-1]] if s[-1] in mult else int(s)
+    """'4K' -> 4096, with the benchmark's parser (one place for the syntax)."""
+    return parse_sizes(s)[0]
 
 
 def passes(metrics):

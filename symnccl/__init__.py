@@ -51,8 +51,7 @@ __all__ = [
 ALGORITHMS = ("nccl", "one_shot", "two_shot", "ll", "ll128", "push",
               "multimem")
 #: dtypes and ops the LSA kernels (one_shot, two_shot, ll, ll128, push)
-#: handle;
-#: anything else runs through NCCL under algo="auto".
+#: handle; anything else runs through NCCL under algo="auto".
 LSA_DTYPES = ("float32", "bfloat16", "float16", "float64", "float8_e4m3fn",
               "float8_e5m2", "int32", "int64")
 LSA_OPS = ("sum", "max", "min", "avg")
