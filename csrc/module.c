@@ -530,6 +530,29 @@ sn_exec(PyObject *module)
         PyModule_AddIntConstant(module, "UNIQUE_ID_BYTES",
                                 NCCL_UNIQUE_ID_BYTES) < 0)
         return -1;
+
+    /* ALGO_CODES: name -> SN_ALGO_* ("auto" included), the codes the XLA
+     * handler's algo attribute takes. */
+    PyObject *codes = PyDict_New();
+    if (codes == NULL)
+        return -1;
+    for (int i = SN_ALGO_AUTO; i < SN_ALGO_COUNT; i++) {
+        PyObject *v = PyLong_FromLong(i);
+        if (v == NULL ||
+            PyDict_SetItemString(codes, i == SN_ALGO_AUTO ? "auto"
+                                                          : sn_algo_names[i],
+                                 v) < 0) {
+            Py_XDECREF(v);
+            Py_DECREF(codes);
+            return -1;
+        }
+        Py_DECREF(v);
+    }
+    if (PyModule_AddObjectRef(module, "ALGO_CODES", codes) < 0) {
+        Py_DECREF(codes);
+        return -1;
+    }
+    Py_DECREF(codes);
     return 0;
 }
 

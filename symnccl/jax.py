@@ -39,8 +39,8 @@ __all__ = ["communicator", "all_reduce", "TARGET"]
 TARGET = "symnccl_all_reduce"
 #: ncclRedOp_t values (nccl.h) passed to the handler.
 _OP_CODES = {"sum": 0, "prod": 1, "max": 2, "min": 3, "avg": 4}
-_ALGO_CODES = {"auto": -1, "nccl": 0, "one_shot": 1, "two_shot": 2, "ll": 3,
-               "multimem": 4, "push": 5, "ll128": 6}
+#: algorithm name -> the code the handler takes (the C module's SN_ALGO_*).
+_ALGO_CODES = dict(_C.ALGO_CODES)
 _registered = False
 _comms: dict[int, Communicator] = {}   # CUDA ordinal -> communicator
 _generation = itertools.count()

@@ -442,6 +442,13 @@ def test_multimem_algo_is_gated_by_multicast():
         symnccl.algo_supported(FakeComm, "fast", "bfloat16")
 
 
+def test_algo_codes_come_from_the_c_module_and_cover_every_algorithm():
+    codes = _C.ALGO_CODES
+    assert set(codes) == set(symnccl.ALGORITHMS) | {"auto"}
+    assert codes["auto"] == -1 and codes["nccl"] == 0
+    assert sorted(codes.values()) == list(range(-1, len(codes) - 1))
+
+
 def test_profile_ncu_reads_recorded_csv_and_groups_metrics(monkeypatch,
                                                            capsys, tmp_path):
     import importlib.util

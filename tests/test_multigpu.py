@@ -79,6 +79,14 @@ def test_lsa_graph_replay_and_10000_call_stress(nranks):
     assert all(not b for b in res), res
 
 
+@ranks_param(2, 3, 4, 8)
+def test_push_many_chunks_short_last_chunk_under_sm_contention(nranks):
+    pytest.importorskip("torch")
+    res = spawn(W.push_chunks_under_contention, nranks, args=(7, 3000),
+                timeout=900)
+    assert all(not b for b in res), [b[:5] for b in res]
+
+
 @ranks_param(2, 4)
 def test_two_communicators_and_two_streams_never_deadlock(nranks):
     pytest.importorskip("torch")

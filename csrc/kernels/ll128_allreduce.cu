@@ -47,11 +47,11 @@
 
 namespace {
 
+using symnccl::accumulate;
 using symnccl::Acc;
-using symnccl::finish;
-using symnccl::global_timer;
+using symnccl::finished;
 using symnccl::load8;
-using symnccl::reduce2;
+using symnccl::past_deadline;
 using symnccl::store8;
 
 constexpr int kMaxRanks = 32;
@@ -77,43 +77,15 @@ __device__ __forceinline__ void wait_lines(const char* p, uint64_t flag,
                  : "l"(p)
                  : "memory");
     if (__all_sync(0xffffffffu, !flag_lane || v1 == flag)) return;
-    if ((spins & 1023) == 1023) {
-      uint64_t now = global_timer();
-      if (start == 0) {
-        start = now;
-      } else if (now - start > timeout_ns) {
-        if ((threadIdx.x & 31) == 0)
-          printf("symnccl: ll128 all_reduce waited more than %llu s for "
-                 "rank %d (flag %u): a peer is gone or did not make the "
-                 "same call\n",
-                 (unsigned long long)(timeout_ns / 1000000000ull), from,
-                 (unsigned)flag);
-        __trap();
-      }
+    if (past_deadline(spins, start, timeout_ns)) {
+      if ((threadIdx.x & 31) == 0)
+        printf("symnccl: ll128 all_reduce waited more than %llu s for rank "
+               "%d (flag %u): a peer is gone or did not make the same call\n",
+               (unsigned long long)(timeout_ns / 1000000000ull), from,
+               (unsigned)flag);
+      __trap();
     }
   }
-}
-
-template <typename T>
-__device__ __forceinline__ void accumulate(typename Acc<T>::type* acc,
-                                           uint64_t w, int q, int op) {
-  constexpr int K = 8 / sizeof(T);
-  union { uint64_t u; T t[K]; } v;
-  v.u = w;
-#pragma unroll
-  for (int k = 0; k < K; k++)
-    acc[k] = q == 0 ? Acc<T>::to(v.t[k])
-                    : reduce2(op, acc[k], Acc<T>::to(v.t[k]));
-}
-
-template <typename T>
-__device__ __forceinline__ uint64_t finished(const typename Acc<T>::type* acc,
-                                             int op, int n) {
-  constexpr int K = 8 / sizeof(T);
-  union { uint64_t u; T t[K]; } r;
-#pragma unroll
-  for (int k = 0; k < K; k++) r.t[k] = finish<T>(op, acc[k], n);
-  return r.u;
 }
 
 // blockDim.x must be a multiple of 32 (the host rounds the ll grid).
@@ -127,13 +99,10 @@ __global__ void __launch_bounds__(512)
   const int n = N > 0 ? N : dc.lsaSize;
   const int me = dc.lsaRank;
 
-  __shared__ uint64_t s_epoch;
-  if (threadIdx.x == 0) s_epoch = epochs[blockIdx.x];
-  __syncthreads();
-  const uint64_t epoch = s_epoch;
-  const uint32_t f32 = (uint32_t)(epoch % 0xFFFFFFFFull) + 1u;
-  const uint64_t flag = (uint64_t)f32 << 32 | f32;
-  const size_t slot_off = ll_off + (epoch & 1) * (size_t)n * row_bytes;
+  const symnccl::PacketCall call = symnccl::begin_call(epochs, ll_off, n,
+                                                       row_bytes);
+  const uint64_t flag = (uint64_t)call.flag << 32 | call.flag;
+  const size_t slot_off = call.slot_off;
 
   const int lane = threadIdx.x & 31;
   // lane -> words: line lane / 8 holds words [15 * line, 15 * line + 15) of
@@ -194,8 +163,7 @@ __global__ void __launch_bounds__(512)
       store8(out, w + 1, count, out_al, finished<T>(acc1, op, n));
   }
 
-  __syncthreads();
-  if (threadIdx.x == 0) epochs[blockIdx.x] = epoch + 1;
+  symnccl::end_call(epochs, call);
 }
 
 template <typename T, int N>

@@ -51,11 +51,11 @@
 
 namespace {
 
+using symnccl::accumulate;
 using symnccl::Acc;
-using symnccl::finish;
-using symnccl::global_timer;
+using symnccl::finished;
 using symnccl::load8;
-using symnccl::reduce2;
+using symnccl::past_deadline;
 using symnccl::store8;
 
 constexpr int kMaxRanks = 32;
@@ -79,16 +79,11 @@ __device__ __forceinline__ uint64_t ll_wait(const char* p, uint32_t flag,
                  : "l"(p)
                  : "memory");
     if (f0 == flag && f1 == flag) break;
-    if ((spins & 1023) == 1023) {
-      uint64_t now = global_timer();
-      if (start == 0) {
-        start = now;
-      } else if (now - start > timeout_ns) {
-        printf("symnccl: ll all_reduce waited more than %llu s for rank %d "
-               "(flag %u): a peer is gone or did not make the same call\n",
-               (unsigned long long)(timeout_ns / 1000000000ull), from, flag);
-        __trap();
-      }
+    if (past_deadline(spins, start, timeout_ns)) {
+      printf("symnccl: ll all_reduce waited more than %llu s for rank %d "
+             "(flag %u): a peer is gone or did not make the same call\n",
+             (unsigned long long)(timeout_ns / 1000000000ull), from, flag);
+      __trap();
     }
   }
   return (uint64_t)d0 | ((uint64_t)d1 << 32);
@@ -102,24 +97,17 @@ __device__ __forceinline__ uint64_t reduce_packet(const char* rows,
                                                   uint64_t own, int me, int n,
                                                   int op, uint32_t flag,
                                                   uint64_t timeout_ns) {
-  using A = typename Acc<T>::type;
-  constexpr int K = 8 / sizeof(T);
-  A acc[K];
+  typename Acc<T>::type acc[8 / sizeof(T)];
 #pragma unroll
   for (int q = 0; q < (N > 0 ? N : kMaxRanks); q++) {
     if (N == 0 && q >= n) break;
-    union { uint64_t u; T t[K]; } v;
-    v.u = q == me ? own
-                  : ll_wait(rows + (size_t)q * row_stride, flag, timeout_ns, q);
-#pragma unroll
-    for (int k = 0; k < K; k++)
-      acc[k] = q == 0 ? Acc<T>::to(v.t[k])
-                      : reduce2(op, acc[k], Acc<T>::to(v.t[k]));
+    accumulate<T>(acc,
+                  q == me ? own
+                          : ll_wait(rows + (size_t)q * row_stride, flag,
+                                    timeout_ns, q),
+                  q, op);
   }
-  union { uint64_t u; T t[K]; } r;
-#pragma unroll
-  for (int k = 0; k < K; k++) r.t[k] = finish<T>(op, acc[k], n);
-  return r.u;
+  return finished<T>(acc, op, n);
 }
 
 template <typename T, int N>
@@ -131,12 +119,10 @@ __global__ void __launch_bounds__(512)
   const int n = N > 0 ? N : dc.lsaSize;
   const int me = dc.lsaRank;
 
-  __shared__ uint64_t s_epoch;
-  if (threadIdx.x == 0) s_epoch = epochs[blockIdx.x];
-  __syncthreads();
-  const uint64_t epoch = s_epoch;
-  const uint32_t flag = (uint32_t)(epoch % 0xFFFFFFFFull) + 1u;
-  const size_t slot_off = ll_off + (epoch & 1) * (size_t)n * row_bytes;
+  const symnccl::PacketCall call = symnccl::begin_call(epochs, ll_off, n,
+                                                       row_bytes);
+  const uint32_t flag = call.flag;
+  const size_t slot_off = call.slot_off;
 
   const size_t npk = (count + K - 1) / K;
   const size_t stride = (size_t)gridDim.x * blockDim.x;
@@ -170,8 +156,7 @@ __global__ void __launch_bounds__(512)
                                load8(in, i, count, in_al), me, n, op, flag,
                                timeout_ns));
 
-  __syncthreads();
-  if (threadIdx.x == 0) epochs[blockIdx.x] = epoch + 1;
+  symnccl::end_call(epochs, call);
 }
 
 // Two-shot in LL packets, for 3+ ranks from a few tens of KiB: each rank
@@ -198,12 +183,10 @@ __global__ void __launch_bounds__(512)
   const int n = N > 0 ? N : dc.lsaSize;
   const int me = dc.lsaRank;
 
-  __shared__ uint64_t s_epoch;
-  if (threadIdx.x == 0) s_epoch = epochs[blockIdx.x];
-  __syncthreads();
-  const uint64_t epoch = s_epoch;
-  const uint32_t flag = (uint32_t)(epoch % 0xFFFFFFFFull) + 1u;
-  const size_t slot_off = ll_off + (epoch & 1) * (size_t)n * row_bytes;
+  const symnccl::PacketCall call = symnccl::begin_call(epochs, ll_off, n,
+                                                       row_bytes);
+  const uint32_t flag = call.flag;
+  const size_t slot_off = call.slot_off;
   const size_t half = row_bytes / 2;
 
   const size_t npk = (count + K - 1) / K;
@@ -254,8 +237,7 @@ __global__ void __launch_bounds__(512)
              ll_wait(row + j * 16, flag, timeout_ns, q));
   }
 
-  __syncthreads();
-  if (threadIdx.x == 0) epochs[blockIdx.x] = epoch + 1;
+  symnccl::end_call(epochs, call);
 }
 
 template <typename T, int N>

@@ -2,7 +2,8 @@
 // which every byte crosses NVLink as a store, and per-CTA flags replace the
 // barriers.
 //
-// For each chunk of up to n * slot elements (slice q = the q-th n-th):
+// The count is cut into chunks of n * slot elements and a shorter last one.
+// For each chunk (slice q = the q-th n-th):
 //   1. scatter: rank r stores its slice q into rank q's receive slot
 //      [parity][r], for every q != r (peers in rotated order, so the ranks
 //      do not all target the same GPU at once), then raises flag 0 at q;
@@ -18,11 +19,12 @@
 // scatter of chunk j + 1 is issued before waiting for the results of chunk
 // j, so consecutive chunks overlap.
 //
-// Work split: chunk j, slice q, is cut into `gridDim.x` equal runs of
-// 16-byte vectors; CTA b of every rank handles run b in every phase and
-// every slice, so one flag per (phase, CTA, source rank) says "run b is
-// there". The grid is fixed per communicator (the host always launches the
-// same number of CTAs).
+// Work split: the 16-byte vectors of a slice are dealt to the CTAs in tiles
+// of blockDim.x (deal_first); CTA b of every rank handles the same vectors
+// in every phase, every slice and every chunk, so one flag per (phase, CTA,
+// source rank) says "CTA b's vectors are there", and CTA b is the only one
+// to touch its vectors of any slot. The grid is fixed per communicator (the
+// host always launches the same number of CTAs).
 //
 // Epochs: CTA b keeps a 64-bit counter in local device memory
 // (`epochs[b]`), one count per chunk, so graph replays need no host. Chunk
@@ -34,8 +36,13 @@
 // raises after it reduced chunk e, i.e. after reading that slot. Rank q
 // pushes results of chunk e + 2 into r's result slot only after r's flag 0
 // of chunk e + 2, which r raises after its gather of chunk e. In place, q
-// stores results into r's input run b of slice q only after r's flag 0 of
-// that chunk, which r raises after reading run b for its scatter.
+// stores results into CTA b's vectors of r's input slice q only after r's
+// flag 0 of that chunk, which r raises after reading them for its scatter.
+// Each of these steps orders CTA b against CTA b of the peer only, which is
+// enough because CTA b owns the same vectors of a slot whatever the chunk's
+// length (deal_first). Between calls, a rank starts call c + 1 only after
+// every one of its CTAs saw every peer's matching CTA finish its last
+// reduction of call c.
 //
 // Reduction: fixed rank order 0..n-1 with the accumulators of reduce.cuh:
 // the same bits on every rank, and the same bits as the other algorithms.
@@ -55,12 +62,14 @@
 
 #include "devcomm.cuh"
 #include "launch.h"
+#include "packets.cuh"
 #include "reduce.cuh"
 
 namespace {
 
 using symnccl::Acc;
 using symnccl::finish;
+using symnccl::past_deadline;
 using symnccl::reduce2;
 
 constexpr int kMaxRanks = 32;
@@ -69,12 +78,6 @@ constexpr int kMaxRanks = 32;
 // the flags of up to 16 source ranks.
 __host__ __device__ inline size_t flag_line(int n) {
   return ((size_t)n * 8 + 127) / 128 * 128;
-}
-
-__device__ __forceinline__ uint64_t global_timer() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
 }
 
 __device__ __forceinline__ void release_store(uint64_t* p, uint64_t v) {
@@ -119,18 +122,13 @@ __device__ __forceinline__ void wait(const char* my_flags, int phase, int me,
         (size_t)s * 8);
     uint64_t start = 0;
     for (uint32_t spins = 0; acquire_load(f) < v; spins++) {
-      if ((spins & 1023) == 1023) {
-        uint64_t now = global_timer();
-        if (start == 0) {
-          start = now;
-        } else if (now - start > timeout_ns) {
-          printf("symnccl: push all_reduce waited more than %llu s for rank "
-                 "%d (phase %d, epoch %llu): a peer is gone or did not make "
-                 "the same call\n",
-                 (unsigned long long)(timeout_ns / 1000000000ull), s, phase,
-                 (unsigned long long)(v - 1));
-          __trap();
-        }
+      if (past_deadline(spins, start, timeout_ns)) {
+        printf("symnccl: push all_reduce waited more than %llu s for rank "
+               "%d (phase %d, epoch %llu): a peer is gone or did not make "
+               "the same call\n",
+               (unsigned long long)(timeout_ns / 1000000000ull), s, phase,
+               (unsigned long long)(v - 1));
+        __trap();
       }
     }
   }
@@ -163,11 +161,12 @@ __device__ __forceinline__ void store_vec(T* p, size_t e, int len, bool al,
   for (int i = 0; i < len; i++) p[e + i] = u.t[i];
 }
 
-// Geometry of one chunk as seen by one CTA.
+// Geometry of one chunk: full chunks of chunk_elems, then a shorter last
+// one (so the last reduce and gather, which overlap nothing, are short).
 struct Run {
   size_t c0;     // first element of the chunk
   size_t slice;  // elements per slice (a whole number of vectors)
-  size_t v0, v1; // this CTA's vectors [v0, v1) of every slice
+  size_t nv;     // vectors per slice
 };
 
 __device__ __forceinline__ Run chunk_run(size_t j, size_t chunk_elems,
@@ -177,11 +176,27 @@ __device__ __forceinline__ Run chunk_run(size_t j, size_t chunk_elems,
   size_t cj = count - r.c0 < chunk_elems ? count - r.c0 : chunk_elems;
   size_t per = (cj + n - 1) / n;
   r.slice = (per + E - 1) / E * E;
-  size_t nv = r.slice / E;
-  size_t pv = (nv + gridDim.x - 1) / gridDim.x;
-  r.v0 = blockIdx.x * pv < nv ? blockIdx.x * pv : nv;
-  r.v1 = r.v0 + pv < nv ? r.v0 + pv : nv;
+  r.nv = r.slice / E;
   return r;
+}
+
+// Which vectors of a slice (or slot) this thread handles: they are dealt to
+// the CTAs in tiles of blockDim.x (8 KiB at 512 threads), tile k to CTA
+// k % gridDim.x, thread i taking vector i of the tile: vectors first,
+// first + step, ... (< nv). Which CTA owns a vector depends on its position
+// only, not on the slice length, so CTA b handles the same vectors of a
+// slot in a short last chunk as in a full one: the two-parity argument
+// above orders CTA b only against CTA b of the peers and needs exactly
+// that. (Cutting each chunk into gridDim.x contiguous runs broke it: the
+// short last chunk's runs lay across other CTAs' runs of chunk nch - 3, so
+// CTA b could overwrite a receive slot that another CTA of the peer had
+// not yet reduced; benchmarks/NOTES.md, 15.)
+__device__ __forceinline__ size_t deal_first() {
+  return (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+}
+
+__device__ __forceinline__ size_t deal_step() {
+  return (size_t)gridDim.x * blockDim.x;
 }
 
 // Valid elements of vector v of slice q (0 when past the end).
@@ -192,50 +207,29 @@ __device__ __forceinline__ int vec_len(const Run& r, int q, size_t v,
   return count - e < (size_t)E ? (int)(count - e) : E;
 }
 
-// dst[v * E ..] <- src[v * E ..] for this CTA's vectors of one slice; dst
-// is a slot (aligned, whole vectors written), src any memory.
+// to[v * E ..] <- from[v * E ..] for this CTA's vectors of one slice (U
+// vectors per thread in flight). Scatter: from = input (any alignment),
+// to = a peer's slot, written in whole vectors (`whole`). Gather: from = a
+// slot, to = the output, valid elements only.
 template <typename T, int U>
-__device__ __forceinline__ void put_run(const Run& r, int q, const T* src,
-                                        bool src_al, char* dst,
-                                        size_t count) {
+__device__ __forceinline__ void copy_run(const Run& r, int q, const T* from,
+                                         bool from_al, T* to, bool to_al,
+                                         bool whole, size_t count) {
   constexpr int E = 16 / sizeof(T);
-  const size_t bd = blockDim.x;
-  for (size_t v = r.v0 + threadIdx.x; v < r.v1; v += U * bd) {
+  const size_t step = deal_step();
+  for (size_t v = deal_first(); v < r.nv; v += U * step) {
     uint4 x[U];
 #pragma unroll
     for (int u = 0; u < U; u++) {
-      size_t vv = v + u * bd;
-      int len = vv < r.v1 ? vec_len(r, q, vv, count, E) : 0;
-      if (len > 0) x[u] = load_vec(src, vv * E, len, src_al);
+      size_t vv = v + u * step;
+      int len = vv < r.nv ? vec_len(r, q, vv, count, E) : 0;
+      if (len > 0) x[u] = load_vec(from, vv * E, len, from_al);
     }
 #pragma unroll
     for (int u = 0; u < U; u++) {
-      size_t vv = v + u * bd;
-      if (vv < r.v1 && vec_len(r, q, vv, count, E) > 0)
-        reinterpret_cast<uint4*>(dst)[vv] = x[u];
-    }
-  }
-}
-
-// out[v * E ..] <- slot[v * E ..] (valid elements only).
-template <typename T, int U>
-__device__ __forceinline__ void get_run(const Run& r, int q, const char* slot,
-                                        T* out, bool out_al, size_t count) {
-  constexpr int E = 16 / sizeof(T);
-  const size_t bd = blockDim.x;
-  for (size_t v = r.v0 + threadIdx.x; v < r.v1; v += U * bd) {
-    uint4 x[U];
-#pragma unroll
-    for (int u = 0; u < U; u++) {
-      size_t vv = v + u * bd;
-      if (vv < r.v1 && vec_len(r, q, vv, count, E) > 0)
-        x[u] = __ldcg(reinterpret_cast<const uint4*>(slot) + vv);
-    }
-#pragma unroll
-    for (int u = 0; u < U; u++) {
-      size_t vv = v + u * bd;
-      int len = vv < r.v1 ? vec_len(r, q, vv, count, E) : 0;
-      if (len > 0) store_vec(out, vv * E, len, out_al, x[u]);
+      size_t vv = v + u * step;
+      int len = vv < r.nv ? vec_len(r, q, vv, count, E) : 0;
+      if (len > 0) store_vec(to, vv * E, whole ? E : len, to_al, x[u]);
     }
   }
 }
@@ -264,7 +258,7 @@ __global__ void __launch_bounds__(512)
   const size_t nch = (count + chunk_elems - 1) / chunk_elems;
   const bool src_al = (reinterpret_cast<uintptr_t>(src) & 15) == 0;
   const bool out_al = (reinterpret_cast<uintptr_t>(out) & 15) == 0;
-  const size_t bd = blockDim.x;
+  const size_t step = deal_step();
 
   __shared__ uint64_t s_epoch;
   if (threadIdx.x == 0) s_epoch = epochs[blockIdx.x];
@@ -296,9 +290,12 @@ __global__ void __launch_bounds__(512)
     const size_t pp = (e - 1) & 1;
     for (int q = 0; q < n; q++)
       if (q != me)
-        get_run<T, UC>(rp, q, my_data + (res_off - data_off) +
-                                 (pp * n + q) * slot_bytes,
-                      out + rp.c0 + q * rp.slice, out_al, count);
+        copy_run<T, UC>(rp, q,
+                        reinterpret_cast<const T*>(
+                            my_data + (res_off - data_off) +
+                            (pp * n + q) * slot_bytes),
+                        true, out + rp.c0 + q * rp.slice, out_al, false,
+                        count);
   };
 
   for (size_t j = 0; j < nch; j++) {
@@ -311,7 +308,8 @@ __global__ void __launch_bounds__(512)
       const int q = (me + k) % n;
       char* slot = static_cast<char*>(ncclGetLsaPointer(
           win, data_off + (par * n + me) * slot_bytes, q));
-      put_run<T, UC>(r, q, src + r.c0 + q * r.slice, src_al, slot, count);
+      copy_run<T, UC>(r, q, src + r.c0 + q * r.slice, src_al,
+                      reinterpret_cast<T*>(slot), true, true, count);
     }
     signal(win, flags_off, 0, me, n, e + 1);
 
@@ -324,13 +322,13 @@ __global__ void __launch_bounds__(512)
     const size_t res_base =
         out_win != nullptr ? (r.c0 + me * r.slice) * sizeof(T)
                            : (par * n + me) * slot_bytes;
-    for (size_t v = r.v0 + threadIdx.x; v < r.v1; v += U * bd) {
+    for (size_t v = deal_first(); v < r.nv; v += U * step) {
       A acc[U][E];
       int lens[U];
 #pragma unroll
       for (int u = 0; u < U; u++) {
-        size_t vv = v + u * bd;
-        lens[u] = vv < r.v1 ? vec_len(r, me, vv, count, E) : 0;
+        size_t vv = v + u * step;
+        lens[u] = vv < r.nv ? vec_len(r, me, vv, count, E) : 0;
       }
 #pragma unroll
       for (int q = 0; q < (N > 0 ? N : kMaxRanks); q++) {
@@ -338,7 +336,7 @@ __global__ void __launch_bounds__(512)
         uint4 x[U];
 #pragma unroll
         for (int u = 0; u < U; u++) {
-          size_t vv = v + u * bd;
+          size_t vv = v + u * step;
           if (lens[u] > 0)
             x[u] = q == me
                        ? load_vec(own, vv * E, lens[u], src_al)
@@ -359,7 +357,7 @@ __global__ void __launch_bounds__(512)
 #pragma unroll
       for (int u = 0; u < U; u++) {
         if (lens[u] == 0) continue;
-        size_t vv = v + u * bd;
+        size_t vv = v + u * step;
         union { uint4 v; T t[E]; } w;
 #pragma unroll
         for (int i = 0; i < E; i++) w.t[i] = finish<T>(op, acc[u][i], n);
@@ -406,7 +404,8 @@ extern "C" size_t symnccl_push_region_bytes(int nranks, size_t slot_bytes,
 extern "C" cudaError_t symnccl_push_allreduce(const symnccl_push_args* a,
                                               cudaStream_t stream) {
   if (a->dc->dc.lsaSize > kMaxRanks || a->threads > 512 ||
-      a->threads < a->dc->dc.lsaSize || a->ctas > SYMNCCL_PUSH_MAX_CTAS ||
+      a->threads % 32 != 0 || a->threads < a->dc->dc.lsaSize ||
+      a->ctas > SYMNCCL_PUSH_MAX_CTAS ||
       a->slot_bytes % 16 != 0 ||
       (a->out_win != nullptr && a->out_offset % 16 != 0))
     return cudaErrorInvalidValue;

@@ -374,6 +374,70 @@ def lsa_graph_and_stress(rank, nranks, uid, seed, iters):
     return bad
 
 
+def push_chunks_under_contention(rank, nranks, uid, seed, iters):
+    """push over many chunks whose last chunk is shorter than the others,
+    back to back, while another stream keeps the SMs busy: CTAs then start
+    and progress unevenly, so one CTA can run chunks ahead of another of
+    the same rank. That once let a CTA overwrite a receive slot that a
+    lagging CTA of its peer had not yet reduced (the shorter last chunk was
+    cut into different CTA runs). Returns the failing calls."""
+    import os
+    import torch
+    torch.cuda.set_device(rank)
+    os.environ["SYMNCCL_PUSH_REGION_MIB"] = "1"
+    try:
+        comm = symnccl.Communicator(uid, rank, nranks, device=rank,
+                                    timeout=120)
+    finally:
+        del os.environ["SYMNCCL_PUSH_REGION_MIB"]
+    slot = (1 << 20) // (4 * nranks) // 4096 * 4096
+    rng = np.random.default_rng(seed)
+    gen = torch.Generator(device="cuda")
+    maxn = 8 * nranks * slot // 2 + 16
+    win = torch.from_dlpack(comm.empty(maxn, "bfloat16"))
+    busy = torch.ones(1 << 26, device="cuda")
+    side = torch.cuda.Stream()
+    calls = []
+    for it in range(iters):
+        dt = (torch.float32, torch.bfloat16)[it % 2]
+        chunk = slot // (4 if dt == torch.float32 else 2) * nranks
+        # 3 to 8 chunks, the last one short by a random amount
+        count = int(rng.integers(2, 8)) * chunk + int(rng.integers(1, chunk))
+        place = int(rng.integers(0, 3))
+        if it % 8 == 0:
+            with torch.cuda.stream(side):
+                busy.mul_(1.0000001)
+        vals = []
+        for r in range(nranks):
+            gen.manual_seed(seed * 100003 + it * 64 + r)
+            vals.append(torch.randint(-8, 9, (count,), generator=gen,
+                                      device="cuda").to(dt))
+        want = vals[0].float()
+        for v in vals[1:]:
+            want = want + v.float()
+        if place == 0 and dt == torch.bfloat16:   # in place in a window
+            got = win[:count]
+            got.copy_(vals[rank])
+            comm.all_reduce(got, algo="push")
+            got = got.clone()
+        elif place == 1:                          # tensor in place
+            got = vals[rank].clone()
+            comm.all_reduce(got, algo="push")
+        else:                                     # tensor, new output
+            got = comm.all_reduce(vals[rank], out=torch.empty_like(
+                vals[rank]), algo="push")
+        wrong = got.float() != want
+        calls.append((it, count, str(dt)[6:], place, chunk, wrong.sum(),
+                      wrong.int().argmax()))
+    torch.cuda.synchronize()
+    bad = [(it, count, dt, ("window", "tensor", "tensor_out")[place],
+            f"{int(w)} wrong", f"first at {int(i)} (chunk {int(i) // chunk} "
+            f"of {(count + chunk - 1) // chunk})")
+           for it, count, dt, place, chunk, w, i in calls if int(w)]
+    comm.close()
+    return bad
+
+
 def lsa_two_comms_two_streams(rank, nranks, uid, uid2, iters):
     """Two communicators on two streams, issued in opposite orders on
     alternate ranks, and one communicator used from two streams with no
