@@ -261,21 +261,42 @@ def lsa_algorithms(rank, nranks, uid, seed, sizes=LSA_SIZES):
     return rows, digests
 
 
+def _comm_small_push_region(rank, nranks, uid):
+    """A communicator on GPU `rank` whose push region is shrunk to 1 MiB
+    (slots of 256 KiB / nranks), so that push walks many chunks at the
+    sizes of the stress tests."""
+    import os
+    import torch
+    torch.cuda.set_device(rank)
+    os.environ["SYMNCCL_PUSH_REGION_MIB"] = "1"
+    try:
+        return symnccl.Communicator(uid, rank, nranks, device=rank,
+                                    timeout=120)
+    finally:
+        del os.environ["SYMNCCL_PUSH_REGION_MIB"]
+
+
+def _small_ints(gen, seed, it, nranks, count, tdt):
+    """Every rank's input of call `it`: integers in [-8, 8] (exact in every
+    dtype and summation order), drawn on the GPU from per-(call, rank)
+    seeds, so each rank can compute the exact expected result."""
+    import torch
+    vals = []
+    for r in range(nranks):
+        gen.manual_seed(seed * 100003 + it * 64 + r)
+        vals.append(torch.randint(-8, 9, (count,), generator=gen,
+                                  device="cuda").to(tdt))
+    return vals
+
+
 def lsa_graph_and_stress(rank, nranks, uid, seed, iters):
     """CUDA-graph capture + replay with new data for every LSA algo, then
     `iters` eager calls with random sizes, dtypes, ops, algos, placements
     and streams, each checked on the GPU (no host sync per call); returns
     the failures. The push region is shrunk to 1 MiB so that push walks
     many chunks (slots of 256 KiB / nranks) at these sizes."""
-    import os
     import torch
-    torch.cuda.set_device(rank)
-    os.environ["SYMNCCL_PUSH_REGION_MIB"] = "1"
-    try:
-        comm = symnccl.Communicator(uid, rank, nranks, device=rank,
-                                    timeout=120)
-    finally:
-        del os.environ["SYMNCCL_PUSH_REGION_MIB"]
+    comm = _comm_small_push_region(rank, nranks, uid)
     bad = []
     for algo in ("one_shot", "two_shot", "ll", "ll128", "push"):
         x = torch.empty(100003, dtype=torch.bfloat16, device="cuda")
@@ -322,11 +343,7 @@ def lsa_graph_and_stress(rank, nranks, uid, seed, iters):
         place = int(rng.integers(0, 4))
         use_side = bool(rng.integers(0, 4) == 0)
         tdt = getattr(torch, dt)
-        vals = []
-        for r in range(nranks):
-            gen.manual_seed(seed * 100003 + it * 64 + r)
-            vals.append(torch.randint(-8, 9, (count,), generator=gen,
-                                      device="cuda").to(tdt))
+        vals = _small_ints(gen, seed, it, nranks, count, tdt)
         want = vals[0].float()
         for v in vals[1:]:
             want = want + v.float() if op == "sum" else \
@@ -381,15 +398,8 @@ def push_chunks_under_contention(rank, nranks, uid, seed, iters):
     the same rank. That once let a CTA overwrite a receive slot that a
     lagging CTA of its peer had not yet reduced (the shorter last chunk was
     cut into different CTA runs). Returns the failing calls."""
-    import os
     import torch
-    torch.cuda.set_device(rank)
-    os.environ["SYMNCCL_PUSH_REGION_MIB"] = "1"
-    try:
-        comm = symnccl.Communicator(uid, rank, nranks, device=rank,
-                                    timeout=120)
-    finally:
-        del os.environ["SYMNCCL_PUSH_REGION_MIB"]
+    comm = _comm_small_push_region(rank, nranks, uid)
     slot = (1 << 20) // (4 * nranks) // 4096 * 4096
     rng = np.random.default_rng(seed)
     gen = torch.Generator(device="cuda")
@@ -407,11 +417,7 @@ def push_chunks_under_contention(rank, nranks, uid, seed, iters):
         if it % 8 == 0:
             with torch.cuda.stream(side):
                 busy.mul_(1.0000001)
-        vals = []
-        for r in range(nranks):
-            gen.manual_seed(seed * 100003 + it * 64 + r)
-            vals.append(torch.randint(-8, 9, (count,), generator=gen,
-                                      device="cuda").to(dt))
+        vals = _small_ints(gen, seed, it, nranks, count, dt)
         want = vals[0].float()
         for v in vals[1:]:
             want = want + v.float()
