@@ -400,6 +400,8 @@ def push_chunks_under_contention(rank, nranks, uid, seed, iters):
     cut into different CTA runs). Returns the failing calls."""
     import torch
     comm = _comm_small_push_region(rank, nranks, uid)
+    # push slot of the 1 MiB region, as comm.c's alloc_staging_memory
+    # sizes it (region / (4 * nranks), whole pages); a chunk is nranks slots
     slot = (1 << 20) // (4 * nranks) // 4096 * 4096
     rng = np.random.default_rng(seed)
     gen = torch.Generator(device="cuda")
