@@ -54,7 +54,7 @@ using symnccl::load8;
 using symnccl::past_deadline;
 using symnccl::store8;
 
-constexpr int kMaxRanks = 32;
+using symnccl::kMaxRanks;
 constexpr int kWords = 60;        // data words in a warp's 4 lines
 constexpr int kBlockBytes = 512;  // 4 lines of 128 bytes
 
@@ -118,13 +118,8 @@ __global__ void __launch_bounds__(512)
   const bool out_al = (reinterpret_cast<uintptr_t>(out) & 7) == 0;
 
   // Push: my lines into row `me` of every peer's slot.
-  char* row_at[N > 0 ? N : kMaxRanks];
-#pragma unroll
-  for (int q = 0; q < (N > 0 ? N : kMaxRanks); q++) {
-    if (N == 0 && q >= n) break;
-    row_at[q] = static_cast<char*>(ncclGetLsaPointer(
-        win, slot_off + (size_t)me * row_bytes, q));
-  }
+  const symnccl::LsaPtrs<N> row_at =
+      symnccl::lsa_ptrs<N>(win, slot_off + (size_t)me * row_bytes, n);
   for (size_t b = wid; b < nb; b += warps) {
     const size_t w = b * kWords + lw;
     const uint64_t v0 = load8(in, w, count, in_al);
@@ -133,7 +128,7 @@ __global__ void __launch_bounds__(512)
 #pragma unroll
     for (int q = 0; q < (N > 0 ? N : kMaxRanks); q++) {
       if (N == 0 && q >= n) break;
-      if (q != me) store16(row_at[q] + at, v0, v1);
+      if (q != me) store16(row_at.p[q] + at, v0, v1);
     }
   }
 

@@ -58,7 +58,7 @@ using symnccl::load8;
 using symnccl::past_deadline;
 using symnccl::store8;
 
-constexpr int kMaxRanks = 32;
+using symnccl::kMaxRanks;
 
 __device__ __forceinline__ void ll_store(char* p, uint64_t data,
                                          uint32_t flag) {
@@ -131,19 +131,14 @@ __global__ void __launch_bounds__(512)
   const bool out_al = (reinterpret_cast<uintptr_t>(out) & 7) == 0;
 
   // Push: my packets into row `me` of every peer's slot.
-  char* row_at[N > 0 ? N : kMaxRanks];
-#pragma unroll
-  for (int q = 0; q < (N > 0 ? N : kMaxRanks); q++) {
-    if (N == 0 && q >= n) break;
-    row_at[q] = static_cast<char*>(ncclGetLsaPointer(
-        win, slot_off + (size_t)me * row_bytes, q));
-  }
+  const symnccl::LsaPtrs<N> row_at =
+      symnccl::lsa_ptrs<N>(win, slot_off + (size_t)me * row_bytes, n);
   for (size_t i = first; i < npk; i += stride) {
     uint64_t w = load8(in, i, count, in_al);
 #pragma unroll
     for (int q = 0; q < (N > 0 ? N : kMaxRanks); q++) {
       if (N == 0 && q >= n) break;
-      if (q != me) ll_store(row_at[q] + i * 16, w, flag);
+      if (q != me) ll_store(row_at.p[q] + i * 16, w, flag);
     }
   }
 
@@ -208,13 +203,8 @@ __global__ void __launch_bounds__(512)
   }
 
   // 2. reduce my slice in rank order, push the result to every rank
-  char* res_at[N > 0 ? N : kMaxRanks];
-#pragma unroll
-  for (int q = 0; q < (N > 0 ? N : kMaxRanks); q++) {
-    if (N == 0 && q >= n) break;
-    res_at[q] = static_cast<char*>(ncclGetLsaPointer(
-        win, slot_off + (size_t)(n + me) * half, q));
-  }
+  const symnccl::LsaPtrs<N> res_at =
+      symnccl::lsa_ptrs<N>(win, slot_off + (size_t)(n + me) * half, n);
   for (size_t j = first; j < spk && me * spk + j < npk; j += stride) {
     const size_t i = me * spk + j;
     const uint64_t r = reduce_packet<T, N>(
@@ -223,7 +213,7 @@ __global__ void __launch_bounds__(512)
 #pragma unroll
     for (int q = 0; q < (N > 0 ? N : kMaxRanks); q++) {
       if (N == 0 && q >= n) break;
-      if (q != me) ll_store(res_at[q] + j * 16, r, flag);
+      if (q != me) ll_store(res_at.p[q] + j * 16, r, flag);
     }
     store8(out, i, count, out_al, r);
   }

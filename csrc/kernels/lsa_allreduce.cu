@@ -48,7 +48,7 @@
 
 namespace {
 
-constexpr int kMaxRanks = 32;
+using symnccl::kMaxRanks;
 // Vectors per thread per loop iteration: loads in flight per peer.
 constexpr int kUnroll = 4;
 
@@ -65,9 +65,7 @@ struct Vec {
 
 // Peer base pointers for this kernel's window region, in LSA rank order.
 template <int N>
-struct Peers {
-  const char* p[N > 0 ? N : kMaxRanks];
-};
+using Peers = symnccl::LsaPtrs<N>;
 
 template <typename T, int N>
 __device__ __forceinline__ void reduce_vec(const Peers<N>& peers, int n,
@@ -187,16 +185,6 @@ __device__ __forceinline__ void copy_elems(const T* src, T* dst, size_t e,
   }
 }
 
-template <int N>
-__device__ __forceinline__ void load_peers(Peers<N>& peers, ncclWindow_t win,
-                                           size_t off, int n) {
-#pragma unroll
-  for (int q = 0; q < (N > 0 ? N : kMaxRanks); q++) {
-    if (N == 0 && q >= n) break;
-    peers.p[q] = static_cast<const char*>(ncclGetLsaPointer(win, off, q));
-  }
-}
-
 template <typename T, int N>
 __global__ void __launch_bounds__(512)
     one_shot(ncclDevComm dc, ncclWindow_t win, size_t win_off, const T* src,
@@ -204,8 +192,7 @@ __global__ void __launch_bounds__(512)
   constexpr int E = Vec<T>::kElems;
   constexpr int U = kUnroll;
   const int n = N > 0 ? N : dc.lsaSize;
-  Peers<N> peers;
-  load_peers<N>(peers, win, win_off, n);
+  const Peers<N> peers = symnccl::lsa_ptrs<N>(win, win_off, n);
   T* mine = static_cast<T*>(ncclGetLsaPointer(win, win_off, dc.lsaRank));
   const bool aligned = ((win_off | reinterpret_cast<uintptr_t>(out) |
                          reinterpret_cast<uintptr_t>(src)) &
@@ -257,9 +244,8 @@ __global__ void __launch_bounds__(512)
   constexpr int U = kUnroll;
   const int n = N > 0 ? N : dc.lsaSize;
   const int me = dc.lsaRank;
-  Peers<N> peers, mids;
-  load_peers<N>(peers, win, win_off, n);
-  load_peers<N>(mids, mid_win, mid_off, n);
+  const Peers<N> peers = symnccl::lsa_ptrs<N>(win, win_off, n);
+  const Peers<N> mids = symnccl::lsa_ptrs<N>(mid_win, mid_off, n);
   T* mine = static_cast<T*>(ncclGetLsaPointer(win, win_off, me));
   T* mine_mid = static_cast<T*>(ncclGetLsaPointer(mid_win, mid_off, me));
   const bool aligned = ((win_off | mid_off | reinterpret_cast<uintptr_t>(out) |
@@ -304,7 +290,7 @@ __global__ void __launch_bounds__(512)
         if (N == 0 && q >= n) break;
 #pragma unroll
         for (int u = 0; u < U; u++)
-          *reinterpret_cast<uint4*>(const_cast<char*>(mids.p[q]) +
+          *reinterpret_cast<uint4*>(mids.p[q] +
                                     (e + u * stride * E) * sizeof(T)) =
               res[u];
       }
@@ -320,7 +306,7 @@ __global__ void __launch_bounds__(512)
           for (size_t i = 0; i < len; i++)
             r[i] = reduce_one<T, N>(peers, n, (eu + i) * sizeof(T), op);
         for (int q = 0; q < n; q++) {
-          T* to = reinterpret_cast<T*>(const_cast<char*>(mids.p[q]));
+          T* to = reinterpret_cast<T*>(mids.p[q]);
           if (aligned && len == E)
             *reinterpret_cast<uint4*>(to + eu) =
                 *reinterpret_cast<const uint4*>(r);

@@ -45,7 +45,7 @@ using symnccl::Acc;
 using symnccl::finish;
 using symnccl::reduce2;
 
-constexpr int kMaxRanks = 32;
+using symnccl::kMaxRanks;
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define SN_MULTIMEM 1

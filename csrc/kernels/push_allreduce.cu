@@ -72,7 +72,7 @@ using symnccl::finish;
 using symnccl::past_deadline;
 using symnccl::reduce2;
 
-constexpr int kMaxRanks = 32;
+using symnccl::kMaxRanks;
 
 // Byte stride between the flag lines of two CTAs: one 128-byte line holds
 // the flags of up to 16 source ranks.
@@ -234,11 +234,6 @@ __device__ __forceinline__ void copy_run(const Run& r, int q, const T* from,
   }
 }
 
-template <int N>
-struct Ptrs {
-  char* p[N > 0 ? N : kMaxRanks];
-};
-
 template <typename T, int N>
 __global__ void __launch_bounds__(512)
     push_allreduce(ncclDevComm dc, ncclWindow_t win, size_t flags_off,
@@ -272,14 +267,9 @@ __global__ void __launch_bounds__(512)
   const char* my_data =
       static_cast<const char*>(ncclGetLsaPointer(win, data_off, me));
   // Where results go on every rank: the output in place, else result slots.
-  Ptrs<N> dst;
-#pragma unroll
-  for (int q = 0; q < (N > 0 ? N : kMaxRanks); q++) {
-    if (N == 0 && q >= n) break;
-    dst.p[q] = static_cast<char*>(
-        out_win != nullptr ? ncclGetLsaPointer(out_win, out_off, q)
-                           : ncclGetLsaPointer(win, res_off, q));
-  }
+  const symnccl::LsaPtrs<N> dst =
+      out_win != nullptr ? symnccl::lsa_ptrs<N>(out_win, out_off, n)
+                         : symnccl::lsa_ptrs<N>(win, res_off, n);
 
   // 3. gather chunk jc's results: complete once every peer's flag 1
   // reached e (the chunk's epoch + 1); in place they are already in out.
