@@ -175,6 +175,10 @@ read_knobs(CommObject *c)
     c->ll_threads = env_int("SYMNCCL_LL_THREADS", 512, 32, 512) / 32 * 32;
     c->ll_two_shot_min = (size_t)env_int("SYMNCCL_LL_TWO_SHOT_KIB", 128, 0,
                                          1 << 20) << 10;
+    /* ll128 two-shot from 512 KiB: 4x 9.3 vs its one-shot's 11.3 us, 3x
+     * 8.2 vs 9.6; at 384 KiB the one-shot is ahead (NOTES.md, 17) */
+    c->ll128_two_shot_min = (size_t)env_int("SYMNCCL_LL128_TWO_SHOT_KIB",
+                                            512, 0, 1 << 20) << 10;
     /* 64 CTAs: two communicators' push kernels stay co-resident on a
      * 132-SM GPU (README: Streams) */
     c->push_ctas = env_int("SYMNCCL_PUSH_CTAS", 64, 1,

@@ -70,21 +70,21 @@ sn_lsa_unavailable(const CommObject *c, int algo, ncclDataType_t dt,
 }
 
 /* algo="auto": crossovers measured with benchmarks/bench_allreduce.py on
- * 2x and 4x H200 (and 3 of them), bf16, CUDA-graph replay
- * (benchmarks/NOTES.md, sections 10-14). x in a window (in_window) or a
- * plain tensor:
+ * 2x, 3x and 4x H200, bf16, CUDA-graph replay (benchmarks/NOTES.md,
+ * sections 10-14 and 17). x in a window (in_window) or a plain tensor:
  *
- *   ranks   ll           ll128        two_shot                     push
- *   2       <= 64 KiB    <= 1 MiB     <= 4 MiB (tensor: none)      above
- *   3..7    <= 512 KiB   -            <= 4 MiB (tensor: <= 1 MiB)  above
- *           (measured at 3 and 4; ll is the two-shot packet kernel there
- *           from 128 KiB: 9.7 vs two_shot's 10.5 us at 512 KiB on 4)
- *   >= 8    NCCL at every size (measured at 8 before ll and push existed)
+ *   ranks   ll          ll128         two_shot                     push
+ *   2       <= 64 KiB   <= 1 MiB      <= 4 MiB (tensor: none)      above
+ *   3       -           <= 1.5 MiB    -                            above
+ *   4..7    -           <= 1.5 MiB    <= 4 MiB (tensor: <= 2 MiB)  above
+ *   >= 8    NCCL at every size (measured at 8 before ll, ll128 and push)
  *
- * ll128 (NOTES section 14): 2x 256 KiB 4.1 vs ll 4.7, 1 MiB 7.6 vs
- * two_shot 9.0; not yet measured on 3+ ranks, so not picked there.
- * one_shot won at no size in those runs (it reads n-1 whole copies where
- * two_shot reads one); multimem is never chosen automatically.
+ * On 3+ ranks ll128 is its two-shot from 512 KiB (SYMNCCL_LL128_TWO_SHOT_KIB):
+ * 4x 1 MiB 10.1-11.2 us vs two_shot 12.6-14.1, 3x 1 MiB 8.9 vs push 13.5;
+ * below that its one-shot beats ll (4x 256 KiB 6.4-7.2 vs 7.7-8.7). 5-7
+ * ranks follow the 4-rank row without having been measured. one_shot won
+ * at no size (it reads n-1 whole copies where two_shot reads one);
+ * multimem is never chosen automatically.
  * SYMNCCL_ALGO=nccl|one_shot|two_shot|ll|ll128|push overrides the table where
  * that algorithm can run. in_window must be the same on every rank (as the
  * kind of input must be). */
@@ -99,13 +99,20 @@ sn_auto_algo(const CommObject *c, size_t bytes, ncclDataType_t dt,
         return SN_ALGO_NCCL;
     if (c->nranks >= 8)
         return SN_ALGO_NCCL;
-    if (bytes <= (c->nranks <= 2 ? (64u << 10) : (512u << 10)))
-        return SN_ALGO_LL;
-    if (c->nranks <= 2 && bytes <= (1u << 20))
+    if (c->nranks <= 2) {
+        if (bytes <= (64u << 10))
+            return SN_ALGO_LL;
+        if (bytes <= (1u << 20))
+            return SN_ALGO_LL128;
+        return in_window && bytes <= (4u << 20) ? SN_ALGO_TWO_SHOT
+                                                : SN_ALGO_PUSH;
+    }
+    if (bytes <= (1536u << 10))
         return SN_ALGO_LL128;
-    if (bytes <= (in_window ? (4u << 20) : (1u << 20)))
-        return SN_ALGO_TWO_SHOT;
-    return SN_ALGO_PUSH;
+    if (c->nranks == 3)
+        return SN_ALGO_PUSH;
+    return bytes <= (in_window ? (4u << 20) : (2u << 20)) ? SN_ALGO_TWO_SHOT
+                                                          : SN_ALGO_PUSH;
 }
 
 static int
@@ -178,7 +185,8 @@ order_end(sn_ar *r)
 /* ll and ll128: push from wherever x is (no staging copy). ll: launches of
  * at most ll_max_bytes (one-shot), or nranks * ll_max_bytes / 2 with the
  * two-shot packet kernel (3+ ranks, from ll_two_shot_min bytes: every rank
- * decides alike, from the size); ll128: as many elements as a row holds in
+ * decides alike, from the size of the whole call); ll128: as many elements
+ * as a row (two-shot, from ll128_two_shot_min: n half rows) holds in
  * 128-byte lines. */
 static int
 ll_launches(sn_ar *r)
@@ -186,10 +194,12 @@ ll_launches(sn_ar *r)
     CommObject *c = r->c;
     const size_t is = (size_t)r->itemsize;
     const int ll128 = r->algo == SN_ALGO_LL128;
-    const int two_shot = !ll128 && c->nranks >= 3 &&
-                         r->count * is >= c->ll_two_shot_min;
+    const int two_shot =
+        c->nranks >= 3 && r->count * is >= (ll128 ? c->ll128_two_shot_min
+                                                  : c->ll_two_shot_min);
     const size_t chunk =
-        ll128 ? symnccl_ll128_max_count(c->ll128_row_bytes, is)
+        ll128 ? symnccl_ll128_max_count(c->ll128_row_bytes, is, c->nranks,
+                                        two_shot)
         : two_shot ? (size_t)c->nranks * (c->ll_max_bytes / 2) / is
                    : c->ll_max_bytes / is;
     for (size_t done = 0; done < r->count; done += chunk) {

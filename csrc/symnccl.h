@@ -115,8 +115,9 @@ typedef struct CommObject {
     /* ll on 3+ ranks: the two-shot packet kernel from this many bytes */
     size_t ll_two_shot_min;
     /* ll128 kernel: its receive buffer at staging + ll128_offset, rows of
-     * ll128_row_bytes, the ll grid, its own epochs */
-    size_t ll128_offset, ll128_row_bytes;
+     * ll128_row_bytes, the ll grid, its own epochs; on 3+ ranks its
+     * two-shot from ll128_two_shot_min bytes */
+    size_t ll128_offset, ll128_row_bytes, ll128_two_shot_min;
     /* push kernel: flags at staging + push_offset, slots at push_data,
      * slot_bytes per slot, fixed grid (push_ctas x push_threads). */
     size_t push_offset, push_data, push_slot_bytes;

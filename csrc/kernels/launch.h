@@ -103,12 +103,15 @@ size_t symnccl_ll_buffer_bytes(int nranks, size_t max_bytes);
 cudaError_t symnccl_ll_allreduce(const symnccl_ll_args *args,
                                  cudaStream_t stream);
 
-/* ---- ll128 (ll128_allreduce.cu): the ll one-shot in 128-byte lines ----
+/* ---- ll128 (ll128_allreduce.cu): ll's one round (or, with two_shot, its
+ * packet two-shot) in 128-byte lines ----
  * The ll argument struct and grid, with ll_offset / row_bytes / epochs of
  * ll128's own region and counters (the two formats must not share slots);
- * two_shot must be 0, threads a multiple of 32. At most
- * symnccl_ll128_max_count(row_bytes, itemsize) elements per launch. */
-size_t symnccl_ll128_max_count(size_t row_bytes, size_t itemsize);
+ * threads a multiple of 32. At most
+ * symnccl_ll128_max_count(row_bytes, itemsize, nranks, two_shot) elements
+ * per launch. */
+size_t symnccl_ll128_max_count(size_t row_bytes, size_t itemsize, int nranks,
+                               int two_shot);
 cudaError_t symnccl_ll128_allreduce(const symnccl_ll_args *args,
                                     cudaStream_t stream);
 

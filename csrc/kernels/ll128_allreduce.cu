@@ -2,7 +2,8 @@
 // carry 120 bytes of data and one 8-byte flag, instead of 16-byte packets
 // that carry 8 (ll_allreduce.cu). The link carries 16/15 of the message
 // per peer instead of 2x: at 1 MiB on 2 GPUs that is 1.07 MB per direction
-// instead of 2.1 MB.
+// instead of 2.1 MB. On 3+ ranks and larger messages the host launches
+// ll128_two_shot instead (ll's packet two-shot in these lines, below).
 //
 // A line is written by 8 consecutive lanes of one warp with one 16-byte
 // volatile store each (lane 8l+7's second word is the flag), so a warp's
@@ -88,13 +89,78 @@ __device__ __forceinline__ void wait_lines(const char* p, uint64_t flag,
   }
 }
 
-// blockDim.x must be a multiple of 32 (the host rounds the ll grid).
+// One lane's share of a warp's 4 lines: lane 8l + p carries words 2p and
+// 2p + 1 of line l (15 data words each), except p = 7: word 14 and the flag.
+struct LinePart {
+  bool flag_lane;
+  size_t lw;  // first word of the lane in its block
+};
+
+__device__ __forceinline__ LinePart line_part() {
+  const int lane = threadIdx.x & 31;
+  return {(lane & 7) == 7, (size_t)(lane >> 3) * 15 + (size_t)(lane & 7) * 2};
+}
+
+// The lane's two words of block b of `in` (the flag lane's second: flag).
+template <typename T>
+__device__ __forceinline__ void block_words(const T* in, size_t b,
+                                            const LinePart& lp, size_t count,
+                                            bool al, uint64_t flag,
+                                            uint64_t& v0, uint64_t& v1) {
+  const size_t w = b * kWords + lp.lw;
+  v0 = load8(in, w, count, al);
+  v1 = lp.flag_lane ? flag : load8(in, w + 1, count, al);
+}
+
+// The lane's words of block b into `out` (nothing past the end).
+template <typename T>
+__device__ __forceinline__ void put_block(T* out, size_t b, const LinePart& lp,
+                                          size_t count, bool al, uint64_t v0,
+                                          uint64_t v1) {
+  const size_t nw = (count + 8 / sizeof(T) - 1) / (8 / sizeof(T));
+  const size_t w = b * kWords + lp.lw;
+  if (w < nw) store8(out, w, count, al, v0);
+  if (!lp.flag_lane && w + 1 < nw) store8(out, w + 1, count, al, v1);
+}
+
+// Block b reduced in rank order 0..n-1: rank q's lines are polled at
+// rows + q * row_stride (this lane's 16 bytes), the own from `in`. Returns
+// the lane's two result words (the flag lane's second: flag).
+template <typename T, int N>
+__device__ __forceinline__ void reduce_block(const char* rows,
+                                             size_t row_stride, const T* in,
+                                             size_t b, const LinePart& lp,
+                                             size_t count, bool in_al,
+                                             int me, int n, int op,
+                                             uint64_t flag,
+                                             uint64_t timeout_ns,
+                                             uint64_t& r0, uint64_t& r1) {
+  using A = typename Acc<T>::type;
+  constexpr int K = 8 / sizeof(T);
+  A acc0[K], acc1[K];
+#pragma unroll
+  for (int q = 0; q < (N > 0 ? N : kMaxRanks); q++) {
+    if (N == 0 && q >= n) break;
+    uint64_t v0, v1;
+    if (q == me)
+      block_words(in, b, lp, count, in_al, 0, v0, v1);
+    else
+      wait_lines(rows + (size_t)q * row_stride, flag, lp.flag_lane, v0, v1,
+                 timeout_ns, q);
+    accumulate<T>(acc0, v0, q, op);
+    accumulate<T>(acc1, v1, q, op);
+  }
+  r0 = finished<T>(acc0, op, n);
+  r1 = lp.flag_lane ? flag : finished<T>(acc1, op, n);
+}
+
+// One-shot. blockDim.x must be a multiple of 32 (the host rounds the ll
+// grid).
 template <typename T, int N>
 __global__ void __launch_bounds__(512)
     ll128_allreduce(ncclDevComm dc, ncclWindow_t win, size_t ll_off,
                     size_t row_bytes, uint64_t* epochs, const T* in, T* out,
                     size_t count, int op, uint64_t timeout_ns) {
-  using A = typename Acc<T>::type;
   constexpr int K = 8 / sizeof(T);
   const int n = N > 0 ? N : dc.lsaSize;
   const int me = dc.lsaRank;
@@ -104,14 +170,9 @@ __global__ void __launch_bounds__(512)
   const uint64_t flag = (uint64_t)call.flag << 32 | call.flag;
   const size_t slot_off = call.slot_off;
 
-  const int lane = threadIdx.x & 31;
-  // lane -> words: line lane / 8 holds words [15 * line, 15 * line + 15) of
-  // the block; lane 8l + p holds words 2p, 2p + 1, except p = 7: word 14
-  // and the flag.
-  const bool flag_lane = (lane & 7) == 7;
-  const size_t lw = (size_t)(lane >> 3) * 15 + (size_t)(lane & 7) * 2;
-  const size_t nw = (count + K - 1) / K;
-  const size_t nb = (nw + kWords - 1) / kWords;
+  const LinePart lp = line_part();
+  const size_t lane16 = (size_t)(threadIdx.x & 31) * 16;
+  const size_t nb = ((count + K - 1) / K + kWords - 1) / kWords;
   const size_t warps = (size_t)gridDim.x * (blockDim.x / 32);
   const size_t wid = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   const bool in_al = (reinterpret_cast<uintptr_t>(in) & 7) == 0;
@@ -121,10 +182,9 @@ __global__ void __launch_bounds__(512)
   const symnccl::LsaPtrs<N> row_at =
       symnccl::lsa_ptrs<N>(win, slot_off + (size_t)me * row_bytes, n);
   for (size_t b = wid; b < nb; b += warps) {
-    const size_t w = b * kWords + lw;
-    const uint64_t v0 = load8(in, w, count, in_al);
-    const uint64_t v1 = flag_lane ? flag : load8(in, w + 1, count, in_al);
-    const size_t at = b * kBlockBytes + (size_t)lane * 16;
+    uint64_t v0, v1;
+    block_words(in, b, lp, count, in_al, flag, v0, v1);
+    const size_t at = b * kBlockBytes + lane16;
 #pragma unroll
     for (int q = 0; q < (N > 0 ? N : kMaxRanks); q++) {
       if (N == 0 && q >= n) break;
@@ -136,37 +196,119 @@ __global__ void __launch_bounds__(512)
   const char* mine =
       static_cast<const char*>(ncclGetLsaPointer(win, slot_off, me));
   for (size_t b = wid; b < nb; b += warps) {
-    const size_t w = b * kWords + lw;
-    const size_t at = b * kBlockBytes + (size_t)lane * 16;
-    A acc0[K], acc1[K];
-#pragma unroll
-    for (int q = 0; q < (N > 0 ? N : kMaxRanks); q++) {
-      if (N == 0 && q >= n) break;
-      uint64_t v0, v1;
-      if (q == me) {
-        v0 = load8(in, w, count, in_al);
-        v1 = flag_lane ? 0 : load8(in, w + 1, count, in_al);
-      } else {
-        wait_lines(mine + (size_t)q * row_bytes + at, flag, flag_lane, v0, v1,
-                   timeout_ns, q);
-      }
-      accumulate<T>(acc0, v0, q, op);
-      accumulate<T>(acc1, v1, q, op);
-    }
-    if (w < nw) store8(out, w, count, out_al, finished<T>(acc0, op, n));
-    if (!flag_lane && w + 1 < nw)
-      store8(out, w + 1, count, out_al, finished<T>(acc1, op, n));
+    uint64_t r0, r1;
+    reduce_block<T, N>(mine + b * kBlockBytes + lane16, row_bytes, in, b, lp,
+                       count, in_al, me, n, op, flag, timeout_ns, r0, r1);
+    put_block(out, b, lp, count, out_al, r0, r1);
   }
 
   symnccl::end_call(epochs, call);
 }
 
+// Two-shot in 128-byte lines, for 3+ ranks (the ll two-shot of
+// ll_allreduce.cu with ll128's lines): the blocks are cut into n slices of
+// sb consecutive blocks; slice q of every rank's input goes to rank q
+// (phase 1), q reduces it as the lines arrive and stores the result to every
+// rank (phase 2), and every rank polls for the other slices' results
+// (phase 3). Per rank (n-1)/n of the message goes out twice (x 16/15)
+// instead of n-1 whole copies, with no barrier: a phase waits only for lines
+// of the phase before, which never waits.
+//
+// Slot layout as ll's two-shot: phase-1 rows [source rank r] at r * half,
+// phase-2 rows [slice q] at (n + q) * half, half = row_bytes / 2 >=
+// sb * 512. The two-slot argument holds as for ll's two-shot: a rank
+// finishes call c + 1 only after some slice owner reduced c + 1, which
+// needed phase-1 lines of every rank's kernel c + 1, sent only after that
+// kernel's call c completed; so when any rank writes a slot again in c + 2,
+// every rank is done with c. Block (slice q, j) is read in phase 1 and
+// written in phase 3 by the same lane (warp j mod warps in both), so in
+// place is safe.
+template <typename T, int N>
+__global__ void __launch_bounds__(512)
+    ll128_two_shot(ncclDevComm dc, ncclWindow_t win, size_t ll_off,
+                   size_t row_bytes, uint64_t* epochs, const T* in, T* out,
+                   size_t count, int op, uint64_t timeout_ns) {
+  constexpr int K = 8 / sizeof(T);
+  const int n = N > 0 ? N : dc.lsaSize;
+  const int me = dc.lsaRank;
+
+  const symnccl::PacketCall call = symnccl::begin_call(epochs, ll_off, n,
+                                                       row_bytes);
+  const uint64_t flag = (uint64_t)call.flag << 32 | call.flag;
+  const size_t slot_off = call.slot_off;
+  const size_t half = row_bytes / 2;
+
+  const LinePart lp = line_part();
+  const size_t lane16 = (size_t)(threadIdx.x & 31) * 16;
+  const size_t nb = ((count + K - 1) / K + kWords - 1) / kWords;
+  const size_t sb = (nb + n - 1) / n;  // blocks per slice
+  const size_t warps = (size_t)gridDim.x * (blockDim.x / 32);
+  const size_t wid = (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  const bool in_al = (reinterpret_cast<uintptr_t>(in) & 7) == 0;
+  const bool out_al = (reinterpret_cast<uintptr_t>(out) & 7) == 0;
+  const char* mine =
+      static_cast<const char*>(ncclGetLsaPointer(win, slot_off, me));
+
+  // 1. slice q of my input -> rank q, row `me` (peers in rotated order)
+  for (int k = 1; k < n; k++) {
+    const int q = (me + k) % n;
+    char* row = static_cast<char*>(
+        ncclGetLsaPointer(win, slot_off + (size_t)me * half, q));
+    for (size_t j = wid; j < sb && q * sb + j < nb; j += warps) {
+      uint64_t v0, v1;
+      block_words(in, q * sb + j, lp, count, in_al, flag, v0, v1);
+      store16(row + j * kBlockBytes + lane16, v0, v1);
+    }
+  }
+
+  // 2. reduce my slice in rank order, store the result to every rank
+  const symnccl::LsaPtrs<N> res_at =
+      symnccl::lsa_ptrs<N>(win, slot_off + (size_t)(n + me) * half, n);
+  for (size_t j = wid; j < sb && me * sb + j < nb; j += warps) {
+    const size_t b = me * sb + j;
+    const size_t at = j * kBlockBytes + lane16;
+    uint64_t r0, r1;
+    reduce_block<T, N>(mine + at, half, in, b, lp, count, in_al, me, n, op,
+                       flag, timeout_ns, r0, r1);
+#pragma unroll
+    for (int q = 0; q < (N > 0 ? N : kMaxRanks); q++) {
+      if (N == 0 && q >= n) break;
+      if (q != me) store16(res_at.p[q] + at, r0, r1);
+    }
+    put_block(out, b, lp, count, out_al, r0, r1);
+  }
+
+  // 3. every other slice's result
+  for (int k = 1; k < n; k++) {
+    const int q = (me + k) % n;
+    const char* row = mine + (size_t)(n + q) * half;
+    for (size_t j = wid; j < sb && q * sb + j < nb; j += warps) {
+      uint64_t v0, v1;
+      wait_lines(row + j * kBlockBytes + lane16, flag, lp.flag_lane, v0, v1,
+                 timeout_ns, q);
+      put_block(out, q * sb + j, lp, count, out_al, v0, v1);
+    }
+  }
+
+  symnccl::end_call(epochs, call);
+}
+
+// Blocks a launch of `count` elements of `itemsize` bytes needs per row
+// (two-shot: per half row).
+size_t row_blocks(size_t count, size_t itemsize, int n, int two_shot) {
+  const size_t nw = (count * itemsize + 7) / 8;
+  const size_t blocks = (nw + kWords - 1) / kWords;
+  return two_shot ? (blocks + n - 1) / n : blocks;
+}
+
 template <typename T, int N>
 cudaError_t launch_t(const symnccl_ll_args& a, cudaStream_t stream) {
-  const size_t nw = (a.count + 8 / sizeof(T) - 1) / (8 / sizeof(T));
-  if ((nw + kWords - 1) / kWords * kBlockBytes > a.row_bytes)
+  const int n = a.dc->dc.lsaSize;
+  if (row_blocks(a.count, sizeof(T), n, a.two_shot) * kBlockBytes >
+      (a.two_shot ? a.row_bytes / 2 : a.row_bytes))
     return cudaErrorInvalidValue;
-  ll128_allreduce<T, N><<<a.ctas, a.threads, 0, stream>>>(
+  auto kernel = a.two_shot ? ll128_two_shot<T, N> : ll128_allreduce<T, N>;
+  kernel<<<a.ctas, a.threads, 0, stream>>>(
       a.dc->dc, a.win, a.ll_offset, a.row_bytes, a.epochs,
       static_cast<const T*>(a.src), static_cast<T*>(a.out), a.count, a.op,
       a.timeout_ns);
@@ -175,14 +317,17 @@ cudaError_t launch_t(const symnccl_ll_args& a, cudaStream_t stream) {
 
 }  // namespace
 
-extern "C" size_t symnccl_ll128_max_count(size_t row_bytes, size_t itemsize) {
-  return row_bytes / kBlockBytes * kWords * 8 / itemsize;
+extern "C" size_t symnccl_ll128_max_count(size_t row_bytes, size_t itemsize,
+                                          int nranks, int two_shot) {
+  const size_t blocks = two_shot ? row_bytes / 2 / kBlockBytes * nranks
+                                 : row_bytes / kBlockBytes;
+  return blocks * kWords * 8 / itemsize;
 }
 
 extern "C" cudaError_t symnccl_ll128_allreduce(const symnccl_ll_args* a,
                                                cudaStream_t stream) {
   if (a->dc->dc.lsaSize > kMaxRanks || a->threads > 512 ||
-      a->threads % 32 != 0 || a->two_shot)
+      a->threads % 32 != 0)
     return cudaErrorInvalidValue;
   return symnccl::dispatch(a->dtype, a->dc->dc.lsaSize, [&](auto t, auto n) {
     return launch_t<decltype(t), decltype(n)::value>(*a, stream);
