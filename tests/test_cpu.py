@@ -349,11 +349,13 @@ def test_bench_report_rebuilds_table_from_recorded_json(tmp_path):
     assert "symnccl:ll" in r.stdout and "nvlink:memcpy" in r.stdout
     assert "symnccl:push" in r.stdout and "symnccl:push(tensor)" in r.stdout
     assert "NVIDIA H200 x2" in r.stdout
+    # a copy: --report writes the PNG beside the JSON it reads
+    dst2 = tmp_path / "ll128.json"
+    shutil.copy(os.path.join(root, "benchmarks", "results",
+                             "h200x2_bfloat16_ll128.json"), dst2)
     r2 = subprocess.run([sys.executable, os.path.join(root, "benchmarks",
                                                       "bench_allreduce.py"),
-                         "--report", os.path.join(root, "benchmarks",
-                                                  "results",
-                                                  "h200x2_bfloat16_ll128.json")],
+                         "--report", str(dst2)],
                         capture_output=True, text=True, timeout=120)
     assert r2.returncode == 0 and "symnccl:ll128" in r2.stdout, r2.stderr
     # the ceiling's GB/s is bytes / time (no all-reduce bus factor)
