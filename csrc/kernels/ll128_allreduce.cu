@@ -220,9 +220,13 @@ __global__ void __launch_bounds__(512)
 // finishes call c + 1 only after some slice owner reduced c + 1, which
 // needed phase-1 lines of every rank's kernel c + 1, sent only after that
 // kernel's call c completed; so when any rank writes a slot again in c + 2,
-// every rank is done with c. Block (slice q, j) is read in phase 1 and
-// written in phase 3 by the same lane (warp j mod warps in both), so in
-// place is safe.
+// every rank is done with c. One-shot and two-shot calls may alternate on
+// the same slots: finishing a one-shot call also needs every rank's lines,
+// and both layouts keep each flag in bytes 120-127 of a 128-byte aligned
+// line (half is a multiple of 2048), so a stale line of the other kind
+// never shows data where a flag is polled. Block (slice q, j) is read in
+// phase 1 and written in phase 3 by the same lane (warp j mod warps in
+// both), so in place is safe.
 template <typename T, int N>
 __global__ void __launch_bounds__(512)
     ll128_two_shot(ncclDevComm dc, ncclWindow_t win, size_t ll_off,
