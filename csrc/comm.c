@@ -202,10 +202,10 @@ read_knobs(CommObject *c)
 }
 
 /* ncclMemAlloc for the staging window (the staging area, the LL and ll128
- * receive buffers, the push region; all but the first zeroed); registration is done by
- * the caller (alone, or for several communicators inside one NCCL group),
- * after this returns, so no peer can write into them before they are
- * cleared. */
+ * receive buffers, the push region; all but the first zeroed); registration
+ * is done by the caller (alone, or for several communicators inside one
+ * NCCL group), after this returns, so no peer can write into them before
+ * they are cleared. */
 static int
 alloc_staging_memory(SNState *st, CommObject *c)
 {
