@@ -3,9 +3,15 @@
 The .cu files are compiled by nvcc into objects that the C extension links
 (the approach cupy takes), with the CUDA runtime linked statically and
 libnccl.so.2 taken from the nvidia-nccl-cu13 wheel (or $NCCL_HOME).
+csrc/kernels/unit.cu is compiled once per kernel dtype (launch.h's
+SYMNCCL_KERNEL_DTYPES); all nvcc jobs run in parallel, and an object is
+rebuilt when its source, a header or its command line changed.
 
 Environment:
-  SYMNCCL_CUDA_ARCHS  SM list, default "90;100" (+ compute_90 PTX)
+  SYMNCCL_CUDA_ARCHS  SM list, default "90;100" (SASS only)
+  SYMNCCL_PTX         1: also embed PTX of the lowest architecture (for
+                      GPUs newer than the list; costs size and build time)
+  SYMNCCL_BUILD_JOBS  parallel nvcc jobs (default: the CPU count)
   NCCL_HOME           an NCCL install with include/ and lib/ to use instead
                       of the nvidia-nccl-cu13 wheel
   CUDA_HOME           CUDA toolkit root (default: from nvcc on PATH)
@@ -15,12 +21,15 @@ Environment:
                       Without it the handler is not built (symnccl.jax then
                       says why).
 """
+import concurrent.futures
 import glob
+import hashlib
 import os
 import re
 import shutil
 import subprocess
 import sys
+import time
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
@@ -112,39 +121,118 @@ def find_xla_ffi():
     return None
 
 
-def gencode_flags():
+def cuda_archs():
     archs = os.environ.get("SYMNCCL_CUDA_ARCHS", "90;100")
     sms = [a.strip() for a in re.split(r"[;, ]+", archs) if a.strip()]
     if not sms or not all(re.fullmatch(r"\d+a?", a) for a in sms):
         _fail(f"SYMNCCL_CUDA_ARCHS={archs!r}: expected e.g. '90;100'")
+    return sms
+
+
+def gencode_flags():
+    sms = cuda_archs()
     flags = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in sms]
-    lowest = min(sms, key=lambda a: int(a.rstrip("a")))
-    flags.append(f"-gencode=arch=compute_{lowest},code=compute_{lowest}")
+    if os.environ.get("SYMNCCL_PTX", "0") not in ("", "0"):
+        lowest = min(sms, key=lambda a: int(a.rstrip("a")))
+        flags.append(f"-gencode=arch=compute_{lowest},code=compute_{lowest}")
     return flags
+
+
+def kernel_dtypes():
+    """The IDs of SYMNCCL_KERNEL_DTYPES in csrc/kernels/launch.h."""
+    text = open(os.path.join(HERE, "csrc", "kernels", "launch.h")).read()
+    block = re.search(r"#define SYMNCCL_KERNEL_DTYPES\(X\)(.*?)\n\n", text,
+                      re.S).group(1)
+    ids = re.findall(r"X\((\w+),", block)
+    if not ids:
+        _fail("no SYMNCCL_KERNEL_DTYPES entries found in launch.h")
+    return ids
+
+
+def kernel_jobs(objdir):
+    """(source, object, extra flags) for every kernel object."""
+    kdir = os.path.join("csrc", "kernels")
+    jobs = [(os.path.join(kdir, "unit.cu"),
+             os.path.join(objdir, f"unit_{dt.lower()}.o"),
+             [f"-DSYMNCCL_UNIT_DT={dt}"]) for dt in kernel_dtypes()]
+    for src in sorted(glob.glob(os.path.join(kdir, "*.cu"))):
+        if os.path.basename(src) != "unit.cu":
+            base = os.path.basename(src)[:-3]
+            jobs.append((src, os.path.join(objdir, base + ".o"), []))
+    return jobs
+
+
+def compile_kernels(nvcc, nccl_inc, objdir, force):
+    """Compiles the kernel objects in parallel; returns their paths."""
+    os.makedirs(objdir, exist_ok=True)
+    jobs = kernel_jobs(objdir)
+    headers = glob.glob(os.path.join("csrc", "kernels", "*.h")) + \
+        glob.glob(os.path.join("csrc", "kernels", "*.cuh"))
+    cores = os.cpu_count() or 1
+    njobs = int(os.environ.get("SYMNCCL_BUILD_JOBS", cores))
+    njobs = max(1, min(njobs, len(jobs)))
+    archs = len(cuda_archs())
+    # nvcc --threads compiles a unit's architectures in parallel: use what
+    # the parallel jobs leave of the cores
+    threads = max(1, min(archs, cores // njobs))
+    todo = []
+    for src, obj, extra in jobs:
+        cmd = [nvcc, "-c", src, "-o", obj, "-O3", "-std=c++17",
+               "-Xcompiler", "-fPIC", "--expt-relaxed-constexpr",
+               "-Xptxas", "-warn-spills", "-Xfatbin=-compress-all",
+               f"--threads={threads}", f"-I{nccl_inc}", "-Icsrc"] + \
+            extra + gencode_flags()
+        stamp = obj + ".cmd"
+        key = hashlib.sha256(" ".join(cmd).encode()).hexdigest()
+        fresh = (not force and os.path.exists(obj) and
+                 os.path.exists(stamp) and open(stamp).read() == key and
+                 max(os.path.getmtime(d) for d in [src] + headers)
+                 <= os.path.getmtime(obj))
+        if not fresh:
+            todo.append((src, obj, cmd, stamp, key))
+    if todo:
+        print(f"symnccl: compiling {len(todo)} of {len(jobs)} kernel objects "
+              f"({njobs} jobs x {threads} nvcc threads, "
+              f"{';'.join(cuda_archs())})", flush=True)
+    t0 = time.monotonic()
+
+    def run(item):
+        src, obj, cmd, stamp, key = item
+        start = time.monotonic()
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        return item, r, time.monotonic() - start
+
+    done = 0
+    failed = []
+    with concurrent.futures.ThreadPoolExecutor(njobs) as pool:
+        for item, r, secs in pool.map(run, todo):
+            done += 1
+            src, obj, cmd, stamp, key = item
+            spills = r.stderr.count("Registers are spilled")
+            note = f", {spills} kernels spill registers" if spills else ""
+            print(f"symnccl: [{done}/{len(todo)}] {os.path.basename(obj)} "
+                  f"{secs:.0f} s{note}", flush=True)
+            if r.returncode != 0:
+                failed.append((cmd, r.stdout + r.stderr))
+            else:
+                with open(stamp, "w") as f:
+                    f.write(key)
+    for cmd, out in failed:
+        print(" ".join(cmd) + "\n" + out, file=sys.stderr)
+    if failed:
+        _fail(f"{len(failed)} kernel object(s) failed to compile")
+    if todo:
+        print(f"symnccl: kernels compiled in {time.monotonic() - t0:.0f} s",
+              flush=True)
+    return [obj for _, obj, _ in jobs]
 
 
 class BuildExt(build_ext):
     def build_extensions(self):
-        nvcc, cuda_inc, _ = CUDA
-        nccl_inc = NCCL[0]
-        objdir = os.path.join(self.build_temp, "kernels")
-        os.makedirs(objdir, exist_ok=True)
-        objects = []
-        for src in sorted(glob.glob(os.path.join("csrc", "kernels", "*.cu"))):
-            obj = os.path.join(objdir,
-                               os.path.basename(src).replace(".cu", ".o"))
-            deps = [src] + glob.glob(os.path.join("csrc", "kernels", "*.h")) \
-                + glob.glob(os.path.join("csrc", "kernels", "*.cuh"))
-            if (not os.path.exists(obj) or self.force or
-                    max(os.path.getmtime(d) for d in deps)
-                    > os.path.getmtime(obj)):
-                cmd = [nvcc, "-c", src, "-o", obj, "-O3", "-std=c++17",
-                       "-Xcompiler", "-fPIC", "--expt-relaxed-constexpr",
-                       "-Xptxas", "-warn-spills",
-                       f"-I{nccl_inc}", "-Icsrc"] + gencode_flags()
-                print(" ".join(cmd), flush=True)
-                subprocess.check_call(cmd)
-            objects.append(obj)
+        nvcc = CUDA[0]
+        objects = compile_kernels(nvcc, NCCL[0],
+                                  os.path.join(self.build_temp, "kernels"),
+                                  self.force)
         headers = glob.glob(os.path.join("csrc", "*.h")) + \
             glob.glob(os.path.join("csrc", "kernels", "launch.h"))
         for ext in self.extensions:

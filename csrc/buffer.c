@@ -1,5 +1,6 @@
 /* symnccl.SymmetricBuffer: device memory from ncclMemAlloc, registered as
- * one NCCL_WIN_COLL_SYMMETRIC window, exported zero-copy through DLPack.
+ * one NCCL_WIN_COLL_SYMMETRIC window, exported zero-copy through DLPack
+ * (__dlpack__ is here; importing other producers' tensors is dlpack.c).
  * symnccl.DeviceArray: plain cudaMalloc memory with the same export, used
  * for results handed to frameworks that cannot be written in place (JAX).
  *
@@ -29,23 +30,41 @@ sn_buffer_mark_written(BufferObject *b, cudaStream_t stream)
     b->has_last_stream = 1;
 }
 
-int
-sn_buffer_finish_pending(SNState *st, BufferObject *b)
+void
+sn_buffer_finish_pending(BufferObject *b)
 {
     b->pending = 0;
+}
+
+int
+sn_buffer_order(SNState *st, BufferObject *b, cudaStream_t stream)
+{
+    if (b->alloc_kind == SN_ALLOC_HOST || !b->has_last_stream ||
+        b->last_stream == stream)
+        return 0;
+    if (b->event == NULL)
+        SN_CUDA_GOTO(st, cudaEventCreateWithFlags(&b->event,
+                                                  cudaEventDisableTiming),
+                     "cudaEventCreate", error);
+    SN_CUDA_GOTO(st, cudaEventRecord(b->event, b->last_stream),
+                 "cudaEventRecord", error);
+    SN_CUDA_GOTO(st, cudaStreamWaitEvent(stream, b->event, 0),
+                 "cudaStreamWaitEvent", error);
     return 0;
+error:
+    return -1;
 }
 
 PyObject *
 sn_buffer_new(SNState *st, CommObject *comm, PyTypeObject *tp, int ndim,
-              const int64_t *shape, SN_DLDataType dtype, int zero,
+              const int64_t *shape, const sn_dtype *dtype, int zero,
               cudaStream_t stream)
 {
     int device = comm->device;
     size_t count = 1;
     for (int i = 0; i < ndim; i++)
         count *= (size_t)shape[i];
-    size_t nbytes = count * (size_t)sn_dtype_itemsize(dtype);
+    size_t nbytes = count * (size_t)dtype->itemsize;
     /* Same size on every rank (registration is collective) and a whole
      * number of pages, so kernels may read past the tail safely. */
     size_t alloc = (nbytes + SN_WINDOW_ALIGN - 1) / SN_WINDOW_ALIGN *
@@ -105,7 +124,7 @@ sn_buffer_new(SNState *st, CommObject *comm, PyTypeObject *tp, int ndim,
     if (stream != NULL)
         sn_buffer_mark_written(b, stream);
     if (tp == st->SymmetricBufferType) {
-        b->win = sn_comm_window_acquire(st, comm, b->ptr, alloc);
+        b->win = sn_window_acquire(st, comm, b->ptr, alloc);
         if (b->win == NULL)
             goto error;
         if (st->group_depth > 0) {
@@ -138,7 +157,7 @@ buffer_dealloc(BufferObject *self)
         if (cudaGetDevice(&prev) == cudaSuccess) {
             cudaSetDevice(self->device);
             if (self->comm != NULL && self->win != NULL)
-                sn_comm_window_release(self->comm, self->win);
+                sn_window_release(self->comm, self->win);
             if (self->event != NULL)
                 cudaEventDestroy(self->event);
             if (self->alloc_kind == SN_ALLOC_NCCL)
@@ -158,10 +177,189 @@ buffer_dealloc(BufferObject *self)
 
 /* ------------------------------------------------------------------ */
 
-static PyObject *
-buffer_dlpack(BufferObject *self, PyObject *args, PyObject *kw)
+/* ------------------------------------------------------------------ */
+/* Export                                                               */
+
+typedef struct {
+    SN_DLManagedTensorVersioned v;   /* used when versioned */
+    SN_DLManagedTensor l;            /* used when legacy */
+    int64_t shape[SN_MAX_NDIM];
+    int64_t strides[SN_MAX_NDIM];
+} sn_export;
+
+static void
+export_release(void *ctx)
 {
-    return sn_buffer_dlpack(self, args, kw);
+    /* May be called by a consumer from any thread, GIL held or not. */
+    sn_export *ex = ctx;
+    BufferObject *owner = ex->v.manager_ctx ? ex->v.manager_ctx
+                                            : ex->l.manager_ctx;
+    PyGILState_STATE g = PyGILState_Ensure();
+    owner->exports--;
+    Py_DECREF((PyObject *)owner);
+    PyGILState_Release(g);
+    free(ex);
+}
+
+static void
+deleter_versioned(SN_DLManagedTensorVersioned *m)
+{
+    export_release((sn_export *)((char *)m - offsetof(sn_export, v)));
+}
+
+static void
+deleter_legacy(SN_DLManagedTensor *m)
+{
+    export_release((sn_export *)((char *)m - offsetof(sn_export, l)));
+}
+
+static void
+capsule_destructor_versioned(PyObject *cap)
+{
+    if (PyCapsule_IsValid(cap, "dltensor_versioned")) {
+        SN_DLManagedTensorVersioned *m =
+            PyCapsule_GetPointer(cap, "dltensor_versioned");
+        m->deleter(m);
+    }
+}
+
+static void
+capsule_destructor_legacy(PyObject *cap)
+{
+    if (PyCapsule_IsValid(cap, "dltensor")) {
+        SN_DLManagedTensor *m = PyCapsule_GetPointer(cap, "dltensor");
+        m->deleter(m);
+    }
+}
+
+static PyObject *
+buffer_dlpack(BufferObject *b, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"stream", "max_version", "dl_device", "copy",
+                             NULL};
+    SNState *st = sn_state_from_type(Py_TYPE((PyObject *)b));
+    PyObject *stream_obj = Py_None, *maxv = Py_None, *dl_device = Py_None,
+             *copy = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$OOOO:__dlpack__", kwlist,
+                                     &stream_obj, &maxv, &dl_device, &copy))
+        return NULL;
+    if (b->pending) {
+        PyErr_SetString(PyExc_BufferError, "buffer is not ready until the "
+                        "enclosing symnccl.group() exits");
+        return NULL;
+    }
+    if (b->ptr == NULL) {
+        PyErr_SetString(PyExc_BufferError, "buffer has been freed");
+        return NULL;
+    }
+    if (copy == Py_True) {
+        PyErr_SetString(PyExc_BufferError, "copy=True is not supported: a "
+                        "SymmetricBuffer is exported zero-copy only");
+        return NULL;
+    }
+    if (dl_device != Py_None) {
+        int type, id;
+        if (!PyArg_ParseTuple(dl_device, "ii", &type, &id))
+            return NULL;
+        int want = b->alloc_kind == SN_ALLOC_HOST ? SN_kDLCPU : SN_kDLCUDA;
+        if (type != want || id != b->device) {
+            PyErr_Format(PyExc_BufferError, "dl_device (%d, %d) requested, "
+                         "but the buffer lives on (%d, %d) and cannot be "
+                         "copied", type, id, want, b->device);
+            return NULL;
+        }
+    }
+    int versioned = 0, minor = 0;
+    if (maxv != Py_None) {
+        int major;
+        if (!PyArg_ParseTuple(maxv, "ii", &major, &minor)) {
+            PyErr_Clear();
+            PyErr_Format(PyExc_TypeError, "max_version must be a (major, "
+                         "minor) tuple, got %R", maxv);
+            return NULL;
+        }
+        versioned = major >= 1;
+        if (major > 1)
+            minor = SYMNCCL_DLPACK_MINOR;
+    }
+    /* Stream protocol: make the data ready on the consumer's stream. */
+    cudaStream_t consumer = NULL;
+    int sync = 1;
+    if (stream_obj != Py_None) {
+        long long sv = PyLong_AsLongLong(stream_obj);
+        if (sv == -1 && PyErr_Occurred())
+            return NULL;
+        if (sv == 0) {
+            PyErr_SetString(PyExc_ValueError, "stream=0 is ambiguous for CUDA "
+                            "in DLPack: use 1 (legacy default), 2 "
+                            "(per-thread default) or a stream handle");
+            return NULL;
+        }
+        if (sv == SN_DLPACK_STREAM_NO_SYNC)
+            sync = 0;
+        else if (sv < -1) {
+            PyErr_Format(PyExc_ValueError, "invalid DLPack stream %lld", sv);
+            return NULL;
+        }
+        else
+            consumer = sv == 1 ? NULL : (cudaStream_t)(uintptr_t)sv;
+    }
+    if (b->alloc_kind == SN_ALLOC_HOST)
+        sync = 0;
+    if (sync) {
+        int prev;
+        if (sn_device_push(st, b->device, &prev) < 0)
+            return NULL;
+        int rc = sn_buffer_order(st, b, consumer);
+        sn_device_pop(prev);
+        if (rc < 0)
+            return NULL;
+    }
+
+    sn_export *ex = calloc(1, sizeof(sn_export));
+    if (ex == NULL)
+        return PyErr_NoMemory();
+    SN_DLTensor *dl = versioned ? &ex->v.dl_tensor : &ex->l.dl_tensor;
+    dl->data = b->ptr;
+    dl->device.device_type = b->alloc_kind == SN_ALLOC_HOST ? SN_kDLCPU
+                                                            : SN_kDLCUDA;
+    dl->device.device_id = b->device;
+    dl->ndim = b->ndim;
+    dl->dtype.code = b->dtype->dl_code;
+    dl->dtype.bits = b->dtype->dl_bits;
+    dl->dtype.lanes = 1;
+    dl->shape = ex->shape;
+    dl->strides = ex->strides;
+    dl->byte_offset = 0;
+    for (int i = 0; i < b->ndim; i++) {
+        ex->shape[i] = b->shape[i];
+        ex->strides[i] = b->strides[i];
+    }
+    PyObject *cap;
+    if (versioned) {
+        ex->v.version.major = SYMNCCL_DLPACK_MAJOR;
+        ex->v.version.minor = minor < SYMNCCL_DLPACK_MINOR
+                                  ? (minor < 0 ? 0 : (uint32_t)minor)
+                                  : SYMNCCL_DLPACK_MINOR;
+        ex->v.manager_ctx = b;
+        ex->v.deleter = deleter_versioned;
+        ex->v.flags = 0;
+        cap = PyCapsule_New(&ex->v, "dltensor_versioned",
+                            capsule_destructor_versioned);
+    }
+    else {
+        ex->l.manager_ctx = b;
+        ex->l.deleter = deleter_legacy;
+        cap = PyCapsule_New(&ex->l, "dltensor", capsule_destructor_legacy);
+    }
+    if (cap == NULL) {
+        free(ex);
+        return NULL;
+    }
+    /* The capsule (and whatever consumes it) keeps the buffer alive. */
+    Py_INCREF((PyObject *)b);
+    b->exports++;
+    return cap;
 }
 
 static PyObject *
@@ -180,9 +378,9 @@ sn_py_host_buffer(PyObject *module, PyObject *args)
         return NULL;
     int ndim;
     int64_t shape[SN_MAX_NDIM];
-    SN_DLDataType dt;
+    const sn_dtype *dt;
     if (sn_parse_shape(shape_obj, &ndim, shape) < 0 ||
-        sn_parse_dtype(dtype_obj, &dt) < 0)
+        (dt = sn_parse_dtype(dtype_obj)) == NULL)
         return NULL;
     PyTypeObject *tp = st->DeviceArrayType;
     BufferObject *b = (BufferObject *)((allocfunc)PyType_GetSlot(
@@ -199,7 +397,7 @@ sn_py_host_buffer(PyObject *module, PyObject *args)
     }
     b->ndim = ndim;
     b->dtype = dt;
-    b->nbytes = count * (size_t)sn_dtype_itemsize(dt);
+    b->nbytes = count * (size_t)dt->itemsize;
     b->alloc_kind = SN_ALLOC_HOST;
     b->ptr = calloc(1, b->nbytes ? b->nbytes : 1);
     if (b->ptr == NULL) {
@@ -310,7 +508,7 @@ get_shape(BufferObject *s, void *c)
     return t;
 }
 
-static PyObject *get_dtype(BufferObject *s, void *c) { return PyUnicode_FromString(sn_dtype_name(s->dtype)); }
+static PyObject *get_dtype(BufferObject *s, void *c) { return PyUnicode_FromString(s->dtype->name); }
 static PyObject *get_nbytes(BufferObject *s, void *c) { return PyLong_FromSize_t(s->nbytes); }
 static PyObject *get_bdevice(BufferObject *s, void *c) { return PyLong_FromLong(s->device); }
 static PyObject *get_ptr(BufferObject *s, void *c) { return PyLong_FromVoidPtr(s->ptr); }
@@ -347,7 +545,7 @@ buffer_repr(BufferObject *s)
     PyObject *r = PyUnicode_FromFormat(
         "<symnccl.%s shape=%R dtype=%s device=cuda:%d%s>",
         s->alloc_kind == SN_ALLOC_NCCL ? "SymmetricBuffer" : "DeviceArray",
-        shape, sn_dtype_name(s->dtype), s->device,
+        shape, s->dtype->name, s->device,
         s->alloc_kind == SN_ALLOC_NCCL
             ? (s->win && s->win->win ? " window" : " unregistered") : "");
     Py_DECREF(shape);

@@ -1,6 +1,7 @@
-/* Collective entry points: argument handling shared by every op, and the
- * algo="nccl" path (ncclAllReduce & co. on the caller's stream). On
- * SymmetricBuffers NCCL 2.28 picks its own symmetric-window kernels.
+/* The collective methods of Communicator: argument handling shared by
+ * every op, the choice of algorithm (registry.c), symnccl's kernels
+ * (launch.c) or NCCL (ncclAllReduce & co. on the caller's stream; on
+ * SymmetricBuffers NCCL 2.28 picks its own symmetric-window kernels).
  */
 #include "symnccl.h"
 
@@ -121,9 +122,9 @@ call_output(sn_call *k, PyObject *x, PyObject *out_obj, size_t count,
         PyErr_SetString(PyExc_BufferError, "out is read-only");
         return -1;
     }
-    if (k->out.nccl_dtype != k->x.nccl_dtype) {
+    if (k->out.dtype != k->x.dtype) {
         PyErr_Format(PyExc_TypeError, "out has dtype %s, expected %s (x's)",
-                     sn_dtype_name(k->out.dtype), sn_dtype_name(k->x.dtype));
+                     k->out.dtype->name, k->x.dtype->name);
         return -1;
     }
     if (k->out.count != count) {
@@ -134,68 +135,69 @@ call_output(sn_call *k, PyObject *x, PyObject *out_obj, size_t count,
     return 0;
 }
 
-static int
-parse_op(PyObject *op, ncclRedOp_t *out)
+static const sn_op *
+parse_op(PyObject *obj)
 {
-    static const struct { const char *name; ncclRedOp_t op; } ops[] = {
-        {"sum", ncclSum}, {"prod", ncclProd}, {"max", ncclMax},
-        {"min", ncclMin}, {"avg", ncclAvg},
-    };
-    const char *s = PyUnicode_Check(op) ? PyUnicode_AsUTF8AndSize(op, NULL)
-                                        : NULL;
-    for (size_t i = 0; s != NULL && i < sizeof(ops) / sizeof(ops[0]); i++)
-        if (strcmp(s, ops[i].name) == 0) {
-            *out = ops[i].op;
-            return 0;
+    const char *s = PyUnicode_Check(obj) ? PyUnicode_AsUTF8AndSize(obj, NULL)
+                                         : NULL;
+    const sn_op *op = s != NULL ? sn_op_by_name(s) : NULL;
+    if (op == NULL) {
+        PyErr_Clear();
+        PyObject *names = PyUnicode_FromString("");
+        for (int i = 0; names != NULL && i < sn_n_ops; i++) {
+            PyObject *t = PyUnicode_FromFormat("%U%s'%s'", names,
+                                               i ? ", " : "",
+                                               sn_ops[i].name);
+            Py_DECREF(names);
+            names = t;
         }
-    PyErr_Format(PyExc_ValueError, "op %R is not supported: expected one of "
-                 "'sum', 'prod', 'max', 'min', 'avg'", op);
-    return -1;
+        if (names != NULL) {
+            PyErr_Format(PyExc_ValueError, "op %R is not supported: "
+                         "expected one of %U", obj, names);
+            Py_DECREF(names);
+        }
+    }
+    return op;
 }
 
-/* algo= argument: a name from sn_algo_names or "auto"; the LSA ones only
- * where allow_lsa. Returns SN_ALGO_*, or -2 with ValueError set. */
+/* algo= argument: an algorithm's name or "auto"; symnccl's kernels only
+ * where `kernels` (all_reduce). Returns SN_ALGO_*, or SN_ALGO_UNKNOWN with
+ * ValueError set. */
 static int
-parse_algo(PyObject *algo, int allow_lsa)
+parse_algo(PyObject *obj, int kernels)
 {
-    const char *s = PyUnicode_Check(algo)
-                        ? PyUnicode_AsUTF8AndSize(algo, NULL) : NULL;
-    int a = s != NULL ? sn_algo_from_name(s) : -2;
-    if (a == -2 || (!allow_lsa && a > 0)) {
+    const char *s = PyUnicode_Check(obj) ? PyUnicode_AsUTF8AndSize(obj, NULL)
+                                         : NULL;
+    int a = s != NULL ? sn_algo_by_name(s) : SN_ALGO_UNKNOWN;
+    if (a == SN_ALGO_UNKNOWN || (!kernels && a > SN_ALGO_NCCL)) {
+        PyErr_Clear();
         PyErr_Format(PyExc_ValueError, "algo %R is not available: expected "
-                     "%s", algo, allow_lsa
-                         ? "'auto', 'nccl', 'one_shot', 'two_shot', 'll', "
-                           "'push' or 'multimem'"
-                         : "'nccl' or 'auto'");
-        return -2;
+                     "one of %s", obj, kernels ? sn_algo_choices()
+                                               : "'auto', 'nccl'");
+        return SN_ALGO_UNKNOWN;
     }
     return a;
 }
 
 static int
-lsa_all_reduce(sn_call *k, int algo, ncclRedOp_t op)
+kernel_all_reduce(sn_call *k, int algo, const sn_op *op)
 {
-    sn_ar r;
-    memset(&r, 0, sizeof(r));
-    r.c = k->c;
-    r.algo = algo;
-    r.x = k->x.ptr;
-    r.out = k->out.ptr;
-    r.win = sn_comm_find_window(k->c, k->x.ptr,
-                                k->x.count * (size_t)k->x.itemsize);
-    r.count = k->x.count;
-    r.itemsize = k->x.itemsize;
-    r.dtype = k->x.nccl_dtype;
-    r.op = op;
-    r.stream = k->stream;
-    if (sn_lsa_all_reduce(&r) < 0)
-        return sn_set_cuda_error(k->st, r.cuda_error, r.err);
+    sn_ar r = {k->c, algo, k->x.ptr, k->out.ptr,
+               sn_window_find(k->c, k->x.ptr,
+                              k->x.count * (size_t)k->x.dtype->itemsize),
+               k->x.count, k->x.dtype, op, k->stream};
+    sn_err err = {cudaSuccess, ncclSuccess, ""};
+    if (sn_launch_all_reduce(&r, &err) < 0)
+        return sn_raise(k->st, &err);
     return 0;
 }
 
+/* After enqueueing an NCCL collective. */
 static int
 enqueue_done(sn_call *k, ncclResult_t rc, const char *what)
 {
+    if (rc == ncclSuccess || rc == ncclInProgress)
+        sn_count_nccl(k->c);
     return sn_nccl_complete(k->st, k->c, rc, what);
 }
 
@@ -206,7 +208,7 @@ enqueue_done(sn_call *k, ncclResult_t rc, const char *what)
 static int
 misaligned_in_window(CommObject *c, const char *p)
 {
-    sn_window *w = sn_comm_find_window(c, p, 1);
+    sn_window *w = sn_window_find(c, p, 1);
     return w != NULL && (p - w->base) % 16 != 0;
 }
 
@@ -217,7 +219,7 @@ misaligned_in_window(CommObject *c, const char *p)
  * stream-ordered plain memory, which NCCL reduces with its regular kernels:
  * copy in, all-reduce in place, copy out. */
 static int
-nccl_all_reduce_via_plain(sn_call *k, ncclRedOp_t op, size_t bytes)
+nccl_all_reduce_via_plain(sn_call *k, const sn_op *op, size_t bytes)
 {
     if (k->st->group_depth > 0) {
         PyErr_SetString(PyExc_NotImplementedError, "algo='nccl' on a window "
@@ -236,8 +238,8 @@ nccl_all_reduce_via_plain(sn_call *k, ncclRedOp_t op, size_t bytes)
                         k->stream);
     if (e == cudaSuccess) {
         ncclResult_t rc = ncclAllReduce(tmp, tmp, k->x.count,
-                                        k->x.nccl_dtype, op, k->c->comm,
-                                        k->stream);
+                                        k->x.dtype->nccl, op->nccl,
+                                        k->c->comm, k->stream);
         ok = enqueue_done(k, rc, "ncclAllReduce") == 0;
         if (ok)
             e = cudaMemcpyAsync(k->out.ptr, tmp, bytes,
@@ -261,50 +263,50 @@ sn_all_reduce(CommObject *c, PyObject *args, PyObject *kw)
     if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OOOO:all_reduce", kwlist,
                                      &x, &out, &op_obj, &algo_obj, &stream))
         return NULL;
-    ncclRedOp_t op = ncclSum;
-    if (op_obj != NULL && parse_op(op_obj, &op) < 0)
+    const sn_op *op = op_obj != NULL ? parse_op(op_obj) : sn_op_by_name("sum");
+    if (op == NULL)
         return NULL;
     int algo = SN_ALGO_AUTO;
-    if (algo_obj != NULL && (algo = parse_algo(algo_obj, 1)) == -2)
+    if (algo_obj != NULL &&
+        (algo = parse_algo(algo_obj, 1)) == SN_ALGO_UNKNOWN)
         return NULL;
     /* One rank: avg is sum. NCCL 2.28.9's single-rank ncclAvg left the last
      * float64 element of a 4099-element output unwritten (seen on H200). */
-    if (op == ncclAvg && c->nranks == 1)
-        op = ncclSum;
+    if (op->nccl == ncclAvg && c->nranks == 1)
+        op = sn_op_by_name("sum");
     sn_call k;
     if (call_begin(&k, c, x, stream) < 0 ||
         call_output(&k, x, out, k.x.count, k.x.ndim, k.x.shape, 1) < 0)
         return call_end(&k, 0);
+    const size_t bytes = k.x.count * (size_t)k.x.dtype->itemsize;
+    const sn_topology topo = sn_topology_of(c);
     if (algo == SN_ALGO_AUTO)
-        algo = sn_auto_algo(c, k.x.count * (size_t)k.x.itemsize,
-                            k.x.nccl_dtype, op,
-                            sn_comm_find_window(c, k.x.ptr,
-                                                k.x.count *
-                                                    (size_t)k.x.itemsize)
-                                != NULL);
+        algo = sn_auto_algo(&topo, &c->knobs, bytes, k.x.dtype, op,
+                            sn_window_find(c, k.x.ptr, bytes) != NULL);
     else if (algo != SN_ALGO_NCCL) {
-        const char *why = sn_lsa_unavailable(c, algo, k.x.nccl_dtype, op);
+        const char *why = sn_algo_unavailable(&topo, algo, k.x.dtype, op);
         if (why != NULL) {
             PyErr_Format(PyExc_ValueError, "algo '%s' cannot run this "
-                         "all_reduce (%s, op %d): %s", sn_algo_names[algo],
-                         sn_dtype_name(k.x.dtype), (int)op, why);
+                         "all_reduce (%s, op '%s'): %s", sn_algos[algo].name,
+                         k.x.dtype->name, op->name, why);
             return call_end(&k, 0);
         }
         if (k.st->group_depth > 0) {
-            PyErr_SetString(PyExc_ValueError, "the LSA algorithms cannot run "
-                            "inside symnccl.group(); use algo='nccl'");
+            PyErr_Format(PyExc_ValueError, "algo '%s' cannot run inside "
+                         "symnccl.group(); use algo='nccl'",
+                         sn_algos[algo].name);
             return call_end(&k, 0);
         }
     }
     if (algo != SN_ALGO_NCCL && k.st->group_depth > 0)
         algo = SN_ALGO_NCCL;   /* auto inside a group: NCCL's grouping */
     if (algo != SN_ALGO_NCCL)
-        return call_end(&k, lsa_all_reduce(&k, algo, op) == 0);
-    size_t bytes = k.x.count * (size_t)k.x.itemsize;
+        return call_end(&k, kernel_all_reduce(&k, algo, op) == 0);
     if (misaligned_in_window(c, k.x.ptr) || misaligned_in_window(c, k.out.ptr))
         return call_end(&k, nccl_all_reduce_via_plain(&k, op, bytes) == 0);
     ncclResult_t rc = ncclAllReduce(k.x.ptr, k.out.ptr, k.x.count,
-                                    k.x.nccl_dtype, op, c->comm, k.stream);
+                                    k.x.dtype->nccl, op->nccl, c->comm,
+                                    k.stream);
     return call_end(&k, enqueue_done(&k, rc, "ncclAllReduce") == 0);
 }
 
@@ -318,10 +320,9 @@ sn_reduce_scatter(CommObject *c, PyObject *args, PyObject *kw)
                                      kwlist, &x, &out, &op_obj, &algo,
                                      &stream))
         return NULL;
-    ncclRedOp_t op = ncclSum;
-    if (op_obj != NULL && parse_op(op_obj, &op) < 0)
-        return NULL;
-    if (algo != NULL && parse_algo(algo, 0) == -2)
+    const sn_op *op = op_obj != NULL ? parse_op(op_obj) : sn_op_by_name("sum");
+    if (op == NULL ||
+        (algo != NULL && parse_algo(algo, 0) == SN_ALGO_UNKNOWN))
         return NULL;
     sn_call k;
     if (call_begin(&k, c, x, stream) < 0)
@@ -344,14 +345,14 @@ sn_reduce_scatter(CommObject *c, PyObject *args, PyObject *kw)
     }
     if (call_output(&k, x, out, k.x.count / n, ndim, shape, 0) < 0)
         return call_end(&k, 0);
-    size_t chunk = k.x.count / n * (size_t)k.x.itemsize;
+    size_t chunk = k.x.count / n * (size_t)k.x.dtype->itemsize;
     /* NCCL 2.28.9's symmetric-window reduce-scatter writes zeros into every
      * 4th 16-bit element of ranks whose block does not start on a 16-byte
      * boundary (seen on 2xH200: bf16, 1031 and 4099 elements per rank).
      * Then the result goes through stream-ordered plain memory, which NCCL
      * reduces with its regular kernels. */
     char *recv = k.out.ptr;
-    if (chunk % 16 != 0 && sn_comm_in_window(c, k.out.ptr)) {
+    if (chunk % 16 != 0 && sn_window_find(c, k.out.ptr, 1) != NULL) {
         cudaError_t e = cudaMallocAsync((void **)&recv, chunk ? chunk : 1,
                                         k.stream);
         if (e != cudaSuccess) {
@@ -360,7 +361,7 @@ sn_reduce_scatter(CommObject *c, PyObject *args, PyObject *kw)
         }
     }
     ncclResult_t rc = ncclReduceScatter(k.x.ptr, recv, k.x.count / n,
-                                        k.x.nccl_dtype, op, c->comm,
+                                        k.x.dtype->nccl, op->nccl, c->comm,
                                         k.stream);
     int ok = enqueue_done(&k, rc, "ncclReduceScatter") == 0;
     if (recv != k.out.ptr) {
@@ -393,7 +394,7 @@ sn_all_gather(CommObject *c, PyObject *args, PyObject *kw)
     if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OOO:all_gather", kwlist,
                                      &x, &out, &algo, &stream))
         return NULL;
-    if (algo != NULL && parse_algo(algo, 0) == -2)
+    if (algo != NULL && parse_algo(algo, 0) == SN_ALGO_UNKNOWN)
         return NULL;
     sn_call k;
     if (call_begin(&k, c, x, stream) < 0)
@@ -411,7 +412,7 @@ sn_all_gather(CommObject *c, PyObject *args, PyObject *kw)
                     0) < 0)
         return call_end(&k, 0);
     ncclResult_t rc = ncclAllGather(k.x.ptr, k.out.ptr, k.x.count,
-                                    k.x.nccl_dtype, c->comm, k.stream);
+                                    k.x.dtype->nccl, c->comm, k.stream);
     return call_end(&k, enqueue_done(&k, rc, "ncclAllGather") == 0);
 }
 
@@ -434,7 +435,8 @@ sn_broadcast(CommObject *c, PyObject *args, PyObject *kw)
         call_output(&k, x, out, k.x.count, k.x.ndim, k.x.shape, 1) < 0)
         return call_end(&k, 0);
     ncclResult_t rc = ncclBroadcast(k.x.ptr, k.out.ptr, k.x.count,
-                                    k.x.nccl_dtype, root, c->comm, k.stream);
+                                    k.x.dtype->nccl, root, c->comm,
+                                    k.stream);
     return call_end(&k, enqueue_done(&k, rc, "ncclBroadcast") == 0);
 }
 
@@ -450,8 +452,9 @@ sn_barrier(CommObject *c, PyObject *args, PyObject *kw)
     sn_call k;
     if (call_begin(&k, c, NULL, stream) < 0)
         return call_end(&k, 0);
-    ncclResult_t rc = ncclAllReduce(c->scratch, c->scratch, 1, ncclInt32,
-                                    ncclSum, c->comm, k.stream);
+    int *word = sn_barrier_word(c);
+    ncclResult_t rc = ncclAllReduce(word, word, 1, ncclInt32, ncclSum,
+                                    c->comm, k.stream);
     if (enqueue_done(&k, rc, "barrier (ncclAllReduce)") < 0)
         return call_end(&k, 0);
     if (blocking && k.st->group_depth == 0) {

@@ -1,10 +1,10 @@
-/* symnccl._C: module definition, module state, error reporting, NCCL
- * versions, unique ids and the NCCL group bracket.
+/* symnccl._C: module definition and state, module-level functions (unique
+ * ids, versions, the NCCL group bracket) and the testing hooks that need no
+ * communicator.
  */
 #include "symnccl.h"
 
 #include <string.h>
-#include <time.h>
 
 static struct PyModuleDef sn_module_def;
 
@@ -12,214 +12,6 @@ static SNState *
 get_state(PyObject *module)
 {
     return (SNState *)PyModule_GetState(module);
-}
-
-SNState *
-sn_state_from_type(PyTypeObject *tp)
-{
-    return (SNState *)PyType_GetModuleState(tp);
-}
-
-/* ------------------------------------------------------------------ */
-/* Errors: one formatter per library, exceptions carry .code.          */
-
-static int
-raise_with_code(PyObject *type, int code, PyObject *msg)
-{
-    if (msg == NULL)
-        return -1;
-    PyObject *exc = PyObject_CallFunctionObjArgs(type, msg, NULL);
-    Py_DECREF(msg);
-    if (exc == NULL)
-        return -1;
-    PyObject *pycode = PyLong_FromLong(code);
-    if (pycode == NULL || PyObject_SetAttrString(exc, "code", pycode) < 0) {
-        Py_XDECREF(pycode);
-        Py_DECREF(exc);
-        return -1;
-    }
-    Py_DECREF(pycode);
-    PyErr_SetObject(type, exc);
-    Py_DECREF(exc);
-    return -1;
-}
-
-int
-sn_set_nccl_error(SNState *st, ncclResult_t rc, ncclComm_t comm,
-                  const char *what)
-{
-    const char *last = ncclGetLastError(comm);
-    PyObject *msg;
-    if (last != NULL && last[0] != '\0')
-        msg = PyUnicode_FromFormat("%s failed: %s (ncclResult_t %d): %s",
-                                   what, ncclGetErrorString(rc), (int)rc,
-                                   last);
-    else
-        msg = PyUnicode_FromFormat("%s failed: %s (ncclResult_t %d)", what,
-                                   ncclGetErrorString(rc), (int)rc);
-    return raise_with_code(st->NcclError, (int)rc, msg);
-}
-
-int
-sn_set_cuda_error(SNState *st, cudaError_t rc, const char *what)
-{
-    (void)cudaGetLastError();   /* clear the sticky-free error slot */
-    PyObject *msg = PyUnicode_FromFormat("%s failed: %s (%s, cudaError_t %d)",
-                                         what, cudaGetErrorString(rc),
-                                         cudaGetErrorName(rc), (int)rc);
-    return raise_with_code(st->CudaError, (int)rc, msg);
-}
-
-/* ------------------------------------------------------------------ */
-/* Waiting on non-blocking communicators.                               */
-
-static double
-now_seconds(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-int
-sn_wait_comms(SNState *st, ncclComm_t *comms, int n, double timeout,
-              const char *what)
-{
-    /* Fast path, GIL held: usually everything has completed already. */
-    int done = 1;
-    for (int i = 0; i < n && done; i++) {
-        ncclResult_t async = ncclInProgress;
-        if (ncclCommGetAsyncError(comms[i], &async) != ncclSuccess ||
-            async != ncclSuccess)
-            done = 0;
-    }
-    if (done)
-        return 0;
-    double start = now_seconds();
-    double deadline = start + timeout;
-    for (;;) {
-        int busy = 0, failed = -1;
-        ncclResult_t bad = ncclSuccess;
-        double slice_end = now_seconds() + 0.05;
-        Py_BEGIN_ALLOW_THREADS
-        do {
-            busy = 0;
-            for (int i = 0; i < n; i++) {
-                ncclResult_t async = ncclSuccess;
-                ncclResult_t rc = ncclCommGetAsyncError(comms[i], &async);
-                if (rc != ncclSuccess) {
-                    failed = i; bad = rc; break;
-                }
-                if (async == ncclInProgress)
-                    busy = 1;
-                else if (async != ncclSuccess) {
-                    failed = i; bad = async; break;
-                }
-            }
-            if (failed >= 0 || !busy)
-                break;
-            /* An enqueue usually finishes within microseconds: spin for the
-             * first millisecond (a 20 us nanosleep costs ~80 us with the
-             * default timer slack: eager algo="nccl" calls took ~110 us),
-             * then nap. */
-            if (now_seconds() - start > 1e-3) {
-                struct timespec pause = {0, 20000};
-                nanosleep(&pause, NULL);
-            }
-        } while (now_seconds() < slice_end);
-        Py_END_ALLOW_THREADS
-        if (failed >= 0)
-            return sn_set_nccl_error(st, bad, comms[failed], what);
-        if (!busy)
-            return 0;
-        if (PyErr_CheckSignals() < 0)
-            return -1;
-        if (now_seconds() > deadline) {
-            PyErr_Format(PyExc_TimeoutError,
-                         "%s did not complete within %.1f s: are all ranks "
-                         "making the same call? (the communicator can still "
-                         "be aborted with abort())", what, timeout);
-            return -1;
-        }
-    }
-}
-
-int
-sn_nccl_complete(SNState *st, CommObject *c, ncclResult_t rc,
-                 const char *what)
-{
-    if (rc != ncclSuccess && rc != ncclInProgress)
-        return sn_set_nccl_error(st, rc, c->comm, what);
-    if (st->group_depth > 0)   /* completes at group end */
-        return PyList_Append(st->group_pending, (PyObject *)c);
-    /* A non-blocking communicator may still be busy after a call returned
-     * ncclSuccess; the next call would fail. Wait for it (cheap when done). */
-    return sn_wait_comms(st, &c->comm, 1, c->timeout, what);
-}
-
-int
-sn_device_push(SNState *st, int device, int *prev)
-{
-    cudaError_t e = cudaGetDevice(prev);
-    if (e != cudaSuccess)
-        return sn_set_cuda_error(st, e, "cudaGetDevice");
-    if (*prev != device) {
-        e = cudaSetDevice(device);
-        if (e != cudaSuccess)
-            return sn_set_cuda_error(st, e, "cudaSetDevice");
-    }
-    return 0;
-}
-
-void
-sn_device_pop(int prev)
-{
-    int cur;
-    if (cudaGetDevice(&cur) == cudaSuccess && cur != prev)
-        (void)cudaSetDevice(prev);
-}
-
-/* ------------------------------------------------------------------ */
-/* Multicast gate. Multicast is never requested while any of the three
- * switches that turn NVLink multicast off is set: NCCL_NVLS_ENABLE=0,
- * TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1. Returns NULL
- * when the request may go to NCCL, else the reason it does not. */
-
-static int
-env_true(const char *v)
-{
-    return v != NULL && v[0] != '\0' && strcmp(v, "0") != 0 &&
-           strcasecmp(v, "false") != 0 && strcasecmp(v, "no") != 0 &&
-           strcasecmp(v, "off") != 0;
-}
-
-const char *
-sn_multicast_gate(int mode, const char *nvls_enable,
-                  const char *torch_disable, const char *nvshmem_disable)
-{
-    if (nvls_enable != NULL && nvls_enable[0] != '\0' && !env_true(nvls_enable))
-        return "disabled by NCCL_NVLS_ENABLE=0";
-    if (env_true(torch_disable))
-        return "disabled by TORCH_SYMM_MEM_DISABLE_MULTICAST";
-    if (env_true(nvshmem_disable))
-        return "disabled by NVSHMEM_DISABLE_NVLS";
-    if (mode == SN_MC_OFF)
-        return "not requested (multicast=False)";
-    return NULL;
-}
-
-int
-sn_parse_multicast(PyObject *obj, int *mode)
-{
-    if (obj == NULL || obj == Py_None) {
-        *mode = SN_MC_AUTO;
-        return 0;
-    }
-    int t = PyObject_IsTrue(obj);
-    if (t < 0)
-        return -1;
-    *mode = t ? SN_MC_ON : SN_MC_OFF;
-    return 0;
 }
 
 /* _multicast_gate(multicast, NCCL_NVLS_ENABLE, TORCH_SYMM_MEM_DISABLE_
@@ -409,13 +201,8 @@ py_group_end(PyObject *module, PyObject *unused)
     Py_ssize_t len = PyList_Size(pending);
     for (Py_ssize_t i = 0; i < len; i++) {
         PyObject *o = PyList_GetItem(pending, i);
-        if (PyObject_TypeCheck(o, st->CommunicatorType))
-            continue;
-        int r = sn_buffer_finish_pending(st, (BufferObject *)o);
-        if (r < 0 && err == 0)
-            err = -1;
-        else if (r < 0)
-            PyErr_Clear();
+        if (!PyObject_TypeCheck(o, st->CommunicatorType))
+            sn_buffer_finish_pending((BufferObject *)o);
     }
     Py_DECREF(pending);
     if (err < 0)
@@ -432,11 +219,92 @@ py_group_depth(PyObject *module, PyObject *unused)
 static PyObject *
 py_dtype_info(PyObject *module, PyObject *arg)
 {
-    SN_DLDataType dt;
-    if (sn_parse_dtype(arg, &dt) < 0)
+    const sn_dtype *dt = sn_parse_dtype(arg);
+    if (dt == NULL)
         return NULL;
-    return Py_BuildValue("(siii)", sn_dtype_name(dt), (int)dt.code,
-                         (int)dt.bits, sn_dtype_itemsize(dt));
+    return Py_BuildValue("(siii)", dt->name, (int)dt->dl_code,
+                         (int)dt->dl_bits, dt->itemsize);
+}
+
+/* A topology from a dict of sn_topology's fields (testing hooks). */
+static int
+topology_from_dict(PyObject *d, sn_topology *t)
+{
+    static const char *fields[] = {"nranks", "lsa_size", "symmetric",
+                                   "staging", "push", "multicast"};
+    int *dst[] = {&t->nranks, &t->lsa_size, &t->symmetric, &t->staging,
+                  &t->push, &t->multicast};
+    memset(t, 0, sizeof(*t));
+    for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++) {
+        PyObject *v = PyDict_GetItemString(d, fields[i]);   /* borrowed */
+        if (v == NULL) {
+            PyErr_Format(PyExc_KeyError, "topology has no '%s'", fields[i]);
+            return -1;
+        }
+        *dst[i] = (int)PyLong_AsLong(v);
+        if (*dst[i] == -1 && PyErr_Occurred())
+            return -1;
+    }
+    return 0;
+}
+
+static int
+lookup(const char *a, const char *d, const char *o, int *algo,
+       const sn_dtype **dt, const sn_op **op)
+{
+    *algo = sn_algo_by_name(a);
+    *dt = sn_dtype_by_name(d);
+    *op = sn_op_by_name(o);
+    if (*algo == SN_ALGO_UNKNOWN || *dt == NULL || *op == NULL) {
+        PyErr_Format(PyExc_ValueError, "unknown algo %s, dtype %s or op %s",
+                     a, d, o);
+        return -1;
+    }
+    return 0;
+}
+
+/* _algo_unavailable_for(topology, algo, dtype, op) -> why not, or None:
+ * the registry's decision for a communicator of that topology (a dict of
+ * sn_topology's fields), without a GPU (testing). */
+static PyObject *
+py_algo_unavailable_for(PyObject *module, PyObject *args)
+{
+    PyObject *topo;
+    const char *a, *d, *o;
+    sn_topology t;
+    int algo;
+    const sn_dtype *dt;
+    const sn_op *op;
+    if (!PyArg_ParseTuple(args, "O!sss", &PyDict_Type, &topo, &a, &d, &o) ||
+        topology_from_dict(topo, &t) < 0 || lookup(a, d, o, &algo, &dt, &op))
+        return NULL;
+    const char *why = algo == SN_ALGO_AUTO
+                          ? NULL : sn_algo_unavailable(&t, algo, dt, op);
+    return why == NULL ? Py_NewRef(Py_None) : PyUnicode_FromString(why);
+}
+
+/* _auto_algo_for(topology, nbytes, dtype, op, in_window) -> what
+ * algo="auto" runs on a communicator of that topology, with the knobs of
+ * this environment (testing). */
+static PyObject *
+py_auto_algo_for(PyObject *module, PyObject *args)
+{
+    PyObject *topo;
+    Py_ssize_t bytes;
+    const char *d, *o;
+    int in_window, algo;
+    sn_topology t;
+    sn_knobs k;
+    const sn_dtype *dt;
+    const sn_op *op;
+    if (!PyArg_ParseTuple(args, "O!nssp", &PyDict_Type, &topo, &bytes, &d,
+                          &o, &in_window) ||
+        topology_from_dict(topo, &t) < 0 ||
+        lookup("auto", d, o, &algo, &dt, &op) < 0 || sn_knobs_read(&k) < 0)
+        return NULL;
+    return PyUnicode_FromString(
+        sn_algos[sn_auto_algo(&t, &k, (size_t)bytes, dt, op, in_window)]
+            .name);
 }
 
 static PyMethodDef sn_methods[] = {
@@ -459,7 +327,14 @@ static PyMethodDef sn_methods[] = {
      "TORCH_SYMM_MEM_DISABLE_MULTICAST, NVSHMEM_DISABLE_NVLS) -> "
      "(request, reason). The decision the Communicator takes, as a pure "
      "function of the environment values (None for unset)."},
-    {"_dtype_info", py_dtype_info, METH_O, NULL},
+    {"_dtype_info", py_dtype_info, METH_O,
+     "_dtype_info(spec) -> (name, DLPack code, bits, itemsize)"},
+    {"_algo_unavailable_for", py_algo_unavailable_for, METH_VARARGS,
+     "_algo_unavailable_for(topology, algo, dtype, op) -> why algo cannot "
+     "run on a communicator of that topology, or None (testing)"},
+    {"_auto_algo_for", py_auto_algo_for, METH_VARARGS,
+     "_auto_algo_for(topology, nbytes, dtype, op, in_window) -> the "
+     "algorithm algo='auto' runs there (testing)"},
     {"_xla_handler", sn_py_xla_handler, METH_NOARGS,
      "_xla_handler() -> PyCapsule: the XLA FFI handler symnccl_all_reduce "
      "(for jax.ffi.register_ffi_target; raises if built without jaxlib)."},
@@ -531,29 +406,8 @@ sn_exec(PyObject *module)
                                 NCCL_UNIQUE_ID_BYTES) < 0)
         return -1;
 
-    /* ALGO_CODES: name -> SN_ALGO_* ("auto" included), the codes the XLA
-     * handler's algo attribute takes. */
-    PyObject *codes = PyDict_New();
-    if (codes == NULL)
-        return -1;
-    for (int i = SN_ALGO_AUTO; i < SN_ALGO_COUNT; i++) {
-        PyObject *v = PyLong_FromLong(i);
-        if (v == NULL ||
-            PyDict_SetItemString(codes, i == SN_ALGO_AUTO ? "auto"
-                                                          : sn_algo_names[i],
-                                 v) < 0) {
-            Py_XDECREF(v);
-            Py_DECREF(codes);
-            return -1;
-        }
-        Py_DECREF(v);
-    }
-    if (PyModule_AddObjectRef(module, "ALGO_CODES", codes) < 0) {
-        Py_DECREF(codes);
-        return -1;
-    }
-    Py_DECREF(codes);
-    return 0;
+    sn_xla_init(st);
+    return sn_registry_export(module);
 }
 
 static int

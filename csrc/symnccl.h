@@ -1,7 +1,21 @@
-/* symnccl internal header: module state, object layouts, error helpers.
+/* symnccl internal header: module state, object layouts, and the functions
+ * each .c file offers the others.
  *
- * Layering (see DESIGN.md): the .c files hold all host logic and talk to NCCL
- * through nccl.h and to the CUDA C++ side only through kernels/launch.h.
+ * The .c files form layers (docs/ARCHITECTURE.md, "Host code"); a file
+ * calls only files of the layers above it, never one below, so there is no
+ * circle (tests/test_cpu.py checks it):
+ *
+ *   1  errors.c  wait.c  registry.c  dtypes.c  streams.c
+ *   2  windows.c  staging.c
+ *   3  lifecycle.c  launch.c
+ *   4  buffer.c
+ *   5  dlpack.c
+ *   6  collectives.c  xla_ffi.c
+ *   7  comm.c
+ *   8  module.c
+ *
+ * The .c files talk to NCCL through nccl.h and to the CUDA C++ side only
+ * through kernels/launch.h.
  */
 #ifndef SYMNCCL_H
 #define SYMNCCL_H
@@ -23,23 +37,8 @@
 #define SN_MAX_CTAS 128
 #define SN_DEFAULT_TIMEOUT 600.0
 #define SN_DEFAULT_STAGING (32u << 20)
-/* Receive buffers of the LL kernel, per rank, after the staging area in the
- * same window: 2 slots x nranks rows x 16-byte packets per 8 data bytes. */
-#define SN_LL_REGION (16u << 20)
-/* Receive buffers of the ll128 kernel, per rank, after the LL region:
- * 2 slots x nranks rows of 128-byte lines (120 data bytes each). */
-#define SN_LL128_REGION (8u << 20)
-/* Flags and slots of the push kernel, per rank, after the ll128 region:
- * 2 parities x (receive + result) x nranks slots. SYMNCCL_PUSH_REGION_MIB
- * overrides the size at communicator creation. */
-#define SN_PUSH_REGION (64u << 20)
-/* Device scratch per communicator: barrier() int at 0, LL epochs at 256,
- * push epochs at 1280, ll128 epochs at 2304 (SN_MAX_CTAS 64-bit counters
- * each). */
-#define SN_SCRATCH_BYTES 4096
-#define SN_EPOCHS_OFFSET 256
-#define SN_PUSH_EPOCHS_OFFSET (SN_EPOCHS_OFFSET + 8 * SN_MAX_CTAS)
-#define SN_LL128_EPOCHS_OFFSET (SN_PUSH_EPOCHS_OFFSET + 8 * SN_MAX_CTAS)
+
+struct CommObject;
 
 /* ------------------------------------------------------------------ */
 /* Module state: everything that would otherwise be a process global. */
@@ -66,21 +65,250 @@ typedef struct {
      * and the dtypes seen so far (torch dtypes are singletons). */
     PyObject *torch_tensor;
     PyObject *torch_raw_stream;
-    struct { PyObject *obj; SN_DLDataType dt; } torch_dtypes[16];
+    struct { PyObject *obj; const struct sn_dtype *dt; } torch_dtypes[16];
     int n_torch_dtypes;
     struct CommObject *live;   /* communicators not yet closed (borrowed) */
+    /* Called when a communicator is closed (deregister = 1: -1 with an
+     * exception on failure) or aborted (0): the XLA handler drops what it
+     * keeps for it (xla_ffi.c installs it; lifecycle.c knows nothing of
+     * XLA). */
+    int (*on_close)(struct CommObject *c, int deregister);
 } SNState;
 
+static inline SNState *
+sn_state_from_type(PyTypeObject *tp)
+{
+    return (SNState *)PyType_GetModuleState(tp);
+}
+
 /* ------------------------------------------------------------------ */
-/* Window cache: one NCCL window per registered allocation, never two. */
+/* registry.c: the one declaration of dtypes, ops, algorithms, the auto
+ * table and the run-time knobs. Python reads them from symnccl._C. */
+
+typedef struct sn_dtype {
+    const char *name;          /* "bfloat16" */
+    const char *aliases;       /* other spellings, space-separated */
+    uint8_t dl_code, dl_bits;  /* DLPack */
+    ncclDataType_t nccl;
+    int itemsize;
+    int kernel;                /* SYMNCCL_DT_*, or -1: no symnccl kernel */
+} sn_dtype;
+
+typedef struct sn_op {
+    const char *name;          /* "sum" */
+    ncclRedOp_t nccl;
+    int kernel;                /* SYMNCCL_OP_*, or -1: no symnccl kernel */
+} sn_op;
+
+/* all_reduce algorithms (SN_ALGO_AUTO is algo="auto", not an algorithm) */
+enum { SN_ALGO_AUTO = -1, SN_ALGO_NCCL = 0, SN_ALGO_ONE_SHOT,
+       SN_ALGO_TWO_SHOT, SN_ALGO_LL, SN_ALGO_LL128, SN_ALGO_PUSH,
+       SN_ALGO_MULTIMEM, SN_ALGO_COUNT, SN_ALGO_UNKNOWN = -2 };
+
+typedef struct {
+    const char *name;
+    const char *summary;       /* one line, for messages and docs */
+} sn_algo;
+
+/* Run-time knobs, read once when a communicator is created (the launch
+ * path reads no environment). Equal on every rank. */
+typedef struct {
+    int algo;                  /* SYMNCCL_ALGO: SN_ALGO_* or SN_ALGO_AUTO */
+    int lsa_threads, one_shot_ctas, two_shot_ctas;
+    int ll_ctas, ll_threads, ll_two_shot_kib, ll128_two_shot_kib;
+    int push_ctas, push_threads, push_region_mib;
+} sn_knobs;
+
+/* What decides whether an algorithm can run on a communicator: the same on
+ * every rank. */
+typedef struct {
+    int nranks, lsa_size;
+    int symmetric;             /* ncclDevCommCreate succeeded */
+    int staging;               /* the staging window exists */
+    int push;                  /* it has a push region */
+    int multicast;             /* NCCL granted lsaMultimem */
+    const char *multicast_reason;
+} sn_topology;
+
+extern const sn_dtype sn_dtypes[];
+extern const int sn_n_dtypes;
+extern const sn_op sn_ops[];
+extern const int sn_n_ops;
+extern const sn_algo sn_algos[SN_ALGO_COUNT];
+
+const sn_dtype *sn_dtype_by_name(const char *name);   /* aliases too */
+const sn_dtype *sn_dtype_by_dlpack(SN_DLDataType dt);
+const sn_op *sn_op_by_name(const char *name);
+/* SN_ALGO_* for a name ("auto" included), SN_ALGO_UNKNOWN if none. */
+int sn_algo_by_name(const char *name);
+/* "'auto', 'nccl', 'one_shot', ..." for messages. */
+const char *sn_algo_choices(void);
+/* The kernel (SYMNCCL_K_*) an algorithm launches: its two-shot one when
+ * two_shot and it has one; -1 for nccl. */
+int sn_algo_kernel(int algo, int two_shot);
+/* Why `algo` cannot run dtype/op on a communicator of topology t, or
+ * NULL. */
+const char *sn_algo_unavailable(const sn_topology *t, int algo,
+                                const sn_dtype *dt, const sn_op *op);
+/* algo="auto": the measured table (or SYMNCCL_ALGO) for `bytes`; in_window:
+ * the input lies in a registered window (the same on every rank). */
+int sn_auto_algo(const sn_topology *t, const sn_knobs *k, size_t bytes,
+                 const sn_dtype *dt, const sn_op *op, int in_window);
+/* The knobs from the environment; -1 with ValueError on a bad value. */
+int sn_knobs_read(sn_knobs *k);
+/* Adds DTYPES, OPS, ALGORITHMS, ... to the module. */
+int sn_registry_export(PyObject *module);
+
+/* ------------------------------------------------------------------ */
+/* errors.c: one formatter per library; exceptions carry .code. */
+
+int sn_set_nccl_error(SNState *st, ncclResult_t rc, ncclComm_t comm,
+                      const char *what);
+int sn_set_cuda_error(SNState *st, cudaError_t rc, const char *what);
+
+/* A failure where no Python exception can be set (no GIL, XLA's threads,
+ * the launch path), turned into one later by sn_raise. */
+typedef struct {
+    cudaError_t cuda;          /* cudaSuccess unless a CUDA call failed */
+    ncclResult_t nccl;         /* ncclSuccess unless an NCCL call failed */
+    char msg[200];
+} sn_err;
+
+int sn_fail(sn_err *e, cudaError_t cuda, ncclResult_t nccl, const char *fmt,
+            ...);
+int sn_raise(SNState *st, const sn_err *e);
+
+/* Checks in the style of NCCL's NCCLCHECKGOTO: on failure, set the Python
+ * error naming `what` and jump to `label`. ncclInProgress is success (the
+ * communicators are non-blocking; sn_wait_comms completes them). */
+#define SN_CUDA_GOTO(st, call, what, label)                            \
+    do {                                                               \
+        cudaError_t sn_e_ = (call);                                    \
+        if (sn_e_ != cudaSuccess) {                                    \
+            sn_set_cuda_error((st), sn_e_, (what));                    \
+            goto label;                                                \
+        }                                                              \
+    } while (0)
+
+#define SN_NCCL_GOTO(st, call, comm, what, label)                      \
+    do {                                                               \
+        ncclResult_t sn_r_ = (call);                                   \
+        if (sn_r_ != ncclSuccess && sn_r_ != ncclInProgress) {         \
+            sn_set_nccl_error((st), sn_r_, (comm), (what));            \
+            goto label;                                                \
+        }                                                              \
+    } while (0)
+
+/* ------------------------------------------------------------------ */
+/* wait.c: the one bounded wait for non-blocking NCCL communicators. */
+
+double sn_now(void);           /* seconds, CLOCK_MONOTONIC */
+enum { SN_WAIT_DONE = 0, SN_WAIT_FAILED = 1, SN_WAIT_TIMEOUT = 2 };
+/* Until no communicator reports ncclInProgress or the clock passes
+ * `until`. Touches no Python state: callable without the GIL. On
+ * SN_WAIT_FAILED, *failed is the communicator's index and *bad its error. */
+int sn_wait_nccl(ncclComm_t *comms, int n, double until, int *failed,
+                 ncclResult_t *bad);
+/* The same for Python callers: GIL released, Ctrl-C honoured, at most
+ * `timeout` seconds; -1 with NcclError / TimeoutError / the signal's
+ * exception set. */
+int sn_wait_comms(SNState *st, ncclComm_t *comms, int n, double timeout,
+                  const char *what);
+/* After an NCCL call on c returned rc: wait for it to complete, or, inside
+ * symnccl.group(), leave it to the group's end. */
+int sn_nccl_complete(SNState *st, struct CommObject *c, ncclResult_t rc,
+                     const char *what);
+
+/* ------------------------------------------------------------------ */
+/* dtypes.c: dtype and shape arguments. */
+
+/* "bfloat16", numpy dtypes and scalar types, torch.bfloat16, jnp.bfloat16,
+ * ml_dtypes types; NULL with TypeError naming the supported ones. */
+const sn_dtype *sn_parse_dtype(PyObject *obj);
+/* TypeError "<prefix>unsupported dtype <seen>: expected one of ...". */
+int sn_raise_bad_dtype(const char *prefix, const char *seen);
+int sn_parse_shape(PyObject *obj, int *ndim, int64_t *shape);
+
+/* ------------------------------------------------------------------ */
+/* streams.c: streams, as cudaStream_t (NULL: the legacy default). */
+
+/* None, an int handle, a torch/cupy stream or anything with
+ * __cuda_stream__. */
+int sn_parse_stream(PyObject *obj, cudaStream_t *out);
+/* The framework's current stream for `tensor` (symnccl/_frameworks.py). */
+int sn_default_stream(SNState *st, PyObject *tensor, int device,
+                      cudaStream_t *out);
+intptr_t sn_stream_to_dlpack(cudaStream_t s);
+/* The id of the capture `s` takes part in, 0 when it is not capturing. */
+cudaError_t sn_capture_id(cudaStream_t s, unsigned long long *id);
+/* Switch to a device, remembering the previous one. */
+int sn_device_push(SNState *st, int device, int *prev);
+void sn_device_pop(int prev);
+
+/* ------------------------------------------------------------------ */
+/* windows.c: one NCCL window per registered allocation, never two. */
 
 typedef struct sn_window {
     struct sn_window *next;
     char *base;
     size_t size;
-    ncclWindow_t win;          /* NULL until registration completed */
+    ncclWindow_t win;          /* NULL until registration completed, and
+                                  after deregistration */
     Py_ssize_t refs;
 } sn_window;
+
+/* Registers [base, base+size) once (collective), or takes another
+ * reference on the window that holds it; NULL with an exception. */
+sn_window *sn_window_acquire(SNState *st, struct CommObject *c, char *base,
+                             size_t size);
+void sn_window_release(struct CommObject *c, sn_window *w);
+/* A node for a window registered by the caller (inside a group). */
+sn_window *sn_window_node(struct CommObject *c, char *base, size_t size);
+/* The registered window holding [ptr, ptr + size), or NULL. */
+sn_window *sn_window_find(const struct CommObject *c, const char *ptr,
+                          size_t size);
+/* Deregisters every window (close); the nodes stay for their buffers. */
+int sn_windows_deregister(SNState *st, struct CommObject *c);
+/* Forgets the windows without deregistering them (abort). */
+void sn_windows_detach(struct CommObject *c);
+/* Registered windows (the staging window included). */
+size_t sn_windows_count(const struct CommObject *c);
+/* Frees the nodes (the communicator's deallocation). */
+void sn_windows_free(struct CommObject *c);
+
+/* ------------------------------------------------------------------ */
+/* staging.c: the staging window (staging area, then the ll, ll128 and push
+ * regions) and the device scratch (barrier word, kernel epochs). */
+
+typedef struct {
+    size_t staging;            /* usable staging area at offset 0 */
+    size_t ll_offset, ll_row;  /* 2 slots x nranks rows of ll_row bytes */
+    size_t ll128_offset, ll128_row;
+    size_t push_offset;        /* push flags */
+    size_t push_data;          /* push slots (4 x nranks of push_slot) */
+    size_t push_slot;
+    size_t bytes;              /* the whole allocation */
+} sn_layout;
+
+/* The layout for c's ranks, staging size and knobs (no allocation). */
+void sn_layout_compute(struct CommObject *c, size_t staging_bytes);
+/* ncclMemAlloc of the staging window, zeroing the regions that must start
+ * zeroed; the caller registers it. 0 without one (no device API). */
+int sn_staging_alloc(SNState *st, struct CommObject *c);
+void sn_staging_free(struct CommObject *c);
+/* cudaMalloc'd, zeroed scratch and the cross-stream event. */
+int sn_scratch_alloc(SNState *st, struct CommObject *c);
+void sn_scratch_free(struct CommObject *c);
+/* The call counters of kernel SYMNCCL_K_* (ll, ll128 and push families),
+ * SN_MAX_CTAS of them, in the scratch. */
+uint64_t *sn_epochs(const struct CommObject *c, int kernel);
+/* A zero-initialised int in the scratch (barrier()'s all-reduce). */
+int *sn_barrier_word(const struct CommObject *c);
+/* _staging_layout(): the layout as a dict (tests, docs). */
+PyObject *sn_layout_dict(const struct CommObject *c);
+
+/* ------------------------------------------------------------------ */
+/* Objects. */
 
 typedef struct CommObject {
     PyObject_HEAD
@@ -95,53 +323,40 @@ typedef struct CommObject {
     int multicast_requested;
     int closed;                /* 0 open, 1 closed, 2 aborted */
     double timeout;
-    int *scratch;              /* SN_SCRATCH_BYTES of zeroed device memory:
-                                  barrier()'s int, the LL epoch counters */
-    sn_window *windows;
-    /* Staging window for LSA kernels on inputs that are not in a window
-     * (and the phase-1 buffer of out-of-place two-shot). Allocated and
-     * registered at creation: registration is collective, so it cannot be
-     * left to the first op, which ranks might reach with different kinds
-     * of input. */
-    char *staging;
-    size_t staging_bytes;      /* usable staging area at offset 0 */
-    size_t staging_alloc;      /* whole allocation: staging + LL region +
-                                  ll128 region + push region */
+    sn_knobs knobs;
+    sn_layout layout;
+    int *scratch;              /* device scratch (staging.c) */
+    char *staging;             /* the staging window's memory */
     sn_window *staging_win;
-    /* LL kernel: receive buffer at staging + ll_offset, messages of up to
-     * ll_max_bytes per launch, fixed grid (ll_ctas x ll_threads). */
-    size_t ll_offset, ll_max_bytes;
-    int ll_ctas, ll_threads;
-    /* ll on 3+ ranks: the two-shot packet kernel from this many bytes */
-    size_t ll_two_shot_min;
-    /* ll128 kernel: its receive buffer at staging + ll128_offset, rows of
-     * ll128_row_bytes, the ll grid, its own epochs; on 3+ ranks its
-     * two-shot from ll128_two_shot_min bytes */
-    size_t ll128_offset, ll128_row_bytes, ll128_two_shot_min;
-    /* push kernel: flags at staging + push_offset, slots at push_data,
-     * slot_bytes per slot, fixed grid (push_ctas x push_threads). */
-    size_t push_offset, push_data, push_slot_bytes;
-    int push_ctas, push_threads;
-    /* one_shot/two_shot grid limits and the SYMNCCL_ALGO override
-     * (SN_ALGO_AUTO when unset), read once at creation like the knobs
-     * above: the launch path does no getenv. */
-    int lsa_threads, one_shot_ctas, two_shot_ctas;
-    int algo_env;
-    /* LSA kernels of one communicator share barrier slots and LL buffers, so
-     * they run one after another: lsa_event is recorded after each launch,
-     * and a call on another stream first waits for it (comm.c). */
+    sn_window *windows;        /* windows.c */
+    /* The LSA kernels of a communicator share its barrier slots, packet
+     * regions and epochs, so they run one after another: lsa_event is
+     * recorded after each launch, and a call on another stream first waits
+     * for it (launch.c). */
     cudaEvent_t lsa_event;
     cudaStream_t lsa_stream;
     unsigned long long lsa_capture;  /* capture id of the last record, 0 */
     int lsa_used;
-    /* Guards the LSA ordering state and xla_windows: the XLA FFI handler
-     * launches from XLA's threads without the GIL. */
+    /* Kernels launched (SYMNCCL_K_*) and NCCL collectives enqueued
+     * ([SYMNCCL_K_COUNT]): Communicator._launches(). */
+    unsigned long long launches[SYMNCCL_K_COUNT + 1];
+    /* Guards the cross-stream state, the counters and xla_windows: the XLA
+     * FFI handler launches from XLA's threads without the GIL. */
     pthread_mutex_t lock;
-    sn_window *xla_windows;    /* XLA buffers registered by the handler */
+    sn_window *xla_windows;    /* XLA buffers registered by xla_ffi.c */
 } CommObject;
 
 static inline void sn_lock(CommObject *c) { pthread_mutex_lock(&c->lock); }
 static inline void sn_unlock(CommObject *c) { pthread_mutex_unlock(&c->lock); }
+
+static inline sn_topology
+sn_topology_of(const CommObject *c)
+{
+    sn_topology t = {c->nranks, c->lsa_size, c->symmetric,
+                     c->staging_win != NULL, c->layout.push_slot != 0,
+                     c->multicast, c->multicast_reason};
+    return t;
+}
 
 /* SN_ALLOC_HOST: malloc'd host memory exported as a CPU tensor, only for
  * testing the DLPack machinery on machines without a GPU. */
@@ -159,7 +374,7 @@ typedef struct {
     int ndim;
     int64_t shape[SN_MAX_NDIM];
     int64_t strides[SN_MAX_NDIM];
-    SN_DLDataType dtype;
+    const sn_dtype *dtype;
     /* Producer-side stream tracking for the DLPack stream protocol. */
     cudaStream_t last_stream;
     int has_last_stream;
@@ -175,9 +390,7 @@ typedef struct {
     BufferObject *own;         /* borrowed, set when the object is ours */
     char *ptr;
     int device;
-    SN_DLDataType dtype;
-    ncclDataType_t nccl_dtype;
-    int itemsize;
+    const sn_dtype *dtype;
     int ndim;
     int64_t shape[SN_MAX_NDIM];
     size_t count;
@@ -185,18 +398,8 @@ typedef struct {
 } SNTensor;
 
 /* ------------------------------------------------------------------ */
-/* module.c */
-SNState *sn_state_from_type(PyTypeObject *tp);
-int sn_set_nccl_error(SNState *st, ncclResult_t rc, ncclComm_t comm,
-                      const char *what);
-int sn_set_cuda_error(SNState *st, cudaError_t rc, const char *what);
-/* Waits, GIL released and interruptible, until none of the communicators
- * reports ncclInProgress. -1 with an exception set on error or timeout. */
-int sn_wait_comms(SNState *st, ncclComm_t *comms, int n, double timeout,
-                  const char *what);
-/* Completes an NCCL call made on a (non-blocking) communicator. */
-int sn_nccl_complete(SNState *st, CommObject *c, ncclResult_t rc,
-                     const char *what);
+/* lifecycle.c: creating, closing and aborting communicators. */
+
 /* multicast= modes: False, True, None (auto: request unless disabled). */
 enum { SN_MC_OFF = 0, SN_MC_ON = 1, SN_MC_AUTO = 2 };
 /* NULL when lsaMultimem may be requested, else why not. Never NULL while
@@ -207,116 +410,94 @@ const char *sn_multicast_gate(int mode, const char *nvls_enable,
                               const char *nvshmem_disable);
 int sn_parse_multicast(PyObject *obj, int *mode);
 
-/* Switch to a device, remembering the previous one. */
-int sn_device_push(SNState *st, int device, int *prev);
-void sn_device_pop(int prev);
-
-#define SN_CUDA_GOTO(st, call, what, label)                            \
-    do {                                                               \
-        cudaError_t sn_e_ = (call);                                    \
-        if (sn_e_ != cudaSuccess) {                                    \
-            sn_set_cuda_error((st), sn_e_, (what));                    \
-            goto label;                                                \
-        }                                                              \
-    } while (0)
-
-/* comm.c */
-extern PyType_Spec sn_communicator_spec;
+/* A new, unconnected communicator object for rank/nranks on device. */
+CommObject *sn_comm_new(PyTypeObject *tp, int rank, int nranks, int device,
+                        double timeout, int multicast, size_t staging_bytes);
+/* Connects n communicator objects, all driven by this thread (n = 1 for
+ * Communicator(), n = len(devices) for init_all): NCCL communicators, device
+ * communicators, scratch and staging windows, each step one NCCL group.
+ * Collective. On failure every one of them is aborted. */
+int sn_comms_connect(SNState *st, CommObject **cs, int n,
+                     const ncclUniqueId *id);
 int sn_comm_check_usable(SNState *st, CommObject *c);
-/* At interpreter exit: close every open communicator (abort on failure). */
+/* close(): waits for the device, then destroys in NCCL's order. */
+int sn_comm_close(SNState *st, CommObject *c);
+/* abort(): ncclCommAbort; local, never waits. */
+void sn_comm_abort(SNState *st, CommObject *c);
+/* Deallocation: close (abort on failure) unless shutting down. */
+void sn_comm_finalize(SNState *st, CommObject *c);
+/* At interpreter exit: close every open communicator (abort on failure);
+ * returns how many had to be aborted. */
 int sn_comm_shutdown_all(SNState *st, double timeout);
-/* Registers [base, base+size) once; returns the cached node. */
-sn_window *sn_comm_window_acquire(SNState *st, CommObject *c, char *base,
-                                  size_t size);
-void sn_comm_window_release(CommObject *c, sn_window *w);
-int sn_comm_in_window(CommObject *c, const char *ptr);
 
-/* The registered window holding [ptr, ptr + size), or NULL. */
-sn_window *sn_comm_find_window(CommObject *c, const char *ptr, size_t size);
-
-/* buffer.c */
-extern PyType_Spec sn_symmetric_buffer_spec;
-extern PyType_Spec sn_device_array_spec;
-PyObject *sn_buffer_new(SNState *st, CommObject *comm, PyTypeObject *tp,
-                        int ndim, const int64_t *shape, SN_DLDataType dtype,
-                        int zero, cudaStream_t stream);
-int sn_is_buffer(SNState *st, PyObject *o);
-int sn_buffer_finish_pending(SNState *st, BufferObject *b);
-void sn_buffer_mark_written(BufferObject *b, cudaStream_t stream);
-
-/* dlpack.c */
-int sn_dtype_from_name(const char *name, SN_DLDataType *out);
-const char *sn_dtype_name(SN_DLDataType dt);
-int sn_dtype_itemsize(SN_DLDataType dt);
-int sn_dtype_to_nccl(SN_DLDataType dt, ncclDataType_t *out);
-int sn_parse_dtype(PyObject *obj, SN_DLDataType *out);
-int sn_parse_shape(PyObject *obj, int *ndim, int64_t *shape);
-/* Parse a stream argument (None, int, torch/cupy stream, __cuda_stream__). */
-int sn_parse_stream(PyObject *obj, cudaStream_t *out);
-int sn_default_stream(SNState *st, PyObject *tensor, int device,
-                      cudaStream_t *out);
-intptr_t sn_stream_to_dlpack(cudaStream_t s);
-/* Borrow any DLPack tensor; `stream` is the consumer's stream. */
-int sn_tensor_import(SNState *st, PyObject *obj, cudaStream_t stream,
-                     int device, const char *argname, SNTensor *t);
-/* Testing hooks (module functions _import_info and _host_buffer). */
-PyObject *sn_py_import_info(PyObject *module, PyObject *args);
-PyObject *sn_py_host_buffer(PyObject *module, PyObject *args);
-void sn_tensor_release(SNTensor *t);
-PyObject *sn_buffer_dlpack(BufferObject *b, PyObject *args, PyObject *kw);
-int sn_is_immutable(PyObject *obj);
-
-/* lsa.c: all_reduce on symnccl's kernels, without the Python API. */
-enum { SN_ALGO_NCCL = 0, SN_ALGO_ONE_SHOT = SYMNCCL_ALGO_ONE_SHOT,
-       SN_ALGO_TWO_SHOT = SYMNCCL_ALGO_TWO_SHOT, SN_ALGO_LL = SYMNCCL_ALGO_LL,
-       SN_ALGO_MULTIMEM = SYMNCCL_ALGO_MULTIMEM,
-       SN_ALGO_PUSH = SYMNCCL_ALGO_PUSH, SN_ALGO_LL128 = SYMNCCL_ALGO_LL128,
-       SN_ALGO_COUNT,
-       SN_ALGO_AUTO = -1 };
-extern const char *const sn_algo_names[SN_ALGO_COUNT];
-/* SN_ALGO_* for a name ("auto" included), -2 if unknown. */
-int sn_algo_from_name(const char *s);
-int sn_lsa_op(ncclRedOp_t op);
-/* Why `algo` cannot run this dtype/op on c, or NULL. Depends only on what
- * every rank agrees on, so every rank decides alike. */
-const char *sn_lsa_unavailable(const CommObject *c, int algo,
-                               ncclDataType_t dt, ncclRedOp_t op);
-/* algo="auto" (the measured table, SYMNCCL_ALGO override); in_window: x
- * lies in a registered window (the same on every rank). */
-int sn_auto_algo(const CommObject *c, size_t bytes, ncclDataType_t dt,
-                 ncclRedOp_t op, int in_window);
+/* ------------------------------------------------------------------ */
+/* launch.c: all_reduce on symnccl's kernels, without the Python API. */
 
 typedef struct {
     CommObject *c;
-    int algo;                  /* an LSA SN_ALGO_*, already checked */
+    int algo;                  /* SN_ALGO_* of a kernel, already checked */
     const char *x;             /* input, any device memory of c's GPU */
     char *out;                 /* output; == x for in place */
-    const sn_window *win;      /* window holding x, or NULL (staged) */
+    const sn_window *win;      /* window holding x, or NULL */
     size_t count;
-    int itemsize;
-    ncclDataType_t dtype;
-    ncclRedOp_t op;
+    const sn_dtype *dtype;
+    const sn_op *op;
     cudaStream_t stream;
-    cudaError_t cuda_error;    /* out: on failure */
-    char err[160];             /* out: what failed */
 } sn_ar;
-/* Enqueues the all-reduce on r->stream; 0, or -1 with r->err filled. */
-int sn_lsa_all_reduce(sn_ar *r);
 
-/* xla_ffi.c: the XLA FFI handler and its Python-side hooks. */
-PyObject *sn_py_xla_handler(PyObject *module, PyObject *unused);
-PyObject *sn_py_xla_register(PyObject *module, PyObject *arg);
-PyObject *sn_py_xla_stats(PyObject *module, PyObject *arg);
-/* Drops c from the handler's table (close, abort). */
-void sn_xla_forget(CommObject *c);
-/* Deregisters (deregister != 0) and frees the handler's windows of c. */
-int sn_xla_release_windows(CommObject *c, int deregister);
+/* Enqueues the all-reduce on r->stream; 0, or -1 with *err filled. */
+int sn_launch_all_reduce(const sn_ar *r, sn_err *err);
+/* Counts an NCCL collective in c->launches. */
+void sn_count_nccl(CommObject *c);
 
-/* collectives.c */
+/* ------------------------------------------------------------------ */
+/* buffer.c */
+
+extern PyType_Spec sn_symmetric_buffer_spec;
+extern PyType_Spec sn_device_array_spec;
+PyObject *sn_buffer_new(SNState *st, CommObject *comm, PyTypeObject *tp,
+                        int ndim, const int64_t *shape, const sn_dtype *dt,
+                        int zero, cudaStream_t stream);
+int sn_is_buffer(SNState *st, PyObject *o);
+void sn_buffer_finish_pending(BufferObject *b);
+void sn_buffer_mark_written(BufferObject *b, cudaStream_t stream);
+/* Orders `stream` after the last op that wrote b. */
+int sn_buffer_order(SNState *st, BufferObject *b, cudaStream_t stream);
+/* _host_buffer(shape, dtype): testing hook. */
+PyObject *sn_py_host_buffer(PyObject *module, PyObject *args);
+
+/* ------------------------------------------------------------------ */
+/* dlpack.c: importing any DLPack producer's tensor. */
+
+/* Borrow any DLPack tensor; `stream` is the consumer's stream. */
+int sn_tensor_import(SNState *st, PyObject *obj, cudaStream_t stream,
+                     int device, const char *argname, SNTensor *t);
+void sn_tensor_release(SNTensor *t);
+int sn_is_immutable(PyObject *obj);
+/* _import_info(obj, device): testing hook. */
+PyObject *sn_py_import_info(PyObject *module, PyObject *args);
+
+/* ------------------------------------------------------------------ */
+/* collectives.c: the collective methods of Communicator. */
+
 PyObject *sn_all_reduce(CommObject *c, PyObject *args, PyObject *kw);
 PyObject *sn_reduce_scatter(CommObject *c, PyObject *args, PyObject *kw);
 PyObject *sn_all_gather(CommObject *c, PyObject *args, PyObject *kw);
 PyObject *sn_broadcast(CommObject *c, PyObject *args, PyObject *kw);
 PyObject *sn_barrier(CommObject *c, PyObject *args, PyObject *kw);
+
+/* ------------------------------------------------------------------ */
+/* xla_ffi.c: the XLA FFI handler and its module functions. */
+
+/* Installs the close hook (SNState.on_close). */
+void sn_xla_init(SNState *st);
+PyObject *sn_py_xla_handler(PyObject *module, PyObject *unused);
+PyObject *sn_py_xla_register(PyObject *module, PyObject *arg);
+PyObject *sn_py_xla_stats(PyObject *module, PyObject *arg);
+
+/* ------------------------------------------------------------------ */
+/* comm.c */
+
+extern PyType_Spec sn_communicator_spec;
 
 #endif /* SYMNCCL_H */

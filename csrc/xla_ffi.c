@@ -26,7 +26,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #define SN_XLA_MAX_DEVICES 64
 
@@ -38,54 +37,37 @@ typedef struct {
 } sn_xla_stats;
 static sn_xla_stats stats[SN_XLA_MAX_DEVICES];
 
-static double
-now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 /* Waits (without the GIL) until the non-blocking communicator has finished
- * the NCCL call that returned rc. */
+ * the NCCL call that returned rc; ncclInProgress when it timed out. */
 static ncclResult_t
 nccl_finish(CommObject *c, ncclResult_t rc)
 {
     if (rc != ncclSuccess && rc != ncclInProgress)
         return rc;
-    double t0 = now_s();
-    for (;;) {
-        ncclResult_t st = ncclSuccess;
-        ncclResult_t q = ncclCommGetAsyncError(c->comm, &st);
-        if (q != ncclSuccess)
-            return q;
-        if (st != ncclInProgress)
-            return st;
-        if (now_s() - t0 > c->timeout)
-            return ncclInProgress;
-        struct timespec ts = {0, 20000};
-        nanosleep(&ts, NULL);
+    int failed;
+    ncclResult_t bad = ncclSuccess;
+    switch (sn_wait_nccl(&c->comm, 1, sn_now() + c->timeout, &failed, &bad)) {
+    case SN_WAIT_DONE: return ncclSuccess;
+    case SN_WAIT_FAILED: return bad;
+    default: return ncclInProgress;
     }
 }
 
-void
-sn_xla_forget(CommObject *c)
+/* The close hook (SNState.on_close): the handler no longer uses c, and the
+ * windows it registered on c's behalf go (deregistered on close, forgotten
+ * on abort). Called by lifecycle.c before the communicator's own windows. */
+static int
+on_close(CommObject *c, int deregister)
 {
     pthread_mutex_lock(&registry_lock);
     for (int i = 0; i < SN_XLA_MAX_DEVICES; i++)
         if (registry[i] == c)
             registry[i] = NULL;
     pthread_mutex_unlock(&registry_lock);
-}
-
-/* Deregisters the windows the handler made; called by close() before the
- * communicator's own windows go. */
-int
-sn_xla_release_windows(CommObject *c, int deregister)
-{
     ncclResult_t first = ncclSuccess;
     sn_window *w = c->xla_windows;
     c->xla_windows = NULL;
+    Py_BEGIN_ALLOW_THREADS
     while (w != NULL) {
         sn_window *next = w->next;
         if (deregister && w->win != NULL && c->comm != NULL) {
@@ -97,7 +79,18 @@ sn_xla_release_windows(CommObject *c, int deregister)
         free(w);
         w = next;
     }
-    return first == ncclSuccess ? 0 : -1;
+    Py_END_ALLOW_THREADS
+    if (first != ncclSuccess)
+        return sn_set_nccl_error(sn_state_from_type(Py_TYPE((PyObject *)c)),
+                                 first, c->comm,
+                                 "ncclCommWindowDeregister (XLA buffer)");
+    return 0;
+}
+
+void
+sn_xla_init(SNState *st)
+{
+    st->on_close = on_close;
 }
 
 #ifdef SYMNCCL_HAVE_XLA_FFI
@@ -116,24 +109,24 @@ ffi_error(const XLA_FFI_Api *api, XLA_FFI_Error_Code code, const char *msg)
     return api->XLA_FFI_Error_Create(&a);
 }
 
-static int
-nccl_dtype(XLA_FFI_DataType t, ncclDataType_t *dt, int *size)
+/* XLA's element types, by the registry's name (which holds the rest). */
+static const struct { XLA_FFI_DataType xla; const char *name; } xla_types[] = {
+    {XLA_FFI_DataType_F32, "float32"},   {XLA_FFI_DataType_F64, "float64"},
+    {XLA_FFI_DataType_F16, "float16"},   {XLA_FFI_DataType_BF16, "bfloat16"},
+    {XLA_FFI_DataType_F8E4M3FN, "float8_e4m3fn"},
+    {XLA_FFI_DataType_F8E5M2, "float8_e5m2"},
+    {XLA_FFI_DataType_S8, "int8"},       {XLA_FFI_DataType_U8, "uint8"},
+    {XLA_FFI_DataType_S32, "int32"},     {XLA_FFI_DataType_U32, "uint32"},
+    {XLA_FFI_DataType_S64, "int64"},     {XLA_FFI_DataType_U64, "uint64"},
+};
+
+static const sn_dtype *
+xla_dtype(XLA_FFI_DataType t)
 {
-    switch (t) {
-    case XLA_FFI_DataType_F32: *dt = ncclFloat32; *size = 4; return 0;
-    case XLA_FFI_DataType_F64: *dt = ncclFloat64; *size = 8; return 0;
-    case XLA_FFI_DataType_F16: *dt = ncclFloat16; *size = 2; return 0;
-    case XLA_FFI_DataType_BF16: *dt = ncclBfloat16; *size = 2; return 0;
-    case XLA_FFI_DataType_F8E4M3FN: *dt = ncclFloat8e4m3; *size = 1; return 0;
-    case XLA_FFI_DataType_F8E5M2: *dt = ncclFloat8e5m2; *size = 1; return 0;
-    case XLA_FFI_DataType_S8: *dt = ncclInt8; *size = 1; return 0;
-    case XLA_FFI_DataType_U8: *dt = ncclUint8; *size = 1; return 0;
-    case XLA_FFI_DataType_S32: *dt = ncclInt32; *size = 4; return 0;
-    case XLA_FFI_DataType_U32: *dt = ncclUint32; *size = 4; return 0;
-    case XLA_FFI_DataType_S64: *dt = ncclInt64; *size = 8; return 0;
-    case XLA_FFI_DataType_U64: *dt = ncclUint64; *size = 8; return 0;
-    default: return -1;
-    }
+    for (size_t i = 0; i < sizeof(xla_types) / sizeof(xla_types[0]); i++)
+        if (xla_types[i].xla == t)
+            return sn_dtype_by_name(xla_types[i].name);
+    return NULL;
 }
 
 /* Integer attribute `name` (an int32 scalar), or dflt when absent. */
@@ -260,9 +253,8 @@ handler(XLA_FFI_CallFrame *call)
                          "and one buffer result");
     const XLA_FFI_Buffer *x = call->args.args[0];
     const XLA_FFI_Buffer *y = call->rets.rets[0];
-    ncclDataType_t dt;
-    int is;
-    if (nccl_dtype(x->dtype, &dt, &is) < 0 || x->dtype != y->dtype) {
+    const sn_dtype *dt = xla_dtype(x->dtype);
+    if (dt == NULL || x->dtype != y->dtype) {
         snprintf(msg, sizeof(msg), "symnccl_all_reduce: XLA dtype %d is not "
                  "supported (or differs from the result's, %d)",
                  (int)x->dtype, (int)y->dtype);
@@ -306,20 +298,27 @@ handler(XLA_FFI_CallFrame *call)
     if (count == 0)
         return NULL;
 
-    ncclRedOp_t op = (ncclRedOp_t)attr_int(call, "op", ncclSum);
+    /* op: an ncclRedOp_t (symnccl._C.OP_CODES); algo: SN_ALGO_* */
+    const int op_code = attr_int(call, "op", ncclSum);
+    const sn_op *op = NULL;
+    for (int i = 0; i < sn_n_ops; i++)
+        if ((int)sn_ops[i].nccl == op_code)
+            op = &sn_ops[i];
     int algo = attr_int(call, "algo", SN_ALGO_AUTO);
     int may_register = attr_int(call, "register", 0);
-    if (op == ncclAvg && c->nranks == 1)
-        op = ncclSum;
+    if (op == NULL || algo < SN_ALGO_AUTO || algo >= SN_ALGO_COUNT)
+        return ffi_error(api, XLA_FFI_Error_Code_INVALID_ARGUMENT,
+                         "symnccl_all_reduce: bad op or algo attribute");
+    if (op->nccl == ncclAvg && c->nranks == 1)
+        op = sn_op_by_name("sum");
+    const size_t is = (size_t)dt->itemsize;
+    const sn_topology topo = sn_topology_of(c);
     if (algo == SN_ALGO_AUTO)
         /* may_register: the same attribute on every rank */
-        algo = sn_auto_algo(c, count * (size_t)is, dt, op, may_register);
-    else if (algo < 0 || algo >= SN_ALGO_COUNT) {
-        return ffi_error(api, XLA_FFI_Error_Code_INVALID_ARGUMENT,
-                         "symnccl_all_reduce: bad algo attribute");
-    }
+        algo = sn_auto_algo(&topo, &c->knobs, count * is, dt, op,
+                            may_register);
     else if (algo != SN_ALGO_NCCL) {
-        const char *why = sn_lsa_unavailable(c, algo, dt, op);
+        const char *why = sn_algo_unavailable(&topo, algo, dt, op);
         if (why != NULL) {
             snprintf(msg, sizeof(msg), "symnccl_all_reduce: algo '%s' "
                      "cannot run here: %s", sn_algo_names[algo], why);
@@ -335,7 +334,9 @@ handler(XLA_FFI_CallFrame *call)
     cudaStream_t stream = (cudaStream_t)sa.stream;
     if (algo == SN_ALGO_NCCL) {
         ncclResult_t rc = nccl_finish(c, ncclAllReduce(
-            x->data, y->data, count, dt, op, c->comm, stream));
+            x->data, y->data, count, dt->nccl, op->nccl, c->comm, stream));
+        if (rc == ncclSuccess)
+            sn_count_nccl(c);
         if (rc != ncclSuccess) {
             snprintf(msg, sizeof(msg), "symnccl_all_reduce: ncclAllReduce: "
                      "%s", rc == ncclInProgress ? "timed out"
@@ -344,24 +345,14 @@ handler(XLA_FFI_CallFrame *call)
         }
     }
     else {
-        sn_ar r;
-        memset(&r, 0, sizeof(r));
-        r.c = c;
-        r.algo = algo;
-        r.x = x->data;
-        r.out = y->data;
-        r.count = count;
-        r.itemsize = is;
-        r.dtype = dt;
-        r.op = op;
-        r.stream = stream;
+        sn_ar r = {c, algo, x->data, y->data, NULL, count, dt, op, stream};
         msg[0] = '\0';
         sn_lock(c);
         const int reads_in_place = algo == SN_ALGO_LL ||
                                    algo == SN_ALGO_LL128 ||
                                    algo == SN_ALGO_PUSH;
         if (algo != SN_ALGO_LL && algo != SN_ALGO_LL128 && may_register)
-            r.win = xla_window(c, x->data, count * (size_t)is, dev, msg,
+            r.win = xla_window(c, x->data, count * is, dev, msg,
                                sizeof(msg));
         if (r.win != NULL)
             stats[dev].window_calls++;
@@ -369,9 +360,10 @@ handler(XLA_FFI_CallFrame *call)
             /* ll, ll128 and push read x where it is: they never stage */
             stats[dev].staged_calls++;
         sn_unlock(c);
-        if (sn_lsa_all_reduce(&r) < 0) {
-            snprintf(msg, sizeof(msg), "symnccl_all_reduce: %s: %s", r.err,
-                     cudaGetErrorString(r.cuda_error));
+        sn_err err = {cudaSuccess, ncclSuccess, ""};
+        if (sn_launch_all_reduce(&r, &err) < 0) {
+            snprintf(msg, sizeof(msg), "symnccl_all_reduce: %s: %s", err.msg,
+                     cudaGetErrorString(err.cuda));
             failed = 1;
         }
     }

@@ -43,47 +43,41 @@ __all__ = [
     "Communicator", "SymmetricBuffer", "DeviceArray", "NcclError",
     "CudaError", "get_unique_id", "group", "close_all", "versions",
     "ALGORITHMS", "OPS", "DTYPES", "LSA_DTYPES", "LSA_OPS", "MULTIMEM_OPS",
-    "algo_supported",
+    "AUTO_TABLE", "algo_supported",
 ]
 
-#: all_reduce algorithms (besides "auto"): NCCL's own, and symnccl's LSA
+# What symnccl knows is declared once, in the C registry (csrc/registry.c);
+# these are its views.
+
+#: all_reduce algorithms (besides "auto"): NCCL's own, and symnccl's
 #: kernels on the NCCL device API.
-ALGORITHMS = ("nccl", "one_shot", "two_shot", "ll", "ll128", "push",
-              "multimem")
-#: dtypes and ops the LSA kernels (one_shot, two_shot, ll, ll128, push)
-#: handle; anything else runs through NCCL under algo="auto".
-LSA_DTYPES = ("float32", "bfloat16", "float16", "float64", "float8_e4m3fn",
-              "float8_e5m2", "int32", "int64")
-LSA_OPS = ("sum", "max", "min", "avg")
-#: what the multicast kernel reduces in the NVSwitch (multimem.ld_reduce).
-MULTIMEM_OPS = {"float32": ("sum", "avg"),
-                "float16": ("sum", "avg", "max", "min"),
-                "bfloat16": ("sum", "avg", "max", "min")}
-#: reduction ops.
-OPS = ("sum", "prod", "max", "min", "avg")
+ALGORITHMS = _C.ALGORITHMS
 #: dtypes accepted by every collective.
-DTYPES = ("float32", "bfloat16", "float16", "float64", "float8_e4m3fn",
-          "float8_e5m2", "int8", "uint8", "int32", "uint32", "int64",
-          "uint64")
+DTYPES = _C.DTYPES
+#: reduction ops.
+OPS = _C.OPS
+#: dtypes and ops symnccl's kernels handle (one_shot, two_shot, ll, ll128,
+#: push); anything else runs through NCCL under algo="auto".
+LSA_DTYPES = _C.KERNEL_DTYPES
+LSA_OPS = _C.KERNEL_OPS
+#: what the multicast kernel reduces in the NVSwitch (multimem.ld_reduce).
+MULTIMEM_OPS = _C.MULTIMEM_OPS
+#: which algorithm algo="auto" picks, by world size and message size.
+AUTO_TABLE = _C.AUTO_TABLE
 
 
 def algo_supported(comm, algo: str, dtype: str, op: str = "sum") -> bool:
-    """Whether all_reduce(algo=algo) can run dtype/op on comm.
+    """Whether all_reduce(algo=algo) can run dtype/op on comm (the
+    registry's answer, the one all_reduce itself acts on).
 
     Example::
 
         symnccl.algo_supported(comm, "one_shot", "bfloat16")  # True on NVLink
     """
-    if algo in ("nccl", "auto"):
-        return True
-    lsa = (comm.symmetric and comm.lsa_size == comm.nranks
-           and comm.staging_bytes > 0)
-    if algo == "multimem":
-        return lsa and comm.multicast and op in MULTIMEM_OPS.get(dtype, ())
-    if algo not in ALGORITHMS:
+    if algo not in ALGORITHMS and algo != "auto":
         raise ValueError(f"unknown algo {algo!r}: expected one of "
                          f"{ALGORITHMS + ('auto',)}")
-    return lsa and dtype in LSA_DTYPES and op in LSA_OPS
+    return comm._algo_unavailable(algo, dtype, op) is None
 
 
 @contextlib.contextmanager

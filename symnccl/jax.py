@@ -37,9 +37,9 @@ from . import _C, Communicator, OPS
 __all__ = ["communicator", "all_reduce", "TARGET"]
 
 TARGET = "symnccl_all_reduce"
-#: ncclRedOp_t values (nccl.h) passed to the handler.
-_OP_CODES = {"sum": 0, "prod": 1, "max": 2, "min": 3, "avg": 4}
-#: algorithm name -> the code the handler takes (the C module's SN_ALGO_*).
+#: op name -> the ncclRedOp_t the handler takes (the C registry's).
+_OP_CODES = dict(_C.OP_CODES)
+#: algorithm name -> the code the handler takes (the C registry's).
 _ALGO_CODES = dict(_C.ALGO_CODES)
 _registered = False
 _comms: dict[int, Communicator] = {}   # CUDA ordinal -> communicator

@@ -11,11 +11,28 @@ from symnccl import _C, _check, _loader
 from symnccl.bootstrap import local_device_count, spawn
 
 
-def test_import_reports_matching_nccl_versions():
+def test_import_checks_the_loaded_nccl_against_the_build():
+    """import symnccl hands the build's and the loaded library's versions
+    to check_version (a check that refuses everything makes it fail)."""
+    loader = os.path.join(os.path.dirname(symnccl.__file__), "_loader.py")
+    code = ("import importlib.util, sys\n"
+            f"spec = importlib.util.spec_from_file_location("
+            f"'symnccl._loader', {loader!r})\n"
+            "L = importlib.util.module_from_spec(spec)\n"
+            "spec.loader.exec_module(L)\n"
+            "def refuse(build, runtime, path=None):\n"
+            "    raise ImportError(f'checked {build} {runtime} {path}')\n"
+            "L.check_version = refuse\n"
+            "sys.modules['symnccl._loader'] = L\n"
+            "import symnccl\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode != 0
     v = symnccl.versions()
-    assert v["nccl_build"].split(".")[:2] == v["nccl_runtime"].split(".")[:2]
-    assert v["nccl_build"].startswith("2.28.")
-    assert "libnccl.so" in v["nccl_library"]
+    build = "".join(f"{int(x):02d}" for x in v["nccl_build"].split("."))
+    runtime = "".join(f"{int(x):02d}" for x in v["nccl_runtime"].split("."))
+    assert f"checked {int(build)} {int(runtime)} " in r.stderr, r.stderr
+    assert "libnccl.so" in r.stderr
 
 
 def test_loaded_nccl_is_the_wheel_or_nccl_home():
@@ -377,13 +394,43 @@ def test_bench_parses_size_lists():
     assert b.parse_sizes("") == []
 
 
-def test_examples_compile():
-    import py_compile
+def test_examples_use_only_the_public_api_that_exists():
+    """Every symnccl name an example reads (symnccl.x, symnccl.torch.x via
+    its alias, comm methods it calls) exists: examples cannot drift from
+    the API while they need GPUs to run."""
+    import ast
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    for name in os.listdir(os.path.join(root, "examples")):
-        if name.endswith(".py"):
-            py_compile.compile(os.path.join(root, "examples", name),
-                               doraise=True)
+    comm_api = set(dir(symnccl.Communicator))
+    checked = 0
+    for name in sorted(os.listdir(os.path.join(root, "examples"))):
+        if not name.endswith(".py"):
+            continue
+        tree = ast.parse(open(os.path.join(root, "examples", name)).read())
+        aliases = {}   # local name -> module path
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.name.startswith("symnccl"):
+                        aliases[a.asname or a.name] = a.name
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Attribute):
+                continue
+            if isinstance(node.value, ast.Name) and \
+                    node.value.id in aliases:
+                mod = aliases[node.value.id]
+                if mod == "symnccl.jax" or mod == "symnccl.torch":
+                    src = open(os.path.join(root, *mod.split(".")) +
+                               ".py").read()
+                    assert f"def {node.attr}" in src or \
+                        f"{node.attr} =" in src, (name, mod, node.attr)
+                else:
+                    assert hasattr(symnccl, node.attr), (name, node.attr)
+                checked += 1
+            elif isinstance(node.value, ast.Name) and \
+                    node.value.id == "comm":
+                assert node.attr in comm_api, (name, "comm." + node.attr)
+                checked += 1
+    assert checked >= 8
 
 
 def test_bench_rejects_unknown_dtype():
@@ -415,10 +462,11 @@ def test_multimem_kernel_compiles_to_multimem_ptx(tmp_path):
     except (ImportError, StopIteration):
         pytest.skip("the NCCL wheel's headers are not installed")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    src = os.path.join(root, "csrc", "kernels", "multimem_allreduce.cu")
+    src = os.path.join(root, "csrc", "kernels", "multimem.cu")
     ptx = tmp_path / "mm.ptx"
     subprocess.run([nvcc, "-std=c++17", "-arch=compute_90", "--ptx",
                     f"-I{inc}", "-I" + os.path.join(root, "csrc", "kernels"),
+                    "-I" + os.path.join(root, "csrc"),
                     src, "-o", str(ptx)], check=True, capture_output=True,
                    timeout=300)
     text = ptx.read_text()
@@ -431,24 +479,154 @@ def test_multimem_kernel_compiles_to_multimem_ptx(tmp_path):
         assert insn in text, insn
 
 
-def test_multimem_algo_is_gated_by_multicast():
-    class FakeComm:
-        symmetric, lsa_size, nranks, staging_bytes = True, 2, 2, 1 << 25
-        multicast = False
-    assert not symnccl.algo_supported(FakeComm, "multimem", "bfloat16")
-    FakeComm.multicast = True
-    assert symnccl.algo_supported(FakeComm, "multimem", "bfloat16", "max")
-    assert not symnccl.algo_supported(FakeComm, "multimem", "float32", "max")
-    assert not symnccl.algo_supported(FakeComm, "multimem", "int32")
-    with pytest.raises(ValueError, match="unknown algo"):
-        symnccl.algo_supported(FakeComm, "fast", "bfloat16")
+TOPO_2 = dict(nranks=2, lsa_size=2, symmetric=1, staging=1, push=1,
+              multicast=0)
 
 
-def test_algo_codes_come_from_the_c_module_and_cover_every_algorithm():
-    codes = _C.ALGO_CODES
-    assert set(codes) == set(symnccl.ALGORITHMS) | {"auto"}
-    assert codes["auto"] == -1 and codes["nccl"] == 0
-    assert sorted(codes.values()) == list(range(-1, len(codes) - 1))
+def test_multimem_is_gated_by_multicast_in_the_c_registry():
+    """The C gate every call goes through (_algo_unavailable_for builds the
+    same topology struct a communicator does): no multicast, no multimem;
+    with it, only the dtype/op pairs the PTX has."""
+    gate = _C._algo_unavailable_for
+    assert "multicast" in gate(TOPO_2, "multimem", "bfloat16", "sum")
+    mc = dict(TOPO_2, multicast=1)
+    assert gate(mc, "multimem", "bfloat16", "max") is None
+    assert gate(mc, "multimem", "float32", "sum") is None
+    assert "no multimem reduction" in gate(mc, "multimem", "float32", "max")
+    assert "no multimem reduction" in gate(mc, "multimem", "int32", "sum")
+    for dtype, ops in symnccl.MULTIMEM_OPS.items():
+        for op in symnccl.LSA_OPS:
+            assert (gate(mc, "multimem", dtype, op) is None) == (op in ops)
+
+
+def test_kernel_algorithms_need_the_device_api_nvlink_and_a_kernel_dtype():
+    gate = _C._algo_unavailable_for
+    for algo in ("one_shot", "two_shot", "ll", "ll128", "push"):
+        assert gate(TOPO_2, algo, "bfloat16", "sum") is None
+        assert "device API" in gate(dict(TOPO_2, symmetric=0), algo,
+                                    "bfloat16", "sum")
+        assert "NVLink" in gate(dict(TOPO_2, lsa_size=1), algo, "bfloat16",
+                                "sum")
+        assert "no symnccl kernel" in gate(TOPO_2, algo, "uint8", "sum")
+        assert "no symnccl kernel" in gate(TOPO_2, algo, "float32", "prod")
+    assert "push region" in gate(dict(TOPO_2, push=0), "push", "bfloat16",
+                                 "sum")
+    assert gate(dict(TOPO_2, symmetric=0), "nccl", "uint8", "prod") is None
+
+
+@pytest.mark.parametrize("nranks,nbytes,in_window,algo", [
+    (2, 4096, True, "ll"), (2, 64 << 10, False, "ll"),
+    (2, 256 << 10, True, "ll128"), (2, 1 << 20, False, "ll128"),
+    (2, 2 << 20, True, "two_shot"), (2, 2 << 20, False, "push"),
+    (2, 256 << 20, True, "push"), (3, 4096, True, "ll128"),
+    (3, 2 << 20, True, "push"), (4, 1 << 20, False, "ll128"),
+    (4, 2 << 20, False, "two_shot"), (4, 3 << 20, False, "push"),
+    (4, 3 << 20, True, "two_shot"), (8, 4096, True, "nccl"),
+    (1, 4096, True, "ll")])
+def test_auto_picks_from_the_measured_table(nranks, nbytes, in_window, algo,
+                                            monkeypatch):
+    monkeypatch.delenv("SYMNCCL_ALGO", raising=False)
+    topo = dict(TOPO_2, nranks=nranks, lsa_size=nranks)
+    assert _C._auto_algo_for(topo, nbytes, "bfloat16", "sum",
+                             in_window) == algo
+
+
+def test_auto_falls_back_to_nccl_where_no_kernel_can_run(monkeypatch):
+    monkeypatch.delenv("SYMNCCL_ALGO", raising=False)
+    assert _C._auto_algo_for(TOPO_2, 4096, "uint8", "sum", True) == "nccl"
+    assert _C._auto_algo_for(TOPO_2, 4096, "float32", "prod", True) == "nccl"
+    assert _C._auto_algo_for(dict(TOPO_2, symmetric=0), 4096, "float32",
+                             "sum", True) == "nccl"
+
+
+def test_symnccl_algo_overrides_auto_where_it_can_run(monkeypatch):
+    monkeypatch.setenv("SYMNCCL_ALGO", "one_shot")
+    assert _C._auto_algo_for(TOPO_2, 4096, "bfloat16", "sum", True) == \
+        "one_shot"
+    assert _C._auto_algo_for(TOPO_2, 4096, "uint8", "sum", True) == "nccl"
+    monkeypatch.setenv("SYMNCCL_ALGO", "oneshot")
+    with pytest.raises(ValueError, match="SYMNCCL_ALGO=oneshot is not an "
+                                         "algorithm: expected one of 'auto', "
+                                         "'nccl', 'one_shot'"):
+        _C._auto_algo_for(TOPO_2, 4096, "bfloat16", "sum", True)
+    monkeypatch.setenv("SYMNCCL_ALGO", "auto")
+    monkeypatch.setenv("SYMNCCL_LL_CTAS", "many")
+    with pytest.raises(ValueError, match="SYMNCCL_LL_CTAS=many is not an "
+                                         "integer"):
+        _C._auto_algo_for(TOPO_2, 4096, "bfloat16", "sum", True)
+
+
+def test_python_views_of_the_registry_agree_with_c():
+    """What Python code keeps per dtype, op or algorithm covers exactly what
+    the C registry declares."""
+    assert symnccl.ALGORITHMS == _C.ALGORITHMS
+    assert set(_C.ALGO_CODES) == set(_C.ALGORITHMS) | {"auto"}
+    assert set(_C.ALGO_KERNELS) == set(_C.ALGORITHMS)
+    assert {k for ks in _C.ALGO_KERNELS.values() for k in ks} == \
+        set(_C.KERNELS)
+    assert set(_C.KERNEL_DTYPES) <= set(_C.DTYPES)
+    assert set(_C.KERNEL_OPS) <= set(_C.OPS) == set(_C.OP_CODES)
+    for dtype, ops in _C.MULTIMEM_OPS.items():
+        assert dtype in _C.KERNEL_DTYPES and set(ops) <= set(_C.KERNEL_OPS)
+    for name in _C.DTYPES:
+        # each name parses to itself, and numpy's spelling to the same
+        assert _C._dtype_info(name)[0] == name
+        npdt = _check.numpy_dtype(name)
+        if npdt is not None:
+            assert _C._dtype_info(npdt)[0] == name
+        code = _C._dtype_info(name)[1]
+        is_float = code in (2, 4) or code >= 7   # DLPack float codes
+        assert _check.is_float(name) == is_float, name
+    # the reference checks know every op
+    ins = [_check.make_input("float32", 8, r, 1) for r in range(2)]
+    for op in _C.OPS:
+        _check.reference(op, ins, "float32")
+    try:
+        import symnccl.jax as sj
+    except ImportError:
+        return
+    assert sj._OP_CODES == dict(_C.OP_CODES)
+    assert sj._ALGO_CODES == dict(_C.ALGO_CODES)
+
+
+def test_readme_names_every_algorithm_and_knob():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    readme = open(os.path.join(root, "README.md")).read()
+    for algo in _C.ALGORITHMS:
+        assert f'"{algo}"' in readme, algo
+    for knob in _C.KNOBS:
+        assert knob in readme, knob
+
+
+# Host files in layer order (csrc/symnccl.h): each may call only files
+# before it.
+LAYERS = ["errors", "wait", "registry", "dtypes", "streams", "windows",
+          "staging", "lifecycle", "launch", "buffer", "dlpack",
+          "collectives", "xla_ffi", "comm", "module"]
+
+
+def test_c_files_call_only_the_layers_above_them():
+    """No circle of C files: a function defined in csrc/X.c is called only
+    by X.c and files after it in LAYERS."""
+    import re
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    csrc = os.path.join(root, "csrc")
+    files = sorted(f[:-2] for f in os.listdir(csrc) if f.endswith(".c"))
+    assert sorted(LAYERS) == files
+    text = {f: open(os.path.join(csrc, f + ".c")).read() for f in files}
+    owner = {}
+    for f, t in text.items():
+        for m in re.finditer(r"^(?:[a-zA-Z_][\w ]*\*?\s*\n)?(sn_\w+)\(",
+                             t, re.M):
+            owner[m.group(1)] = f
+    assert len(owner) > 40
+    bad = []
+    for f, t in text.items():
+        for fn, home in owner.items():
+            if home != f and re.search(r"\b" + fn + r"\(", t) and \
+                    LAYERS.index(home) > LAYERS.index(f):
+                bad.append(f"{f}.c calls {fn} of {home}.c")
+    assert not bad, bad
 
 
 def test_profile_ncu_reads_recorded_csv_and_groups_metrics(monkeypatch,

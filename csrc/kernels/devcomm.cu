@@ -4,13 +4,8 @@
 // The holder is heap-allocated so its address is stable: inside an NCCL group
 // ncclDevCommCreate fills it only at ncclGroupEnd.
 #include <cstdlib>
-#include <cstring>
-
-#include <nccl.h>
-#include <nccl_device.h>
 
 #include "devcomm.cuh"
-#include "launch.h"
 
 extern "C" ncclResult_t symnccl_devcomm_create(ncclComm_t comm,
                                                int lsa_barrier_count,
@@ -20,8 +15,13 @@ extern "C" ncclResult_t symnccl_devcomm_create(ncclComm_t comm,
   symnccl_devcomm* h =
       static_cast<symnccl_devcomm*>(calloc(1, sizeof(symnccl_devcomm)));
   if (h == nullptr) return ncclSystemError;
-  ncclDevCommRequirements reqs;
-  memset(&reqs, 0, sizeof(reqs));
+#ifdef NCCL_DEV_COMM_REQUIREMENTS_INITIALIZER
+  ncclDevCommRequirements reqs = NCCL_DEV_COMM_REQUIREMENTS_INITIALIZER;
+#else
+  // NCCL 2.28 has no initializer macro; its headers ask for a zeroed struct,
+  // which value-initialisation gives.
+  ncclDevCommRequirements reqs = {};
+#endif
   reqs.lsaBarrierCount = lsa_barrier_count;
   reqs.lsaMultimem = request_multimem != 0;
   h->requested_multimem = request_multimem != 0;
@@ -41,6 +41,8 @@ extern "C" ncclResult_t symnccl_devcomm_destroy(ncclComm_t comm,
   free(dc);
   return rc;
 }
+
+extern "C" void symnccl_devcomm_free(symnccl_devcomm* dc) { free(dc); }
 
 extern "C" void symnccl_devcomm_info(const symnccl_devcomm* dc, int* lsa_size,
                                      int* lsa_rank, int* has_multimem) {

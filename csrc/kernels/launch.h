@@ -1,9 +1,12 @@
 /* C interface to symnccl's CUDA C++ side (csrc/kernels/).
  *
  * nccl_device.h is C++-only, so everything that needs it (the ncclDevComm
- * struct, device kernels) lives in .cu files behind these extern "C"
- * functions. The host .c files include only this header, nccl.h and the CUDA
- * runtime API.
+ * struct, the kernels) lives in .cu files behind these extern "C"
+ * functions. The host .c files include only this header, nccl.h and the
+ * CUDA runtime API. docs/ARCHITECTURE.md shows where it sits.
+ *
+ * Every kernel is launched through one function, symnccl_launch(), with one
+ * argument struct, symnccl_kargs; the kernels receive that struct by value.
  */
 #ifndef SYMNCCL_KERNELS_LAUNCH_H
 #define SYMNCCL_KERNELS_LAUNCH_H
@@ -17,14 +20,112 @@
 extern "C" {
 #endif
 
+/* Element types the kernels are built for: X(ID, NCCL type, C++ type).
+ * setup.py compiles csrc/kernels/unit.cu once per entry (-DSYMNCCL_UNIT_DT=
+ * ID), so the units build in parallel; the C registry (csrc/registry.c)
+ * marks these dtypes as having kernels. */
+#define SYMNCCL_KERNEL_DTYPES(X)          \
+    X(F32, ncclFloat32, float)            \
+    X(F64, ncclFloat64, double)           \
+    X(F16, ncclFloat16, __half)           \
+    X(BF16, ncclBfloat16, __nv_bfloat16)  \
+    X(F8E4M3, ncclFloat8e4m3, __nv_fp8_e4m3) \
+    X(F8E5M2, ncclFloat8e5m2, __nv_fp8_e5m2) \
+    X(I32, ncclInt32, int32_t)            \
+    X(I64, ncclInt64, int64_t)
+
+#define SYMNCCL_DT_ENUM_(id, nccl, ctype) SYMNCCL_DT_##id,
+enum { SYMNCCL_KERNEL_DTYPES(SYMNCCL_DT_ENUM_) SYMNCCL_DT_COUNT };
+#undef SYMNCCL_DT_ENUM_
+
+/* Reduction operators of the kernels (the registry maps NCCL's to these). */
+enum { SYMNCCL_OP_SUM = 0, SYMNCCL_OP_MAX = 1, SYMNCCL_OP_MIN = 2,
+       SYMNCCL_OP_AVG = 3 };
+
+/* The kernels: X(ID, name). The name is what Communicator._launches()
+ * reports (tests read it to prove which kernel ran). */
+#define SYMNCCL_KERNELS(X)                  \
+    X(ONE_SHOT, "one_shot")                 \
+    X(TWO_SHOT, "two_shot")                 \
+    X(LL, "ll")                             \
+    X(LL_TWO_SHOT, "ll_two_shot")           \
+    X(LL128, "ll128")                       \
+    X(LL128_TWO_SHOT, "ll128_two_shot")     \
+    X(PUSH, "push")                         \
+    X(MULTIMEM, "multimem")
+
+#define SYMNCCL_K_ENUM_(id, name) SYMNCCL_K_##id,
+enum { SYMNCCL_KERNELS(SYMNCCL_K_ENUM_) SYMNCCL_K_COUNT };
+#undef SYMNCCL_K_ENUM_
+
+/* Largest LSA team the kernels accept (the host checks lsa_size). */
+#define SYMNCCL_MAX_RANKS 32
+/* Largest grid of the push kernel (its flag lines are laid out for it). */
+#define SYMNCCL_PUSH_MAX_CTAS 128
+
 /* Opaque holder of an ncclDevComm (device communicator). */
 typedef struct symnccl_devcomm symnccl_devcomm;
 
+/* One launch of one kernel. Fields a kernel does not use stay zero. */
+typedef struct {
+    int kernel;                /* SYMNCCL_K_* */
+    const symnccl_devcomm *dc; /* host pointer; the launcher passes the
+                                  ncclDevComm itself to the kernel */
+    /* data */
+    const void *src;           /* input, any device memory; one_shot,
+                                  two_shot, multimem: NULL when the input is
+                                  already at win + win_offset */
+    void *out;                 /* output, any device memory; may equal src */
+    size_t count;              /* elements */
+    int dtype;                 /* SYMNCCL_DT_* */
+    int op;                    /* SYMNCCL_OP_* */
+    int in_place;              /* out is this rank's part of win */
+    /* one_shot, two_shot, multimem: where peers load from (same offset on
+     * every rank), and two_shot's phase-1 results (mid) */
+    ncclWindow_t win;
+    size_t win_offset;
+    ncclWindow_t mid_win;
+    size_t mid_offset;
+    void *scratch;             /* one_shot in place: local, >= count elems */
+    /* ll, ll128, push: their region of the staging window, same offset on
+     * every rank; ll/ll128 rows of row_bytes (two slots x nranks rows),
+     * push slots of row_bytes after data_offset */
+    ncclWindow_t region_win;
+    size_t region_offset;
+    size_t row_bytes;
+    size_t data_offset;        /* push: slots' offset in region_win */
+    uint64_t *epochs;          /* ctas zeroed call counters, local */
+    /* push in place on a window: results are stored into out_win at
+     * out_offset (16-byte aligned, same on every rank) */
+    ncclWindow_t out_win;
+    size_t out_offset;
+    int ctas, threads;         /* same on every rank */
+    uint64_t timeout_ns;       /* a wait for a peer gives up after this */
+} symnccl_kargs;
+
+/* Enqueues the kernel on `stream`. cudaErrorInvalidValue for arguments the
+ * kernel cannot take (checked here, not in the kernels). */
+cudaError_t symnccl_launch(const symnccl_kargs *a, cudaStream_t stream);
+
+/* Elements of itemsize bytes that one launch of a packet kernel (ll,
+ * ll128, or their two-shot) can carry in rows of row_bytes. */
+size_t symnccl_packet_max_count(int kernel, size_t row_bytes,
+                                size_t itemsize, int nranks);
+
+/* Bytes of the push region for nranks ranks and slots of slot_bytes: the
+ * flag lines (their size goes to *data_offset, page-rounded), then 2
+ * parities x nranks receive slots and 2 x nranks result slots. The flag
+ * lines must start zeroed. */
+size_t symnccl_push_region_bytes(int nranks, size_t slot_bytes,
+                                 size_t *data_offset);
+
+/* ---- device communicator (devcomm.cu) ---- */
+
 /* Allocates the holder and calls ncclDevCommCreate with lsaBarrierCount =
- * lsa_barrier_count and lsaMultimem = request_multimem. Collective: call it on
- * every rank, inside ncclGroupStart/End when one thread drives several
- * communicators. The holder is filled when the call (or the group) completes.
- * On failure *out is NULL. */
+ * lsa_barrier_count and lsaMultimem = request_multimem. Collective: call it
+ * on every rank, inside ncclGroupStart/End when one thread drives several
+ * communicators. The holder is filled when the call (or the group)
+ * completes. On failure *out is NULL. */
 ncclResult_t symnccl_devcomm_create(ncclComm_t comm, int lsa_barrier_count,
                                     int request_multimem,
                                     symnccl_devcomm **out);
@@ -32,123 +133,12 @@ ncclResult_t symnccl_devcomm_create(ncclComm_t comm, int lsa_barrier_count,
 /* ncclDevCommDestroy, then frees the holder. dc may be NULL. */
 ncclResult_t symnccl_devcomm_destroy(ncclComm_t comm, symnccl_devcomm *dc);
 
+/* Frees a holder whose ncclDevCommCreate never completed. */
+void symnccl_devcomm_free(symnccl_devcomm *dc);
+
 /* Topology read off a created device communicator. */
 void symnccl_devcomm_info(const symnccl_devcomm *dc, int *lsa_size,
                           int *lsa_rank, int *has_multimem);
-
-/* ---- LSA all-reduce (lsa_allreduce.cu) ---- */
-
-enum { SYMNCCL_OP_SUM = 0, SYMNCCL_OP_MAX = 1, SYMNCCL_OP_MIN = 2,
-       SYMNCCL_OP_AVG = 3 };
-enum { SYMNCCL_ALGO_ONE_SHOT = 1, SYMNCCL_ALGO_TWO_SHOT = 2,
-       SYMNCCL_ALGO_LL = 3, SYMNCCL_ALGO_MULTIMEM = 4, SYMNCCL_ALGO_PUSH = 5,
-       SYMNCCL_ALGO_LL128 = 6 };
-
-typedef struct {
-    int algo;                  /* SYMNCCL_ALGO_* */
-    const symnccl_devcomm *dc;
-    ncclWindow_t win;          /* input window (peers read it) */
-    size_t win_offset;         /* same on every rank */
-    ncclWindow_t mid_win;      /* two-shot: where phase-1 results go */
-    size_t mid_offset;
-    const void *src;           /* non-NULL: copy src into win first */
-    void *out;                 /* local output, any device memory */
-    void *scratch;             /* one_shot in place: local, >= count elems */
-    size_t count;
-    ncclDataType_t dtype;
-    int op;                    /* SYMNCCL_OP_* */
-    int in_place;              /* out is this rank's part of win */
-    int ctas, threads;         /* same on every rank; ctas <= barrier count */
-} symnccl_lsa_args;
-
-/* 1 if the LSA kernels handle this dtype/op at this LSA size. */
-int symnccl_lsa_supported(ncclDataType_t dtype, int op, int nranks);
-cudaError_t symnccl_lsa_allreduce(const symnccl_lsa_args *args,
-                                  cudaStream_t stream);
-
-/* ---- multicast all-reduce (multimem_allreduce.cu) ----
- * Same arguments as the LSA kernels (algo SYMNCCL_ALGO_MULTIMEM): the result
- * is written in place into win at win_offset (16-byte aligned) on every
- * rank, then copied to out unless in_place. Runs only on a device
- * communicator that NCCL granted lsaMultimem; cudaErrorInvalidValue
- * otherwise. */
-int symnccl_multimem_supported(ncclDataType_t dtype, int op);
-cudaError_t symnccl_multimem_allreduce(const symnccl_lsa_args *args,
-                                       cudaStream_t stream);
-
-/* ---- low-latency all-reduce (ll_allreduce.cu) ---- */
-
-typedef struct {
-    const symnccl_devcomm *dc;
-    ncclWindow_t win;          /* window holding the LL receive buffer */
-    size_t ll_offset;          /* its offset in win (same on every rank) */
-    size_t row_bytes;          /* bytes per (slot, source rank) row: 16 per
-                                  8 bytes of input, >= 2 * count * itemsize */
-    uint64_t *epochs;          /* ctas zero-initialised counters, local */
-    const void *src;           /* any device memory, 8-byte aligned or not */
-    void *out;                 /* any device memory; may equal src */
-    size_t count;
-    ncclDataType_t dtype;
-    int op;                    /* SYMNCCL_OP_* */
-    int ctas, threads;         /* ctas: fixed for the communicator */
-    uint64_t timeout_ns;       /* give up (trap) after waiting this long */
-    int two_shot;              /* reduce-scatter + all-gather in packets;
-                                  needs 2 * count * itemsize <= nranks *
-                                  row_bytes / 2 */
-} symnccl_ll_args;
-
-/* Receive-buffer bytes the LL kernel needs per rank for nranks ranks and
- * messages of up to max_bytes: 2 slots x nranks rows x 2 x max_bytes. */
-size_t symnccl_ll_buffer_bytes(int nranks, size_t max_bytes);
-cudaError_t symnccl_ll_allreduce(const symnccl_ll_args *args,
-                                 cudaStream_t stream);
-
-/* ---- ll128 (ll128_allreduce.cu): ll's one round (or, with two_shot, its
- * packet two-shot) in 128-byte lines ----
- * The ll argument struct and grid, with ll_offset / row_bytes / epochs of
- * ll128's own region and counters (the two formats must not share slots);
- * threads a multiple of 32. At most
- * symnccl_ll128_max_count(row_bytes, itemsize, nranks, two_shot) elements
- * per launch. */
-size_t symnccl_ll128_max_count(size_t row_bytes, size_t itemsize, int nranks,
-                               int two_shot);
-cudaError_t symnccl_ll128_allreduce(const symnccl_ll_args *args,
-                                    cudaStream_t stream);
-
-/* ---- store-only all-reduce (push_allreduce.cu) ---- */
-
-/* Largest grid of the push kernel (flag lines are laid out for it). */
-#define SYMNCCL_PUSH_MAX_CTAS 128
-
-typedef struct {
-    const symnccl_devcomm *dc;
-    ncclWindow_t win;          /* window holding the push region */
-    size_t flags_offset;       /* region start in win (same on every rank) */
-    size_t data_offset;        /* slots' offset in win: flags_offset plus
-                                  what symnccl_push_region_bytes reports */
-    size_t slot_bytes;         /* bytes per slot (16-byte multiple): the
-                                  largest slice of one chunk */
-    uint64_t *epochs;          /* SYMNCCL_PUSH_MAX_CTAS zeroed counters */
-    const void *src;           /* any device memory */
-    void *out;                 /* any device memory; may equal src */
-    ncclWindow_t out_win;      /* non-NULL: in place on a window, out is at
-                                  out_offset (16-byte aligned, same on every
-                                  rank) and results are stored there */
-    size_t out_offset;
-    size_t count;
-    ncclDataType_t dtype;
-    int op;                    /* SYMNCCL_OP_* */
-    int ctas, threads;         /* ctas: fixed for the communicator */
-    uint64_t timeout_ns;       /* give up (trap) after waiting this long */
-} symnccl_push_args;
-
-/* Bytes of the push region for nranks ranks and slots of slot_bytes: the
- * flag lines (their size goes to *data_offset, page-rounded), then 2 parities
- * x nranks receive slots and 2 x nranks result slots. Zero it before use. */
-size_t symnccl_push_region_bytes(int nranks, size_t slot_bytes,
-                                 size_t *data_offset);
-cudaError_t symnccl_push_allreduce(const symnccl_push_args *args,
-                                   cudaStream_t stream);
 
 /* ---- benchmark helpers (copy.cu) ---- */
 

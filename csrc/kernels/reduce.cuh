@@ -1,4 +1,4 @@
-// Element types and reduction operators shared by the all-reduce kernels.
+// Element types and reduction operators shared by every kernel.
 //
 // Acc<T>: the type a T is accumulated in (fp32 for 16-bit and fp8 floats,
 // 64-bit wrapping for integers) and the conversions to and from it. Every
@@ -109,43 +109,16 @@ __device__ __forceinline__ T finish(int op, typename Acc<T>::type a, int n) {
   return Acc<T>::from(a);
 }
 
-// Calls f(T{}) with T the element type of dt: the one place that maps
-// NCCL dtypes to kernel instantiations.
-template <typename F>
-inline cudaError_t dispatch_dtype(ncclDataType_t dt, F&& f) {
-  switch (dt) {
-    case ncclFloat32: return f(float{});
-    case ncclFloat64: return f(double{});
-    case ncclFloat16: return f(__half{});
-    case ncclBfloat16: return f(__nv_bfloat16{});
-    case ncclFloat8e4m3: return f(__nv_fp8_e4m3{});
-    case ncclFloat8e5m2: return f(__nv_fp8_e5m2{});
-    case ncclInt32: return f(int32_t{});
-    case ncclInt64: return f(int64_t{});
-    default: return cudaErrorInvalidValue;
-  }
-}
-
-// World size as a type: the kernels are specialised for 2, 4 and 8 ranks
-// (unrolled peer loops, arrays in registers) with 0 the generic fallback.
-template <int N>
-struct Ranks {
-  static constexpr int value = N;
-};
-
-// Calls f(T{}, Ranks<N>{}) for the dtype and world size: the one place
-// that maps them to kernel instantiations.
-template <typename F>
-inline cudaError_t dispatch(ncclDataType_t dt, int nranks, F&& f) {
-  return dispatch_dtype(dt, [&](auto t) -> cudaError_t {
-    switch (nranks) {
-      case 2: return f(t, Ranks<2>{});
-      case 4: return f(t, Ranks<4>{});
-      case 8: return f(t, Ranks<8>{});
-      default: return f(t, Ranks<0>{});
-    }
-  });
-}
+// The element type of a SYMNCCL_DT_* (launch.h's SYMNCCL_KERNEL_DTYPES).
+template <int DT>
+struct DType;
+#define SYMNCCL_DTYPE_OF_(id, nccl, ctype) \
+  template <>                              \
+  struct DType<SYMNCCL_DT_##id> {          \
+    using type = ctype;                    \
+  };
+SYMNCCL_KERNEL_DTYPES(SYMNCCL_DTYPE_OF_)
+#undef SYMNCCL_DTYPE_OF_
 
 }  // namespace symnccl
 

@@ -1,4 +1,4 @@
-// Multicast (NVLS) all-reduce: multimem.ld_reduce + multimem.st on the
+// Multicast (NVLS) kernel: multimem.ld_reduce + multimem.st on the
 // multicast address NCCL maps for a window (ncclGetLsaMultimemPointer).
 //
 // Built for every target and gated at run time: the host launches it only on
@@ -45,7 +45,6 @@ using symnccl::Acc;
 using symnccl::finish;
 using symnccl::reduce2;
 
-using symnccl::kMaxRanks;
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define SN_MULTIMEM 1
@@ -131,17 +130,20 @@ __device__ __forceinline__ uint4 scale(uint4 v, int n) {
 
 template <typename T>
 __global__ void __launch_bounds__(512)
-    multimem_allreduce(ncclDevComm dc, ncclWindow_t win, size_t win_off,
-                       const T* src, T* out, size_t count, int op,
-                       int in_place) {
-#ifndef SN_MULTIMEM
-  __trap();
-#else
+    multimem_allreduce(ncclDevComm dc, const symnccl_kargs a) {
+#ifdef SN_MULTIMEM
   constexpr int E = 16 / sizeof(T);
+  const size_t win_off = a.win_offset;
+  const T* src = static_cast<const T*>(a.src);
+  T* out = static_cast<T*>(a.out);
+  const size_t count = a.count;
+  const int op = a.op;
+  const int in_place = a.in_place;
   const int n = dc.lsaSize;
   const int me = dc.lsaRank;
-  T* mine = static_cast<T*>(ncclGetLsaPointer(win, win_off, me));
-  char* mc = static_cast<char*>(ncclGetLsaMultimemPointer(win, win_off, dc));
+  T* mine = static_cast<T*>(ncclGetLsaPointer(a.win, win_off, me));
+  char* mc =
+      static_cast<char*>(ncclGetLsaMultimemPointer(a.win, win_off, dc));
   const size_t nvec = count / E;
   const size_t tail = nvec * E;
   const size_t stride = (size_t)gridDim.x * blockDim.x;
@@ -178,8 +180,8 @@ __global__ void __launch_bounds__(512)
     using A = typename Acc<T>::type;
     const size_t e = tail + threadIdx.x;
     A acc = A();
-    for (int q = 0; q < n && q < kMaxRanks; q++) {
-      const T* p = static_cast<const T*>(ncclGetLsaPointer(win, win_off, q));
+    for (int q = 0; q < n; q++) {
+      const T* p = static_cast<const T*>(ncclGetLsaPointer(a.win, win_off, q));
       acc = q == 0 ? Acc<T>::to(p[e]) : reduce2(op, acc, Acc<T>::to(p[e]));
     }
     t = finish<T>(op, acc, n);
@@ -199,39 +201,28 @@ __global__ void __launch_bounds__(512)
 }
 
 template <typename T>
-cudaError_t launch(const symnccl_lsa_args& a, cudaStream_t stream) {
-  multimem_allreduce<T><<<a.ctas, a.threads, 0, stream>>>(
-      a.dc->dc, a.win, a.win_offset, static_cast<const T*>(a.src),
-      static_cast<T*>(a.out), a.count, a.op, a.in_place);
+cudaError_t launch(const symnccl_kargs& a, cudaStream_t stream) {
+  multimem_allreduce<T><<<a.ctas, a.threads, 0, stream>>>(a.dc->dc, a);
   return cudaGetLastError();
 }
 
 }  // namespace
 
-extern "C" int symnccl_multimem_supported(ncclDataType_t dtype, int op) {
-  switch (dtype) {
-    case ncclFloat32:
-      return op == SYMNCCL_OP_SUM || op == SYMNCCL_OP_AVG;
-    case ncclFloat16:
-    case ncclBfloat16:
-      return op == SYMNCCL_OP_SUM || op == SYMNCCL_OP_AVG ||
-             op == SYMNCCL_OP_MAX || op == SYMNCCL_OP_MIN;
-    default:
-      return 0;
-  }
-}
-
-extern "C" cudaError_t symnccl_multimem_allreduce(const symnccl_lsa_args* a,
-                                                  cudaStream_t stream) {
+// Called by symnccl_launch (launch.cu) for SYMNCCL_K_MULTIMEM.
+cudaError_t symnccl_launch_multimem(const symnccl_kargs* a,
+                                    cudaStream_t stream) {
   // The multicast address exists only where NCCL granted lsaMultimem.
   if (!a->dc->requested_multimem ||
       a->dc->dc.lsaMultimem.mcBasePtr == nullptr ||
-      (a->win_offset & 15) != 0 || a->threads > 512)
+      (a->win_offset & 15) != 0)
     return cudaErrorInvalidValue;
   switch (a->dtype) {
-    case ncclFloat32: return launch<float>(*a, stream);
-    case ncclFloat16: return launch<__half>(*a, stream);
-    case ncclBfloat16: return launch<__nv_bfloat16>(*a, stream);
+    case SYMNCCL_DT_F32:
+      if (a->op != SYMNCCL_OP_SUM && a->op != SYMNCCL_OP_AVG)
+        return cudaErrorInvalidValue;
+      return launch<float>(*a, stream);
+    case SYMNCCL_DT_F16: return launch<__half>(*a, stream);
+    case SYMNCCL_DT_BF16: return launch<__nv_bfloat16>(*a, stream);
     default: return cudaErrorInvalidValue;
   }
 }

@@ -1,0 +1,76 @@
+/* Errors: one formatter per library (NCCL, CUDA); the exceptions carry
+ * .code. */
+#include "symnccl.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+
+static int
+raise_with_code(PyObject *type, int code, PyObject *msg)
+{
+    if (msg == NULL)
+        return -1;
+    PyObject *exc = PyObject_CallFunctionObjArgs(type, msg, NULL);
+    Py_DECREF(msg);
+    if (exc == NULL)
+        return -1;
+    PyObject *pycode = PyLong_FromLong(code);
+    if (pycode == NULL || PyObject_SetAttrString(exc, "code", pycode) < 0) {
+        Py_XDECREF(pycode);
+        Py_DECREF(exc);
+        return -1;
+    }
+    Py_DECREF(pycode);
+    PyErr_SetObject(type, exc);
+    Py_DECREF(exc);
+    return -1;
+}
+
+int
+sn_set_nccl_error(SNState *st, ncclResult_t rc, ncclComm_t comm,
+                  const char *what)
+{
+    const char *last = ncclGetLastError(comm);
+    PyObject *msg;
+    if (last != NULL && last[0] != '\0')
+        msg = PyUnicode_FromFormat("%s failed: %s (ncclResult_t %d): %s",
+                                   what, ncclGetErrorString(rc), (int)rc,
+                                   last);
+    else
+        msg = PyUnicode_FromFormat("%s failed: %s (ncclResult_t %d)", what,
+                                   ncclGetErrorString(rc), (int)rc);
+    return raise_with_code(st->NcclError, (int)rc, msg);
+}
+
+int
+sn_set_cuda_error(SNState *st, cudaError_t rc, const char *what)
+{
+    (void)cudaGetLastError();   /* clear the (non-sticky) error slot */
+    PyObject *msg = PyUnicode_FromFormat("%s failed: %s (%s, cudaError_t %d)",
+                                         what, cudaGetErrorString(rc),
+                                         cudaGetErrorName(rc), (int)rc);
+    return raise_with_code(st->CudaError, (int)rc, msg);
+}
+
+int
+sn_fail(sn_err *e, cudaError_t cuda, ncclResult_t nccl, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->msg, sizeof(e->msg), fmt, ap);
+    va_end(ap);
+    e->cuda = cuda;
+    e->nccl = nccl;
+    return -1;
+}
+
+int
+sn_raise(SNState *st, const sn_err *e)
+{
+    if (e->nccl != ncclSuccess)
+        return sn_set_nccl_error(st, e->nccl, NULL, e->msg);
+    if (e->cuda != cudaSuccess)
+        return sn_set_cuda_error(st, e->cuda, e->msg);
+    PyErr_SetString(PyExc_RuntimeError, e->msg);
+    return -1;
+}

@@ -1,0 +1,103 @@
+// symnccl_launch: checks what no kernel should have to, and hands the
+// launch to the unit of its element type (unit.cu) or to multimem.cu. Also
+// the sizes of the kernels' regions, which the host lays out
+// (csrc/staging.c).
+#include <cstdint>
+
+#include "devcomm.cuh"
+#include "packet.cuh"
+#include "push.cuh"
+
+#define SYMNCCL_UNIT_DECL_(id, nccl, ctype)                           \
+  cudaError_t symnccl_launch_##id(const symnccl_kargs* a, cudaStream_t s);
+SYMNCCL_KERNEL_DTYPES(SYMNCCL_UNIT_DECL_)
+#undef SYMNCCL_UNIT_DECL_
+cudaError_t symnccl_launch_multimem(const symnccl_kargs* a, cudaStream_t s);
+
+namespace {
+
+using Unit = cudaError_t (*)(const symnccl_kargs*, cudaStream_t);
+
+#define SYMNCCL_UNIT_ENTRY_(id, nccl, ctype) symnccl_launch_##id,
+const Unit kUnits[SYMNCCL_DT_COUNT] = {
+    SYMNCCL_KERNEL_DTYPES(SYMNCCL_UNIT_ENTRY_)};
+#undef SYMNCCL_UNIT_ENTRY_
+
+#define SYMNCCL_UNIT_SIZE_(id, nccl, ctype) sizeof(ctype),
+const size_t kItemsize[SYMNCCL_DT_COUNT] = {
+    SYMNCCL_KERNEL_DTYPES(SYMNCCL_UNIT_SIZE_)};
+#undef SYMNCCL_UNIT_SIZE_
+
+// Data bytes an item of the packet kernel's format carries, and the row
+// bytes it takes; 0 for other kernels.
+void packet_format(int kernel, size_t* data, size_t* row) {
+  using namespace symnccl;
+  switch (kernel) {
+    case SYMNCCL_K_LL:
+    case SYMNCCL_K_LL_TWO_SHOT:
+      *data = LL::kItemData;
+      *row = LL::kItemBytes;
+      return;
+    case SYMNCCL_K_LL128:
+    case SYMNCCL_K_LL128_TWO_SHOT:
+      *data = LL128::kItemData;
+      *row = LL128::kItemBytes;
+      return;
+    default:
+      *data = *row = 0;
+  }
+}
+
+bool two_shot_packets(int kernel) {
+  return kernel == SYMNCCL_K_LL_TWO_SHOT ||
+         kernel == SYMNCCL_K_LL128_TWO_SHOT;
+}
+
+}  // namespace
+
+extern "C" size_t symnccl_packet_max_count(int kernel, size_t row_bytes,
+                                           size_t itemsize, int nranks) {
+  size_t data, row;
+  packet_format(kernel, &data, &row);
+  if (data == 0 || itemsize == 0) return 0;
+  const bool two = two_shot_packets(kernel);
+  const size_t items = (two ? row_bytes / 2 : row_bytes) / row;
+  return items * (two ? (size_t)nranks : 1) * data / itemsize;
+}
+
+extern "C" size_t symnccl_push_region_bytes(int nranks, size_t slot_bytes,
+                                            size_t* data_offset) {
+  size_t flags =
+      2 * (size_t)SYMNCCL_PUSH_MAX_CTAS * symnccl::push_flag_line(nranks);
+  flags = (flags + 4095) / 4096 * 4096;
+  if (data_offset != nullptr) *data_offset = flags;
+  return flags + 4 * (size_t)nranks * slot_bytes;
+}
+
+extern "C" cudaError_t symnccl_launch(const symnccl_kargs* a,
+                                      cudaStream_t stream) {
+  if (a->dc == nullptr || a->kernel < 0 || a->kernel >= SYMNCCL_K_COUNT ||
+      a->dtype < 0 || a->dtype >= SYMNCCL_DT_COUNT || a->ctas < 1 ||
+      a->threads < 32 || a->threads > 512 || a->threads % 32 != 0)
+    return cudaErrorInvalidValue;
+  const int n = a->dc->dc.lsaSize;
+  if (n > SYMNCCL_MAX_RANKS) return cudaErrorInvalidValue;
+  size_t data, row;
+  packet_format(a->kernel, &data, &row);
+  if (data != 0) {
+    // the rows must hold the launch's items
+    const size_t items = (a->count * kItemsize[a->dtype] + data - 1) / data;
+    const bool two = two_shot_packets(a->kernel);
+    const size_t per_row = two ? (items + n - 1) / n : items;
+    if (per_row * row > (two ? a->row_bytes / 2 : a->row_bytes))
+      return cudaErrorInvalidValue;
+  }
+  if (a->kernel == SYMNCCL_K_PUSH &&
+      (a->threads < n || a->ctas > SYMNCCL_PUSH_MAX_CTAS ||
+       a->row_bytes % 16 != 0 ||
+       (a->out_win != nullptr && a->out_offset % 16 != 0)))
+    return cudaErrorInvalidValue;
+  if (a->kernel == SYMNCCL_K_MULTIMEM)
+    return symnccl_launch_multimem(a, stream);
+  return kUnits[a->dtype](a, stream);
+}

@@ -1,0 +1,328 @@
+// Packet kernels: data and "it is there" travel in the same store, pushed to
+// peers and polled in local memory; no barrier. One one-shot and one
+// two-shot skeleton, each over two packet formats:
+//
+//   LL     a 16-byte packet {data0, flag, data1, flag} per 8 data bytes,
+//          written by one 16-byte volatile store: each 8-byte half carries
+//          its own copy of the flag, so a reader that sees the flag in both
+//          halves has both halves (NVLink guarantees 8-byte atomicity, not
+//          16). The link carries 2x the message. A thread per packet.
+//   LL128  128-byte lines of 120 data bytes and one 8-byte flag word,
+//          written by 8 consecutive lanes with one 16-byte volatile store
+//          each, so a warp's store covers 4 whole, 128-byte aligned lines;
+//          the reader loads the same 4 lines with one warp-wide 16-byte
+//          load and takes them when all 4 flags are current. The link
+//          carries 16/15 of the message. It relies on NVLink and the
+//          receiving L2 keeping such a 128-byte line write whole for such a
+//          128-byte line read: the property NCCL's LL128 protocol rests on,
+//          which NCCL enables on NVLink-connected Hopper. It is not a
+//          documented CUDA memory-model guarantee; tests/_workers/
+//          collectives.py checks it with random data, poisoned outputs and
+//          bitwise comparisons in every dtype (a torn line would be a wrong
+//          result, not a hang). A warp per 4 lines (an "item" of 60 words).
+//
+// one-shot: every rank pushes its whole input to every peer (row `me` of
+//   the peer's slot) and reduces the n rows of its own slot as they arrive.
+//   One one-way NVLink trip; each rank sends (n-1) copies.
+// two-shot (3+ ranks, larger messages): slice q of every rank's input goes
+//   to rank q only (phase 1), q reduces it as it arrives and pushes the
+//   result to every rank (phase 2), every rank polls for the other slices'
+//   results (phase 3). Per rank (n-1)/n of the message goes out twice, still
+//   without a barrier: each phase waits only for packets of the phase
+//   before, which never wait, so nothing can deadlock.
+//
+// Region (in the communicator's staging window, same offset on every rank;
+// LL and LL128 each have their own: the formats cannot share slots, since
+// LL looks for its flag in bytes 4-7 and 12-15 of each 16, where a stale
+// LL128 line holds user data that may equal the flag, e.g. bf16 (1.0, 0.0)
+// reads as 16256):
+//   [slot 0..1][row 0..n-1] of row_bytes
+//   one-shot: row r holds rank r's items;
+//   two-shot: half = row_bytes / 2, phase-1 rows [source rank r] at r * half,
+//             phase-2 rows [slice q] at (n + q) * half.
+//
+// Epochs: each CTA keeps a 64-bit call counter in device memory (begin_call
+// / end_call), so graph replays need no host. Call c uses slot c & 1 and
+// flag (c mod (2^32 - 1)) + 1, never 0 (the region starts zeroed); LL128
+// stores it as the word flag << 32 | flag. The grid is fixed per
+// communicator, so every CTA counts every call and all counters agree on
+// every rank. Why two slots are enough and no slot is ever cleared: a rank
+// finishes call c + 1 only after receiving packets that a peer sent in call
+// c + 1 (one-shot: every peer's; two-shot: a slice owner's, who needed
+// every rank's phase-1 packets of c + 1), which a peer sends only after its
+// call c completed (stream order), i.e. after it read everything of call c.
+// So when any rank writes a slot again in call c + 2, every rank is done
+// with call c; a stale packet holds the flag of c - 2 or older, never the
+// one waited for. One-shot and two-shot calls may alternate on the same
+// slots: both keep each flag in the same place of a packet or 128-byte
+// aligned line (half is a multiple of 2048 bytes).
+//
+// Reduction: rank order 0..n-1, the own contribution read from the input,
+// fp32 accumulation for 16-bit and fp8 types: the same bits on every rank
+// and as every other algorithm. Each worker reads and writes the same
+// elements of in and out (in the two-shot, item (slice q, j) is read in
+// phase 1 and written in phase 3 by the same worker), so in place is safe.
+// Any alignment of in and out; blockDim.x a multiple of 32 (LL128).
+#ifndef SYMNCCL_KERNELS_PACKET_CUH
+#define SYMNCCL_KERNELS_PACKET_CUH
+
+#include "primitives.cuh"
+
+namespace symnccl {
+
+// ------------------------------------------------------------------ formats
+//
+// A format defines: kWords data words per lane of an item, kItemBytes of
+// row an item takes, kItemData data bytes it carries, whether its waits are
+// warp-collective (kWarp), who works on an item (a thread or a warp), and
+// how an item is loaded from the input, sent, received and stored to the
+// output.
+
+struct LL {
+  static constexpr int kWords = 1;
+  static constexpr size_t kItemBytes = 16;
+  static constexpr size_t kItemData = 8;
+  static constexpr bool kWarp = false;
+
+  struct Item {
+    uint64_t w[kWords];
+  };
+
+  __device__ static size_t worker() {
+    return (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  }
+  __device__ static size_t workers() { return (size_t)gridDim.x * blockDim.x; }
+  __device__ static size_t lane_offset() { return 0; }
+  __device__ static uint64_t wire_flag(uint32_t f) { return f; }
+
+  template <typename T>
+  __device__ static Item load(const T* in, size_t i, size_t count, bool al,
+                              uint64_t /*flag*/) {
+    return {{load_pack<8>(in, i, count, al)}};
+  }
+  template <typename T>
+  __device__ static void put(T* out, size_t i, size_t count, bool al,
+                             const Item& it) {
+    store_pack<8>(out, i, count, al, it.w[0]);
+  }
+  __device__ static Item with_flag(Item it, uint64_t /*flag*/) { return it; }
+
+  __device__ static void send(char* p, const Item& it, uint64_t flag) {
+    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p),
+                 "r"((uint32_t)it.w[0]), "r"((uint32_t)flag),
+                 "r"((uint32_t)(it.w[0] >> 32)), "r"((uint32_t)flag)
+                 : "memory");
+  }
+
+  __device__ static Item recv(const char* p, uint64_t flag,
+                              uint64_t timeout_ns, int from) {
+    uint32_t d0, f0, d1, f1;
+    bounded_wait(
+        [&] {
+          asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                       : "=r"(d0), "=r"(f0), "=r"(d1), "=r"(f1)
+                       : "l"(p)
+                       : "memory");
+          return f0 == (uint32_t)flag && f1 == (uint32_t)flag;
+        },
+        timeout_ns, {"ll all_reduce", from, flag});
+    return {{(uint64_t)d0 | ((uint64_t)d1 << 32)}};
+  }
+};
+
+struct LL128 {
+  static constexpr int kWords = 2;
+  static constexpr size_t kItemBytes = 512;  // 4 lines of 128 bytes
+  static constexpr int kItemWords = 60;      // data words of an item
+  static constexpr size_t kItemData = 8 * kItemWords;
+  static constexpr bool kWarp = true;
+
+  struct Item {
+    uint64_t w[kWords];
+  };
+
+  __device__ static size_t worker() {
+    return (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+  }
+  __device__ static size_t workers() {
+    return (size_t)gridDim.x * (blockDim.x / 32);
+  }
+  // Lane 8l + p stores bytes [16p, 16p + 16) of line l.
+  __device__ static size_t lane_offset() {
+    return (size_t)(threadIdx.x & 31) * 16;
+  }
+  __device__ static uint64_t wire_flag(uint32_t f) {
+    return (uint64_t)f << 32 | f;
+  }
+  // Lane 8l + p carries words 2p and 2p + 1 of line l (15 data words a
+  // line), except p = 7: word 14 and the flag.
+  __device__ static bool flag_lane() { return (threadIdx.x & 7) == 7; }
+  __device__ static size_t lane_word() {
+    const int lane = threadIdx.x & 31;
+    return (size_t)(lane >> 3) * 15 + (size_t)(lane & 7) * 2;
+  }
+
+  template <typename T>
+  __device__ static Item load(const T* in, size_t b, size_t count, bool al,
+                              uint64_t flag) {
+    const size_t w = b * kItemWords + lane_word();
+    return {{load_pack<8>(in, w, count, al),
+             flag_lane() ? flag : load_pack<8>(in, w + 1, count, al)}};
+  }
+  template <typename T>
+  __device__ static void put(T* out, size_t b, size_t count, bool al,
+                             const Item& it) {
+    const size_t nw = (count + 8 / sizeof(T) - 1) / (8 / sizeof(T));
+    const size_t w = b * kItemWords + lane_word();
+    if (w < nw) store_pack<8>(out, w, count, al, it.w[0]);
+    if (!flag_lane() && w + 1 < nw) store_pack<8>(out, w + 1, count, al, it.w[1]);
+  }
+  __device__ static Item with_flag(Item it, uint64_t flag) {
+    if (flag_lane()) it.w[1] = flag;
+    return it;
+  }
+
+  __device__ static void send(char* p, const Item& it, uint64_t /*flag*/) {
+    asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(p),
+                 "l"(it.w[0]), "l"(it.w[1])
+                 : "memory");
+  }
+
+  __device__ static Item recv(const char* p, uint64_t flag,
+                              uint64_t timeout_ns, int from) {
+    uint64_t v0, v1;
+    const bool fl = flag_lane();
+    bounded_wait<true>(
+        [&] {
+          asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];"
+                       : "=l"(v0), "=l"(v1)
+                       : "l"(p)
+                       : "memory");
+          return __all_sync(0xffffffffu, !fl || v1 == flag);
+        },
+        timeout_ns, {"ll128 all_reduce", from, flag});
+    return {{v0, v1}};
+  }
+};
+
+// Items a message of `bytes` takes in format F.
+template <typename F>
+__host__ __device__ constexpr size_t packet_items(size_t bytes) {
+  return (bytes + F::kItemData - 1) / F::kItemData;
+}
+
+// Item i reduced in rank order 0..n-1: rank q's part is polled at
+// rows + q * row_stride (this lane's piece), the own read from `in`.
+template <typename T, typename F>
+__device__ __forceinline__ typename F::Item reduce_item(
+    const char* rows, size_t row_stride, const T* in, size_t i, size_t count,
+    bool in_al, int me, int n, int op, uint64_t flag, uint64_t timeout_ns) {
+  Accum<T, 8> acc[F::kWords];
+  for (int q = 0; q < n; q++) {
+    const typename F::Item it =
+        q == me ? F::load(in, i, count, in_al, 0)
+                : F::recv(rows + (size_t)q * row_stride, flag, timeout_ns, q);
+#pragma unroll
+    for (int w = 0; w < F::kWords; w++) acc[w].add(it.w[w], q, op);
+  }
+  typename F::Item r;
+#pragma unroll
+  for (int w = 0; w < F::kWords; w++) r.w[w] = acc[w].result(op, n);
+  return F::with_flag(r, flag);
+}
+
+// ---------------------------------------------------------------- kernels
+
+template <typename T, typename F>
+__global__ void __launch_bounds__(512)
+    packet_one_shot(ncclDevComm dc, const symnccl_kargs a) {
+  const int n = dc.lsaSize;
+  const int me = dc.lsaRank;
+  const T* in = static_cast<const T*>(a.src);
+  T* out = static_cast<T*>(a.out);
+  const PacketCall call =
+      begin_call(a.epochs, a.region_offset, n, a.row_bytes);
+  const uint64_t flag = F::wire_flag(call.flag);
+  const size_t items = packet_items<F>(a.count * sizeof(T));
+  const size_t lane = F::lane_offset();
+  const bool in_al = (reinterpret_cast<uintptr_t>(in) & 7) == 0;
+  const bool out_al = (reinterpret_cast<uintptr_t>(out) & 7) == 0;
+
+  // my items into row `me` of every peer's slot
+  const Peers row{a.region_win, call.slot_off + (size_t)me * a.row_bytes};
+  for (size_t i = F::worker(); i < items; i += F::workers()) {
+    const typename F::Item it = F::load(in, i, a.count, in_al, flag);
+    for (int q = 0; q < n; q++)
+      if (q != me) F::send(row(q) + i * F::kItemBytes + lane, it, flag);
+  }
+
+  // my slot's rows, reduced in rank order as they arrive
+  const char* mine = Peers{a.region_win, call.slot_off}(me);
+  for (size_t i = F::worker(); i < items; i += F::workers())
+    F::put(out, i, a.count, out_al,
+           reduce_item<T, F>(mine + i * F::kItemBytes + lane, a.row_bytes,
+                             in, i, a.count, in_al, me, n, a.op, flag,
+                             a.timeout_ns));
+
+  end_call(a.epochs, call);
+}
+
+template <typename T, typename F>
+__global__ void __launch_bounds__(512)
+    packet_two_shot(ncclDevComm dc, const symnccl_kargs a) {
+  const int n = dc.lsaSize;
+  const int me = dc.lsaRank;
+  const T* in = static_cast<const T*>(a.src);
+  T* out = static_cast<T*>(a.out);
+  const PacketCall call =
+      begin_call(a.epochs, a.region_offset, n, a.row_bytes);
+  const uint64_t flag = F::wire_flag(call.flag);
+  const size_t half = a.row_bytes / 2;
+  const size_t items = packet_items<F>(a.count * sizeof(T));
+  const size_t per = (items + n - 1) / n;  // items per slice
+  const size_t lane = F::lane_offset();
+  const bool in_al = (reinterpret_cast<uintptr_t>(in) & 7) == 0;
+  const bool out_al = (reinterpret_cast<uintptr_t>(out) & 7) == 0;
+  const Peers slot{a.region_win, call.slot_off};
+  const char* mine = slot(me);
+
+  // 1. slice q of my input -> rank q, row `me` (peers in rotated order)
+  for (int k = 1; k < n; k++) {
+    const int q = (me + k) % n;
+    char* row = slot.at((size_t)me * half)(q);
+    for (size_t j = F::worker(); j < per && q * per + j < items;
+         j += F::workers())
+      F::send(row + j * F::kItemBytes + lane,
+              F::load(in, q * per + j, a.count, in_al, flag), flag);
+  }
+
+  // 2. my slice reduced in rank order, the result to every rank
+  const Peers res = slot.at((size_t)(n + me) * half);
+  for (size_t j = F::worker(); j < per && me * per + j < items;
+       j += F::workers()) {
+    const size_t i = me * per + j;
+    const size_t at = j * F::kItemBytes + lane;
+    const typename F::Item r =
+        reduce_item<T, F>(mine + at, half, in, i, a.count, in_al, me, n,
+                          a.op, flag, a.timeout_ns);
+    for (int q = 0; q < n; q++)
+      if (q != me) F::send(res(q) + at, r, flag);
+    F::put(out, i, a.count, out_al, r);
+  }
+
+  // 3. every other slice's result
+  for (int k = 1; k < n; k++) {
+    const int q = (me + k) % n;
+    const char* row = mine + (size_t)(n + q) * half;
+    for (size_t j = F::worker(); j < per && q * per + j < items;
+         j += F::workers())
+      F::put(out, q * per + j, a.count, out_al,
+             F::recv(row + j * F::kItemBytes + lane, flag, a.timeout_ns, q));
+  }
+
+  end_call(a.epochs, call);
+}
+
+}  // namespace symnccl
+
+#endif  // SYMNCCL_KERNELS_PACKET_CUH

@@ -1,0 +1,342 @@
+// Store-only ("push") kernel on NCCL symmetric windows: a two-shot in
+// which every byte crosses NVLink as a store, and per-CTA flags replace the
+// barriers.
+//
+// The count is cut into chunks of n * slot elements and a shorter last one.
+// For each chunk (slice q = the q-th n-th):
+//   1. scatter: rank r stores its slice q into rank q's receive slot
+//      [parity][r], for every q != r (peers in rotated order, so the ranks
+//      do not all target the same GPU at once), then raises flag 0 at q;
+//   2. reduce: rank q waits for flag 0 from every peer, reduces slice q in
+//      rank order 0..n-1 (its own part read from its input) and stores the
+//      result into every rank: straight into the output when the call is in
+//      place on a window (same offset on every rank), else into that rank's
+//      result slot [parity][q], then raises flag 1 at every peer;
+//   3. gather: rank r waits for flag 1 from every peer and copies the result
+//      slots into its output (nothing to do in place on a window).
+// Only local memory is ever loaded: no NVLink read round trips, no
+// barrier round trips; each phase costs one one-way trip for its flag. The
+// scatter of chunk j + 1 is issued before waiting for the results of chunk
+// j, so consecutive chunks overlap.
+//
+// Work split: the 16-byte vectors of a slice are dealt to the CTAs in tiles
+// of blockDim.x (deal_first); CTA b of every rank handles the same vectors
+// in every phase, every slice and every chunk, so one flag per (phase, CTA,
+// source rank) says "CTA b's vectors are there", and CTA b is the only one
+// to touch its vectors of any slot. The grid is fixed per communicator (the
+// host always launches the same number of CTAs); blockDim.x >= n.
+//
+// Epochs: CTA b keeps a 64-bit counter in local device memory
+// (`epochs[b]`), one count per chunk, so graph replays need no host. Chunk
+// with epoch e uses parity e & 1 and raises flags to e + 1 (flags only grow;
+// waits are for >= e + 1).
+//
+// Why two parities suffice: rank r scatters chunk e + 2 into q's slot
+// (e & 1) only after waiting for q's flag 1 of chunk e + 1 - 1 = e, which q
+// raises after it reduced chunk e, i.e. after reading that slot. Rank q
+// pushes results of chunk e + 2 into r's result slot only after r's flag 0
+// of chunk e + 2, which r raises after its gather of chunk e. In place, q
+// stores results into CTA b's vectors of r's input slice q only after r's
+// flag 0 of that chunk, which r raises after reading them for its scatter.
+// Each of these steps orders CTA b against CTA b of the peer only, which is
+// enough because CTA b owns the same vectors of a slot whatever the chunk's
+// length (deal_first). Between calls, a rank starts call c + 1 only after
+// every one of its CTAs saw every peer's matching CTA finish its last
+// reduction of call c.
+//
+// Reduction: fixed rank order 0..n-1 with the accumulators of reduce.cuh:
+// the same bits on every rank, and the same bits as the other algorithms.
+// Tails and inputs/outputs that are not 16-byte aligned take the tail-safe
+// pack paths; slots are always aligned, and every slice starts a whole
+// number of vectors (slots are whole pages) after src and out.
+#ifndef SYMNCCL_KERNELS_PUSH_CUH
+#define SYMNCCL_KERNELS_PUSH_CUH
+
+#include "primitives.cuh"
+
+namespace symnccl {
+
+// Byte stride between the flag lines of two CTAs: one 128-byte line holds
+// the flags of up to 16 source ranks.
+__host__ __device__ inline size_t push_flag_line(int n) {
+  return ((size_t)n * 8 + 127) / 128 * 128;
+}
+
+// Flag `phase` of CTA `cta` from source rank `src`, in a flag region.
+__device__ __forceinline__ size_t push_flag_offset(int phase, int cta,
+                                                   int src, int n) {
+  return ((size_t)phase * SYMNCCL_PUSH_MAX_CTAS + cta) * push_flag_line(n) +
+         (size_t)src * 8;
+}
+
+// Every thread's stores so far, then flag `phase` of this CTA := v at every
+// peer (thread q signals peer q).
+__device__ __forceinline__ void push_signal(const Peers& flags, int phase,
+                                            int me, int n, uint64_t v) {
+  __syncthreads();
+  const int q = threadIdx.x;
+  if (q < n && q != me)
+    release_store(reinterpret_cast<uint64_t*>(
+                      flags(q) + push_flag_offset(phase, blockIdx.x, me, n)),
+                  v);
+}
+
+// Until every peer's flag `phase` for this CTA is >= v (thread s waits for
+// peer s), then the whole CTA may read what the peers stored before.
+__device__ __forceinline__ void push_wait(const char* my_flags, int phase,
+                                          int me, int n, uint64_t v,
+                                          uint64_t timeout_ns) {
+  const int s = threadIdx.x;
+  if (s < n && s != me) {
+    const uint64_t* f = reinterpret_cast<const uint64_t*>(
+        my_flags + push_flag_offset(phase, blockIdx.x, s, n));
+    bounded_wait([&] { return acquire_load(f) >= v; }, timeout_ns,
+                 {phase == 0 ? "push all_reduce (scatter)"
+                             : "push all_reduce (results)",
+                  s, v - 1});
+  }
+  __syncthreads();
+}
+
+// Geometry of one chunk: full chunks of chunk_elems, then a shorter last
+// one (so the last reduce and gather, which overlap nothing, are short).
+struct PushChunk {
+  size_t c0;     // first element of the chunk
+  size_t slice;  // elements per slice (a whole number of vectors)
+  size_t nv;     // vectors per slice
+};
+
+__device__ __forceinline__ PushChunk push_chunk(size_t j, size_t chunk_elems,
+                                                size_t count, int n, int E) {
+  PushChunk r;
+  r.c0 = j * chunk_elems;
+  const size_t cj = count - r.c0 < chunk_elems ? count - r.c0 : chunk_elems;
+  r.slice = ((cj + n - 1) / n + E - 1) / E * E;
+  r.nv = r.slice / E;
+  return r;
+}
+
+// Which vectors of a slice (or slot) this thread handles: they are dealt to
+// the CTAs in tiles of blockDim.x (8 KiB at 512 threads), tile k to CTA
+// k % gridDim.x, thread i taking vector i of the tile: vectors first,
+// first + step, ... (< nv). Which CTA owns a vector depends on its position
+// only, not on the slice length, so CTA b handles the same vectors of a
+// slot in a short last chunk as in a full one: the two-parity argument
+// above orders CTA b only against CTA b of the peers and needs exactly
+// that. (Cutting each chunk into gridDim.x contiguous runs broke it: the
+// short last chunk's runs lay across other CTAs' runs of chunk nch - 3, so
+// CTA b could overwrite a receive slot that another CTA of the peer had
+// not yet reduced; benchmarks/NOTES.md, 15.)
+__device__ __forceinline__ size_t deal_first() {
+  return (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+}
+
+__device__ __forceinline__ size_t deal_step() {
+  return (size_t)gridDim.x * blockDim.x;
+}
+
+// Elements of slice q, relative to its start, that lie before `count`.
+__device__ __forceinline__ size_t slice_len(const PushChunk& r, int q,
+                                            size_t count) {
+  const size_t s = r.c0 + q * r.slice;
+  return s >= count ? 0 : count - s < r.slice ? count - s : r.slice;
+}
+
+// to <- from for this CTA's vectors of one slice of `len` valid elements
+// (U vectors per thread in flight). Scatter: from = input (any alignment),
+// to = a peer's slot, written in whole vectors (`whole`). Gather: from = a
+// slot, to = the output, valid elements only.
+template <typename T, int U>
+__device__ __forceinline__ void push_copy(const PushChunk& r, size_t len,
+                                          const T* from, bool from_al, T* to,
+                                          bool to_al, bool whole) {
+  constexpr int E = Pack<T, 16>::kElems;
+  const size_t step = deal_step();
+  const size_t nv = (len + E - 1) / E;
+  for (size_t v = deal_first(); v < nv; v += U * step) {
+    uint4 x[U];
+#pragma unroll
+    for (int u = 0; u < U; u++)
+      if (v + u * step < nv)
+        x[u] = load_pack<16, true>(from, v + u * step, len, from_al);
+#pragma unroll
+    for (int u = 0; u < U; u++)
+      if (v + u * step < nv)
+        store_pack<16>(to, v + u * step, whole ? (v + u * step + 1) * E : len,
+                       to_al, x[u]);
+  }
+}
+
+// What the reduce phase of one chunk needs to know.
+template <typename T>
+struct PushReduce {
+  const T* own;        // my slice of the input
+  bool own_al;         // ... is 16-byte aligned
+  size_t len;          // its valid elements
+  const char* slots;   // my receive slots of this parity, [source rank]
+  size_t slot_bytes;
+  Peers dst;           // where the results go on every rank
+  size_t dst_off;      // ... at this byte offset
+  bool to_window;      // dst is output memory (valid elements only)
+  T* out;              // else: my own results go here
+  bool out_al;
+};
+
+// Vectors v, v + step, ... (UU of them) of my slice reduced in rank order
+// (the own part from the input, the peers' from my slots) and stored to
+// every rank. kWhole: all UU are whole vectors, and the input and (unless
+// the results go to a window) the output are 16-byte aligned: one 16-byte
+// load or store each; else any of them may be partial or past the end.
+template <typename T, int UU, bool kWhole>
+__device__ __forceinline__ void push_reduce(const PushReduce<T>& r, size_t v,
+                                            size_t step, int me, int n,
+                                            int op) {
+  constexpr int E = Pack<T, 16>::kElems;
+  const size_t nv = (r.len + E - 1) / E;
+  Accum<T, 16> acc[UU];
+  for (int q = 0; q < n; q++) {
+    const uint4* slot =
+        reinterpret_cast<const uint4*>(r.slots + (size_t)q * r.slot_bytes);
+    uint4 x[UU];
+#pragma unroll
+    for (int u = 0; u < UU; u++) {
+      const size_t vv = v + u * step;
+      if (kWhole)
+        x[u] = __ldcg(q == me ? reinterpret_cast<const uint4*>(r.own) + vv
+                              : slot + vv);
+      else
+        x[u] = vv >= nv  ? uint4{}
+               : q == me ? load_pack<16, true>(r.own, vv, r.len, r.own_al)
+                         : __ldcg(slot + vv);
+    }
+#pragma unroll
+    for (int u = 0; u < UU; u++) acc[u].add(x[u], q, op);
+  }
+#pragma unroll
+  for (int u = 0; u < UU; u++) {
+    const size_t vv = v + u * step;
+    if (!kWhole && vv >= nv) continue;
+    const uint4 w = acc[u].result(op, n);
+    if (!r.to_window) {  // mine straight into my output
+      if (kWhole)
+        reinterpret_cast<uint4*>(r.out)[vv] = w;
+      else
+        store_pack<16>(r.out, vv, r.len, r.out_al, w);
+    }
+    for (int q = 0; q < n; q++) {
+      if (!r.to_window && q == me) continue;
+      // in place the destination is output memory: valid elements only
+      // (out_offset is 16-byte aligned); slots take whole vectors
+      char* to = r.dst(q) + r.dst_off;
+      if (kWhole)
+        reinterpret_cast<uint4*>(to)[vv] = w;
+      else
+        store_pack<16>(reinterpret_cast<T*>(to), vv,
+                       r.to_window ? r.len : (vv + 1) * E, true, w);
+    }
+  }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(512)
+    push(ncclDevComm dc, const symnccl_kargs a) {
+  constexpr int E = Pack<T, 16>::kElems;
+  // vectors per thread in flight: as many as the accumulators allow without
+  // spilling (U x E values of Acc<T>)
+  constexpr int U = E >= 16 ? 2 : 4;
+  constexpr int UC = 4;  // the same for the plain copies
+  const int n = dc.lsaSize;
+  const int me = dc.lsaRank;
+  const T* src = static_cast<const T*>(a.src);
+  T* out = static_cast<T*>(a.out);
+  const size_t count = a.count;
+  const size_t slot_bytes = a.row_bytes;
+  const size_t chunk_elems = slot_bytes / sizeof(T) * n;
+  const size_t nch = (count + chunk_elems - 1) / chunk_elems;
+  const bool src_al = (reinterpret_cast<uintptr_t>(src) & 15) == 0;
+  const bool out_al = (reinterpret_cast<uintptr_t>(out) & 15) == 0;
+  const bool to_window = a.out_win != nullptr;
+  const size_t step = deal_step();
+
+  __shared__ uint64_t s_epoch;
+  if (threadIdx.x == 0) s_epoch = a.epochs[blockIdx.x];
+  __syncthreads();
+  const uint64_t e0 = s_epoch;
+
+  // Receive slots [parity][source], then result slots [parity][slice].
+  const Peers flags{a.region_win, a.region_offset};
+  const Peers data{a.region_win, a.data_offset};
+  const size_t res_rel = 2 * (size_t)n * slot_bytes;
+  const char* my_flags = flags(me);
+  const char* my_data = data(me);
+  // Where results go on every rank: the output in place, else result slots.
+  const Peers dst = to_window ? Peers{a.out_win, a.out_offset}
+                              : data.at(res_rel);
+
+  // 3. gather chunk jc's results: complete once every peer's flag 1
+  // reached e (the chunk's epoch + 1); in place they are already in out.
+  auto gather = [&](size_t jc, uint64_t e) {
+    push_wait(my_flags, 1, me, n, e, a.timeout_ns);
+    if (to_window) return;
+    const PushChunk rp = push_chunk(jc, chunk_elems, count, n, E);
+    const size_t pp = (e - 1) & 1;
+    for (int q = 0; q < n; q++)
+      if (q != me)
+        push_copy<T, UC>(rp, slice_len(rp, q, count),
+                         reinterpret_cast<const T*>(
+                             my_data + res_rel + (pp * n + q) * slot_bytes),
+                         true, out + rp.c0 + q * rp.slice, out_al, false);
+  };
+
+  for (size_t j = 0; j < nch; j++) {
+    const uint64_t e = e0 + j;
+    const size_t par = e & 1;
+    const PushChunk r = push_chunk(j, chunk_elems, count, n, E);
+
+    // 1. scatter my slices into their owners' receive slots
+    for (int k = 1; k < n; k++) {
+      const int q = (me + k) % n;
+      push_copy<T, UC>(
+          r, slice_len(r, q, count), src + r.c0 + q * r.slice, src_al,
+          reinterpret_cast<T*>(data(q) + (par * n + me) * slot_bytes), true,
+          true);
+    }
+    push_signal(flags, 0, me, n, e + 1);
+
+    // 3 (previous chunk), overlapping this chunk's scatter
+    if (j > 0) gather(j - 1, e);
+
+    // 2. reduce my slice (rank order) and push the result everywhere
+    push_wait(my_flags, 0, me, n, e + 1, a.timeout_ns);
+    const size_t m0 = r.c0 + me * r.slice;
+    const PushReduce<T> pr{src + m0,
+                           src_al,
+                           slice_len(r, me, count),
+                           my_data + par * n * slot_bytes,
+                           slot_bytes,
+                           dst,
+                           to_window ? m0 * sizeof(T)
+                                     : (par * n + me) * slot_bytes,
+                           to_window,
+                           out + m0,
+                           out_al};
+    const size_t nv = (pr.len + E - 1) / E;
+    const size_t nwhole = src_al && (to_window || out_al) ? pr.len / E : 0;
+    for (size_t v = deal_first(); v < nv; v += U * step) {
+      if (v + (U - 1) * step < nwhole)
+        push_reduce<T, U, true>(pr, v, step, me, n, a.op);
+      else
+        for (int u = 0; u < U; u++)
+          push_reduce<T, 1, false>(pr, v + u * step, step, me, n, a.op);
+    }
+    push_signal(flags, 1, me, n, e + 1);
+  }
+
+  // 3 (last chunk)
+  if (nch > 0) gather(nch - 1, e0 + nch);
+  if (threadIdx.x == 0) a.epochs[blockIdx.x] = e0 + nch;
+}
+
+}  // namespace symnccl
+
+#endif  // SYMNCCL_KERNELS_PUSH_CUH

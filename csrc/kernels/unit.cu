@@ -1,0 +1,35 @@
+// One kernel unit: every kernel family (lsa.cuh, packet.cuh, push.cuh)
+// instantiated for one element type. setup.py compiles this file once per
+// entry of SYMNCCL_KERNEL_DTYPES (launch.h) with -DSYMNCCL_UNIT_DT=<ID>, so
+// the units build in parallel; launch.cu picks the unit by dtype.
+#include "devcomm.cuh"
+#include "lsa.cuh"
+#include "packet.cuh"
+#include "push.cuh"
+
+#ifndef SYMNCCL_UNIT_DT
+#error "compile with -DSYMNCCL_UNIT_DT=<ID of SYMNCCL_KERNEL_DTYPES>"
+#endif
+
+#define SYMNCCL_CAT_(a, b) a##b
+#define SYMNCCL_CAT(a, b) SYMNCCL_CAT_(a, b)
+
+// symnccl_launch_<ID>: declared in launch.cu.
+cudaError_t SYMNCCL_CAT(symnccl_launch_, SYMNCCL_UNIT_DT)(
+    const symnccl_kargs* a, cudaStream_t stream) {
+  using namespace symnccl;
+  using T = DType<SYMNCCL_CAT(SYMNCCL_DT_, SYMNCCL_UNIT_DT)>::type;
+  void (*kernel)(ncclDevComm, const symnccl_kargs);
+  switch (a->kernel) {
+    case SYMNCCL_K_ONE_SHOT: kernel = one_shot<T>; break;
+    case SYMNCCL_K_TWO_SHOT: kernel = two_shot<T>; break;
+    case SYMNCCL_K_LL: kernel = packet_one_shot<T, LL>; break;
+    case SYMNCCL_K_LL_TWO_SHOT: kernel = packet_two_shot<T, LL>; break;
+    case SYMNCCL_K_LL128: kernel = packet_one_shot<T, LL128>; break;
+    case SYMNCCL_K_LL128_TWO_SHOT: kernel = packet_two_shot<T, LL128>; break;
+    case SYMNCCL_K_PUSH: kernel = push<T>; break;
+    default: return cudaErrorInvalidValue;
+  }
+  kernel<<<a->ctas, a->threads, 0, stream>>>(a->dc->dc, *a);
+  return cudaGetLastError();
+}

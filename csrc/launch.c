@@ -1,0 +1,234 @@
+/* all_reduce on symnccl's kernels (csrc/kernels/): how a call becomes
+ * launches. Free of the Python API, so that both the Python methods
+ * (collectives.c) and the XLA FFI handler (xla_ffi.c, on XLA's threads
+ * without the GIL) use it.
+ *
+ *   ll, ll128   one launch per row's worth of elements (the two-shot kernel
+ *               on 3+ ranks from the knob's size, decided on the size of the
+ *               whole call so every rank decides alike), straight from
+ *               wherever x is
+ *   push        one launch for any size (the kernel walks the chunks
+ *               itself), straight from wherever x is; results go into the
+ *               peers' output when the call is in place on a window at a
+ *               16-byte aligned offset, else into their result slots
+ *   one_shot,   peers load from the window holding x, or from the staging
+ *   two_shot,   window x is copied into first, one staging area per launch
+ *   multimem
+ */
+#include "symnccl.h"
+
+#include <string.h>
+
+/* ------------------------------------------------------------------ */
+/* Order across streams.                                                */
+
+/* The kernels of a communicator share its barrier slots, packet regions
+ * and epoch counters: two of them in flight at once would corrupt each
+ * other or deadlock. Launches on one stream are ordered by the stream; a
+ * launch on another stream first waits for the event recorded after the
+ * previous launch. That is possible when both are eager or both are in the
+ * same graph capture; a graph replay is ordered by the stream it is
+ * launched on, and must not overlap other symnccl calls on the same
+ * communicator (README: Streams). Called with c->lock held. */
+static int
+order_begin(const sn_ar *r, sn_err *err)
+{
+    CommObject *c = r->c;
+    if (!c->lsa_used || r->stream == c->lsa_stream)
+        return 0;
+    unsigned long long id;
+    cudaError_t e = sn_capture_id(r->stream, &id);
+    if (e == cudaSuccess && id == c->lsa_capture)
+        e = cudaStreamWaitEvent(r->stream, c->lsa_event, 0);
+    if (e != cudaSuccess)
+        return sn_fail(err, e, ncclSuccess, "ordering after the previous "
+                       "symnccl launch");
+    return 0;
+}
+
+static int
+order_end(const sn_ar *r, sn_err *err)
+{
+    CommObject *c = r->c;
+    unsigned long long id;
+    cudaError_t e = sn_capture_id(r->stream, &id);
+    if (e == cudaSuccess)
+        e = cudaEventRecord(c->lsa_event, r->stream);
+    if (e != cudaSuccess)
+        return sn_fail(err, e, ncclSuccess, "recording the symnccl launch");
+    c->lsa_stream = r->stream;
+    c->lsa_capture = id;
+    c->lsa_used = 1;
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Launches.                                                            */
+
+static symnccl_kargs
+kargs(const sn_ar *r, int kernel)
+{
+    symnccl_kargs a;
+    memset(&a, 0, sizeof(a));
+    a.kernel = kernel;
+    a.dc = r->c->devcomm;
+    a.dtype = r->dtype->kernel;
+    a.op = r->op->kernel;
+    a.timeout_ns = (uint64_t)(r->c->timeout * 1e9);
+    return a;
+}
+
+static int
+launch(const sn_ar *r, const symnccl_kargs *a, sn_err *err)
+{
+    cudaError_t e = symnccl_launch(a, r->stream);
+    if (e != cudaSuccess)
+        return sn_fail(err, e, ncclSuccess, "%s all_reduce launch",
+                       sn_algos[r->algo].name);
+    r->c->launches[a->kernel]++;
+    return 0;
+}
+
+static int
+packet_launches(const sn_ar *r, sn_err *err)
+{
+    CommObject *c = r->c;
+    const sn_layout *l = &c->layout;
+    const size_t is = (size_t)r->dtype->itemsize;
+    const int ll128 = r->algo == SN_ALGO_LL128;
+    const size_t two_shot_min =
+        (size_t)(ll128 ? c->knobs.ll128_two_shot_kib
+                       : c->knobs.ll_two_shot_kib) << 10;
+    /* 3+ ranks from the knob's size; the knob at 0 forces the two-shot at
+     * every size on 2 ranks too (the tests reach it on 2 GPUs so) */
+    const int two_shot = (c->nranks >= 3 || (two_shot_min == 0 &&
+                                             c->nranks == 2)) &&
+                         r->count * is >= two_shot_min;
+    symnccl_kargs a = kargs(r, sn_algo_kernel(r->algo, two_shot));
+    a.region_win = c->staging_win->win;
+    a.region_offset = ll128 ? l->ll128_offset : l->ll_offset;
+    a.row_bytes = ll128 ? l->ll128_row : l->ll_row;
+    a.epochs = sn_epochs(c, a.kernel);
+    a.ctas = c->knobs.ll_ctas;
+    a.threads = c->knobs.ll_threads;
+    const size_t chunk =
+        symnccl_packet_max_count(a.kernel, a.row_bytes, is, c->nranks);
+    for (size_t done = 0; done < r->count; done += chunk) {
+        a.src = r->x + done * is;
+        a.out = r->out + done * is;
+        a.count = r->count - done < chunk ? r->count - done : chunk;
+        if (launch(r, &a, err) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+static int
+push_launch(const sn_ar *r, sn_err *err)
+{
+    CommObject *c = r->c;
+    symnccl_kargs a = kargs(r, SYMNCCL_K_PUSH);
+    a.region_win = c->staging_win->win;
+    a.region_offset = c->layout.push_offset;
+    a.data_offset = c->layout.push_data;
+    a.row_bytes = c->layout.push_slot;
+    a.epochs = sn_epochs(c, SYMNCCL_K_PUSH);
+    a.src = r->x;
+    a.out = r->out;
+    if (r->win != NULL && r->out == r->x &&
+        (size_t)(r->x - r->win->base) % 16 == 0) {
+        a.out_win = r->win->win;
+        a.out_offset = (size_t)(r->x - r->win->base);
+    }
+    a.count = r->count;
+    a.ctas = c->knobs.push_ctas;
+    a.threads = c->knobs.push_threads;
+    return launch(r, &a, err);
+}
+
+static int
+load_launches(const sn_ar *r, sn_err *err)
+{
+    CommObject *c = r->c;
+    const int algo = r->algo;
+    const size_t is = (size_t)r->dtype->itemsize;
+    const sn_window *w = r->win;
+    const int in_place = r->out == r->x;
+    int staged = w == NULL;
+    /* multimem writes the result into the input's window: it works in place
+     * on 16-byte aligned window memory, and on a staged copy otherwise. */
+    if (algo == SN_ALGO_MULTIMEM &&
+        (!in_place || (w != NULL && (r->x - w->base) % 16 != 0)))
+        staged = 1;
+    const int mid_staging = algo == SN_ALGO_TWO_SHOT && !in_place;
+    /* one_shot in place reduces into the local staging memory first. */
+    const int scratch = algo == SN_ALGO_ONE_SHOT && in_place && !staged;
+    /* Chunk = the staging area, in whole 16-byte vectors per rank. */
+    const size_t quantum = 16 * (size_t)c->nranks;
+    size_t chunk = r->count;
+    if (staged || mid_staging || scratch)
+        chunk = c->layout.staging / quantum * quantum / is;
+    const int threads = c->knobs.lsa_threads;
+    const int max_ctas = algo == SN_ALGO_ONE_SHOT ? c->knobs.one_shot_ctas
+                                                  : c->knobs.two_shot_ctas;
+    symnccl_kargs a = kargs(r, sn_algo_kernel(algo, 0));
+    a.scratch = c->staging;
+    a.in_place = in_place && !staged;
+    a.threads = threads;
+    for (size_t done = 0; done < r->count; done += chunk) {
+        size_t len = r->count - done < chunk ? r->count - done : chunk;
+        if (staged) {
+            a.win = c->staging_win->win;
+            a.win_offset = 0;
+            a.src = r->x + done * is;
+        }
+        else {
+            a.win = w->win;
+            a.win_offset = (size_t)(r->x - w->base) + done * is;
+        }
+        a.mid_win = mid_staging || staged ? c->staging_win->win : a.win;
+        a.mid_offset = mid_staging || staged ? 0 : a.win_offset;
+        a.out = r->out + done * is;
+        a.count = len;
+        /* The grid depends on len and nranks only: equal on all ranks. */
+        size_t vecs = (len * is + 15) / 16;
+        if (algo != SN_ALGO_ONE_SHOT)
+            vecs = (vecs + c->nranks - 1) / c->nranks;
+        size_t ctas = (vecs + (size_t)threads - 1) / (size_t)threads;
+        a.ctas = ctas < 1 ? 1 : ctas > (size_t)max_ctas ? max_ctas : (int)ctas;
+        if (launch(r, &a, err) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+int
+sn_launch_all_reduce(const sn_ar *r, sn_err *err)
+{
+    if (r->count == 0)
+        return 0;
+    CommObject *c = r->c;
+    if (c->devcomm == NULL || c->staging_win == NULL)
+        return sn_fail(err, cudaErrorInvalidValue, ncclSuccess,
+                       "the communicator has no device communicator or "
+                       "staging window (closed?)");
+    sn_lock(c);
+    int rc = order_begin(r, err);
+    if (rc == 0)
+        rc = r->algo == SN_ALGO_LL || r->algo == SN_ALGO_LL128
+                 ? packet_launches(r, err)
+             : r->algo == SN_ALGO_PUSH ? push_launch(r, err)
+                                       : load_launches(r, err);
+    if (rc == 0)
+        rc = order_end(r, err);
+    sn_unlock(c);
+    return rc;
+}
+
+void
+sn_count_nccl(CommObject *c)
+{
+    sn_lock(c);
+    c->launches[SYMNCCL_K_COUNT]++;
+    sn_unlock(c);
+}

@@ -1,0 +1,487 @@
+/* Communicators: creation, close, abort and exit.
+ *
+ * One creation path serves Communicator() (one communicator) and
+ * Communicator.init_all() (one per device, all driven by this thread): each
+ * collective step is one NCCL group over all of them. Communicators are
+ * non-blocking (ncclConfig_t.blocking = 0) so that every wait for peers is
+ * bounded by `timeout` and interruptible by Ctrl-C (wait.c); one that times
+ * out can still be aborted.
+ *
+ * Teardown follows NCCL's order: wait for the device -> ncclDevCommDestroy
+ * -> ncclCommWindowDeregister -> (ncclMemFree, by each buffer when its last
+ * view dies) -> ncclCommFinalize -> ncclCommDestroy.
+ */
+#include "symnccl.h"
+
+#include <cuda.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------------ */
+/* Multicast gate. Multicast is never requested while any of the three
+ * switches that turn NVLink multicast off is set: NCCL_NVLS_ENABLE=0,
+ * TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1. */
+
+static int
+env_true(const char *v)
+{
+    return v != NULL && v[0] != '\0' && strcmp(v, "0") != 0 &&
+           strcasecmp(v, "false") != 0 && strcasecmp(v, "no") != 0 &&
+           strcasecmp(v, "off") != 0;
+}
+
+const char *
+sn_multicast_gate(int mode, const char *nvls_enable,
+                  const char *torch_disable, const char *nvshmem_disable)
+{
+    if (nvls_enable != NULL && nvls_enable[0] != '\0' && !env_true(nvls_enable))
+        return "disabled by NCCL_NVLS_ENABLE=0";
+    if (env_true(torch_disable))
+        return "disabled by TORCH_SYMM_MEM_DISABLE_MULTICAST";
+    if (env_true(nvshmem_disable))
+        return "disabled by NVSHMEM_DISABLE_NVLS";
+    if (mode == SN_MC_OFF)
+        return "not requested (multicast=False)";
+    return NULL;
+}
+
+int
+sn_parse_multicast(PyObject *obj, int *mode)
+{
+    if (obj == NULL || obj == Py_None) {
+        *mode = SN_MC_AUTO;
+        return 0;
+    }
+    int t = PyObject_IsTrue(obj);
+    if (t < 0)
+        return -1;
+    *mode = t ? SN_MC_ON : SN_MC_OFF;
+    return 0;
+}
+
+/* CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED through the driver entry point
+ * (an attribute query: no multicast object is created). -1 if unknown. */
+static int
+device_has_multicast(int device)
+{
+    typedef CUresult (*attr_fn)(int *, CUdevice_attribute, CUdevice);
+    static attr_fn get_attr;
+    static int loaded;
+    if (!loaded) {
+        enum cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuDeviceGetAttribute",
+                                             (void **)&get_attr, 12000,
+                                             cudaEnableDefault, &q)
+            != cudaSuccess)
+            get_attr = NULL;
+        loaded = 1;
+    }
+    int v = 0;
+    if (get_attr == NULL ||
+        get_attr(&v, CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED, device)
+            != CUDA_SUCCESS)
+        return -1;
+    return v != 0;
+}
+
+static const char *
+decide_multicast(int mode, int nranks, int device)
+{
+    const char *why = sn_multicast_gate(
+        mode, getenv("NCCL_NVLS_ENABLE"),
+        getenv("TORCH_SYMM_MEM_DISABLE_MULTICAST"),
+        getenv("NVSHMEM_DISABLE_NVLS"));
+    if (why != NULL)
+        return why;
+    /* NCCL 2.28.9 accepts lsaMultimem on a system without NVLS and then
+     * fails every window registration ("Multicast support requested for
+     * team but none available on system", seen on a single H100, with
+     * multicast=True too). So: never for one rank, and auto only where the
+     * GPU reports switch multicast. */
+    if (nranks < 2)
+        return "not requested (a single rank has no peers)";
+    if (mode == SN_MC_AUTO && device_has_multicast(device) != 1)
+        return "not requested (auto: the GPU reports no switch multicast)";
+    return NULL;
+}
+
+/* ------------------------------------------------------------------ */
+/* Creation. */
+
+static void
+live_add(SNState *st, CommObject *c)
+{
+    c->live_prev = NULL;
+    c->live_next = st->live;
+    if (st->live != NULL)
+        st->live->live_prev = c;
+    st->live = c;
+}
+
+static void
+live_remove(SNState *st, CommObject *c)
+{
+    if (c->live_prev != NULL)
+        c->live_prev->live_next = c->live_next;
+    else if (st->live == c)
+        st->live = c->live_next;
+    if (c->live_next != NULL)
+        c->live_next->live_prev = c->live_prev;
+    c->live_next = c->live_prev = NULL;
+}
+
+CommObject *
+sn_comm_new(PyTypeObject *tp, int rank, int nranks, int device,
+            double timeout, int multicast, size_t staging_bytes)
+{
+    allocfunc alloc = (allocfunc)PyType_GetSlot(tp, Py_tp_alloc);
+    CommObject *c = (CommObject *)alloc(tp, 0);
+    if (c == NULL)
+        return NULL;
+    c->rank = rank;
+    c->nranks = nranks;
+    c->device = device;
+    c->timeout = timeout;
+    c->lsa_size = 1;
+    c->symmetric_reason = "not initialised";
+    pthread_mutex_init(&c->lock, NULL);
+    const char *why = decide_multicast(multicast, nranks, device);
+    c->multicast_requested = why == NULL;
+    c->multicast_reason = why != NULL ? why
+                          : multicast == SN_MC_AUTO ? "requested (auto)"
+                                                    : "requested";
+    live_add(sn_state_from_type(tp), c);
+    if (sn_knobs_read(&c->knobs) < 0) {
+        Py_DECREF(c);
+        return NULL;
+    }
+    sn_layout_compute(c, staging_bytes);
+    return c;
+}
+
+static void
+nccl_config(ncclConfig_t *cfg)
+{
+    ncclConfig_t init = NCCL_CONFIG_INITIALIZER;
+    *cfg = init;
+    const char *b = getenv("SYMNCCL_NCCL_BLOCKING");
+    cfg->blocking = (b != NULL && strcmp(b, "1") == 0) ? 1 : 0;
+}
+
+/* NCCL calls inside a group return ncclInProgress on non-blocking
+ * communicators: that is success here (the wait completes them). */
+static ncclResult_t
+started(ncclResult_t rc)
+{
+    return rc == ncclInProgress ? ncclSuccess : rc;
+}
+
+/* Ends a group; the first failure (rc, then the group's) is returned. */
+static ncclResult_t
+group_end(ncclResult_t rc)
+{
+    ncclResult_t end = started(ncclGroupEnd());
+    return rc != ncclSuccess ? rc : end;
+}
+
+static void
+read_devcomm(CommObject *c)
+{
+    int has_mc = 0;
+    symnccl_devcomm_info(c->devcomm, &c->lsa_size, &c->lsa_rank, &has_mc);
+    c->symmetric = 1;
+    c->symmetric_reason = "ncclDevCommCreate succeeded";
+    c->multicast = has_mc;
+    if (c->multicast_requested)
+        c->multicast_reason = has_mc ? "granted by NCCL"
+                                     : "requested, but NCCL granted none";
+}
+
+/* Device communicators for all of cs, in one group. NCCL reports an
+ * unusable multicast request with ncclInvalidArgument on every rank: that
+ * one failure is retried without multicast (every rank retries alike). Any
+ * other failure leaves the communicators without the device API. -1 only
+ * for a timeout or an interrupt (exception set). */
+static int
+connect_devcomms(SNState *st, CommObject **cs, int n, ncclComm_t *raw)
+{
+    int mc = cs[0]->multicast_requested;
+    ncclResult_t rc = ncclSuccess;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        Py_BEGIN_ALLOW_THREADS
+        rc = ncclGroupStart();
+        for (int i = 0; i < n && rc == ncclSuccess; i++) {
+            cudaSetDevice(cs[i]->device);
+            rc = started(symnccl_devcomm_create(cs[i]->comm, SN_MAX_CTAS, mc,
+                                                &cs[i]->devcomm));
+        }
+        rc = group_end(rc);
+        Py_END_ALLOW_THREADS
+        if (rc == ncclSuccess &&
+            sn_wait_comms(st, raw, n, cs[0]->timeout, "ncclDevCommCreate")
+                < 0) {
+            if (!PyErr_ExceptionMatches(st->NcclError))
+                return -1;
+            PyErr_Clear();
+            rc = ncclInternalError;
+        }
+        if (rc == ncclSuccess)
+            break;
+        for (int i = 0; i < n; i++) {   /* never created */
+            symnccl_devcomm_free(cs[i]->devcomm);
+            cs[i]->devcomm = NULL;
+        }
+        if (!(mc && rc == ncclInvalidArgument))
+            break;
+        mc = 0;
+        for (int i = 0; i < n; i++) {
+            cs[i]->multicast_requested = 0;
+            cs[i]->multicast_reason = "requested, but NCCL refused it "
+                                      "(ncclInvalidArgument): NVLS "
+                                      "unavailable";
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        if (cs[i]->devcomm != NULL)
+            read_devcomm(cs[i]);
+        else {
+            cs[i]->symmetric = 0;
+            cs[i]->symmetric_reason = "ncclDevCommCreate failed: the NCCL "
+                                      "device API is not usable on this "
+                                      "communicator";
+            cs[i]->lsa_size = 1;
+            cs[i]->lsa_rank = 0;
+        }
+    }
+    return 0;
+}
+
+/* Staging windows for all of cs (allocated by the caller), in one group. */
+static int
+register_staging(SNState *st, CommObject **cs, int n, ncclComm_t *raw)
+{
+    int any = 0;
+    ncclResult_t rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ncclGroupStart();
+    for (int i = 0; i < n && rc == ncclSuccess; i++) {
+        CommObject *c = cs[i];
+        if (c->staging == NULL)
+            continue;
+        c->staging_win = sn_window_node(c, c->staging, c->layout.bytes);
+        if (c->staging_win == NULL) {
+            rc = ncclSystemError;
+            break;
+        }
+        any = 1;
+        cudaSetDevice(c->device);
+        rc = started(ncclCommWindowRegister(c->comm, c->staging,
+                                            c->layout.bytes,
+                                            &c->staging_win->win,
+                                            NCCL_WIN_COLL_SYMMETRIC));
+    }
+    rc = group_end(rc);
+    Py_END_ALLOW_THREADS
+    if (rc != ncclSuccess)
+        return sn_set_nccl_error(st, rc, NULL,
+                                 "ncclCommWindowRegister (staging)");
+    return any ? sn_wait_comms(st, raw, n, cs[0]->timeout, "staging windows")
+               : 0;
+}
+
+int
+sn_comms_connect(SNState *st, CommObject **cs, int n, const ncclUniqueId *id)
+{
+    ncclComm_t *raw = PyMem_Calloc((size_t)n, sizeof(ncclComm_t));
+    if (raw == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    int prev;
+    if (sn_device_push(st, cs[0]->device, &prev) < 0) {
+        PyMem_Free(raw);
+        return -1;
+    }
+    ncclResult_t rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ncclGroupStart();
+    for (int i = 0; i < n && rc == ncclSuccess; i++) {
+        ncclConfig_t cfg;
+        nccl_config(&cfg);
+        if (cudaSetDevice(cs[i]->device) != cudaSuccess) {
+            rc = ncclUnhandledCudaError;
+            break;
+        }
+        rc = started(ncclCommInitRankConfig(&cs[i]->comm, cs[i]->nranks, *id,
+                                            cs[i]->rank, &cfg));
+    }
+    rc = group_end(rc);
+    Py_END_ALLOW_THREADS
+    SN_NCCL_GOTO(st, rc, NULL, "ncclCommInitRankConfig", error);
+    for (int i = 0; i < n; i++)
+        raw[i] = cs[i]->comm;
+    if (sn_wait_comms(st, raw, n, cs[0]->timeout,
+                      "ncclCommInitRankConfig") < 0 ||
+        connect_devcomms(st, cs, n, raw) < 0)
+        goto error;
+    for (int i = 0; i < n; i++) {
+        SN_CUDA_GOTO(st, cudaSetDevice(cs[i]->device), "cudaSetDevice",
+                     error);
+        if (sn_scratch_alloc(st, cs[i]) < 0 ||
+            sn_staging_alloc(st, cs[i]) < 0)
+            goto error;
+    }
+    if (register_staging(st, cs, n, raw) < 0)
+        goto error;
+    sn_device_pop(prev);
+    PyMem_Free(raw);
+    return 0;
+
+error:
+    for (int i = 0; i < n; i++) {
+        /* no kernel has run on their memory yet: free it after the abort */
+        char *staging = cs[i]->staging;
+        int *scratch = cs[i]->scratch;
+        cudaEvent_t ev = cs[i]->lsa_event;
+        sn_comm_abort(st, cs[i]);
+        if (staging != NULL)
+            ncclMemFree(staging);
+        if (scratch != NULL)
+            cudaFree(scratch);
+        if (ev != NULL)
+            cudaEventDestroy(ev);
+    }
+    sn_device_pop(prev);
+    PyMem_Free(raw);
+    return -1;
+}
+
+/* ------------------------------------------------------------------ */
+/* Teardown. */
+
+int
+sn_comm_check_usable(SNState *st, CommObject *c)
+{
+    if (c->closed) {
+        PyErr_Format(PyExc_RuntimeError, "communicator (rank %d of %d, "
+                     "cuda:%d) is %s", c->rank, c->nranks, c->device,
+                     c->closed == 2 ? "aborted" : "closed");
+        return -1;
+    }
+    return 0;
+}
+
+int
+sn_comm_close(SNState *st, CommObject *c)
+{
+    if (c->closed)
+        return 0;
+    if (st->group_depth > 0) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "close() cannot be called inside symnccl.group()");
+        return -1;
+    }
+    int prev;
+    if (sn_device_push(st, c->device, &prev) < 0)
+        return -1;
+    ncclResult_t rc;
+    cudaError_t ce;
+    Py_BEGIN_ALLOW_THREADS
+    ce = cudaDeviceSynchronize();
+    Py_END_ALLOW_THREADS
+    SN_CUDA_GOTO(st, ce, "cudaDeviceSynchronize (close)", fail);
+    if (st->on_close != NULL && st->on_close(c, 1) < 0)
+        goto fail;
+    if (c->devcomm != NULL) {
+        Py_BEGIN_ALLOW_THREADS
+        rc = symnccl_devcomm_destroy(c->comm, c->devcomm);
+        Py_END_ALLOW_THREADS
+        c->devcomm = NULL;
+        if (sn_nccl_complete(st, c, rc, "ncclDevCommDestroy") < 0)
+            goto fail;
+    }
+    if (sn_windows_deregister(st, c) < 0)
+        goto fail;
+    sn_staging_free(c);
+    sn_scratch_free(c);
+    Py_BEGIN_ALLOW_THREADS
+    rc = ncclCommFinalize(c->comm);
+    Py_END_ALLOW_THREADS
+    if (sn_nccl_complete(st, c, rc, "ncclCommFinalize") < 0)
+        goto fail;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ncclCommDestroy(c->comm);
+    Py_END_ALLOW_THREADS
+    c->comm = NULL;
+    c->closed = 1;
+    sn_device_pop(prev);
+    if (rc != ncclSuccess)
+        return sn_set_nccl_error(st, rc, NULL, "ncclCommDestroy");
+    return 0;
+
+fail:
+    sn_device_pop(prev);
+    return -1;
+}
+
+void
+sn_comm_abort(SNState *st, CommObject *c)
+{
+    if (c->closed == 2 || c->comm == NULL) {
+        c->closed = c->closed ? c->closed : 2;
+        symnccl_devcomm_free(c->devcomm);
+        c->devcomm = NULL;
+        return;
+    }
+    /* After an abort nothing may be called on the communicator: the device
+     * communicator and windows go with it. */
+    if (st->on_close != NULL)
+        st->on_close(c, 0);
+    symnccl_devcomm_free(c->devcomm);
+    c->devcomm = NULL;
+    sn_windows_detach(c);
+    Py_BEGIN_ALLOW_THREADS
+    ncclCommAbort(c->comm);
+    Py_END_ALLOW_THREADS
+    c->comm = NULL;
+    c->closed = 2;
+    /* Leaked on purpose: a kernel may still spin on them. */
+    c->scratch = NULL;
+    c->lsa_event = NULL;
+    c->staging = NULL;
+    c->staging_win = NULL;
+}
+
+void
+sn_comm_finalize(SNState *st, CommObject *c)
+{
+    live_remove(st, c);
+    if (c->closed || c->comm == NULL || st->shutting_down)
+        return;
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    if (sn_comm_close(st, c) < 0) {
+        PyErr_WriteUnraisable((PyObject *)c);
+        sn_comm_abort(st, c);
+    }
+    PyErr_Restore(et, ev, tb);
+}
+
+int
+sn_comm_shutdown_all(SNState *st, double timeout)
+{
+    int failures = 0;
+    for (CommObject *c = st->live; c != NULL; c = c->live_next) {
+        if (c->closed)
+            continue;
+        double t = c->timeout;
+        c->timeout = timeout < t ? timeout : t;
+        if (sn_comm_close(st, c) < 0) {
+            PyErr_Clear();
+            sn_comm_abort(st, c);
+            failures++;
+        }
+        c->timeout = t;
+    }
+    return failures;
+}

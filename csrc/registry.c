@@ -1,0 +1,556 @@
+/* The registry: the one declaration of the dtypes, reduction ops and
+ * algorithms symnccl knows, which algorithm auto picks, and the run-time
+ * knobs. Everything else reads it: the collectives' argument parsing and
+ * messages, the XLA handler, and Python (symnccl.DTYPES, ALGORITHMS, ...,
+ * exported from here by sn_registry_export). docs/ARCHITECTURE.md says how
+ * to add an entry.
+ */
+#include "symnccl.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------------ */
+/* dtypes: name, other spellings, DLPack code/bits, NCCL type, size, and
+ * the kernel unit (launch.h's SYMNCCL_KERNEL_DTYPES) or -1. */
+
+const sn_dtype sn_dtypes[] = {
+    {"float32", "float fp32 f32", SN_kDLFloat, 32, ncclFloat32, 4,
+     SYMNCCL_DT_F32},
+    {"bfloat16", "bf16", SN_kDLBfloat, 16, ncclBfloat16, 2, SYMNCCL_DT_BF16},
+    {"float16", "half fp16 f16", SN_kDLFloat, 16, ncclFloat16, 2,
+     SYMNCCL_DT_F16},
+    {"float64", "double fp64 f64", SN_kDLFloat, 64, ncclFloat64, 8,
+     SYMNCCL_DT_F64},
+    {"float8_e4m3fn", "float8_e4m3 fp8_e4m3", SN_kDLFloat8_e4m3fn, 8,
+     ncclFloat8e4m3, 1, SYMNCCL_DT_F8E4M3},
+    {"float8_e5m2", "fp8_e5m2", SN_kDLFloat8_e5m2, 8, ncclFloat8e5m2, 1,
+     SYMNCCL_DT_F8E5M2},
+    {"int8", "", SN_kDLInt, 8, ncclInt8, 1, -1},
+    {"uint8", "", SN_kDLUInt, 8, ncclUint8, 1, -1},
+    {"int32", "", SN_kDLInt, 32, ncclInt32, 4, SYMNCCL_DT_I32},
+    {"uint32", "", SN_kDLUInt, 32, ncclUint32, 4, -1},
+    {"int64", "", SN_kDLInt, 64, ncclInt64, 8, SYMNCCL_DT_I64},
+    {"uint64", "", SN_kDLUInt, 64, ncclUint64, 8, -1},
+};
+const int sn_n_dtypes = (int)(sizeof(sn_dtypes) / sizeof(sn_dtypes[0]));
+
+/* ------------------------------------------------------------------ */
+/* reduction ops: name, NCCL's, the kernels' (or -1). */
+
+const sn_op sn_ops[] = {
+    {"sum", ncclSum, SYMNCCL_OP_SUM},
+    {"prod", ncclProd, -1},
+    {"max", ncclMax, SYMNCCL_OP_MAX},
+    {"min", ncclMin, SYMNCCL_OP_MIN},
+    {"avg", ncclAvg, SYMNCCL_OP_AVG},
+};
+const int sn_n_ops = (int)(sizeof(sn_ops) / sizeof(sn_ops[0]));
+
+/* ------------------------------------------------------------------ */
+/* all_reduce algorithms and the kernels each launches: the first for a
+ * launch, the second (when there is one) for the two-shot that ll and
+ * ll128 switch to on 3+ ranks for larger messages (launch.c). */
+
+const sn_algo sn_algos[SN_ALGO_COUNT] = {
+    [SN_ALGO_NCCL] = {"nccl", "ncclAllReduce (NCCL's own symmetric kernels "
+                              "on windows)"},
+    [SN_ALGO_ONE_SHOT] = {"one_shot", "every rank loads every peer's input "
+                                      "between two LSA barriers"},
+    [SN_ALGO_TWO_SHOT] = {"two_shot", "reduce-scatter by peer loads, "
+                                      "all-gather by peer stores"},
+    [SN_ALGO_LL] = {"ll", "barrier-free LL packets: data and flag in one "
+                          "16-byte store"},
+    [SN_ALGO_LL128] = {"ll128", "ll in 128-byte lines of 120 data bytes and "
+                                "a flag word"},
+    [SN_ALGO_PUSH] = {"push", "store-only two-shot with per-CTA flags"},
+    [SN_ALGO_MULTIMEM] = {"multimem", "NVLink SHARP (multimem.ld_reduce), "
+                                      "where NCCL granted multicast"},
+};
+
+static const int algo_kernels[SN_ALGO_COUNT][2] = {
+    [SN_ALGO_NCCL] = {-1, -1},
+    [SN_ALGO_ONE_SHOT] = {SYMNCCL_K_ONE_SHOT, -1},
+    [SN_ALGO_TWO_SHOT] = {SYMNCCL_K_TWO_SHOT, -1},
+    [SN_ALGO_LL] = {SYMNCCL_K_LL, SYMNCCL_K_LL_TWO_SHOT},
+    [SN_ALGO_LL128] = {SYMNCCL_K_LL128, SYMNCCL_K_LL128_TWO_SHOT},
+    [SN_ALGO_PUSH] = {SYMNCCL_K_PUSH, -1},
+    [SN_ALGO_MULTIMEM] = {SYMNCCL_K_MULTIMEM, -1},
+};
+
+int
+sn_algo_kernel(int algo, int two_shot)
+{
+    return algo_kernels[algo][two_shot && algo_kernels[algo][1] >= 0];
+}
+
+#define KERNEL_NAME_(id, name) name,
+static const char *const kernel_names[SYMNCCL_K_COUNT] = {
+    SYMNCCL_KERNELS(KERNEL_NAME_)};
+#undef KERNEL_NAME_
+
+/* What the multicast kernel reduces in the NVSwitch (multimem.ld_reduce):
+ * fp32 adds only; the fp8 forms need sm_100a targets and are not built. */
+#define OPBIT(op) (1u << (op))
+static const struct { int dtype; unsigned ops; } multimem_ops[] = {
+    {SYMNCCL_DT_F32, OPBIT(SYMNCCL_OP_SUM) | OPBIT(SYMNCCL_OP_AVG)},
+    {SYMNCCL_DT_F16, OPBIT(SYMNCCL_OP_SUM) | OPBIT(SYMNCCL_OP_AVG) |
+                         OPBIT(SYMNCCL_OP_MAX) | OPBIT(SYMNCCL_OP_MIN)},
+    {SYMNCCL_DT_BF16, OPBIT(SYMNCCL_OP_SUM) | OPBIT(SYMNCCL_OP_AVG) |
+                          OPBIT(SYMNCCL_OP_MAX) | OPBIT(SYMNCCL_OP_MIN)},
+};
+
+static int
+multimem_takes(const sn_dtype *dt, const sn_op *op)
+{
+    for (size_t i = 0; i < sizeof(multimem_ops) / sizeof(multimem_ops[0]);
+         i++)
+        if (multimem_ops[i].dtype == dt->kernel && op->kernel >= 0)
+            return (multimem_ops[i].ops & OPBIT(op->kernel)) != 0;
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* algo="auto": crossovers measured with benchmarks/bench_allreduce.py on
+ * 2x, 3x and 4x H200, bf16, CUDA-graph replay (benchmarks/NOTES.md,
+ * sections 10-17). A row serves world sizes up to max_ranks; a message of
+ * `bytes` takes the first algorithm whose limit it is within, else `above`.
+ * two_shot's limit depends on whether the input lies in a window (peers
+ * load it in place) or is a plain tensor (copied through the staging
+ * window first).
+ *
+ * On 2 ranks: ll128 256 KiB 4.1 vs ll 4.7 us, 1 MiB 7.6 vs two_shot 9.0.
+ * On 3+ ranks ll128 is its two-shot from 512 KiB (SYMNCCL_LL128_TWO_SHOT_
+ * KIB): 4x 1 MiB 10.1-11.2 us vs two_shot 12.6-14.1, 3x 1 MiB 8.9 vs push
+ * 13.5; below that its one-shot beats ll (4x 256 KiB 6.4-7.2 vs 7.7-8.7).
+ * 5-7 ranks follow the 4-rank row without having been measured; from 8
+ * ranks NCCL (measured at 8 before ll, ll128 and push existed). one_shot
+ * won at no size (it reads n-1 whole copies where two_shot reads one);
+ * multimem is never chosen automatically. */
+
+#define KIB ((size_t)1 << 10)
+#define MIB ((size_t)1 << 20)
+
+typedef struct {
+    int max_ranks;
+    size_t ll, ll128, two_shot_window, two_shot_tensor;
+    int above;
+} auto_row;
+
+static const auto_row auto_table[] = {
+    {2, 64 * KIB, 1 * MIB, 4 * MIB, 0, SN_ALGO_PUSH},
+    {3, 0, 1536 * KIB, 0, 0, SN_ALGO_PUSH},
+    {7, 0, 1536 * KIB, 4 * MIB, 2 * MIB, SN_ALGO_PUSH},
+    {INT_MAX, 0, 0, 0, 0, SN_ALGO_NCCL},
+};
+
+int
+sn_auto_algo(const sn_topology *t, const sn_knobs *k, size_t bytes,
+             const sn_dtype *dt, const sn_op *op, int in_window)
+{
+    if (k->algo >= 0 && (k->algo == SN_ALGO_NCCL ||
+                         sn_algo_unavailable(t, k->algo, dt, op) == NULL))
+        return k->algo;
+    if (sn_algo_unavailable(t, SN_ALGO_PUSH, dt, op) != NULL)
+        return SN_ALGO_NCCL;   /* no kernel can take it */
+    const auto_row *r = auto_table;
+    while (t->nranks > r->max_ranks)
+        r++;
+    if (bytes <= r->ll)
+        return SN_ALGO_LL;
+    if (bytes <= r->ll128)
+        return SN_ALGO_LL128;
+    if (bytes <= (in_window ? r->two_shot_window : r->two_shot_tensor))
+        return SN_ALGO_TWO_SHOT;
+    return r->above;
+}
+
+const char *
+sn_algo_unavailable(const sn_topology *t, int algo, const sn_dtype *dt,
+                    const sn_op *op)
+{
+    if (algo == SN_ALGO_NCCL)
+        return NULL;
+    if (!t->symmetric)
+        return "the NCCL device API is not usable on this communicator";
+    if (t->lsa_size != t->nranks)
+        return "not every rank is reachable by NVLink load/store";
+    if (t->nranks > SYMNCCL_MAX_RANKS)
+        return "more ranks than symnccl's kernels take";
+    if (!t->staging)
+        return "the communicator has no staging window";
+    if (op->kernel < 0)
+        return "this op has no symnccl kernel (NCCL runs it)";
+    if (dt->kernel < 0)
+        return "this dtype has no symnccl kernel (NCCL runs it)";
+    if (algo == SN_ALGO_PUSH && !t->push)
+        return "the communicator has no push region";
+    if (algo == SN_ALGO_MULTIMEM) {
+        if (!t->multicast)
+            return t->multicast_reason != NULL
+                       ? t->multicast_reason
+                       : "multicast was not granted on this communicator";
+        if (!multimem_takes(dt, op))
+            return "this dtype/op has no multimem reduction in PTX";
+    }
+    return NULL;
+}
+
+/* ------------------------------------------------------------------ */
+/* Lookups. */
+
+static int
+in_list(const char *name, const char *list)
+{
+    size_t len = strlen(name);
+    for (const char *p = list; *p != '\0';) {
+        const char *end = strchr(p, ' ');
+        size_t n = end != NULL ? (size_t)(end - p) : strlen(p);
+        if (n == len && strncmp(p, name, n) == 0)
+            return 1;
+        p += n + (end != NULL);
+    }
+    return 0;
+}
+
+const sn_dtype *
+sn_dtype_by_name(const char *name)
+{
+    for (int i = 0; i < sn_n_dtypes; i++)
+        if (strcmp(name, sn_dtypes[i].name) == 0 ||
+            in_list(name, sn_dtypes[i].aliases))
+            return &sn_dtypes[i];
+    return NULL;
+}
+
+const sn_dtype *
+sn_dtype_by_dlpack(SN_DLDataType dt)
+{
+    if (dt.lanes != 1)
+        return NULL;
+    for (int i = 0; i < sn_n_dtypes; i++)
+        if (sn_dtypes[i].dl_code == dt.code && sn_dtypes[i].dl_bits == dt.bits)
+            return &sn_dtypes[i];
+    return NULL;
+}
+
+const sn_op *
+sn_op_by_name(const char *name)
+{
+    for (int i = 0; i < sn_n_ops; i++)
+        if (strcmp(name, sn_ops[i].name) == 0)
+            return &sn_ops[i];
+    return NULL;
+}
+
+int
+sn_algo_by_name(const char *name)
+{
+    if (strcmp(name, "auto") == 0)
+        return SN_ALGO_AUTO;
+    for (int i = 0; i < SN_ALGO_COUNT; i++)
+        if (strcmp(name, sn_algos[i].name) == 0)
+            return i;
+    return SN_ALGO_UNKNOWN;
+}
+
+const char *
+sn_algo_choices(void)
+{
+    static char buf[256];
+    if (buf[0] == '\0') {
+        size_t n = (size_t)snprintf(buf, sizeof(buf), "'auto'");
+        for (int i = 0; i < SN_ALGO_COUNT && n < sizeof(buf); i++)
+            n += (size_t)snprintf(buf + n, sizeof(buf) - n, ", '%s'",
+                                  sn_algos[i].name);
+    }
+    return buf;
+}
+
+/* ------------------------------------------------------------------ */
+/* Run-time knobs (README: "Build and run-time knobs"). Values outside
+ * [lo, hi] are clamped; thread counts are rounded down to `multiple`. */
+
+typedef struct {
+    const char *env;
+    size_t offset;             /* in sn_knobs */
+    int dflt, lo, hi, multiple;
+    const char *doc;
+} knob;
+
+static const knob knobs[] = {
+    {"SYMNCCL_THREADS", offsetof(sn_knobs, lsa_threads), 512, 32, 512, 32,
+     "threads per CTA of one_shot and two_shot"},
+    {"SYMNCCL_ONE_SHOT_CTAS", offsetof(sn_knobs, one_shot_ctas), 32, 1,
+     SN_MAX_CTAS, 1, "largest one_shot grid"},
+    {"SYMNCCL_TWO_SHOT_CTAS", offsetof(sn_knobs, two_shot_ctas), 64, 1,
+     SN_MAX_CTAS, 1, "largest two_shot grid"},
+    /* 64 CTAs: 256 KiB 5.4 -> 4.6 us on 2 ranks, 8.7 -> 7.9 us (two-shot
+     * packets) on 4; the same at 4 KiB (benchmarks/NOTES.md, 11-12) */
+    {"SYMNCCL_LL_CTAS", offsetof(sn_knobs, ll_ctas), 64, 1, SN_MAX_CTAS, 1,
+     "grid of ll and ll128 (fixed per communicator)"},
+    {"SYMNCCL_LL_THREADS", offsetof(sn_knobs, ll_threads), 512, 32, 512, 32,
+     "threads per CTA of ll and ll128"},
+    {"SYMNCCL_LL_TWO_SHOT_KIB", offsetof(sn_knobs, ll_two_shot_kib), 128, 0,
+     1 << 20, 1, "ll's two-shot from this size on 3+ ranks (0: at every size, on "
+     "2 ranks too)"},
+    /* 512 KiB: 4x 9.3 vs the one-shot's 11.3 us, 3x 8.2 vs 9.6; at 384 KiB
+     * the one-shot is ahead (NOTES.md, 17) */
+    {"SYMNCCL_LL128_TWO_SHOT_KIB", offsetof(sn_knobs, ll128_two_shot_kib),
+     512, 0, 1 << 20, 1, "ll128's two-shot from this size on 3+ ranks (0: at every size, "
+     "on 2 ranks too)"},
+    /* 64 CTAs: two communicators' push kernels stay co-resident on a
+     * 132-SM GPU (README: Streams) */
+    {"SYMNCCL_PUSH_CTAS", offsetof(sn_knobs, push_ctas), 64, 1,
+     SYMNCCL_PUSH_MAX_CTAS, 1, "grid of push (fixed per communicator)"},
+    {"SYMNCCL_PUSH_THREADS", offsetof(sn_knobs, push_threads), 512, 64, 512,
+     32, "threads per CTA of push"},
+    {"SYMNCCL_PUSH_REGION_MIB", offsetof(sn_knobs, push_region_mib), 64, 1,
+     4096, 1, "size of push's region in the staging window"},
+};
+#define N_KNOBS (sizeof(knobs) / sizeof(knobs[0]))
+
+int
+sn_knobs_read(sn_knobs *k)
+{
+    for (size_t i = 0; i < N_KNOBS; i++) {
+        const knob *kb = &knobs[i];
+        int v = kb->dflt;
+        const char *s = getenv(kb->env);
+        if (s != NULL && s[0] != '\0') {
+            char *end;
+            errno = 0;
+            long x = strtol(s, &end, 10);
+            if (errno != 0 || *end != '\0') {
+                PyErr_Format(PyExc_ValueError, "%s=%s is not an integer (%s; "
+                             "default %d)", kb->env, s, kb->doc, kb->dflt);
+                return -1;
+            }
+            v = x < kb->lo ? kb->lo : x > kb->hi ? kb->hi : (int)x;
+            v = v / kb->multiple * kb->multiple;
+        }
+        *(int *)((char *)k + kb->offset) = v;
+    }
+    k->algo = SN_ALGO_AUTO;
+    const char *a = getenv("SYMNCCL_ALGO");
+    if (a != NULL && a[0] != '\0') {
+        k->algo = sn_algo_by_name(a);
+        if (k->algo == SN_ALGO_UNKNOWN) {
+            PyErr_Format(PyExc_ValueError, "SYMNCCL_ALGO=%s is not an "
+                         "algorithm: expected one of %s", a,
+                         sn_algo_choices());
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Export to Python. */
+
+static int
+add(PyObject *module, const char *name, PyObject *value)
+{
+    if (value == NULL)
+        return -1;
+    int rc = PyModule_AddObjectRef(module, name, value);
+    Py_DECREF(value);
+    return rc;
+}
+
+static PyObject *
+op_names(unsigned mask)
+{
+    PyObject *t = PyList_New(0);
+    for (int i = 0; t != NULL && i < sn_n_ops; i++)
+        if (sn_ops[i].kernel >= 0 && (mask & OPBIT(sn_ops[i].kernel))) {
+            PyObject *s = PyUnicode_FromString(sn_ops[i].name);
+            if (s == NULL || PyList_Append(t, s) < 0)
+                Py_CLEAR(t);
+            Py_XDECREF(s);
+        }
+    if (t == NULL)
+        return NULL;
+    PyObject *r = PyList_AsTuple(t);
+    Py_DECREF(t);
+    return r;
+}
+
+static const char *
+dtype_name_of_kernel(int kernel_dt)
+{
+    for (int i = 0; i < sn_n_dtypes; i++)
+        if (sn_dtypes[i].kernel == kernel_dt)
+            return sn_dtypes[i].name;
+    return NULL;
+}
+
+/* The kernel dtypes of launch.h and the registry must name the same
+ * types: each X entry's NCCL type is the registry entry marked with it. */
+static int
+check_kernel_dtypes(void)
+{
+#define CHECK_(id, nccl_type, ctype)                                      \
+    {                                                                     \
+        const char *n = dtype_name_of_kernel(SYMNCCL_DT_##id);            \
+        const sn_dtype *d = n != NULL ? sn_dtype_by_name(n) : NULL;       \
+        if (d == NULL || d->nccl != (nccl_type)) {                        \
+            PyErr_SetString(PyExc_SystemError, "registry.c and launch.h " \
+                            "disagree on kernel dtype " #id);             \
+            return -1;                                                    \
+        }                                                                 \
+    }
+    SYMNCCL_KERNEL_DTYPES(CHECK_)
+#undef CHECK_
+    return 0;
+}
+
+int
+sn_registry_export(PyObject *module)
+{
+    if (check_kernel_dtypes() < 0)
+        return -1;
+    PyObject *dtypes = PyTuple_New(sn_n_dtypes);
+    PyObject *kdtypes = PyList_New(0);
+    if (dtypes == NULL || kdtypes == NULL)
+        goto error;
+    for (int i = 0; i < sn_n_dtypes; i++) {
+        PyTuple_SetItem(dtypes, i, PyUnicode_FromString(sn_dtypes[i].name));
+        if (sn_dtypes[i].kernel >= 0 &&
+            PyList_Append(kdtypes, PyTuple_GetItem(dtypes, i)) < 0)
+            goto error;
+    }
+    if (add(module, "DTYPES", Py_NewRef(dtypes)) < 0 ||
+        add(module, "KERNEL_DTYPES", PyList_AsTuple(kdtypes)) < 0)
+        goto error;
+    Py_CLEAR(dtypes);
+    Py_CLEAR(kdtypes);
+
+    PyObject *ops = PyTuple_New(sn_n_ops);
+    PyObject *codes = PyDict_New();
+    if (ops == NULL || codes == NULL) {
+        Py_XDECREF(ops);
+        Py_XDECREF(codes);
+        return -1;
+    }
+    for (int i = 0; i < sn_n_ops; i++) {
+        PyTuple_SetItem(ops, i, PyUnicode_FromString(sn_ops[i].name));
+        PyObject *v = PyLong_FromLong((long)sn_ops[i].nccl);
+        int bad = v == NULL || PyDict_SetItemString(codes, sn_ops[i].name,
+                                                    v) < 0;
+        Py_XDECREF(v);
+        if (bad) {
+            Py_DECREF(ops);
+            Py_DECREF(codes);
+            return -1;
+        }
+    }
+    if (add(module, "OPS", ops) < 0 || add(module, "OP_CODES", codes) < 0 ||
+        add(module, "KERNEL_OPS", op_names(~0u)) < 0)
+        return -1;
+
+    PyObject *algos = PyTuple_New(SN_ALGO_COUNT);
+    PyObject *acodes = Py_BuildValue("{s:i}", "auto", SN_ALGO_AUTO);
+    PyObject *summary = PyDict_New();
+    PyObject *akernels = PyDict_New();
+    if (algos == NULL || acodes == NULL || summary == NULL ||
+        akernels == NULL)
+        goto algo_error;
+    for (int i = 0; i < SN_ALGO_COUNT; i++) {
+        const sn_algo *a = &sn_algos[i];
+        PyTuple_SetItem(algos, i, PyUnicode_FromString(a->name));
+        PyObject *code = PyLong_FromLong(i);
+        PyObject *sum = PyUnicode_FromString(a->summary);
+        const int *k = algo_kernels[i];
+        PyObject *ks = k[0] < 0 ? PyTuple_New(0)
+                       : k[1] < 0 ? Py_BuildValue("(s)", kernel_names[k[0]])
+                                  : Py_BuildValue("(ss)", kernel_names[k[0]],
+                                                  kernel_names[k[1]]);
+        int bad = code == NULL || sum == NULL || ks == NULL ||
+                  PyDict_SetItemString(acodes, a->name, code) < 0 ||
+                  PyDict_SetItemString(summary, a->name, sum) < 0 ||
+                  PyDict_SetItemString(akernels, a->name, ks) < 0;
+        Py_XDECREF(code);
+        Py_XDECREF(sum);
+        Py_XDECREF(ks);
+        if (bad)
+            goto algo_error;
+    }
+    if (add(module, "ALGORITHMS", algos) < 0 ||
+        add(module, "ALGO_CODES", acodes) < 0 ||
+        add(module, "ALGO_SUMMARY", summary) < 0 ||
+        add(module, "ALGO_KERNELS", akernels) < 0)
+        return -1;
+
+    PyObject *kern = PyTuple_New(SYMNCCL_K_COUNT);
+    for (int i = 0; kern != NULL && i < SYMNCCL_K_COUNT; i++)
+        PyTuple_SetItem(kern, i, PyUnicode_FromString(kernel_names[i]));
+    if (add(module, "KERNELS", kern) < 0)
+        return -1;
+
+    PyObject *mm = PyDict_New();
+    for (size_t i = 0;
+         mm != NULL && i < sizeof(multimem_ops) / sizeof(multimem_ops[0]);
+         i++) {
+        PyObject *o = op_names(multimem_ops[i].ops);
+        if (o == NULL ||
+            PyDict_SetItemString(mm,
+                                 dtype_name_of_kernel(multimem_ops[i].dtype),
+                                 o) < 0)
+            Py_CLEAR(mm);
+        Py_XDECREF(o);
+    }
+    if (add(module, "MULTIMEM_OPS", mm) < 0)
+        return -1;
+
+    size_t nrows = sizeof(auto_table) / sizeof(auto_table[0]);
+    PyObject *rows = PyTuple_New((Py_ssize_t)nrows);
+    for (size_t i = 0; rows != NULL && i < nrows; i++) {
+        const auto_row *r = &auto_table[i];
+        PyObject *d = Py_BuildValue(
+            "{s:i,s:n,s:n,s:n,s:n,s:s}", "max_ranks", r->max_ranks, "ll",
+            (Py_ssize_t)r->ll, "ll128", (Py_ssize_t)r->ll128,
+            "two_shot_window", (Py_ssize_t)r->two_shot_window,
+            "two_shot_tensor", (Py_ssize_t)r->two_shot_tensor, "above",
+            sn_algos[r->above].name);
+        if (d == NULL)
+            Py_CLEAR(rows);
+        else
+            PyTuple_SetItem(rows, (Py_ssize_t)i, d);
+    }
+    if (add(module, "AUTO_TABLE", rows) < 0)
+        return -1;
+
+    PyObject *kn = PyDict_New();
+    for (size_t i = 0; kn != NULL && i < N_KNOBS; i++) {
+        PyObject *v = Py_BuildValue("(iiis)", knobs[i].dflt, knobs[i].lo,
+                                    knobs[i].hi, knobs[i].doc);
+        if (v == NULL || PyDict_SetItemString(kn, knobs[i].env, v) < 0)
+            Py_CLEAR(kn);
+        Py_XDECREF(v);
+    }
+    PyObject *algo_knob = Py_BuildValue("(ssss)", "auto", "", "",
+                                        "overrides algo='auto' where that "
+                                        "algorithm can run");
+    if (kn != NULL &&
+        (algo_knob == NULL ||
+         PyDict_SetItemString(kn, "SYMNCCL_ALGO", algo_knob) < 0))
+        Py_CLEAR(kn);
+    Py_XDECREF(algo_knob);
+    return add(module, "KNOBS", kn);
+
+algo_error:
+    Py_XDECREF(algos);
+    Py_XDECREF(acodes);
+    Py_XDECREF(summary);
+    Py_XDECREF(akernels);
+    return -1;
+error:
+    Py_XDECREF(dtypes);
+    Py_XDECREF(kdtypes);
+    return -1;
+}

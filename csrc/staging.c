@@ -1,0 +1,162 @@
+/* The staging window and the device scratch: where every region lives.
+ *
+ * One ncclMemAlloc allocation per communicator, registered as one
+ * symmetric window at creation (registration is collective, so it cannot
+ * be left to the first op, which ranks might reach with different kinds of
+ * input):
+ *
+ *   [0, staging)            staging area: one_shot/two_shot/multimem copy
+ *                           inputs that are not in a window here, and
+ *                           two_shot's phase-1 results of out-of-place calls
+ *   ll region               2 slots x nranks rows of ll_row bytes
+ *   ll128 region            2 slots x nranks rows of ll128_row bytes
+ *   push region             flag lines, then 4 x nranks slots of push_slot
+ *
+ * Every region is page-aligned and at the same offset on every rank. The
+ * packet regions and push's flag lines start zeroed (a flag is never 0);
+ * slots need no clearing. The scratch (cudaMalloc, local) holds the barrier
+ * word of barrier() and the per-CTA call counters of the ll, ll128 and push
+ * kernels (SN_MAX_CTAS each), zeroed once.
+ */
+#include "symnccl.h"
+
+#include <string.h>
+
+/* Sizes of the packet regions per communicator; the push region's is the
+ * SYMNCCL_PUSH_REGION_MIB knob. */
+#define LL_REGION (16u << 20)
+#define LL128_REGION (8u << 20)
+#define PAGE ((size_t)4096)
+
+/* Scratch: the barrier word, then the epoch arrays. */
+enum { EPOCHS_LL, EPOCHS_LL128, EPOCHS_PUSH, N_EPOCHS };
+#define SCRATCH_EPOCHS 256
+#define SCRATCH_BYTES (SCRATCH_EPOCHS + N_EPOCHS * 8 * SN_MAX_CTAS)
+
+_Static_assert(SYMNCCL_PUSH_MAX_CTAS <= SN_MAX_CTAS,
+               "push epochs live in the scratch's SN_MAX_CTAS slots");
+
+static size_t
+pages(size_t bytes)
+{
+    return bytes / PAGE * PAGE;
+}
+
+void
+sn_layout_compute(CommObject *c, size_t staging_bytes)
+{
+    sn_layout *l = &c->layout;
+    const size_t n = (size_t)c->nranks;
+    memset(l, 0, sizeof(*l));
+    l->staging = staging_bytes;
+    /* ll: rows of 2 x the largest message a launch carries (16-byte
+     * packets per 8 bytes), 2 slots x n rows in the region */
+    l->ll_offset = staging_bytes;
+    l->ll_row = 2 * pages(LL_REGION / (4 * n));
+    l->ll128_offset = l->ll_offset + 2 * n * l->ll_row;
+    l->ll128_row = pages(LL128_REGION / (2 * n));
+    l->push_offset = l->ll128_offset + 2 * n * l->ll128_row;
+    l->push_slot = pages(((size_t)c->knobs.push_region_mib << 20) / (4 * n));
+    if (l->push_slot == 0)
+        l->push_slot = PAGE;
+    size_t flags = 0;
+    size_t push = symnccl_push_region_bytes(c->nranks, l->push_slot, &flags);
+    l->push_data = l->push_offset + flags;
+    l->bytes = l->push_offset + push;
+}
+
+int
+sn_staging_alloc(SNState *st, CommObject *c)
+{
+    const sn_layout *l = &c->layout;
+    if (!c->symmetric || c->lsa_size != c->nranks || l->staging == 0)
+        return 0;
+    ncclResult_t rc;
+    void *p = NULL;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ncclMemAlloc(&p, l->bytes);
+    Py_END_ALLOW_THREADS
+    if (rc != ncclSuccess)
+        return sn_set_nccl_error(st, rc, c->comm, "ncclMemAlloc (staging)");
+    c->staging = p;
+    /* the packet regions and push's flag lines; no peer can write into
+     * them before the window is registered, after this returns */
+    cudaError_t e = cudaMemset(c->staging + l->ll_offset, 0,
+                               l->push_data - l->ll_offset);
+    if (e == cudaSuccess)
+        e = cudaDeviceSynchronize();
+    if (e != cudaSuccess)
+        return sn_set_cuda_error(st, e, "clearing the packet and push "
+                                        "regions");
+    return 0;
+}
+
+void
+sn_staging_free(CommObject *c)
+{
+    if (c->staging != NULL) {
+        ncclMemFree(c->staging);
+        c->staging = NULL;
+    }
+    c->staging_win = NULL;   /* the node stays in c->windows, detached */
+}
+
+int
+sn_scratch_alloc(SNState *st, CommObject *c)
+{
+    SN_CUDA_GOTO(st, cudaMalloc((void **)&c->scratch, SCRATCH_BYTES),
+                 "cudaMalloc (scratch)", error);
+    SN_CUDA_GOTO(st, cudaMemset(c->scratch, 0, SCRATCH_BYTES),
+                 "cudaMemset (scratch)", error);
+    SN_CUDA_GOTO(st, cudaEventCreateWithFlags(&c->lsa_event,
+                                              cudaEventDisableTiming),
+                 "cudaEventCreateWithFlags", error);
+    return 0;
+error:
+    return -1;
+}
+
+void
+sn_scratch_free(CommObject *c)
+{
+    if (c->scratch != NULL) {
+        cudaFree(c->scratch);
+        c->scratch = NULL;
+    }
+    if (c->lsa_event != NULL) {
+        cudaEventDestroy(c->lsa_event);
+        c->lsa_event = NULL;
+    }
+}
+
+uint64_t *
+sn_epochs(const CommObject *c, int kernel)
+{
+    int which = kernel == SYMNCCL_K_PUSH ? EPOCHS_PUSH
+                : kernel == SYMNCCL_K_LL128 ||
+                        kernel == SYMNCCL_K_LL128_TWO_SHOT
+                    ? EPOCHS_LL128
+                    : EPOCHS_LL;
+    return (uint64_t *)((char *)c->scratch + SCRATCH_EPOCHS +
+                        (size_t)which * 8 * SN_MAX_CTAS);
+}
+
+int *
+sn_barrier_word(const CommObject *c)
+{
+    return c->scratch;
+}
+
+PyObject *
+sn_layout_dict(const CommObject *c)
+{
+    const sn_layout *l = &c->layout;
+    return Py_BuildValue(
+        "{s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n}", "staging",
+        (Py_ssize_t)l->staging, "ll_offset", (Py_ssize_t)l->ll_offset,
+        "ll_row", (Py_ssize_t)l->ll_row, "ll128_offset",
+        (Py_ssize_t)l->ll128_offset, "ll128_row", (Py_ssize_t)l->ll128_row,
+        "push_offset", (Py_ssize_t)l->push_offset, "push_data",
+        (Py_ssize_t)l->push_data, "push_slot", (Py_ssize_t)l->push_slot,
+        "bytes", (Py_ssize_t)l->bytes);
+}

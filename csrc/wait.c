@@ -1,0 +1,115 @@
+/* The one bounded wait for non-blocking NCCL communicators.
+ *
+ * Every NCCL call symnccl makes is on a non-blocking communicator
+ * (ncclConfig_t.blocking = 0), so that every wait for peers is bounded by
+ * the communicator's timeout and interruptible by Ctrl-C: the call returns
+ * at once and the communicator reports ncclInProgress until it completes.
+ * sn_wait_nccl polls that without Python (for the XLA handler, which runs on
+ * XLA's threads, and for deallocators); sn_wait_comms wraps it for Python
+ * callers.
+ */
+#include "symnccl.h"
+
+#include <time.h>
+
+/* An enqueue usually completes within microseconds: spin this long, then
+ * nap (a 20 us nanosleep costs ~80 us with the default timer slack: eager
+ * algo="nccl" calls took ~110 us while every wait napped). */
+#define SPIN_SECONDS 1e-3
+#define NAP_NS 20000
+/* Python callers release the GIL for slices of this length, and check for
+ * signals between them. */
+#define SLICE_SECONDS 0.05
+
+double
+sn_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* since: when the whole wait began (for the spin phase). */
+static int
+wait_nccl(ncclComm_t *comms, int n, double since, double until, int *failed,
+          ncclResult_t *bad)
+{
+    for (;;) {
+        int busy = 0;
+        for (int i = 0; i < n; i++) {
+            ncclResult_t async = ncclSuccess;
+            ncclResult_t rc = ncclCommGetAsyncError(comms[i], &async);
+            if (rc == ncclSuccess && async == ncclInProgress) {
+                busy = 1;
+                continue;
+            }
+            if (rc != ncclSuccess || async != ncclSuccess) {
+                *failed = i;
+                *bad = rc != ncclSuccess ? rc : async;
+                return SN_WAIT_FAILED;
+            }
+        }
+        if (!busy)
+            return SN_WAIT_DONE;
+        double now = sn_now();
+        if (now >= until)
+            return SN_WAIT_TIMEOUT;
+        if (now - since > SPIN_SECONDS) {
+            struct timespec pause = {0, NAP_NS};
+            nanosleep(&pause, NULL);
+        }
+    }
+}
+
+int
+sn_wait_nccl(ncclComm_t *comms, int n, double until, int *failed,
+             ncclResult_t *bad)
+{
+    return wait_nccl(comms, n, sn_now(), until, failed, bad);
+}
+
+int
+sn_wait_comms(SNState *st, ncclComm_t *comms, int n, double timeout,
+              const char *what)
+{
+    int failed = -1;
+    ncclResult_t bad = ncclSuccess;
+    /* Fast path, GIL held: usually everything has completed already. */
+    double start = sn_now();
+    int r = wait_nccl(comms, n, start, 0.0, &failed, &bad);
+    double deadline = start + timeout;
+    while (r == SN_WAIT_TIMEOUT) {
+        double slice = sn_now() + SLICE_SECONDS;
+        Py_BEGIN_ALLOW_THREADS
+        r = wait_nccl(comms, n, start, slice < deadline ? slice : deadline,
+                      &failed, &bad);
+        Py_END_ALLOW_THREADS
+        if (r != SN_WAIT_TIMEOUT)
+            break;
+        if (PyErr_CheckSignals() < 0)
+            return -1;
+        if (sn_now() >= deadline) {
+            PyErr_Format(PyExc_TimeoutError,
+                         "%s did not complete within %.1f s: are all ranks "
+                         "making the same call? (the communicator can still "
+                         "be aborted with abort())", what, timeout);
+            return -1;
+        }
+    }
+    if (r == SN_WAIT_FAILED)
+        return sn_set_nccl_error(st, bad, comms[failed], what);
+    return 0;
+}
+
+int
+sn_nccl_complete(SNState *st, CommObject *c, ncclResult_t rc,
+                 const char *what)
+{
+    if (rc != ncclSuccess && rc != ncclInProgress)
+        return sn_set_nccl_error(st, rc, c->comm, what);
+    if (st->group_depth > 0)   /* completes at group end */
+        return PyList_Append(st->group_pending, (PyObject *)c);
+    /* A non-blocking communicator may still be busy after a call returned
+     * ncclSuccess; the next call would fail. Wait for it (cheap when done). */
+    return sn_wait_comms(st, &c->comm, 1, c->timeout, what);
+}

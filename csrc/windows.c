@@ -1,0 +1,143 @@
+/* The window cache: one NCCL_WIN_COLL_SYMMETRIC window per registered
+ * allocation, never two (registering an allocation twice exhausts NCCL's
+ * symmetric VA), shared by every buffer inside it and found again by
+ * address when a collective's input lies in it.
+ */
+#include "symnccl.h"
+
+#include <stdlib.h>
+
+sn_window *
+sn_window_node(CommObject *c, char *base, size_t size)
+{
+    sn_window *w = calloc(1, sizeof(sn_window));
+    if (w == NULL)
+        return NULL;
+    w->base = base;
+    w->size = size;
+    w->refs = 1;
+    w->next = c->windows;
+    c->windows = w;
+    return w;
+}
+
+static void
+unlink_node(CommObject *c, sn_window *w)
+{
+    for (sn_window **pp = &c->windows; *pp != NULL; pp = &(*pp)->next)
+        if (*pp == w) {
+            *pp = w->next;
+            return;
+        }
+}
+
+sn_window *
+sn_window_acquire(SNState *st, CommObject *c, char *base, size_t size)
+{
+    for (sn_window *w = c->windows; w != NULL; w = w->next)
+        if (base >= w->base && base + size <= w->base + w->size) {
+            w->refs++;
+            return w;
+        }
+    sn_window *w = sn_window_node(c, base, size);
+    if (w == NULL) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    ncclResult_t rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = ncclCommWindowRegister(c->comm, base, size, &w->win,
+                                NCCL_WIN_COLL_SYMMETRIC);
+    Py_END_ALLOW_THREADS
+    if (sn_nccl_complete(st, c, rc, "ncclCommWindowRegister") < 0) {
+        unlink_node(c, w);
+        free(w);
+        return NULL;
+    }
+    return w;
+}
+
+void
+sn_window_release(CommObject *c, sn_window *w)
+{
+    if (w == NULL || --w->refs > 0)
+        return;
+    if (w->win != NULL && c->closed == 0 && c->comm != NULL) {
+        /* Deregistration is local but must not race a kernel still using
+         * the window: wait for this device first. Called from deallocators:
+         * no Python error can be raised, the wait is bounded all the same. */
+        int prev;
+        if (cudaGetDevice(&prev) == cudaSuccess) {
+            cudaSetDevice(c->device);
+            cudaDeviceSynchronize();
+            ncclResult_t rc = ncclCommWindowDeregister(c->comm, w->win);
+            if (rc == ncclSuccess || rc == ncclInProgress) {
+                int failed;
+                ncclResult_t bad;
+                sn_wait_nccl(&c->comm, 1, sn_now() + c->timeout, &failed,
+                             &bad);
+            }
+            cudaSetDevice(prev);
+        }
+        (void)cudaGetLastError();
+    }
+    unlink_node(c, w);
+    free(w);
+}
+
+sn_window *
+sn_window_find(const CommObject *c, const char *ptr, size_t size)
+{
+    for (sn_window *w = c->windows; w != NULL; w = w->next)
+        if (w->win != NULL && ptr >= w->base &&
+            ptr + size <= w->base + w->size)
+            return w;
+    return NULL;
+}
+
+int
+sn_windows_deregister(SNState *st, CommObject *c)
+{
+    for (sn_window *w = c->windows; w != NULL; w = w->next) {
+        if (w->win == NULL)
+            continue;
+        ncclResult_t rc;
+        Py_BEGIN_ALLOW_THREADS
+        rc = ncclCommWindowDeregister(c->comm, w->win);
+        Py_END_ALLOW_THREADS
+        w->win = NULL;
+        if (sn_nccl_complete(st, c, rc, "ncclCommWindowDeregister") < 0)
+            return -1;
+    }
+    return 0;
+}
+
+void
+sn_windows_detach(CommObject *c)
+{
+    /* Buffers may outlive the communicator: their memory stays valid
+     * (ncclMemFree needs no communicator); only the window goes. */
+    for (sn_window *w = c->windows; w != NULL; w = w->next)
+        w->win = NULL;
+}
+
+size_t
+sn_windows_count(const CommObject *c)
+{
+    size_t n = 0;
+    for (const sn_window *w = c->windows; w != NULL; w = w->next)
+        n += w->win != NULL;
+    return n;
+}
+
+void
+sn_windows_free(CommObject *c)
+{
+    sn_window *w = c->windows;
+    c->windows = NULL;
+    while (w != NULL) {
+        sn_window *next = w->next;
+        free(w);
+        w = next;
+    }
+}
