@@ -1,32 +1,36 @@
 #!/usr/bin/env bash
-# Side by side on one device machine: several builds of symnccl/_C.abi3.so,
-# benchmarked in interleaved rounds (so drift hits every build alike), and
-# optionally the push race worker per build.
+# Side by side on one device machine: several builds of symnccl, benchmarked
+# in interleaved rounds (so drift hits every build alike), and optionally
+# the push race worker per build.
 #
-# Here, for each build:   xz -3 -c symnccl/_C.abi3.so > out/ab/NAME.so.xz
-# (three builds fit the 64 MiB a device call carries; out/ is git-ignored).
-# There, with carry ["out/ab"]:
+# A build is its whole Python package with its _C.abi3.so (builds of
+# different API, such as the ones before and after a redesign, compare too).
+# Here, for each build, from a tree where it is built:
+#   tar -C TREE -cJf out/ab/NAME.tar.xz symnccl --exclude=__pycache__
+# (out/ is git-ignored; the tarballs travel with carry ["out/ab"]). There:
 #   BUILDS="old new" ROUNDS=3 \
-#   BENCH_ARGS="--nranks 2 --dtype bfloat16 --reps 7 --sizes 16M,40M,256M --methods symnccl:push" \
+#   BENCH_ARGS="--nranks 2 --dtype bfloat16 --reps 7 --sizes 16M,256M --methods symnccl:push" \
 #   RACE_SEEDS="1 2" RACE_ITERS=5000 bash scripts/ab_builds.sh
-# The last build listed stays installed afterwards.
+# The benchmark script and the tests' workers are this tree's.
 set -uo pipefail
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:$PWD/tests
+export PYTHONUNBUFFERED=1
 BUILDS=${BUILDS:?list of build names under out/ab}
 mkdir -p /tmp/ab
-for b in $BUILDS; do xz -dc "out/ab/$b.so.xz" > "/tmp/ab/$b.so" || exit 1; done
+for b in $BUILDS; do
+  rm -rf "/tmp/ab/$b" && mkdir -p "/tmp/ab/$b" &&
+    tar -C "/tmp/ab/$b" -xJf "out/ab/$b.tar.xz" || exit 1
+done
 for i in $(seq 1 "${ROUNDS:-3}"); do
   for b in $BUILDS; do
-    cp "/tmp/ab/$b.so" symnccl/_C.abi3.so
     echo "== round $i: $b"
-    timeout "${BENCH_TIMEOUT:-90}" python3 benchmarks/bench_allreduce.py \
-      ${BENCH_ARGS:-} --out /tmp/ab/bench.json 2>&1 | tail -n +3
+    PYTHONPATH=/tmp/ab/$b timeout "${BENCH_TIMEOUT:-90}" python3 \
+      benchmarks/bench_allreduce.py ${BENCH_ARGS:-} --out "/tmp/ab/$b.json" \
+      2>&1 | tail -n +3
   done
 done
 for b in $BUILDS; do
-  cp "/tmp/ab/$b.so" symnccl/_C.abi3.so
   for s in ${RACE_SEEDS:-}; do
-    timeout 150 python3 -c "
+    PYTHONPATH=/tmp/ab/$b:$PWD/tests timeout 150 python3 -c "
 from symnccl.bootstrap import spawn
 from _workers import collectives as W
 res = spawn(W.push_chunks_under_contention, ${RACE_NRANKS:-2},

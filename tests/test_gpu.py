@@ -109,21 +109,37 @@ def test_context_manager_closes(uid):
     assert c.closed
 
 
-@pytest.mark.parametrize("close_first", [True, False])
-def test_views_outlive_buffer_and_communicator(uid, close_first):
+def test_view_outlives_buffer_and_communicator(uid):
     torch = pytest.importorskip("torch")
     c = symnccl.Communicator(uid, 0, 1, device=0)
     b = c.empty(1 << 20, "float32")
     t = torch.from_dlpack(b)
     t.fill_(3.0)
     del b
-    if close_first:
-        c.close()
-        assert float(t.sum()) == 3.0 * (1 << 20)
-        del t
-    else:
-        del t
-        c.close()
+    c.close()
+    assert float(t.sum()) == 3.0 * (1 << 20)
+
+
+def test_window_lives_while_a_view_does_and_goes_with_the_last(uid):
+    """The buffer object may die first: its window stays registered (and its
+    memory allocated) while a DLPack view lives, and both go when the last
+    view dies, before the communicator closes."""
+    torch = pytest.importorskip("torch")
+    c = symnccl.Communicator(uid, 0, 1, device=0)
+    base = c._windows            # the staging window
+    free0 = torch.cuda.mem_get_info(0)[0]
+    b = c.empty(64 << 20, "float32")
+    t = torch.from_dlpack(b)
+    assert c._windows == base + 1
+    del b
+    assert c._windows == base + 1
+    t.fill_(2.0)
+    assert float(t[-1]) == 2.0
+    del t
+    assert c._windows == base
+    # 256 MiB of ncclMemAlloc went back (allow for other allocations)
+    assert torch.cuda.mem_get_info(0)[0] > free0 - (16 << 20)
+    c.close()
 
 
 def test_abort_is_final(uid):
@@ -150,15 +166,36 @@ def test_torch_cuda_graph_capture_and_replay(comm):
         assert torch.equal(out, x)
 
 
-def test_explicit_stream_argument_forms(comm):
+@pytest.mark.parametrize("form", ["object", "int"])
+@pytest.mark.parametrize("algo", ["ll", "nccl"])
+def test_explicit_stream_is_the_stream_the_op_runs_on(comm, form, algo):
+    """The op is enqueued on stream=: captured into a graph on that stream
+    (a launch on any other stream would not be in the graph, or would fail
+    the capture), it writes its output on every replay."""
     torch = pytest.importorskip("torch")
     s = torch.cuda.Stream()
-    x = torch.ones(100, device="cuda")
-    for form in (s, s.cuda_stream):
-        comm.all_reduce(x, stream=form)
+    arg = s if form == "object" else s.cuda_stream
+    x = torch.arange(4099, dtype=torch.float32, device="cuda")
+    out = torch.empty_like(x)
+    with torch.cuda.stream(s):
+        comm.all_reduce(x, out=out, algo=algo, stream=arg)   # eager first
     s.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=s):
+        comm.all_reduce(x, out=out, algo=algo, stream=arg)
+    for k in range(2):
+        x.add_(1.0)
+        out.fill_(float("nan"))
+        torch.cuda.synchronize()
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, x), (form, algo, k)
+
+
+def test_bad_stream_argument_is_refused(comm):
+    torch = pytest.importorskip("torch")
     with pytest.raises(TypeError, match="stream must be"):
-        comm.all_reduce(x, stream="fast")
+        comm.all_reduce(torch.ones(4, device="cuda"), stream="fast")
 
 
 def test_multicast_reported_unavailable_and_multimem_refused(comm):
@@ -180,8 +217,10 @@ def test_multicast_reported_unavailable_and_multimem_refused(comm):
 
 
 @pytest.mark.parametrize("algo", ["ll", "ll128", "one_shot", "two_shot",
-                                  "push"])
-def test_lsa_algorithms_on_one_rank_are_identity(comm, algo):
+                                  "push", "nccl"])
+def test_each_algorithm_runs_its_own_kernel_on_one_rank(comm, algo):
+    """algo=X launches X's kernel and no other (launch counters), and one
+    rank's result is its input, bit for bit."""
     for dtype in ("float32", "bfloat16", "int64"):
         npdt = _check.numpy_dtype(dtype)
         if npdt is None:
@@ -189,7 +228,12 @@ def test_lsa_algorithms_on_one_rank_are_identity(comm, algo):
         x = _check.make_input(dtype, 1031, 0, 3)
         b = comm.empty(1031, dtype)
         b.copy_from_host(x.tobytes())
+        before = comm._launches()
         comm.all_reduce(b, algo=algo)
+        after = comm._launches()
+        ran = {k for k in after if after[k] != before[k]}
+        assert ran == {algo}, (algo, dtype, ran)
+        assert after[algo] == before[algo] + 1
         assert b.to_bytes() == x.tobytes(), (algo, dtype)
 
 
@@ -240,8 +284,24 @@ def test_symnccl_algo_is_read_at_creation_and_checked(uid, monkeypatch):
     monkeypatch.setenv("SYMNCCL_ALGO", "one_shot")
     with symnccl.Communicator(uid, 0, 1, device=0) as c:
         monkeypatch.delenv("SYMNCCL_ALGO")
+        assert c.knobs["SYMNCCL_ALGO"] == "one_shot"
         x = _check.make_input("float32", 517, 0, 3)
         b = c.empty(517, "float32")
         b.copy_from_host(x.tobytes())
         c.all_reduce(b)   # auto -> one_shot, fixed at creation
+        assert c._launches()["one_shot"] == 1
+        assert sum(c._launches().values()) == 1
         assert b.to_bytes() == x.tobytes()
+
+
+def test_auto_runs_the_algorithm_the_registry_picks(comm):
+    torch = pytest.importorskip("torch")
+    for nbytes in (4096, 512 << 10, 8 << 20):
+        x = torch.randn(nbytes // 4, device="cuda")
+        want = comm._auto_algo(nbytes, "float32", "sum", False)
+        kernels = symnccl._C.ALGO_KERNELS[want] or ("nccl",)
+        before = comm._launches()
+        comm.all_reduce(x)
+        after = comm._launches()
+        ran = {k for k in after if after[k] != before[k]}
+        assert ran and ran <= set(kernels), (nbytes, want, ran)

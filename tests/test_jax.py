@@ -43,7 +43,7 @@ def test_bad_arguments_raise_before_lowering():
 
 
 def _assert_rows(rows):
-    bad = [r for r in rows if r[1] or r[2]]
+    bad = [r for r in rows if r[1] or r[2] or r[3]]
     assert not bad, bad[:10]
 
 

@@ -56,10 +56,10 @@ def test_errors_name_what_was_seen_and_lifetime_after_close(nranks):
 def test_lsa_algorithms_every_dtype_op_placement_bitwise_equal(nranks):
     pytest.importorskip("torch")
     res = spawn(W.lsa_algorithms, nranks, args=(21,), timeout=900)
-    bad = [row for rows, _ in res for row in rows if row[-1]]
+    bad = [row for rows, _, _ in res for row in rows if row[-1]]
     assert not bad, bad[:10]
     ref = res[0][1]
-    for r, (_, digests) in enumerate(res[1:], 1):
+    for r, (_, digests, _) in enumerate(res[1:], 1):
         diff = [k for k in ref if ref[k] != digests[k]]
         assert not diff, f"rank {r} differs from rank 0 in {diff[:5]}"
     # one fixed reduction order: every algorithm and input placement gives
@@ -69,6 +69,21 @@ def test_lsa_algorithms_every_dtype_op_placement_bitwise_equal(nranks):
         by_case.setdefault((dtype, op, count), set()).add((algo, place, h))
     for case, got in by_case.items():
         assert len({h for _, _, h in got}) == 1, (case, sorted(got))
+
+
+@ranks_param(2, 3, 4)
+def test_packet_two_shot_kernels_forced_at_every_size(nranks):
+    """The ll and ll128 two-shot kernels (3+ ranks from a size by default)
+    at every size, down to empty slices, on 2 ranks too: the knobs at 0."""
+    pytest.importorskip("torch")
+    env = {"SYMNCCL_LL_TWO_SHOT_KIB": "0", "SYMNCCL_LL128_TWO_SHOT_KIB": "0"}
+    res = spawn(W.lsa_algorithms, nranks, args=(23, (1, 3, 1031, 65537),
+                                                 env), timeout=900)
+    bad = [row for rows, _, _ in res for row in rows if row[-1]]
+    assert not bad, bad[:10]
+    for _, _, launches in res:
+        assert launches["ll_two_shot"] > 0 and launches["ll"] == 0, launches
+        assert launches["ll128_two_shot"] > 0 and launches["ll128"] == 0
 
 
 @ranks_param(2, 3, 4, 8)

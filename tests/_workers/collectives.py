@@ -209,14 +209,40 @@ def reduce_scatter_windows_odd_blocks(rank, nranks, uid, seed):
 LSA_SIZES = (1, 3, 8, 1031, 65537, 1000003)
 
 
-def lsa_algorithms(rank, nranks, uid, seed, sizes=LSA_SIZES):
+def ran_kernels(comm, before):
+    """The kernels (and "nccl") launched since _launches() gave `before`."""
+    after = comm._launches()
+    return {k for k in after if after[k] != before[k]}
+
+
+def expected_kernels(comm, algo, count, dtype, op, in_window):
+    """What algo may launch for this call: its kernels (ll and ll128: the
+    one- or two-shot), auto's pick's, or "nccl"."""
+    if algo == "auto":
+        nbytes = count * np.dtype(_check.numpy_dtype(dtype)).itemsize
+        algo = comm._auto_algo(nbytes, dtype, op, in_window)
+    return set(symnccl._C.ALGO_KERNELS[algo]) or {"nccl"}
+
+
+def lsa_algorithms(rank, nranks, uid, seed, sizes=LSA_SIZES, env=None):
     """Every LSA algo x dtype x op x input placement against the float64
-    reference, poisoned outputs; returns rows and per-result digests so the
-    parent can check that every rank got bitwise-identical results."""
+    reference, poisoned outputs, and the proof that the algorithm's own
+    kernel ran (launch counters); returns rows (the last field: wrong
+    elements, or what ran instead of the algorithm's kernels), per-result
+    digests so the parent can check that every rank got bitwise-identical
+    results, and the launch counters. env: knobs set while the communicator
+    is created."""
     import hashlib
+    import os
     import torch
     torch.cuda.set_device(rank)
-    comm = symnccl.Communicator(uid, rank, nranks, device=rank, timeout=120)
+    os.environ.update(env or {})
+    try:
+        comm = symnccl.Communicator(uid, rank, nranks, device=rank,
+                                    timeout=120)
+    finally:
+        for k in env or {}:
+            del os.environ[k]
     rows, digests = [], {}
     for dtype in symnccl.LSA_DTYPES:
         npdt = _check.numpy_dtype(dtype)
@@ -242,6 +268,7 @@ def lsa_algorithms(rank, nranks, uid, seed, sizes=LSA_SIZES):
                             x = torch.empty(count + 1, dtype=tdt,
                                             device="cuda")[1:]
                             x.copy_(mine)
+                        before = comm._launches()
                         if place in ("window", "tensor"):
                             out = x   # in place
                             y = comm.all_reduce(x, op=op, algo=algo)
@@ -251,14 +278,20 @@ def lsa_algorithms(rank, nranks, uid, seed, sizes=LSA_SIZES):
                             out = out.view(tdt)
                             y = comm.all_reduce(x, out=out, op=op, algo=algo)
                         assert y is out
+                        ran = ran_kernels(comm, before)
+                        want = expected_kernels(comm, algo, count, dtype, op,
+                                                place.startswith("window"))
                         got = out.view(torch.uint8).cpu().numpy().view(npdt)
                         w = _check.count_wrong(got, op, ins, dtype)
+                        if not ran or not ran <= want:
+                            w = f"ran {sorted(ran)}, expected {sorted(want)}"
                         rows.append((algo, dtype, op, count, place, w))
                         digests[(algo, dtype, op, count, place)] = \
                             hashlib.sha1(got.tobytes()).hexdigest()
             del wt, win
+    launches = comm._launches()
     comm.close()
-    return rows, digests
+    return rows, digests, launches
 
 
 def _comm_small_push_region(rank, nranks, uid):
@@ -400,9 +433,9 @@ def push_chunks_under_contention(rank, nranks, uid, seed, iters):
     cut into different CTA runs). Returns the failing calls."""
     import torch
     comm = _comm_small_push_region(rank, nranks, uid)
-    # push slot of the 1 MiB region, as comm.c's alloc_staging_memory
-    # sizes it (region / (4 * nranks), whole pages); a chunk is nranks slots
-    slot = (1 << 20) // (4 * nranks) // 4096 * 4096
+    # a chunk of push is nranks slots
+    slot = comm._staging_layout()["push_slot"]
+    assert slot < (1 << 20) // (4 * nranks) + 4096
     rng = np.random.default_rng(seed)
     gen = torch.Generator(device="cuda")
     maxn = 8 * nranks * slot // 2 + 16
@@ -519,6 +552,7 @@ def lsa_large(rank, nranks, uid, seed):
     for algo in ("ll", "ll128", "one_shot", "two_shot", "push", "auto",
                  "nccl"):
         for place in ("window", "window_aligned", "tensor"):
+            before = comm._launches()
             if place.startswith("window"):
                 # 2-byte offset (unaligned), or 16 bytes in
                 off = 8 if place == "window_aligned" else 1
@@ -529,9 +563,14 @@ def lsa_large(rank, nranks, uid, seed):
             else:
                 got = torch.full_like(mine, float("nan"))
                 comm.all_reduce(mine, out=got, algo=algo)
+            ran = ran_kernels(comm, before)
+            want = expected_kernels(comm, algo, count, "bfloat16", "sum",
+                                    place.startswith("window"))
             d = (got.double() - ref).abs()
-            rows.append((algo, place, count,
-                         int(((d > tol) | ~torch.isfinite(d)).sum())))
+            w = int(((d > tol) | ~torch.isfinite(d)).sum())
+            if not ran or not ran <= want:
+                w = f"ran {sorted(ran)}, expected {sorted(want)}"
+            rows.append((algo, place, count, w))
             del got, d
     comm.close()
     return rows

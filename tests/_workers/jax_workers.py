@@ -22,11 +22,14 @@ def _setup(user_buffers=False):
                                    " --xla_gpu_enable_nccl_user_buffers=true")
 
 
-def _check_cases(jax, mesh, nshards, local_of, seed):
+def _check_cases(jax, mesh, nshards, local_of, seed, comms):
     """Runs every case through symnccl and through psum/pmax; returns rows
-    (case, #differences from psum, #wrong vs float64)."""
+    (case, #differences from psum, #wrong vs float64, "" or which kernels
+    ran instead of the algorithm's: the launch counters of this process's
+    communicators)."""
     import jax.numpy as jnp
     from jax.sharding import NamedSharding, PartitionSpec as P
+    import symnccl
     import symnccl.jax as sj
     from symnccl import _check
     rows = []
@@ -52,6 +55,7 @@ def _check_cases(jax, mesh, nshards, local_of, seed):
         g = jax.jit(jax.shard_map(theirs, mesh=mesh, in_specs=P("x"),
                                   out_specs=P("x")))
         x = local_of(ints, sh, jnp.dtype(npdt))
+        before = [c._launches() for c in comms]
         a, b = f(x), g(x)
         diff = sum(int(np.count_nonzero(
             np.asarray(s1.data) != np.asarray(s2.data)))
@@ -59,7 +63,18 @@ def _check_cases(jax, mesh, nshards, local_of, seed):
         y = f(local_of(floats, sh, jnp.dtype(npdt)))
         wrong = sum(_check.count_wrong(np.asarray(s.data), op, floats, dtype)
                     for s in y.addressable_shards)
-        rows.append(((algo, dtype, op, m), diff, wrong))
+        kernels = ""
+        for c, b0 in zip(comms, before):
+            want = algo
+            if algo == "auto":   # the handler asks the registry alike
+                want = c._auto_algo(m * np.dtype(npdt).itemsize, dtype, op,
+                                    jax.process_count() > 1)
+            want = set(symnccl._C.ALGO_KERNELS[want]) or {"nccl"}
+            after = c._launches()
+            ran = {k for k in after if after[k] != b0[k]}
+            if not ran or not ran <= want:
+                kernels = f"ran {sorted(ran)}, expected {sorted(want)}"
+        rows.append(((algo, dtype, op, m), diff, wrong, kernels))
     return rows
 
 
@@ -75,7 +90,7 @@ def single_process(rank, nranks, uid, seed):
     def local_of(parts, sh, dt):
         return jax.device_put(np.concatenate(parts).astype(dt), sh)
 
-    rows = _check_cases(jax, mesh, n, local_of, seed)
+    rows = _check_cases(jax, mesh, n, local_of, seed, comms)
     stats = [sj.stats(c.device) for c in comms]
     for c in comms:
         c.close()
@@ -98,7 +113,7 @@ def multi_process(rank, nranks, uid, port, user_buffers, seed):
         return jax.make_array_from_process_local_data(
             sh, parts[jax.process_index()].astype(dt))
 
-    rows = _check_cases(jax, mesh, nranks, local_of, seed)
+    rows = _check_cases(jax, mesh, nranks, local_of, seed, comms)
     stats = sj.stats(comms[0].device)
     comms[0].close()
     jax.distributed.shutdown()
