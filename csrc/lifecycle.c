@@ -285,8 +285,31 @@ register_staging(SNState *st, CommObject **cs, int n, ncclComm_t *raw)
     if (rc != ncclSuccess)
         return sn_set_nccl_error(st, rc, NULL,
                                  "ncclCommWindowRegister (staging)");
-    return any ? sn_wait_comms(st, raw, n, cs[0]->timeout, "staging windows")
-               : 0;
+    if (!any)
+        return 0;
+    if (sn_wait_comms(st, raw, n, cs[0]->timeout, "staging windows") < 0)
+        return -1;
+    /* The kernels address peers as evenly spaced copies of a window (as
+     * NCCL maps them); where that would not hold, they must not run. */
+    for (int i = 0; i < n; i++) {
+        CommObject *c = cs[i];
+        int ok = 0;
+        if (c->staging_win == NULL)
+            continue;
+        SN_CUDA_GOTO(st, cudaSetDevice(c->device), "cudaSetDevice", error);
+        SN_CUDA_GOTO(st, symnccl_lsa_layout_ok(c->staging_win->win, c->nranks,
+                                               &ok),
+                     "checking the LSA layout", error);
+        if (!ok) {
+            c->symmetric = 0;
+            c->symmetric_reason = "NCCL's LSA addresses of a window are not "
+                                  "evenly spaced: symnccl's kernels cannot "
+                                  "address the peers";
+        }
+    }
+    return 0;
+error:
+    return -1;
 }
 
 int

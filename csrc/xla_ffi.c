@@ -321,7 +321,7 @@ handler(XLA_FFI_CallFrame *call)
         const char *why = sn_algo_unavailable(&topo, algo, dt, op);
         if (why != NULL) {
             snprintf(msg, sizeof(msg), "symnccl_all_reduce: algo '%s' "
-                     "cannot run here: %s", sn_algo_names[algo], why);
+                     "cannot run here: %s", sn_algos[algo].name, why);
             return ffi_error(api, XLA_FFI_Error_Code_INVALID_ARGUMENT, msg);
         }
     }

@@ -48,6 +48,16 @@ void packet_format(int kernel, size_t* data, size_t* row) {
   }
 }
 
+__global__ void lsa_layout(ncclWindow_t win, int n, int* ok) {
+  const char* p0 = static_cast<const char*>(ncclGetLsaPointer(win, 0, 0));
+  const char* p1 = static_cast<const char*>(ncclGetLsaPointer(win, 0, 1));
+  int good = 1;
+  for (int q = 0; q < n; q++)
+    good &= static_cast<const char*>(ncclGetLsaPointer(win, 0, q)) ==
+            p0 + (size_t)q * (size_t)(p1 - p0);
+  *ok = good;
+}
+
 bool two_shot_packets(int kernel) {
   return kernel == SYMNCCL_K_LL_TWO_SHOT ||
          kernel == SYMNCCL_K_LL128_TWO_SHOT;
@@ -63,6 +73,19 @@ extern "C" size_t symnccl_packet_max_count(int kernel, size_t row_bytes,
   const bool two = two_shot_packets(kernel);
   const size_t items = (two ? row_bytes / 2 : row_bytes) / row;
   return items * (two ? (size_t)nranks : 1) * data / itemsize;
+}
+
+extern "C" cudaError_t symnccl_lsa_layout_ok(ncclWindow_t win, int nranks,
+                                             int* ok) {
+  int* d = nullptr;
+  cudaError_t e = cudaMalloc(&d, sizeof(int));
+  if (e != cudaSuccess) return e;
+  lsa_layout<<<1, 1>>>(win, nranks, d);
+  e = cudaGetLastError();
+  if (e == cudaSuccess)
+    e = cudaMemcpy(ok, d, sizeof(int), cudaMemcpyDeviceToHost);
+  cudaFree(d);
+  return e;
 }
 
 extern "C" size_t symnccl_push_region_bytes(int nranks, size_t slot_bytes,

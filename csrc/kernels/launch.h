@@ -119,6 +119,11 @@ size_t symnccl_packet_max_count(int kernel, size_t row_bytes,
 size_t symnccl_push_region_bytes(int nranks, size_t slot_bytes,
                                  size_t *data_offset);
 
+/* *ok = 1 when the team's copies of `win` are evenly spaced (rank q's at
+ * rank 0's + q * stride), the layout the kernels' peer addressing relies on
+ * (primitives.cuh, Peers). Synchronous; once per communicator. */
+cudaError_t symnccl_lsa_layout_ok(ncclWindow_t win, int nranks, int *ok);
+
 /* ---- device communicator (devcomm.cu) ---- */
 
 /* Allocates the holder and calls ncclDevCommCreate with lsaBarrierCount =

@@ -82,7 +82,7 @@ __global__ void __launch_bounds__(512)
   constexpr int E = Pack<T, 16>::kElems;
   constexpr int U = lsa_unroll<T>();
   const int n = dc.lsaSize;
-  const Peers in{a.win, a.win_offset};
+  const Peers in = Peers::of(a.win, a.win_offset);
   T* mine = reinterpret_cast<T*>(in(dc.lsaRank));
   const T* src = static_cast<const T*>(a.src);
   T* out = static_cast<T*>(a.out);
@@ -122,8 +122,8 @@ __global__ void __launch_bounds__(512)
   constexpr int U = lsa_unroll<T>();
   const int n = dc.lsaSize;
   const int me = dc.lsaRank;
-  const Peers in{a.win, a.win_offset};
-  const Peers mid{a.mid_win, a.mid_offset};
+  const Peers in = Peers::of(a.win, a.win_offset);
+  const Peers mid = Peers::of(a.mid_win, a.mid_offset);
   T* mine = reinterpret_cast<T*>(in(me));
   const T* mine_mid = reinterpret_cast<const T*>(mid(me));
   const T* src = static_cast<const T*>(a.src);

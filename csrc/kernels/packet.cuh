@@ -212,23 +212,34 @@ __host__ __device__ constexpr size_t packet_items(size_t bytes) {
 }
 
 // Item i reduced in rank order 0..n-1: rank q's part is polled at
-// rows + q * row_stride (this lane's piece), the own read from `in`.
+// rows + q * row_stride (this lane's piece), the own read from `in` before
+// any poll, so its load overlaps the waits.
 template <typename T, typename F>
 __device__ __forceinline__ typename F::Item reduce_item(
     const char* rows, size_t row_stride, const T* in, size_t i, size_t count,
     bool in_al, int me, int n, int op, uint64_t flag, uint64_t timeout_ns) {
-  Accum<T, 8> acc[F::kWords];
-  for (int q = 0; q < n; q++) {
-    const typename F::Item it =
-        q == me ? F::load(in, i, count, in_al, 0)
-                : F::recv(rows + (size_t)q * row_stride, flag, timeout_ns, q);
+  using Item = typename F::Item;
+  const Item own = F::load(in, i, count, in_al, 0);
+  auto part = [&](int q) {
+    return q == me ? own
+                   : F::recv(rows + (size_t)q * row_stride, flag, timeout_ns,
+                             q);
+  };
+  return with_op(op, [&](auto o) {
+    Accum<T, 8, decltype(o)> acc[F::kWords];
+    Item it = part(0);
 #pragma unroll
-    for (int w = 0; w < F::kWords; w++) acc[w].add(it.w[w], q, op);
-  }
-  typename F::Item r;
+    for (int w = 0; w < F::kWords; w++) acc[w].set(it.w[w]);
+    for (int q = 1; q < n; q++) {
+      it = part(q);
 #pragma unroll
-  for (int w = 0; w < F::kWords; w++) r.w[w] = acc[w].result(op, n);
-  return F::with_flag(r, flag);
+      for (int w = 0; w < F::kWords; w++) acc[w].fold(it.w[w]);
+    }
+    Item r;
+#pragma unroll
+    for (int w = 0; w < F::kWords; w++) r.w[w] = acc[w].result(op, n);
+    return F::with_flag(r, flag);
+  });
 }
 
 // ---------------------------------------------------------------- kernels
@@ -249,7 +260,8 @@ __global__ void __launch_bounds__(512)
   const bool out_al = (reinterpret_cast<uintptr_t>(out) & 7) == 0;
 
   // my items into row `me` of every peer's slot
-  const Peers row{a.region_win, call.slot_off + (size_t)me * a.row_bytes};
+  const Peers row =
+      Peers::of(a.region_win, call.slot_off + (size_t)me * a.row_bytes);
   for (size_t i = F::worker(); i < items; i += F::workers()) {
     const typename F::Item it = F::load(in, i, a.count, in_al, flag);
     for (int q = 0; q < n; q++)
@@ -257,7 +269,7 @@ __global__ void __launch_bounds__(512)
   }
 
   // my slot's rows, reduced in rank order as they arrive
-  const char* mine = Peers{a.region_win, call.slot_off}(me);
+  const char* mine = Peers::of(a.region_win, call.slot_off)(me);
   for (size_t i = F::worker(); i < items; i += F::workers())
     F::put(out, i, a.count, out_al,
            reduce_item<T, F>(mine + i * F::kItemBytes + lane, a.row_bytes,
@@ -283,7 +295,7 @@ __global__ void __launch_bounds__(512)
   const size_t lane = F::lane_offset();
   const bool in_al = (reinterpret_cast<uintptr_t>(in) & 7) == 0;
   const bool out_al = (reinterpret_cast<uintptr_t>(out) & 7) == 0;
-  const Peers slot{a.region_win, call.slot_off};
+  const Peers slot = Peers::of(a.region_win, call.slot_off);
   const char* mine = slot(me);
 
   // 1. slice q of my input -> rank q, row `me` (peers in rotated order)

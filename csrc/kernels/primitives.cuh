@@ -52,13 +52,14 @@ struct WaitSite {
 
 // A wait that gave up: the peer is gone or did not make the same call.
 // Prints which, then traps: the launch fails with a CUDA error instead of a
-// GPU spinning forever.
-static __device__ __noinline__ void give_up(const WaitSite& s,
+// GPU spinning forever. Out of line: the waits' fast path stays small.
+static __device__ __noinline__ void give_up(const char* kernel, int peer,
+                                           uint64_t flag,
                                            uint64_t timeout_ns) {
   printf("symnccl: %s waited more than %llu s for rank %d (flag %llu): a "
          "peer is gone or did not make the same call\n",
-         s.kernel, (unsigned long long)(timeout_ns / 1000000000ull), s.peer,
-         (unsigned long long)s.flag);
+         kernel, (unsigned long long)(timeout_ns / 1000000000ull), peer,
+         (unsigned long long)flag);
   __trap();
 }
 
@@ -77,7 +78,7 @@ __device__ __forceinline__ void bounded_wait(Ready&& ready,
     if (start == 0) start = now;
     bool late = now - start > timeout_ns;
     if (kWarp) late = __any_sync(0xffffffffu, late);
-    if (late) give_up(site, timeout_ns);
+    if (late) give_up(site.kernel, site.peer, site.flag, timeout_ns);
   }
 }
 
@@ -134,51 +135,53 @@ __device__ __forceinline__ void store_pack(T* p, size_t i, size_t count,
 
 // The same region of a window on every rank of the LSA team (the region
 // starts at the same offset everywhere): peer(q) is where this GPU reaches
-// rank q's copy.
+// rank q's copy. NCCL maps the team's copies of a window evenly spaced
+// (lsaFlatBase + rank * stride; the host checks it when a communicator is
+// created, symnccl_lsa_layout_ok), so two registers hold every peer's
+// address: no table, and no reloads of the window inside loops whose
+// volatile stores keep the compiler from hoisting them.
 struct Peers {
-  ncclWindow_t win;
-  size_t off;
+  char* base;     // rank 0's copy
+  size_t stride;  // from one rank's copy to the next's
+
+  __device__ __forceinline__ static Peers of(ncclWindow_t win, size_t off) {
+    char* p0 = static_cast<char*>(ncclGetLsaPointer(win, off, 0));
+    char* p1 = static_cast<char*>(ncclGetLsaPointer(win, off, 1));
+    return {p0, (size_t)(p1 - p0)};
+  }
   __device__ __forceinline__ char* operator()(int q) const {
-    return static_cast<char*>(ncclGetLsaPointer(win, off, q));
+    return base + (size_t)q * stride;
   }
   __device__ __forceinline__ Peers at(size_t more) const {
-    return {win, off + more};
+    return {base + more, stride};
   }
 };
 
 // --------------------------------------------------------------- reduction
 
-// One pack's accumulators. add() in rank order 0..n-1 (q == 0 starts
-// them): the fixed order that gives every rank and every algorithm the same
-// bits for the same inputs.
-template <typename T, int P>
+// One pack's accumulators: set() with rank 0's pack, then fold() the next
+// ranks' in order 1..n-1: the fixed order that gives every rank and every
+// algorithm the same bits for the same inputs. Op: OpSum (sum and avg),
+// OpMax, OpMin; result() divides for avg.
+template <typename T, int P, typename Op>
 struct Accum {
   using A = typename Acc<T>::type;
   static constexpr int E = Pack<T, P>::kElems;
   A v[E];
 
-  __device__ __forceinline__ void add(Raw<P> w, int q, int op) {
-    if (q == 0)
-      set(w);
-    else
-      fold(w, op);
-  }
-  // rank 0's pack
   __device__ __forceinline__ void set(Raw<P> w) {
     typename Pack<T, P>::U x;
     x.raw = w;
 #pragma unroll
     for (int k = 0; k < E; k++) v[k] = Acc<T>::to(x.t[k]);
   }
-  // the next rank's pack
-  __device__ __forceinline__ void fold(Raw<P> w, int op) {
+  __device__ __forceinline__ void fold(Raw<P> w) {
     typename Pack<T, P>::U x;
     x.raw = w;
 #pragma unroll
-    for (int k = 0; k < E; k++) v[k] = reduce2(op, v[k], Acc<T>::to(x.t[k]));
+    for (int k = 0; k < E; k++) v[k] = Op::apply(v[k], Acc<T>::to(x.t[k]));
   }
-
-  // The result as a pack of T (avg divides by n).
+  // The result as a pack of T (op: SYMNCCL_OP_*, for avg's division).
   __device__ __forceinline__ Raw<P> result(int op, int n) const {
     typename Pack<T, P>::U r;
 #pragma unroll
@@ -187,35 +190,54 @@ struct Accum {
   }
 };
 
+// U packs reduced over every rank in order: load(q, raw) fills rank q's U
+// packs; the loads of kPeerBatch ranks are issued before any of them is
+// accumulated, and rank 0 is peeled off so no branch on the rank is left
+// in the loop.
+template <typename T, int P, int U, typename Op, typename Load>
+__device__ __forceinline__ void reduce_ranks(int n, Load&& load,
+                                             Accum<T, P, Op> (&acc)[U]) {
+  Raw<P> raw[kPeerBatch][U];
+#pragma unroll
+  for (int b = 0; b < kPeerBatch; b++)
+    if (b < n) load(b, raw[b]);
+#pragma unroll
+  for (int u = 0; u < U; u++) acc[u].set(raw[0][u]);
+#pragma unroll
+  for (int b = 1; b < kPeerBatch; b++)
+    if (b < n)
+#pragma unroll
+      for (int u = 0; u < U; u++) acc[u].fold(raw[b][u]);
+  for (int q0 = kPeerBatch; q0 < n; q0 += kPeerBatch) {
+#pragma unroll
+    for (int b = 0; b < kPeerBatch; b++)
+      if (q0 + b < n) load(q0 + b, raw[b]);
+#pragma unroll
+    for (int b = 0; b < kPeerBatch; b++)
+      if (q0 + b < n)
+#pragma unroll
+        for (int u = 0; u < U; u++) acc[u].fold(raw[b][u]);
+  }
+}
+
 // U whole 16-byte packs at byte offsets off, off + step, ... of every
-// peer's region, reduced in rank order. The loads of kPeerBatch peers are
-// issued before any of them is accumulated. Every pack must be full and
+// peer's region, reduced in rank order. Every pack must be full and
 // 16-byte aligned on every peer.
 template <typename T, int U>
 __device__ __forceinline__ void reduce_peers(const Peers& peers, int n,
                                              size_t off, size_t step, int op,
                                              uint4 (&res)[U]) {
-  constexpr int B = kPeerBatch;
-  Accum<T, 16> acc[U];
-  for (int q0 = 0; q0 < n; q0 += B) {
-    uint4 raw[B][U];
-#pragma unroll
-    for (int b = 0; b < B; b++) {
-      if (q0 + b >= n) break;
-      const char* p = peers(q0 + b) + off;
+  with_op(op, [&](auto o) {
+    Accum<T, 16, decltype(o)> acc[U];
+    reduce_ranks<T, 16, U>(n, [&](int q, uint4(&raw)[U]) {
+      const char* p = peers(q) + off;
 #pragma unroll
       for (int u = 0; u < U; u++)
-        raw[b][u] = __ldcg(reinterpret_cast<const uint4*>(p + u * step));
-    }
+        raw[u] = __ldcg(reinterpret_cast<const uint4*>(p + u * step));
+    }, acc);
 #pragma unroll
-    for (int b = 0; b < B; b++) {
-      if (q0 + b >= n) break;
-#pragma unroll
-      for (int u = 0; u < U; u++) acc[u].add(raw[b][u], q0 + b, op);
-    }
-  }
-#pragma unroll
-  for (int u = 0; u < U; u++) res[u] = acc[u].result(op, n);
+    for (int u = 0; u < U; u++) res[u] = acc[u].result(op, n);
+  });
 }
 
 // Pack i (elements of a T array of `count` at the peers' region start),
@@ -224,12 +246,14 @@ template <typename T>
 __device__ __forceinline__ uint4 reduce_peers_tail(const Peers& peers, int n,
                                                    size_t i, size_t count,
                                                    bool aligned, int op) {
-  Accum<T, 16> acc;
-  for (int q = 0; q < n; q++)
-    acc.add(load_pack<16, true>(reinterpret_cast<const T*>(peers(q)), i,
-                                count, aligned),
-            q, op);
-  return acc.result(op, n);
+  return with_op(op, [&](auto o) {
+    Accum<T, 16, decltype(o)> acc[1];
+    reduce_ranks<T, 16, 1>(n, [&](int q, uint4(&raw)[1]) {
+      raw[0] = load_pack<16, true>(reinterpret_cast<const T*>(peers(q)), i,
+                                   count, aligned);
+    }, acc);
+    return acc[0].result(op, n);
+  });
 }
 
 // -------------------------------------------------------------------- flags

@@ -193,57 +193,58 @@ __device__ __forceinline__ void push_reduce(const PushReduce<T>& r, size_t v,
                                             int op) {
   constexpr int E = Pack<T, 16>::kElems;
   const size_t nv = (r.len + E - 1) / E;
-  Accum<T, 16> acc[UU];
-  for (int q = 0; q < n; q++) {
-    const uint4* slot =
-        reinterpret_cast<const uint4*>(r.slots + (size_t)q * r.slot_bytes);
-    uint4 x[UU];
+  with_op(op, [&](auto o) {
+    Accum<T, 16, decltype(o)> acc[UU];
+    reduce_ranks<T, 16, UU>(n, [&](int q, uint4(&x)[UU]) {
+      const uint4* from =
+          q == me ? reinterpret_cast<const uint4*>(r.own)
+                  : reinterpret_cast<const uint4*>(r.slots +
+                                                   (size_t)q * r.slot_bytes);
+#pragma unroll
+      for (int u = 0; u < UU; u++) {
+        const size_t vv = v + u * step;
+        if (kWhole)
+          x[u] = __ldcg(from + vv);
+        else
+          x[u] = vv >= nv  ? uint4{}
+                 : q == me ? load_pack<16, true>(r.own, vv, r.len, r.own_al)
+                           : __ldcg(from + vv);
+      }
+    }, acc);
 #pragma unroll
     for (int u = 0; u < UU; u++) {
       const size_t vv = v + u * step;
-      if (kWhole)
-        x[u] = __ldcg(q == me ? reinterpret_cast<const uint4*>(r.own) + vv
-                              : slot + vv);
-      else
-        x[u] = vv >= nv  ? uint4{}
-               : q == me ? load_pack<16, true>(r.own, vv, r.len, r.own_al)
-                         : __ldcg(slot + vv);
+      if (!kWhole && vv >= nv) continue;
+      const uint4 w = acc[u].result(op, n);
+      if (!r.to_window) {  // mine straight into my output
+        if (kWhole)
+          reinterpret_cast<uint4*>(r.out)[vv] = w;
+        else
+          store_pack<16>(r.out, vv, r.len, r.out_al, w);
+      }
+      for (int q = 0; q < n; q++) {
+        if (!r.to_window && q == me) continue;
+        // in place the destination is output memory: valid elements only
+        // (out_offset is 16-byte aligned); slots take whole vectors
+        char* to = r.dst(q) + r.dst_off;
+        if (kWhole)
+          reinterpret_cast<uint4*>(to)[vv] = w;
+        else
+          store_pack<16>(reinterpret_cast<T*>(to), vv,
+                         r.to_window ? r.len : (vv + 1) * E, true, w);
+      }
     }
-#pragma unroll
-    for (int u = 0; u < UU; u++) acc[u].add(x[u], q, op);
-  }
-#pragma unroll
-  for (int u = 0; u < UU; u++) {
-    const size_t vv = v + u * step;
-    if (!kWhole && vv >= nv) continue;
-    const uint4 w = acc[u].result(op, n);
-    if (!r.to_window) {  // mine straight into my output
-      if (kWhole)
-        reinterpret_cast<uint4*>(r.out)[vv] = w;
-      else
-        store_pack<16>(r.out, vv, r.len, r.out_al, w);
-    }
-    for (int q = 0; q < n; q++) {
-      if (!r.to_window && q == me) continue;
-      // in place the destination is output memory: valid elements only
-      // (out_offset is 16-byte aligned); slots take whole vectors
-      char* to = r.dst(q) + r.dst_off;
-      if (kWhole)
-        reinterpret_cast<uint4*>(to)[vv] = w;
-      else
-        store_pack<16>(reinterpret_cast<T*>(to), vv,
-                       r.to_window ? r.len : (vv + 1) * E, true, w);
-    }
-  }
+  });
 }
 
 template <typename T>
 __global__ void __launch_bounds__(512)
     push(ncclDevComm dc, const symnccl_kargs a) {
   constexpr int E = Pack<T, 16>::kElems;
-  // vectors per thread in flight: as many as the accumulators allow without
-  // spilling (U x E values of Acc<T>)
-  constexpr int U = E >= 16 ? 2 : 4;
+  // vectors per thread and peer in flight (kPeerBatch peers at once): as
+  // many as the accumulators allow without spilling (U x E values of
+  // Acc<T>, kPeerBatch x U vectors)
+  constexpr int U = E >= 16 ? 1 : 2;
   constexpr int UC = 4;  // the same for the plain copies
   const int n = dc.lsaSize;
   const int me = dc.lsaRank;
@@ -264,13 +265,13 @@ __global__ void __launch_bounds__(512)
   const uint64_t e0 = s_epoch;
 
   // Receive slots [parity][source], then result slots [parity][slice].
-  const Peers flags{a.region_win, a.region_offset};
-  const Peers data{a.region_win, a.data_offset};
+  const Peers flags = Peers::of(a.region_win, a.region_offset);
+  const Peers data = Peers::of(a.region_win, a.data_offset);
   const size_t res_rel = 2 * (size_t)n * slot_bytes;
   const char* my_flags = flags(me);
   const char* my_data = data(me);
   // Where results go on every rank: the output in place, else result slots.
-  const Peers dst = to_window ? Peers{a.out_win, a.out_offset}
+  const Peers dst = to_window ? Peers::of(a.out_win, a.out_offset)
                               : data.at(res_rel);
 
   // 3. gather chunk jc's results: complete once every peer's flag 1

@@ -82,17 +82,47 @@ __device__ __forceinline__ long long add(long long a, long long b) {
   return (long long)((unsigned long long)a + (unsigned long long)b);
 }
 
-// op: SYMNCCL_OP_* (launch.h)
-template <typename A>
-__device__ __forceinline__ A reduce2(int op, A a, A b) {
+// The reduction operators as types, so that a reduction loop is compiled
+// for one operator and holds no branch on it; avg reduces as a sum and
+// finish() divides.
+struct OpSum {
+  template <typename A>
+  __device__ __forceinline__ static A apply(A a, A b) {
+    return add(a, b);
+  }
+};
+struct OpMax {
+  template <typename A>
+  __device__ __forceinline__ static A apply(A a, A b) {
+    return b > a ? b : a;
+  }
+};
+struct OpMin {
+  template <typename A>
+  __device__ __forceinline__ static A apply(A a, A b) {
+    return b < a ? b : a;
+  }
+};
+
+// f(Op{}) for op (SYMNCCL_OP_*, launch.h): the one place that turns the
+// run-time op into a type.
+template <typename F>
+__device__ __forceinline__ auto with_op(int op, F&& f) {
   switch (op) {
     case SYMNCCL_OP_MAX:
-      return b > a ? b : a;
+      return f(OpMax{});
     case SYMNCCL_OP_MIN:
-      return b < a ? b : a;
+      return f(OpMin{});
     default:
-      return add(a, b);
+      return f(OpSum{});
   }
+}
+
+template <typename A>
+__device__ __forceinline__ A reduce2(int op, A a, A b) {
+  return op == SYMNCCL_OP_MAX   ? OpMax::apply(a, b)
+         : op == SYMNCCL_OP_MIN ? OpMin::apply(a, b)
+                                : OpSum::apply(a, b);
 }
 
 template <typename T>
