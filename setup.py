@@ -278,17 +278,19 @@ def make_extension():
     )
 
 
-if any(a in sys.argv for a in ("egg_info", "sdist", "dist_info")) and \
-        not any(a.startswith("build") or a in ("develop", "bdist_wheel",
-                "editable_wheel", "install") for a in sys.argv):
-    ext_modules = []   # metadata only: no toolchain needed
-else:
-    CUDA = find_cuda()
-    NCCL = find_nccl()
-    ext_modules = [make_extension()]
+if __name__ == "__main__":   # setuptools runs this file as __main__ too;
+    # scripts/ptxas_report.py imports it for its helpers
+    if any(a in sys.argv for a in ("egg_info", "sdist", "dist_info")) and \
+            not any(a.startswith("build") or a in ("develop", "bdist_wheel",
+                    "editable_wheel", "install") for a in sys.argv):
+        ext_modules = []   # metadata only: no toolchain needed
+    else:
+        CUDA = find_cuda()
+        NCCL = find_nccl()
+        ext_modules = [make_extension()]
 
-setup(
-    ext_modules=ext_modules,
-    cmdclass={"build_ext": BuildExt},
-    options={"bdist_wheel": {"py_limited_api": "cp311"}},
-)
+    setup(
+        ext_modules=ext_modules,
+        cmdclass={"build_ext": BuildExt},
+        options={"bdist_wheel": {"py_limited_api": "cp311"}},
+    )

@@ -512,15 +512,7 @@ registry_args(PyObject *args, const char *fmt, int *algo,
     }
     else if (!PyArg_ParseTuple(args, fmt, &a, &d, &o))
         return -1;
-    *algo = sn_algo_by_name(a);
-    *dt = sn_dtype_by_name(d);
-    *op = sn_op_by_name(o);
-    if (*algo == SN_ALGO_UNKNOWN || *dt == NULL || *op == NULL) {
-        PyErr_Format(PyExc_ValueError, "unknown algo %s, dtype %s or op %s",
-                     a, d, o);
-        return -1;
-    }
-    return 0;
+    return sn_registry_lookup(a, d, o, algo, dt, op);
 }
 
 /* _algo_unavailable(algo, dtype, op="sum") -> why not, or None */

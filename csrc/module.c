@@ -248,21 +248,6 @@ topology_from_dict(PyObject *d, sn_topology *t)
     return 0;
 }
 
-static int
-lookup(const char *a, const char *d, const char *o, int *algo,
-       const sn_dtype **dt, const sn_op **op)
-{
-    *algo = sn_algo_by_name(a);
-    *dt = sn_dtype_by_name(d);
-    *op = sn_op_by_name(o);
-    if (*algo == SN_ALGO_UNKNOWN || *dt == NULL || *op == NULL) {
-        PyErr_Format(PyExc_ValueError, "unknown algo %s, dtype %s or op %s",
-                     a, d, o);
-        return -1;
-    }
-    return 0;
-}
-
 /* _algo_unavailable_for(topology, algo, dtype, op) -> why not, or None:
  * the registry's decision for a communicator of that topology (a dict of
  * sn_topology's fields), without a GPU (testing). */
@@ -276,7 +261,8 @@ py_algo_unavailable_for(PyObject *module, PyObject *args)
     const sn_dtype *dt;
     const sn_op *op;
     if (!PyArg_ParseTuple(args, "O!sss", &PyDict_Type, &topo, &a, &d, &o) ||
-        topology_from_dict(topo, &t) < 0 || lookup(a, d, o, &algo, &dt, &op))
+        topology_from_dict(topo, &t) < 0 ||
+        sn_registry_lookup(a, d, o, &algo, &dt, &op) < 0)
         return NULL;
     const char *why = algo == SN_ALGO_AUTO
                           ? NULL : sn_algo_unavailable(&t, algo, dt, op);
@@ -300,7 +286,8 @@ py_auto_algo_for(PyObject *module, PyObject *args)
     if (!PyArg_ParseTuple(args, "O!nssp", &PyDict_Type, &topo, &bytes, &d,
                           &o, &in_window) ||
         topology_from_dict(topo, &t) < 0 ||
-        lookup("auto", d, o, &algo, &dt, &op) < 0 || sn_knobs_read(&k) < 0)
+        sn_registry_lookup("auto", d, o, &algo, &dt, &op) < 0 ||
+        sn_knobs_read(&k) < 0)
         return NULL;
     return PyUnicode_FromString(
         sn_algos[sn_auto_algo(&t, &k, (size_t)bytes, dt, op, in_window)]

@@ -258,6 +258,22 @@ sn_algo_by_name(const char *name)
     return SN_ALGO_UNKNOWN;
 }
 
+int
+sn_registry_lookup(const char *algo, const char *dtype, const char *op,
+                   int *a, const sn_dtype **dt, const sn_op **o)
+{
+    *a = sn_algo_by_name(algo);
+    *dt = sn_dtype_by_name(dtype);
+    *o = sn_op_by_name(op);
+    if (*a == SN_ALGO_UNKNOWN || *dt == NULL || *o == NULL) {
+        PyErr_Format(PyExc_ValueError, "unknown algo %s, dtype %s or op %s: "
+                     "expected names from symnccl.ALGORITHMS, DTYPES, OPS",
+                     algo, dtype, op);
+        return -1;
+    }
+    return 0;
+}
+
 const char *
 sn_algo_choices(void)
 {

@@ -141,6 +141,9 @@ const sn_dtype *sn_dtype_by_dlpack(SN_DLDataType dt);
 const sn_op *sn_op_by_name(const char *name);
 /* SN_ALGO_* for a name ("auto" included), SN_ALGO_UNKNOWN if none. */
 int sn_algo_by_name(const char *name);
+/* Algorithm ("auto" too), dtype and op by name; -1 with ValueError. */
+int sn_registry_lookup(const char *algo, const char *dtype, const char *op,
+                       int *a, const sn_dtype **dt, const sn_op **o);
 /* "'auto', 'nccl', 'one_shot', ..." for messages. */
 const char *sn_algo_choices(void);
 /* The kernel (SYMNCCL_K_*) an algorithm launches: its two-shot one when

@@ -244,95 +244,104 @@ __device__ __forceinline__ typename F::Item reduce_item(
 
 // ---------------------------------------------------------------- kernels
 
+// What both packet kernels derive from their arguments.
+template <typename T, typename F>
+struct PacketLaunch {
+  int n, me;
+  const T* in;
+  T* out;
+  PacketCall call;
+  uint64_t flag;  // as the format stores it
+  size_t items;   // of the whole launch
+  size_t lane;    // this lane's offset in an item's row bytes
+  bool in_al, out_al;
+
+  __device__ __forceinline__ PacketLaunch(int n_, int me_,
+                                          const symnccl_kargs& a)
+      : n(n_),
+        me(me_),
+        in(static_cast<const T*>(a.src)),
+        out(static_cast<T*>(a.out)),
+        call(begin_call(a.epochs, a.region_offset, n_, a.row_bytes)),
+        flag(F::wire_flag(call.flag)),
+        items(packet_items<F>(a.count * sizeof(T))),
+        lane(F::lane_offset()),
+        in_al((reinterpret_cast<uintptr_t>(in) & 7) == 0),
+        out_al((reinterpret_cast<uintptr_t>(out) & 7) == 0) {}
+};
+
 template <typename T, typename F>
 __global__ void __launch_bounds__(512)
     packet_one_shot(ncclDevComm dc, const symnccl_kargs a) {
-  const int n = dc.lsaSize;
-  const int me = dc.lsaRank;
-  const T* in = static_cast<const T*>(a.src);
-  T* out = static_cast<T*>(a.out);
-  const PacketCall call =
-      begin_call(a.epochs, a.region_offset, n, a.row_bytes);
-  const uint64_t flag = F::wire_flag(call.flag);
-  const size_t items = packet_items<F>(a.count * sizeof(T));
-  const size_t lane = F::lane_offset();
-  const bool in_al = (reinterpret_cast<uintptr_t>(in) & 7) == 0;
-  const bool out_al = (reinterpret_cast<uintptr_t>(out) & 7) == 0;
+  const PacketLaunch<T, F> k(dc.lsaSize, dc.lsaRank, a);
+  const int n = k.n, me = k.me;
 
   // my items into row `me` of every peer's slot
   const Peers row =
-      Peers::of(a.region_win, call.slot_off + (size_t)me * a.row_bytes);
-  for (size_t i = F::worker(); i < items; i += F::workers()) {
-    const typename F::Item it = F::load(in, i, a.count, in_al, flag);
+      Peers::of(a.region_win, k.call.slot_off + (size_t)me * a.row_bytes);
+  for (size_t i = F::worker(); i < k.items; i += F::workers()) {
+    const typename F::Item it = F::load(k.in, i, a.count, k.in_al, k.flag);
     for (int q = 0; q < n; q++)
-      if (q != me) F::send(row(q) + i * F::kItemBytes + lane, it, flag);
+      if (q != me) F::send(row(q) + i * F::kItemBytes + k.lane, it, k.flag);
   }
 
   // my slot's rows, reduced in rank order as they arrive
-  const char* mine = Peers::of(a.region_win, call.slot_off)(me);
-  for (size_t i = F::worker(); i < items; i += F::workers())
-    F::put(out, i, a.count, out_al,
-           reduce_item<T, F>(mine + i * F::kItemBytes + lane, a.row_bytes,
-                             in, i, a.count, in_al, me, n, a.op, flag,
+  const char* mine = Peers::of(a.region_win, k.call.slot_off)(me);
+  for (size_t i = F::worker(); i < k.items; i += F::workers())
+    F::put(k.out, i, a.count, k.out_al,
+           reduce_item<T, F>(mine + i * F::kItemBytes + k.lane, a.row_bytes,
+                             k.in, i, a.count, k.in_al, me, n, a.op, k.flag,
                              a.timeout_ns));
 
-  end_call(a.epochs, call);
+  end_call(a.epochs, k.call);
 }
 
 template <typename T, typename F>
 __global__ void __launch_bounds__(512)
     packet_two_shot(ncclDevComm dc, const symnccl_kargs a) {
-  const int n = dc.lsaSize;
-  const int me = dc.lsaRank;
-  const T* in = static_cast<const T*>(a.src);
-  T* out = static_cast<T*>(a.out);
-  const PacketCall call =
-      begin_call(a.epochs, a.region_offset, n, a.row_bytes);
-  const uint64_t flag = F::wire_flag(call.flag);
+  const PacketLaunch<T, F> k(dc.lsaSize, dc.lsaRank, a);
+  const int n = k.n, me = k.me;
   const size_t half = a.row_bytes / 2;
-  const size_t items = packet_items<F>(a.count * sizeof(T));
-  const size_t per = (items + n - 1) / n;  // items per slice
-  const size_t lane = F::lane_offset();
-  const bool in_al = (reinterpret_cast<uintptr_t>(in) & 7) == 0;
-  const bool out_al = (reinterpret_cast<uintptr_t>(out) & 7) == 0;
-  const Peers slot = Peers::of(a.region_win, call.slot_off);
+  const size_t per = (k.items + n - 1) / n;  // items per slice
+  const Peers slot = Peers::of(a.region_win, k.call.slot_off);
   const char* mine = slot(me);
 
   // 1. slice q of my input -> rank q, row `me` (peers in rotated order)
-  for (int k = 1; k < n; k++) {
-    const int q = (me + k) % n;
+  for (int d = 1; d < n; d++) {
+    const int q = (me + d) % n;
     char* row = slot.at((size_t)me * half)(q);
-    for (size_t j = F::worker(); j < per && q * per + j < items;
+    for (size_t j = F::worker(); j < per && q * per + j < k.items;
          j += F::workers())
-      F::send(row + j * F::kItemBytes + lane,
-              F::load(in, q * per + j, a.count, in_al, flag), flag);
+      F::send(row + j * F::kItemBytes + k.lane,
+              F::load(k.in, q * per + j, a.count, k.in_al, k.flag), k.flag);
   }
 
   // 2. my slice reduced in rank order, the result to every rank
   const Peers res = slot.at((size_t)(n + me) * half);
-  for (size_t j = F::worker(); j < per && me * per + j < items;
+  for (size_t j = F::worker(); j < per && me * per + j < k.items;
        j += F::workers()) {
     const size_t i = me * per + j;
-    const size_t at = j * F::kItemBytes + lane;
+    const size_t at = j * F::kItemBytes + k.lane;
     const typename F::Item r =
-        reduce_item<T, F>(mine + at, half, in, i, a.count, in_al, me, n,
-                          a.op, flag, a.timeout_ns);
+        reduce_item<T, F>(mine + at, half, k.in, i, a.count, k.in_al, me, n,
+                          a.op, k.flag, a.timeout_ns);
     for (int q = 0; q < n; q++)
-      if (q != me) F::send(res(q) + at, r, flag);
-    F::put(out, i, a.count, out_al, r);
+      if (q != me) F::send(res(q) + at, r, k.flag);
+    F::put(k.out, i, a.count, k.out_al, r);
   }
 
   // 3. every other slice's result
-  for (int k = 1; k < n; k++) {
-    const int q = (me + k) % n;
+  for (int d = 1; d < n; d++) {
+    const int q = (me + d) % n;
     const char* row = mine + (size_t)(n + q) * half;
-    for (size_t j = F::worker(); j < per && q * per + j < items;
+    for (size_t j = F::worker(); j < per && q * per + j < k.items;
          j += F::workers())
-      F::put(out, q * per + j, a.count, out_al,
-             F::recv(row + j * F::kItemBytes + lane, flag, a.timeout_ns, q));
+      F::put(k.out, q * per + j, a.count, k.out_al,
+             F::recv(row + j * F::kItemBytes + k.lane, k.flag, a.timeout_ns,
+                     q));
   }
 
-  end_call(a.epochs, call);
+  end_call(a.epochs, k.call);
 }
 
 }  // namespace symnccl
