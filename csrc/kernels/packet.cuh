@@ -296,51 +296,78 @@ __global__ void __launch_bounds__(512)
   end_call(a.epochs, k.call);
 }
 
-template <typename T, typename F>
-__global__ void __launch_bounds__(512)
-    packet_two_shot(ncclDevComm dc, const symnccl_kargs a) {
-  const PacketLaunch<T, F> k(dc.lsaSize, dc.lsaRank, a);
-  const int n = k.n, me = k.me;
-  const size_t half = a.row_bytes / 2;
-  const size_t per = (k.items + n - 1) / n;  // items per slice
-  const Peers slot = Peers::of(a.region_win, k.call.slot_off);
-  const char* mine = slot(me);
+// The two-shot's phases, each one pass over one slice of `per` items per
+// rank; a reduce-scatter is phases 1 and 2 (without the sends of the
+// result), an all-gather the sends of phase 2 (of the own input) and phase
+// 3. Half rows: phase-1 rows [source rank r] at r * half, phase-2 rows
+// [slice q] at (n + q) * half.
 
-  // 1. slice q of my input -> rank q, row `me` (peers in rotated order)
-  for (int d = 1; d < n; d++) {
-    const int q = (me + d) % n;
-    char* row = slot.at((size_t)me * half)(q);
+// 1. slice q of my input -> rank q, row `me` (peers in rotated order)
+template <typename T, typename F>
+__device__ __forceinline__ void scatter_slices(const PacketLaunch<T, F>& k,
+                                               const symnccl_kargs& a,
+                                               const Peers& slot, size_t half,
+                                               size_t per) {
+  for (int d = 1; d < k.n; d++) {
+    const int q = (k.me + d) % k.n;
+    char* row = slot.at((size_t)k.me * half)(q);
     for (size_t j = F::worker(); j < per && q * per + j < k.items;
          j += F::workers())
       F::send(row + j * F::kItemBytes + k.lane,
               F::load(k.in, q * per + j, a.count, k.in_al, k.flag), k.flag);
   }
+}
 
-  // 2. my slice reduced in rank order, the result to every rank
-  const Peers res = slot.at((size_t)(n + me) * half);
-  for (size_t j = F::worker(); j < per && me * per + j < k.items;
+// 2. my slice reduced in rank order as the rows arrive, the result to every
+// rank's phase-2 row `me` and to my output
+template <typename T, typename F>
+__device__ __forceinline__ void reduce_slice(const PacketLaunch<T, F>& k,
+                                             const symnccl_kargs& a,
+                                             const Peers& slot, size_t half,
+                                             size_t per) {
+  const char* mine = slot(k.me);
+  const Peers res = slot.at((size_t)(k.n + k.me) * half);
+  for (size_t j = F::worker(); j < per && k.me * per + j < k.items;
        j += F::workers()) {
-    const size_t i = me * per + j;
+    const size_t i = k.me * per + j;
     const size_t at = j * F::kItemBytes + k.lane;
     const typename F::Item r =
-        reduce_item<T, F>(mine + at, half, k.in, i, a.count, k.in_al, me, n,
-                          a.op, k.flag, a.timeout_ns);
-    for (int q = 0; q < n; q++)
-      if (q != me) F::send(res(q) + at, r, k.flag);
+        reduce_item<T, F>(mine + at, half, k.in, i, a.count, k.in_al, k.me,
+                          k.n, a.op, k.flag, a.timeout_ns);
+    for (int q = 0; q < k.n; q++)
+      if (q != k.me) F::send(res(q) + at, r, k.flag);
     F::put(k.out, i, a.count, k.out_al, r);
   }
+}
 
-  // 3. every other slice's result
-  for (int d = 1; d < n; d++) {
-    const int q = (me + d) % n;
-    const char* row = mine + (size_t)(n + q) * half;
+// 3. every other slice from its owner's phase-2 row, into my output
+template <typename T, typename F>
+__device__ __forceinline__ void gather_slices(const PacketLaunch<T, F>& k,
+                                              const symnccl_kargs& a,
+                                              const Peers& slot, size_t half,
+                                              size_t per) {
+  const char* mine = slot(k.me);
+  for (int d = 1; d < k.n; d++) {
+    const int q = (k.me + d) % k.n;
+    const char* row = mine + (size_t)(k.n + q) * half;
     for (size_t j = F::worker(); j < per && q * per + j < k.items;
          j += F::workers())
       F::put(k.out, q * per + j, a.count, k.out_al,
              F::recv(row + j * F::kItemBytes + k.lane, k.flag, a.timeout_ns,
                      q));
   }
+}
 
+template <typename T, typename F>
+__global__ void __launch_bounds__(512)
+    packet_two_shot(ncclDevComm dc, const symnccl_kargs a) {
+  const PacketLaunch<T, F> k(dc.lsaSize, dc.lsaRank, a);
+  const size_t half = a.row_bytes / 2;
+  const size_t per = (k.items + k.n - 1) / k.n;  // items per slice
+  const Peers slot = Peers::of(a.region_win, k.call.slot_off);
+  scatter_slices(k, a, slot, half, per);
+  reduce_slice(k, a, slot, half, per);
+  gather_slices(k, a, slot, half, per);
   end_call(a.epochs, k.call);
 }
 
