@@ -180,12 +180,10 @@ parse_algo(PyObject *obj, int kernels)
 }
 
 static int
-kernel_all_reduce(sn_call *k, int algo, const sn_op *op)
+kernel_all_reduce(sn_call *k, int algo, const sn_op *op, const sn_window *win)
 {
-    sn_ar r = {k->c, algo, k->x.ptr, k->out.ptr,
-               sn_window_find(k->c, k->x.ptr,
-                              k->x.count * (size_t)k->x.dtype->itemsize),
-               k->x.count, k->x.dtype, op, k->stream};
+    sn_ar r = {k->c, algo, k->x.ptr, k->out.ptr, win, k->x.count, k->x.dtype,
+               op, k->stream};
     sn_err err = {cudaSuccess, ncclSuccess, ""};
     if (sn_launch_all_reduce(&r, &err) < 0)
         return sn_raise(k->st, &err);
@@ -279,10 +277,11 @@ sn_all_reduce(CommObject *c, PyObject *args, PyObject *kw)
         call_output(&k, x, out, k.x.count, k.x.ndim, k.x.shape, 1) < 0)
         return call_end(&k, 0);
     const size_t bytes = k.x.count * (size_t)k.x.dtype->itemsize;
+    const sn_window *win = sn_window_find(c, k.x.ptr, bytes);
     const sn_topology topo = sn_topology_of(c);
     if (algo == SN_ALGO_AUTO)
         algo = sn_auto_algo(&topo, &c->knobs, bytes, k.x.dtype, op,
-                            sn_window_find(c, k.x.ptr, bytes) != NULL);
+                            win != NULL);
     else if (algo != SN_ALGO_NCCL) {
         const char *why = sn_algo_unavailable(&topo, algo, k.x.dtype, op);
         if (why != NULL) {
@@ -301,7 +300,7 @@ sn_all_reduce(CommObject *c, PyObject *args, PyObject *kw)
     if (algo != SN_ALGO_NCCL && k.st->group_depth > 0)
         algo = SN_ALGO_NCCL;   /* auto inside a group: NCCL's grouping */
     if (algo != SN_ALGO_NCCL)
-        return call_end(&k, kernel_all_reduce(&k, algo, op) == 0);
+        return call_end(&k, kernel_all_reduce(&k, algo, op, win) == 0);
     if (misaligned_in_window(c, k.x.ptr) || misaligned_in_window(c, k.out.ptr))
         return call_end(&k, nccl_all_reduce_via_plain(&k, op, bytes) == 0);
     ncclResult_t rc = ncclAllReduce(k.x.ptr, k.out.ptr, k.x.count,
