@@ -12,6 +12,15 @@ Environment:
   SYMNCCL_PTX         1: also embed PTX of the lowest architecture (for
                       GPUs newer than the list; costs size and build time)
   SYMNCCL_BUILD_JOBS  parallel nvcc jobs (default: the CPU count)
+  SYMNCCL_NCCL_MINORS the NCCL 2.x minors to build the kernels for
+                      (default: every supported one, NCCL_MINORS below)
+  SYMNCCL_NCCL_INCLUDE_2_<minor>  that minor's include/ (nccl.h and
+                      nccl_device.h); default: the installed NCCL wheel's
+                      for its own minor, else a cache
+                      (SYMNCCL_NCCL_CACHE, default ~/.cache/symnccl/nccl)
+                      filled from that minor's nvidia-nccl-cu13 wheel on
+                      PyPI (SYMNCCL_NCCL_FETCH=0: never fetch; the minors
+                      without headers are then not built)
   NCCL_HOME           an NCCL install with include/ and lib/ to use instead
                       of the nvidia-nccl-cu13 wheel
   CUDA_HOME           CUDA toolkit root (default: from nvcc on PATH)
@@ -34,7 +43,12 @@ import time
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
-NCCL_MAJOR_MINOR = (2, 28)   # device-API ABI: build headers == runtime
+# NCCL 2.x minors whose device API symnccl's kernels are built for: the
+# kernels are compiled once per minor against its own headers (the device
+# API's structs change between minors), and the module uses the build of
+# the libnccl it loads (csrc/abi.c). pyproject.toml's nvidia-nccl-cu13
+# range covers the same minors (tests/test_cpu.py checks it).
+NCCL_MINORS = (28, 29, 30)
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -78,29 +92,118 @@ def _nccl_from_wheel():
     return None
 
 
-def find_nccl():
-    root = os.environ.get("NCCL_HOME") or _nccl_from_wheel()
-    if root is None:
-        _fail("NCCL headers were not found. Install the NCCL wheel "
-              "(pip install 'nvidia-nccl-cu13>=2.28,<2.29') or set NCCL_HOME "
-              "to an NCCL 2.28 install with include/ and lib/.")
-    inc = os.path.join(root, "include")
+def _headers_minor(inc):
+    """The NCCL 2.x minor of the headers in `inc`, or None."""
     header = os.path.join(inc, "nccl.h")
-    if not os.path.exists(header) or not os.path.exists(
-            os.path.join(inc, "nccl_device.h")):
-        _fail(f"{inc} has no nccl.h/nccl_device.h (NCCL >= 2.28 is needed "
-              "for the device API).")
+    if not (os.path.exists(header) and
+            os.path.exists(os.path.join(inc, "nccl_device.h"))):
+        return None
     text = open(header).read()
     major = int(re.search(r"#define NCCL_MAJOR (\d+)", text).group(1))
     minor = int(re.search(r"#define NCCL_MINOR (\d+)", text).group(1))
-    if (major, minor) != NCCL_MAJOR_MINOR:
-        _fail(f"NCCL headers at {inc} are {major}.{minor}; symnccl's device "
-              f"code needs {NCCL_MAJOR_MINOR[0]}.{NCCL_MAJOR_MINOR[1]} (the "
-              "device API ABI changes between minor versions).")
+    return minor if major == 2 else None
+
+
+def _fetch_headers(minor, cache):
+    """nccl.h and nccl_device.h of NCCL 2.<minor> from its nvidia-nccl-cu13
+    wheel (pip download, else PyPI's JSON API), unpacked into the cache."""
+    import tempfile
+    import zipfile
+    dest = os.path.join(cache, f"2.{minor}")
+    spec = f"nvidia-nccl-cu13>=2.{minor},<2.{minor + 1}"
+    with tempfile.TemporaryDirectory() as tmp:
+        wheel = None
+        r = subprocess.run([sys.executable, "-m", "pip", "download",
+                            "--no-deps", "--only-binary=:all:", "-q",
+                            "--platform", "manylinux_2_18_x86_64",
+                            "-d", tmp, spec], capture_output=True, text=True)
+        found = glob.glob(os.path.join(tmp, "*.whl"))
+        if r.returncode == 0 and found:
+            wheel = found[0]
+        else:
+            import json
+            import urllib.request
+            try:
+                with urllib.request.urlopen(
+                        "https://pypi.org/pypi/nvidia-nccl-cu13/json",
+                        timeout=60) as f:
+                    releases = json.load(f)["releases"]
+                versions = sorted((v for v in releases
+                                   if v.startswith(f"2.{minor}.")),
+                                  key=lambda v: [int(x) for x in
+                                                 v.split(".")])
+                url = next(u["url"] for u in releases[versions[-1]]
+                           if u["filename"].endswith("x86_64.whl"))
+                wheel = os.path.join(tmp, "nccl.whl")
+                urllib.request.urlretrieve(url, wheel)
+            except Exception as e:   # offline, or no such release
+                print(f"symnccl: no NCCL 2.{minor} headers: pip download "
+                      f"failed ({r.stderr.strip()[-200:]}) and PyPI could "
+                      f"not be read ({e})", flush=True)
+                return None
+        with zipfile.ZipFile(wheel) as z:
+            # the headers, and the library for tests that load this NCCL
+            for name in z.namelist():
+                if name.startswith(("nvidia/nccl/include/",
+                                    "nvidia/nccl/lib/libnccl.so")):
+                    z.extract(name, dest)
+    inc = os.path.join(dest, "nvidia", "nccl", "include")
+    return inc if _headers_minor(inc) == minor else None
+
+
+def find_nccl():
+    """(headers by minor, the include dir of the host code's nccl.h, the
+    lib dir of the libnccl.so.2 to link, whether it came from NCCL_HOME)."""
+    root = os.environ.get("NCCL_HOME") or _nccl_from_wheel()
+    if root is None:
+        _fail("NCCL was not found. Install the NCCL wheel "
+              "(pip install 'nvidia-nccl-cu13>=2.28,<2.31') or set NCCL_HOME "
+              "to an NCCL 2.28-2.30 install with include/ and lib/.")
+    inc = os.path.join(root, "include")
+    own = _headers_minor(inc)
+    if own is None or own not in NCCL_MINORS:
+        _fail(f"{inc} has no nccl.h/nccl_device.h of NCCL 2.{NCCL_MINORS[0]}"
+              f"-2.{NCCL_MINORS[-1]} (the device API needs 2.28 or newer)")
     libdir = os.path.join(root, "lib")
     if not os.path.exists(os.path.join(libdir, "libnccl.so.2")):
         _fail(f"{libdir} has no libnccl.so.2")
-    return inc, libdir, "NCCL_HOME" in os.environ
+    wanted = [int(m) for m in re.split(r"[;, ]+",
+                                        os.environ.get("SYMNCCL_NCCL_MINORS",
+                                                       ""))
+              if m] or list(NCCL_MINORS)
+    cache = os.environ.get("SYMNCCL_NCCL_CACHE") or os.path.join(
+        os.path.expanduser("~"), ".cache", "symnccl", "nccl")
+    fetch = os.environ.get("SYMNCCL_NCCL_FETCH", "1") != "0"
+    builds = {}
+    for minor in wanted:
+        if minor not in NCCL_MINORS:
+            _fail(f"SYMNCCL_NCCL_MINORS: 2.{minor} is not supported "
+                  f"(2.{NCCL_MINORS[0]}-2.{NCCL_MINORS[-1]})")
+        given = os.environ.get(f"SYMNCCL_NCCL_INCLUDE_2_{minor}")
+        cached = os.path.join(cache, f"2.{minor}", "nvidia", "nccl",
+                              "include")
+        if given:
+            if _headers_minor(given) != minor:
+                _fail(f"SYMNCCL_NCCL_INCLUDE_2_{minor}={given} holds no NCCL "
+                      f"2.{minor} nccl.h/nccl_device.h")
+            builds[minor] = given
+        elif minor == own:
+            builds[minor] = inc
+        elif _headers_minor(cached) == minor:
+            builds[minor] = cached
+        elif fetch:
+            got = _fetch_headers(minor, cache)
+            if got:
+                builds[minor] = got
+    missing = [m for m in wanted if m not in builds]
+    if missing:
+        print("symnccl: WARNING: no kernels for NCCL " +
+              ", ".join(f"2.{m}" for m in missing) + ": importing with that "
+              "NCCL will fail (set SYMNCCL_NCCL_INCLUDE_2_<minor>)",
+              flush=True)
+    if not builds:
+        _fail("no NCCL headers to build the kernels against")
+    return builds, inc, libdir, "NCCL_HOME" in os.environ
 
 
 def find_xla_ffi():
@@ -149,25 +252,44 @@ def kernel_dtypes():
     return ids
 
 
-def kernel_jobs(objdir):
-    """(source, object, extra flags) for every kernel object."""
+def kernel_jobs(objdir, minor):
+    """(source, object, extra flags) of every kernel object of one NCCL
+    minor's build."""
     kdir = os.path.join("csrc", "kernels")
+    odir = os.path.join(objdir, f"2_{minor}")
+    flags = [f"-DSYMNCCL_NCCL_MINOR={minor}"]
     jobs = [(os.path.join(kdir, "unit.cu"),
-             os.path.join(objdir, f"unit_{dt.lower()}.o"),
-             [f"-DSYMNCCL_UNIT_DT={dt}"]) for dt in kernel_dtypes()]
+             os.path.join(odir, f"unit_{dt.lower()}.o"),
+             flags + [f"-DSYMNCCL_UNIT_DT={dt}"]) for dt in kernel_dtypes()]
     for src in sorted(glob.glob(os.path.join(kdir, "*.cu"))):
         if os.path.basename(src) != "unit.cu":
             base = os.path.basename(src)[:-3]
-            jobs.append((src, os.path.join(objdir, base + ".o"), []))
+            jobs.append((src, os.path.join(odir, base + ".o"), flags))
     return jobs
 
 
-def compile_kernels(nvcc, nccl_inc, objdir, force):
-    """Compiles the kernel objects in parallel; returns their paths."""
-    os.makedirs(objdir, exist_ok=True)
-    jobs = kernel_jobs(objdir)
+def _stale(out, key, inputs):
+    stamp = out + ".cmd"
+    return not (os.path.exists(out) and os.path.exists(stamp) and
+                open(stamp).read() == key and
+                max(os.path.getmtime(d) for d in inputs)
+                <= os.path.getmtime(out))
+
+
+def _stamp(out, key):
+    with open(out + ".cmd", "w") as f:
+        f.write(key)
+
+
+def compile_kernels(nvcc, builds, objdir, force):
+    """Compiles every minor's kernel objects in parallel, then joins each
+    minor's into one object whose only global symbol is its table,
+    symnccl_kernels_2_<minor> (so the builds' identically named C++
+    symbols never meet); returns those objects."""
     headers = glob.glob(os.path.join("csrc", "kernels", "*.h")) + \
         glob.glob(os.path.join("csrc", "kernels", "*.cuh"))
+    jobs = [(minor,) + job for minor in sorted(builds)
+            for job in kernel_jobs(objdir, minor)]
     cores = os.cpu_count() or 1
     njobs = int(os.environ.get("SYMNCCL_BUILD_JOBS", cores))
     njobs = max(1, min(njobs, len(jobs)))
@@ -176,28 +298,25 @@ def compile_kernels(nvcc, nccl_inc, objdir, force):
     # the parallel jobs leave of the cores
     threads = max(1, min(archs, cores // njobs))
     todo = []
-    for src, obj, extra in jobs:
+    for minor, src, obj, extra in jobs:
+        os.makedirs(os.path.dirname(obj), exist_ok=True)
         cmd = [nvcc, "-c", src, "-o", obj, "-O3", "-std=c++17",
                "-Xcompiler", "-fPIC", "--expt-relaxed-constexpr",
                "-Xptxas", "-warn-spills", "-Xfatbin=-compress-all",
-               f"--threads={threads}", f"-I{nccl_inc}", "-Icsrc"] + \
+               f"--threads={threads}", f"-I{builds[minor]}", "-Icsrc"] + \
             extra + gencode_flags()
-        stamp = obj + ".cmd"
         key = hashlib.sha256(" ".join(cmd).encode()).hexdigest()
-        fresh = (not force and os.path.exists(obj) and
-                 os.path.exists(stamp) and open(stamp).read() == key and
-                 max(os.path.getmtime(d) for d in [src] + headers)
-                 <= os.path.getmtime(obj))
-        if not fresh:
-            todo.append((src, obj, cmd, stamp, key))
+        if force or _stale(obj, key, [src] + headers):
+            todo.append((obj, cmd, key))
     if todo:
         print(f"symnccl: compiling {len(todo)} of {len(jobs)} kernel objects "
-              f"({njobs} jobs x {threads} nvcc threads, "
+              f"for NCCL " + ", ".join(f"2.{m}" for m in sorted(builds)) +
+              f" ({njobs} jobs x {threads} nvcc threads, "
               f"{';'.join(cuda_archs())})", flush=True)
     t0 = time.monotonic()
 
     def run(item):
-        src, obj, cmd, stamp, key = item
+        obj, cmd, key = item
         start = time.monotonic()
         r = subprocess.run(cmd, capture_output=True, text=True)
         return item, r, time.monotonic() - start
@@ -205,18 +324,18 @@ def compile_kernels(nvcc, nccl_inc, objdir, force):
     done = 0
     failed = []
     with concurrent.futures.ThreadPoolExecutor(njobs) as pool:
-        for item, r, secs in pool.map(run, todo):
+        for (obj, cmd, key), r, secs in pool.map(run, todo):
             done += 1
-            src, obj, cmd, stamp, key = item
             spills = r.stderr.count("Registers are spilled")
             note = f", {spills} kernels spill registers" if spills else ""
-            print(f"symnccl: [{done}/{len(todo)}] {os.path.basename(obj)} "
-                  f"{secs:.0f} s{note}", flush=True)
+            name = os.path.join(os.path.basename(os.path.dirname(obj)),
+                                os.path.basename(obj))
+            print(f"symnccl: [{done}/{len(todo)}] {name} {secs:.0f} s{note}",
+                  flush=True)
             if r.returncode != 0:
                 failed.append((cmd, r.stdout + r.stderr))
             else:
-                with open(stamp, "w") as f:
-                    f.write(key)
+                _stamp(obj, key)
     for cmd, out in failed:
         print(" ".join(cmd) + "\n" + out, file=sys.stderr)
     if failed:
@@ -224,7 +343,19 @@ def compile_kernels(nvcc, nccl_inc, objdir, force):
     if todo:
         print(f"symnccl: kernels compiled in {time.monotonic() - t0:.0f} s",
               flush=True)
-    return [obj for _, obj, _ in jobs]
+    blobs = []
+    for minor in sorted(builds):
+        objs = [obj for m, _, obj, _ in jobs if m == minor]
+        blob = os.path.join(objdir, f"kernels_2_{minor}.o")
+        table = f"symnccl_kernels_2_{minor}"
+        key = hashlib.sha256(" ".join(objs + [table]).encode()).hexdigest()
+        if force or _stale(blob, key, objs):
+            subprocess.check_call(["ld", "-r", "-o", blob] + objs)
+            subprocess.check_call(["objcopy", f"--keep-global-symbol={table}",
+                                   blob])
+            _stamp(blob, key)
+        blobs.append(blob)
+    return blobs
 
 
 class BuildExt(build_ext):
@@ -233,6 +364,21 @@ class BuildExt(build_ext):
         objects = compile_kernels(nvcc, NCCL[0],
                                   os.path.join(self.build_temp, "kernels"),
                                   self.force)
+        builds = " ".join(f"X({m})" for m in sorted(NCCL[0]))
+        for ext in self.extensions:
+            ext.define_macros = list(ext.define_macros or []) + [
+                ("SYMNCCL_NCCL_BUILDS(X)", builds)]
+            # setuptools rebuilds a .c object only when its source changed:
+            # also when the flags did
+            key = hashlib.sha256(repr((ext.define_macros, ext.include_dirs,
+                                       ext.extra_compile_args)).encode()
+                                 ).hexdigest()
+            stamp = os.path.join(self.build_temp, "c_flags.cmd")
+            if not os.path.exists(stamp) or open(stamp).read() != key:
+                self.force = True
+                os.makedirs(self.build_temp, exist_ok=True)
+                with open(stamp, "w") as f:
+                    f.write(key)
         headers = glob.glob(os.path.join("csrc", "*.h")) + \
             glob.glob(os.path.join("csrc", "kernels", "launch.h"))
         for ext in self.extensions:
@@ -245,7 +391,7 @@ class BuildExt(build_ext):
 
 def make_extension():
     nvcc, cuda_inc, cuda_lib = CUDA
-    nccl_inc, nccl_lib, nccl_home = NCCL
+    _, nccl_inc, nccl_lib, nccl_home = NCCL
     xla_inc = find_xla_ffi()
     macros = [("Py_LIMITED_API", "0x030B0000")]
     include_dirs = ["csrc", nccl_inc, cuda_inc]
@@ -269,7 +415,8 @@ def make_extension():
         libraries=["cudart_static", "dl", "pthread", "rt"],
         extra_link_args=["-l:libnccl.so.2"]
         + [f"-Wl,-rpath,{p}" for p in rpaths],
-        extra_compile_args=["-std=c11", "-O2", "-Wall", "-Wextra",
+        extra_compile_args=["-std=c11", "-O2", "-fvisibility=hidden",
+                            "-Wall", "-Wextra",
                             "-Wno-unused-parameter",
                             "-Wno-missing-field-initializers",
                             "-Wno-cast-function-type"],

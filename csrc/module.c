@@ -50,6 +50,15 @@ py_get_unique_id(PyObject *module, PyObject *unused)
     return PyBytes_FromStringAndSize(id.internal, NCCL_UNIQUE_ID_BYTES);
 }
 
+/* (2, minor) of the kernel build in use, or None (no build for the loaded
+ * NCCL: import fails in symnccl/__init__.py). */
+static PyObject *
+py_nccl_device_api(PyObject *module, PyObject *unused)
+{
+    int m = sn_abi_minor();
+    return m < 0 ? Py_NewRef(Py_None) : Py_BuildValue("(ii)", 2, m);
+}
+
 static PyObject *
 py_nccl_runtime_version(PyObject *module, PyObject *unused)
 {
@@ -299,6 +308,9 @@ static PyMethodDef sn_methods[] = {
      "get_unique_id() -> bytes\n\nA new NCCL unique id (128 bytes). Create it "
      "on one rank and send it to the others.\n\n"
      "Example:\n    uid = symnccl.get_unique_id()"},
+    {"nccl_device_api", py_nccl_device_api, METH_NOARGS,
+     "nccl_device_api() -> (2, minor) of the NCCL device API symnccl's "
+     "kernels use in this process (the loaded libnccl's), or None."},
     {"nccl_runtime_version", py_nccl_runtime_version, METH_NOARGS,
      "Version code of the loaded libnccl (ncclGetVersion), e.g. 22809."},
     {"cuda_versions", py_cuda_versions, METH_NOARGS,
@@ -393,6 +405,17 @@ sn_exec(PyObject *module)
                                 NCCL_UNIQUE_ID_BYTES) < 0)
         return -1;
 
+    /* The kernels built for the loaded libnccl's minor, if any. */
+    int v = 0;
+    if (ncclGetVersion(&v) == ncclSuccess)
+        (void)sn_abi_select(v);
+    PyObject *builds = sn_abi_builds();
+    if (builds == NULL ||
+        PyModule_AddObjectRef(module, "NCCL_DEVICE_API_BUILDS", builds) < 0) {
+        Py_XDECREF(builds);
+        return -1;
+    }
+    Py_DECREF(builds);
     sn_xla_init(st);
     return sn_registry_export(module);
 }

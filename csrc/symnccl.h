@@ -5,7 +5,7 @@
  * calls only files of the layers above it, never one below, so there is no
  * circle (tests/test_cpu.py checks it):
  *
- *   1  errors.c  wait.c  registry.c  dtypes.c  streams.c
+ *   1  abi.c  errors.c  wait.c  registry.c  dtypes.c  streams.c
  *   2  windows.c  staging.c
  *   3  lifecycle.c  launch.c
  *   4  buffer.c
@@ -80,6 +80,14 @@ sn_state_from_type(PyTypeObject *tp)
 {
     return (SNState *)PyType_GetModuleState(tp);
 }
+
+/* ------------------------------------------------------------------ */
+/* abi.c: the build of the kernels for the loaded libnccl's minor. */
+
+/* Chooses the build for ncclGetVersion's code; -1 when none matches. */
+int sn_abi_select(int nccl_version_code);
+int sn_abi_minor(void);                /* -1 before a successful select */
+PyObject *sn_abi_builds(void);         /* ((2, minor), ...) built */
 
 /* ------------------------------------------------------------------ */
 /* registry.c: the one declaration of dtypes, ops, algorithms, the auto

@@ -25,12 +25,20 @@ ENTRY = re.compile(
 
 
 def kernel_name(mangled):
-    """'_ZN7symnccl15packet_one_shotI13__nv_bfloat16NS_5LL128EE...' ->
-    'packet_one_shot<LL128>'."""
-    m = re.match(r"_ZN7symnccl\d+(\w+?)I", mangled)
-    name = m.group(1) if m else mangled
-    fmt = re.search(r"NS_\d+(LL128|LL)EE", mangled)
-    return name + (f"<{fmt.group(1)}>" if fmt else "")
+    """'_ZN7symnccl8nccl2_2815packet_one_shotI13__nv_bfloat16NS0_5LL128EE..'
+    -> 'packet_one_shot<LL128>' (the last length-prefixed name of the
+    nested name before its template arguments)."""
+    names, i = [], len("_ZN") if mangled.startswith("_ZN") else 0
+    while i < len(mangled) and mangled[i].isdigit():
+        j = i
+        while mangled[j].isdigit():
+            j += 1
+        n = int(mangled[i:j])
+        names.append(mangled[j:j + n])
+        i = j + n
+    fmt = re.search(r"NS\d*_\d+(LL128|LL)EE", mangled)
+    return (names[-1] if names else mangled) + \
+        (f"<{fmt.group(1)}>" if fmt else "")
 
 
 def parse(text):
@@ -52,6 +60,7 @@ def main(argv=None):
     if inc is None and not os.environ.get("NCCL_HOME"):
         sys.exit("NCCL headers not found (pip install nvidia-nccl-cu13)")
     inc = os.path.join(os.environ.get("NCCL_HOME") or inc, "include")
+    minor = setup._headers_minor(inc)
     out = tempfile.mkdtemp()
 
     def run(dt):
@@ -59,6 +68,7 @@ def main(argv=None):
                os.path.join(out, dt + ".o"), "-O3", "-std=c++17",
                "--expt-relaxed-constexpr", "-Xptxas", "-v", f"-I{inc}",
                "-Icsrc", f"-DSYMNCCL_UNIT_DT={dt}",
+               f"-DSYMNCCL_NCCL_MINOR={minor}",
                f"-gencode=arch=compute_{a.arch},code=sm_{a.arch}"]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode:

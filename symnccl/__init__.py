@@ -23,7 +23,7 @@ _NCCL_PATH = _loader.preload()
 
 from . import _C  # noqa: E402  (libnccl must be loaded first)
 
-_loader.check_version(_C.NCCL_BUILD_VERSION, _C.nccl_runtime_version(),
+_loader.check_version(_C.NCCL_DEVICE_API_BUILDS, _C.nccl_runtime_version(),
                       _loader.loaded_nccl_path())
 
 from . import _frameworks  # noqa: E402
@@ -137,6 +137,8 @@ def versions() -> dict:
     return {
         "symnccl": __version__,
         "nccl_build": fmt(_C.NCCL_BUILD_VERSION),
+        "nccl_device_api_builds": ", ".join(
+            f"{a}.{b}" for a, b in _C.NCCL_DEVICE_API_BUILDS),
         "nccl_runtime": fmt(_C.nccl_runtime_version()),
         "nccl_library": _loader.loaded_nccl_path() or _NCCL_PATH,
         "cuda_build": cfmt(_C.CUDA_BUILD_VERSION),

@@ -1,8 +1,9 @@
 """Find and load libnccl.so.2 before the extension module is imported.
 
-symnccl's device code is compiled against one NCCL major.minor (the device
-API's structs change between minor versions), so the process must use a
-libnccl of that major.minor. In order of preference:
+symnccl's device code is compiled once per supported NCCL minor (the device
+API's structs change between minor versions) and the module uses the build
+of the libnccl it loads, so that libnccl must be one of those minors. In
+order of preference:
 
 1. a libnccl.so.2 already loaded in this process (torch and jaxlib load the
    nvidia-nccl-cu13 wheel's): reused, so one process has one NCCL;
@@ -67,15 +68,18 @@ def version_tuple(code: int) -> tuple[int, int, int]:
     return code // 1000, (code % 1000) // 100, code % 100   # pre-2.9 scheme
 
 
-def check_version(build_code: int, runtime_code: int,
-                  path: str | None = None) -> None:
-    """Raise ImportError unless the loaded NCCL has the build's major.minor."""
-    b, r = version_tuple(build_code), version_tuple(runtime_code)
-    if b[:2] != r[:2]:
+def check_version(builds, runtime_code: int, path: str | None = None) -> None:
+    """Raise ImportError unless the loaded NCCL's (major, minor) is one the
+    kernels were built for (builds: ((2, 28), (2, 29), ...))."""
+    r = version_tuple(runtime_code)
+    if tuple(r[:2]) not in {tuple(b) for b in builds}:
         where = f" from {path}" if path else ""
+        have = ", ".join(f"{b[0]}.{b[1]}" for b in builds) or "none"
+        lo, hi = min(builds) if builds else (2, 28), max(builds) if builds \
+            else (2, 28)
         raise ImportError(
-            f"symnccl was built against NCCL {b[0]}.{b[1]}.{b[2]} but the "
-            f"loaded libnccl{where} is {r[0]}.{r[1]}.{r[2]}; the NCCL device "
+            f"the loaded libnccl{where} is NCCL {r[0]}.{r[1]}.{r[2]}, but "
+            f"symnccl's kernels were built for NCCL {have}; the NCCL device "
             f"API needs the same major.minor. Install "
-            f"'nvidia-nccl-cu13>={b[0]}.{b[1]},<{b[0]}.{b[1] + 1}' or rebuild "
-            f"symnccl against the loaded NCCL.")
+            f"'nvidia-nccl-cu13>={lo[0]}.{lo[1]},<{hi[0]}.{hi[1] + 1}' or "
+            f"rebuild symnccl with that NCCL's headers.")

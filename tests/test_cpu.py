@@ -28,10 +28,10 @@ def test_import_checks_the_loaded_nccl_against_the_build():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True,
                        text=True, timeout=120)
     assert r.returncode != 0
-    v = symnccl.versions()
-    build = "".join(f"{int(x):02d}" for x in v["nccl_build"].split("."))
-    runtime = "".join(f"{int(x):02d}" for x in v["nccl_runtime"].split("."))
-    assert f"checked {int(build)} {int(runtime)} " in r.stderr, r.stderr
+    runtime = "".join(f"{int(x):02d}"
+                      for x in symnccl.versions()["nccl_runtime"].split("."))
+    assert f"checked {_C.NCCL_DEVICE_API_BUILDS} {int(runtime)} " in \
+        r.stderr, r.stderr
     assert "libnccl.so" in r.stderr
 
 
@@ -48,14 +48,71 @@ def test_version_tuple_decodes_nccl_version_codes():
     assert _loader.version_tuple(2708) == (2, 7, 8)
 
 
-def test_check_version_accepts_same_major_minor():
-    _loader.check_version(22809, 22803)
+def test_check_version_accepts_a_built_minor():
+    _loader.check_version(((2, 28), (2, 29)), 22803)
+    _loader.check_version(((2, 28), (2, 29)), 22907)
 
 
 def test_check_version_names_both_versions_on_mismatch():
-    with pytest.raises(ImportError, match=r"built against NCCL 2\.28\.9.*"
-                                          r"is 2\.29\.1"):
-        _loader.check_version(22809, 22901, "/x/libnccl.so.2")
+    with pytest.raises(ImportError, match=r"libnccl from /x/libnccl.so.2 is "
+                                          r"NCCL 2\.31\.1, but symnccl's "
+                                          r"kernels were built for NCCL 2\.28, "
+                                          r"2\.30.*'nvidia-nccl-cu13>=2\.28,"
+                                          r"<2\.31'"):
+        _loader.check_version(((2, 28), (2, 30)), 23101, "/x/libnccl.so.2")
+
+
+def test_kernels_are_built_for_every_supported_nccl_minor():
+    """One build per minor of setup.py's NCCL_MINORS, the range pyproject
+    lets pip install, and the loaded NCCL's is the one in use."""
+    import re
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, root)
+    try:
+        import setup
+    finally:
+        sys.path.pop(0)
+    assert _C.NCCL_DEVICE_API_BUILDS == tuple((2, m)
+                                              for m in setup.NCCL_MINORS)
+    text = open(os.path.join(root, "pyproject.toml")).read()
+    lo, hi = setup.NCCL_MINORS[0], setup.NCCL_MINORS[-1] + 1
+    spec = f'nvidia-nccl-cu13>=2.{lo},<2.{hi}"'
+    assert text.count(spec) == 2, spec   # build requirement and dependency
+    runtime = tuple(int(x) for x in
+                    symnccl.versions()["nccl_runtime"].split(".")[:2])
+    assert _C.nccl_device_api() == runtime
+    assert re.fullmatch(r"2\.\d+", ".".join(map(str, runtime)))
+
+
+def _cached_nccl(minor):
+    root = os.environ.get("SYMNCCL_NCCL_CACHE") or os.path.join(
+        os.path.expanduser("~"), ".cache", "symnccl", "nccl")
+    home = os.path.join(root, f"2.{minor}", "nvidia", "nccl")
+    lib = os.path.join(home, "lib", "libnccl.so.2")
+    return home if os.path.exists(lib) else None
+
+
+@pytest.mark.parametrize("minor", [28, 29, 30])
+def test_import_with_each_supported_nccl_uses_its_build(minor):
+    """With each supported NCCL loaded (the build's cache holds the ones
+    setup.py fetched), import picks that minor's kernels."""
+    own = tuple(int(x) for x in
+                symnccl.versions()["nccl_runtime"].split(".")[:2])
+    home = None if own == (2, minor) else _cached_nccl(minor)
+    if own != (2, minor) and home is None:
+        pytest.skip(f"NCCL 2.{minor}'s library is not in the build cache")
+    env = dict(os.environ)
+    if home is not None:
+        env["NCCL_HOME"] = home
+    r = subprocess.run([sys.executable, "-c",
+                        "import symnccl, symnccl._C as C; "
+                        "print(C.nccl_device_api(), "
+                        "symnccl.versions()['nccl_runtime'], "
+                        "len(symnccl.get_unique_id()))"],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.startswith(f"(2, {minor}) 2.{minor}.") and \
+        r.stdout.strip().endswith(" 128"), r.stdout
 
 
 def test_unique_id_is_128_fresh_bytes():
@@ -464,7 +521,9 @@ def test_multimem_kernel_compiles_to_multimem_ptx(tmp_path):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     src = os.path.join(root, "csrc", "kernels", "multimem.cu")
     ptx = tmp_path / "mm.ptx"
+    minor = _C.nccl_device_api()[1]
     subprocess.run([nvcc, "-std=c++17", "-arch=compute_90", "--ptx",
+                    f"-DSYMNCCL_NCCL_MINOR={minor}",
                     f"-I{inc}", "-I" + os.path.join(root, "csrc", "kernels"),
                     "-I" + os.path.join(root, "csrc"),
                     src, "-o", str(ptx)], check=True, capture_output=True,
@@ -600,7 +659,7 @@ def test_readme_names_every_algorithm_and_knob():
 
 # Host files in layer order (csrc/symnccl.h): each may call only files
 # before it.
-LAYERS = ["errors", "wait", "registry", "dtypes", "streams", "windows",
+LAYERS = ["abi", "errors", "wait", "registry", "dtypes", "streams", "windows",
           "staging", "lifecycle", "launch", "buffer", "dlpack",
           "collectives", "xla_ffi", "comm", "module"]
 

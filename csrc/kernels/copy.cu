@@ -9,6 +9,7 @@
 
 #include "launch.h"
 
+SYMNCCL_BEGIN
 namespace {
 
 __global__ void __launch_bounds__(512)
@@ -39,24 +40,25 @@ __global__ void lsa_pointer(ncclWindow_t win, size_t off, int peer,
 }
 
 }  // namespace
+SYMNCCL_END
 
-extern "C" cudaError_t symnccl_copy(void* dst, const void* src, size_t nbytes,
-                                    int ctas, cudaStream_t stream) {
+cudaError_t snk_copy(void* dst, const void* src, size_t nbytes, int ctas,
+                     cudaStream_t stream) {
   if (((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) &
        15) != 0)
     return cudaErrorInvalidValue;
   if (nbytes == 0) return cudaSuccess;
-  copy_kernel<<<ctas, 512, 0, stream>>>(static_cast<char*>(dst),
+  symnccl::copy_kernel<<<ctas, 512, 0, stream>>>(static_cast<char*>(dst),
                                         static_cast<const char*>(src), nbytes);
   return cudaGetLastError();
 }
 
-extern "C" cudaError_t symnccl_lsa_pointer(ncclWindow_t win, size_t offset,
-                                          int peer, void** out) {
+cudaError_t snk_lsa_pointer(ncclWindow_t win, size_t offset, int peer,
+                            void** out) {
   void** d = nullptr;
   cudaError_t e = cudaMalloc(&d, sizeof(void*));
   if (e != cudaSuccess) return e;
-  lsa_pointer<<<1, 1>>>(win, offset, peer, d);
+  symnccl::lsa_pointer<<<1, 1>>>(win, offset, peer, d);
   e = cudaGetLastError();
   if (e == cudaSuccess)
     e = cudaMemcpy(out, d, sizeof(void*), cudaMemcpyDeviceToHost);

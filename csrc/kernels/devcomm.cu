@@ -1,5 +1,6 @@
 // Device communicator lifetime, kept on the C++ side because ncclDevComm and
-// ncclDevCommRequirements are declared only in nccl_device.h.
+// ncclDevCommRequirements are declared only in nccl_device.h (entries of
+// the build's table, launch.cu).
 //
 // The holder is heap-allocated so its address is stable: inside an NCCL group
 // ncclDevCommCreate fills it only at ncclGroupEnd.
@@ -7,10 +8,8 @@
 
 #include "devcomm.cuh"
 
-extern "C" ncclResult_t symnccl_devcomm_create(ncclComm_t comm,
-                                               int lsa_barrier_count,
-                                               int request_multimem,
-                                               symnccl_devcomm** out) {
+ncclResult_t snk_devcomm_create(ncclComm_t comm, int lsa_barrier_count,
+                                int request_multimem, symnccl_devcomm** out) {
   *out = nullptr;
   symnccl_devcomm* h =
       static_cast<symnccl_devcomm*>(calloc(1, sizeof(symnccl_devcomm)));
@@ -34,18 +33,17 @@ extern "C" ncclResult_t symnccl_devcomm_create(ncclComm_t comm,
   return rc;
 }
 
-extern "C" ncclResult_t symnccl_devcomm_destroy(ncclComm_t comm,
-                                                symnccl_devcomm* dc) {
+ncclResult_t snk_devcomm_destroy(ncclComm_t comm, symnccl_devcomm* dc) {
   if (dc == nullptr) return ncclSuccess;
   ncclResult_t rc = ncclDevCommDestroy(comm, &dc->dc);
   free(dc);
   return rc;
 }
 
-extern "C" void symnccl_devcomm_free(symnccl_devcomm* dc) { free(dc); }
+void snk_devcomm_free(symnccl_devcomm* dc) { free(dc); }
 
-extern "C" void symnccl_devcomm_info(const symnccl_devcomm* dc, int* lsa_size,
-                                     int* lsa_rank, int* has_multimem) {
+void snk_devcomm_info(const symnccl_devcomm* dc, int* lsa_size, int* lsa_rank,
+                      int* has_multimem) {
   *lsa_size = dc->dc.lsaSize;
   *lsa_rank = dc->dc.lsaRank;
   *has_multimem =

@@ -1,7 +1,8 @@
-// symnccl_launch: checks what no kernel should have to, and hands the
-// launch to the unit of its element type (unit.cu) or to multimem.cu. Also
-// the sizes of the kernels' regions, which the host lays out
-// (csrc/staging.c).
+// The launch entry point: checks what no kernel should have to, and hands
+// the launch to the unit of its element type (unit.cu) or to multimem.cu.
+// Also the sizes of the kernels' regions, which the host lays out
+// (csrc/staging.c), and this build's table of entry points
+// (symnccl_kernels_2_<SYMNCCL_NCCL_MINOR>, launch.h).
 #include <cstdint>
 
 #include "devcomm.cuh"
@@ -13,7 +14,15 @@
 SYMNCCL_KERNEL_DTYPES(SYMNCCL_UNIT_DECL_)
 #undef SYMNCCL_UNIT_DECL_
 cudaError_t symnccl_launch_multimem(const symnccl_kargs* a, cudaStream_t s);
+// devcomm.cu, copy.cu
+ncclResult_t snk_devcomm_create(ncclComm_t, int, int, symnccl_devcomm**);
+ncclResult_t snk_devcomm_destroy(ncclComm_t, symnccl_devcomm*);
+void snk_devcomm_free(symnccl_devcomm*);
+void snk_devcomm_info(const symnccl_devcomm*, int*, int*, int*);
+cudaError_t snk_copy(void*, const void*, size_t, int, cudaStream_t);
+cudaError_t snk_lsa_pointer(ncclWindow_t, size_t, int, void**);
 
+SYMNCCL_BEGIN
 namespace {
 
 using Unit = cudaError_t (*)(const symnccl_kargs*, cudaStream_t);
@@ -31,7 +40,6 @@ const size_t kItemsize[SYMNCCL_DT_COUNT] = {
 // Data bytes an item of the packet kernel's format carries, and the row
 // bytes it takes; 0 for other kernels.
 void packet_format(int kernel, size_t* data, size_t* row) {
-  using namespace symnccl;
   switch (kernel) {
     case SYMNCCL_K_LL:
     case SYMNCCL_K_LL_TWO_SHOT:
@@ -63,10 +71,8 @@ bool two_shot_packets(int kernel) {
          kernel == SYMNCCL_K_LL128_TWO_SHOT;
 }
 
-}  // namespace
-
-extern "C" size_t symnccl_packet_max_count(int kernel, size_t row_bytes,
-                                           size_t itemsize, int nranks) {
+size_t packet_max_count(int kernel, size_t row_bytes, size_t itemsize,
+                        int nranks) {
   size_t data, row;
   packet_format(kernel, &data, &row);
   if (data == 0 || itemsize == 0) return 0;
@@ -75,8 +81,7 @@ extern "C" size_t symnccl_packet_max_count(int kernel, size_t row_bytes,
   return items * (two ? (size_t)nranks : 1) * data / itemsize;
 }
 
-extern "C" cudaError_t symnccl_lsa_layout_ok(ncclWindow_t win, int nranks,
-                                             int* ok) {
+cudaError_t lsa_layout_ok(ncclWindow_t win, int nranks, int* ok) {
   int* d = nullptr;
   cudaError_t e = cudaMalloc(&d, sizeof(int));
   if (e != cudaSuccess) return e;
@@ -88,17 +93,16 @@ extern "C" cudaError_t symnccl_lsa_layout_ok(ncclWindow_t win, int nranks,
   return e;
 }
 
-extern "C" size_t symnccl_push_region_bytes(int nranks, size_t slot_bytes,
-                                            size_t* data_offset) {
+size_t push_region_bytes(int nranks, size_t slot_bytes,
+                         size_t* data_offset) {
   size_t flags =
-      2 * (size_t)SYMNCCL_PUSH_MAX_CTAS * symnccl::push_flag_line(nranks);
+      2 * (size_t)SYMNCCL_PUSH_MAX_CTAS * push_flag_line(nranks);
   flags = (flags + 4095) / 4096 * 4096;
   if (data_offset != nullptr) *data_offset = flags;
   return flags + 4 * (size_t)nranks * slot_bytes;
 }
 
-extern "C" cudaError_t symnccl_launch(const symnccl_kargs* a,
-                                      cudaStream_t stream) {
+cudaError_t launch(const symnccl_kargs* a, cudaStream_t stream) {
   if (a->dc == nullptr || a->kernel < 0 || a->kernel >= SYMNCCL_K_COUNT ||
       a->dtype < 0 || a->dtype >= SYMNCCL_DT_COUNT || a->ctas < 1 ||
       a->threads < 32 || a->threads > 512 || a->threads % 32 != 0)
@@ -124,3 +128,30 @@ extern "C" cudaError_t symnccl_launch(const symnccl_kargs* a,
     return symnccl_launch_multimem(a, stream);
   return kUnits[a->dtype](a, stream);
 }
+
+}  // namespace
+SYMNCCL_END
+
+#ifndef SYMNCCL_NCCL_MINOR
+#error "compile with -DSYMNCCL_NCCL_MINOR=<the NCCL 2.x minor of the headers>"
+#endif
+static_assert(NCCL_MAJOR == 2 && NCCL_MINOR == SYMNCCL_NCCL_MINOR,
+              "SYMNCCL_NCCL_MINOR must name the headers' NCCL minor");
+
+#define SYMNCCL_CAT2_(a, b) a##b
+#define SYMNCCL_CAT2(a, b) SYMNCCL_CAT2_(a, b)
+
+extern "C" const symnccl_kernels SYMNCCL_CAT2(symnccl_kernels_2_,
+                                              SYMNCCL_NCCL_MINOR) = {
+    SYMNCCL_NCCL_MINOR,
+    symnccl::launch,
+    symnccl::packet_max_count,
+    symnccl::push_region_bytes,
+    symnccl::lsa_layout_ok,
+    snk_devcomm_create,
+    snk_devcomm_destroy,
+    snk_devcomm_free,
+    snk_devcomm_info,
+    snk_copy,
+    snk_lsa_pointer,
+};

@@ -1,12 +1,19 @@
 /* C interface to symnccl's CUDA C++ side (csrc/kernels/).
  *
  * nccl_device.h is C++-only, so everything that needs it (the ncclDevComm
- * struct, the kernels) lives in .cu files behind these extern "C"
- * functions. The host .c files include only this header, nccl.h and the
- * CUDA runtime API. docs/ARCHITECTURE.md shows where it sits.
+ * struct, the kernels) lives in .cu files behind the functions below. The
+ * host .c files include only this header, nccl.h and the CUDA runtime API.
+ * docs/ARCHITECTURE.md shows where it sits.
  *
  * Every kernel is launched through one function, symnccl_launch(), with one
  * argument struct, symnccl_kargs; the kernels receive that struct by value.
+ *
+ * The device API's structs change between NCCL minor versions, so the .cu
+ * files are compiled once per supported minor, against that minor's
+ * headers, into one object each whose only global symbol is its table of
+ * entry points, symnccl_kernels_2_<minor> (setup.py). At import the module
+ * picks the table of the loaded libnccl's minor (csrc/abi.c); the
+ * functions declared below call through it.
  */
 #ifndef SYMNCCL_KERNELS_LAUNCH_H
 #define SYMNCCL_KERNELS_LAUNCH_H
@@ -17,6 +24,18 @@
 #include <nccl.h>
 
 #ifdef __cplusplus
+/* The C++ side's names carry the NCCL minor they were built for
+ * (symnccl::nccl2_<minor>::...), so the builds' template instantiations and
+ * internal names never meet when their objects are linked into one module
+ * (setup.py keeps only each build's table global). */
+#define SYMNCCL_ABI_NS_(minor) nccl2_##minor
+#define SYMNCCL_ABI_NS(minor) SYMNCCL_ABI_NS_(minor)
+#define SYMNCCL_BEGIN \
+    namespace symnccl {  \
+    inline namespace SYMNCCL_ABI_NS(SYMNCCL_NCCL_MINOR) {
+#define SYMNCCL_END \
+    }                \
+    }
 extern "C" {
 #endif
 
@@ -102,6 +121,30 @@ typedef struct {
     int ctas, threads;         /* same on every rank */
     uint64_t timeout_ns;       /* a wait for a peer gives up after this */
 } symnccl_kargs;
+
+/* The entry points of one build of the kernels (one NCCL minor). */
+typedef struct {
+    int nccl_minor;            /* 2.<nccl_minor> */
+    cudaError_t (*launch)(const symnccl_kargs *, cudaStream_t);
+    size_t (*packet_max_count)(int, size_t, size_t, int);
+    size_t (*push_region_bytes)(int, size_t, size_t *);
+    cudaError_t (*lsa_layout_ok)(ncclWindow_t, int, int *);
+    ncclResult_t (*devcomm_create)(ncclComm_t, int, int, symnccl_devcomm **);
+    ncclResult_t (*devcomm_destroy)(ncclComm_t, symnccl_devcomm *);
+    void (*devcomm_free)(symnccl_devcomm *);
+    void (*devcomm_info)(const symnccl_devcomm *, int *, int *, int *);
+    cudaError_t (*copy)(void *, const void *, size_t, int, cudaStream_t);
+    cudaError_t (*lsa_pointer)(ncclWindow_t, size_t, int, void **);
+} symnccl_kernels;
+
+/* The builds this module holds: setup.py defines SYMNCCL_NCCL_BUILDS(X) as
+ * X(28) X(29) ... for the minors it compiled the kernels for. */
+#ifdef SYMNCCL_NCCL_BUILDS
+#define SYMNCCL_KERNELS_DECL_(minor) \
+    extern const symnccl_kernels symnccl_kernels_2_##minor;
+SYMNCCL_NCCL_BUILDS(SYMNCCL_KERNELS_DECL_)
+#undef SYMNCCL_KERNELS_DECL_
+#endif
 
 /* Enqueues the kernel on `stream`. cudaErrorInvalidValue for arguments the
  * kernel cannot take (checked here, not in the kernels). */

@@ -34,7 +34,7 @@
 
 #include "primitives.cuh"
 
-namespace symnccl {
+SYMNCCL_BEGIN
 
 // 16-byte vectors per thread per loop iteration: loads in flight per peer.
 // Two for 1-byte types, whose 16 fp32 accumulators per vector leave no
@@ -190,6 +190,6 @@ __global__ void __launch_bounds__(512)
       copy_vec(mine_mid, out, v, count, aligned);
 }
 
-}  // namespace symnccl
+SYMNCCL_END
 
 #endif  // SYMNCCL_KERNELS_LSA_CUH

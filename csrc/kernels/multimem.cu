@@ -39,11 +39,9 @@
 #include "launch.h"
 #include "reduce.cuh"
 
+SYMNCCL_BEGIN
 namespace {
 
-using symnccl::Acc;
-using symnccl::finish;
-using symnccl::reduce2;
 
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -207,6 +205,7 @@ cudaError_t launch(const symnccl_kargs& a, cudaStream_t stream) {
 }
 
 }  // namespace
+SYMNCCL_END
 
 // Called by symnccl_launch (launch.cu) for SYMNCCL_K_MULTIMEM.
 cudaError_t symnccl_launch_multimem(const symnccl_kargs* a,
@@ -220,9 +219,10 @@ cudaError_t symnccl_launch_multimem(const symnccl_kargs* a,
     case SYMNCCL_DT_F32:
       if (a->op != SYMNCCL_OP_SUM && a->op != SYMNCCL_OP_AVG)
         return cudaErrorInvalidValue;
-      return launch<float>(*a, stream);
-    case SYMNCCL_DT_F16: return launch<__half>(*a, stream);
-    case SYMNCCL_DT_BF16: return launch<__nv_bfloat16>(*a, stream);
+      return symnccl::launch<float>(*a, stream);
+    case SYMNCCL_DT_F16: return symnccl::launch<__half>(*a, stream);
+    case SYMNCCL_DT_BF16:
+      return symnccl::launch<__nv_bfloat16>(*a, stream);
     default: return cudaErrorInvalidValue;
   }
 }

@@ -68,7 +68,7 @@
 
 #include "primitives.cuh"
 
-namespace symnccl {
+SYMNCCL_BEGIN
 
 // ------------------------------------------------------------------ formats
 //
@@ -371,6 +371,6 @@ __global__ void __launch_bounds__(512)
   end_call(a.epochs, k.call);
 }
 
-}  // namespace symnccl
+SYMNCCL_END
 
 #endif  // SYMNCCL_KERNELS_PACKET_CUH

@@ -28,7 +28,7 @@
 #include "launch.h"
 #include "reduce.cuh"
 
-namespace symnccl {
+SYMNCCL_BEGIN
 
 // Peers whose loads a reduction keeps in flight at once: the world size is
 // a run-time value, and the peer loop runs in batches of this many, each
@@ -305,6 +305,6 @@ __device__ __forceinline__ void end_call(uint64_t* epochs,
   if (threadIdx.x == 0) epochs[blockIdx.x] = c.epoch + 1;
 }
 
-}  // namespace symnccl
+SYMNCCL_END
 
 #endif  // SYMNCCL_KERNELS_PRIMITIVES_CUH

@@ -54,7 +54,7 @@
 
 #include "primitives.cuh"
 
-namespace symnccl {
+SYMNCCL_BEGIN
 
 // Byte stride between the flag lines of two CTAs: one 128-byte line holds
 // the flags of up to 16 source ranks.
@@ -338,6 +338,6 @@ __global__ void __launch_bounds__(512)
   if (threadIdx.x == 0) a.epochs[blockIdx.x] = e0 + nch;
 }
 
-}  // namespace symnccl
+SYMNCCL_END
 
 #endif  // SYMNCCL_KERNELS_PUSH_CUH

@@ -15,7 +15,7 @@
 
 #include "launch.h"
 
-namespace symnccl {
+SYMNCCL_BEGIN
 
 template <typename T>
 struct Acc;
@@ -150,6 +150,6 @@ struct DType;
 SYMNCCL_KERNEL_DTYPES(SYMNCCL_DTYPE_OF_)
 #undef SYMNCCL_DTYPE_OF_
 
-}  // namespace symnccl
+SYMNCCL_END
 
 #endif  // SYMNCCL_KERNELS_REDUCE_CUH

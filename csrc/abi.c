@@ -1,0 +1,123 @@
+/* The kernels' NCCL ABI: which build of the CUDA C++ side this process uses.
+ *
+ * The device API's structs change between NCCL minor versions, so setup.py
+ * compiles the kernels once per supported minor (launch.h); the table of
+ * the loaded libnccl's minor is chosen once, when the module is imported,
+ * and the C entry points of launch.h call through it.
+ */
+#include "symnccl.h"
+
+#ifndef SYMNCCL_NCCL_BUILDS
+#error "setup.py defines SYMNCCL_NCCL_BUILDS(X): the NCCL minors built"
+#endif
+
+#define BUILD_(minor) &symnccl_kernels_2_##minor,
+static const symnccl_kernels *const builds[] = {
+    SYMNCCL_NCCL_BUILDS(BUILD_) NULL};
+#undef BUILD_
+
+/* The build in use: one libnccl per process, so one table. */
+static const symnccl_kernels *K;
+
+int
+sn_abi_select(int nccl_version_code)
+{
+    int major = nccl_version_code / 10000;
+    int minor = (nccl_version_code % 10000) / 100;
+    K = NULL;
+    for (int i = 0; major == 2 && builds[i] != NULL; i++)
+        if (builds[i]->nccl_minor == minor)
+            K = builds[i];
+    return K != NULL ? 0 : -1;
+}
+
+int
+sn_abi_minor(void)
+{
+    return K != NULL ? K->nccl_minor : -1;
+}
+
+PyObject *
+sn_abi_builds(void)
+{
+    PyObject *t = PyList_New(0);
+    for (int i = 0; t != NULL && builds[i] != NULL; i++) {
+        PyObject *v = Py_BuildValue("(ii)", 2, builds[i]->nccl_minor);
+        if (v == NULL || PyList_Append(t, v) < 0)
+            Py_CLEAR(t);
+        Py_XDECREF(v);
+    }
+    if (t == NULL)
+        return NULL;
+    PyObject *r = PyList_AsTuple(t);
+    Py_DECREF(t);
+    return r;
+}
+
+/* ------------------------------------------------------------------ */
+/* launch.h's entry points. Import fails before any of them can be reached
+ * without a table (symnccl/__init__.py checks the loaded NCCL first). */
+
+cudaError_t
+symnccl_launch(const symnccl_kargs *a, cudaStream_t stream)
+{
+    return K->launch(a, stream);
+}
+
+size_t
+symnccl_packet_max_count(int kernel, size_t row_bytes, size_t itemsize,
+                         int nranks)
+{
+    return K->packet_max_count(kernel, row_bytes, itemsize, nranks);
+}
+
+size_t
+symnccl_push_region_bytes(int nranks, size_t slot_bytes, size_t *data_offset)
+{
+    return K->push_region_bytes(nranks, slot_bytes, data_offset);
+}
+
+cudaError_t
+symnccl_lsa_layout_ok(ncclWindow_t win, int nranks, int *ok)
+{
+    return K->lsa_layout_ok(win, nranks, ok);
+}
+
+ncclResult_t
+symnccl_devcomm_create(ncclComm_t comm, int lsa_barrier_count,
+                       int request_multimem, symnccl_devcomm **out)
+{
+    return K->devcomm_create(comm, lsa_barrier_count, request_multimem, out);
+}
+
+ncclResult_t
+symnccl_devcomm_destroy(ncclComm_t comm, symnccl_devcomm *dc)
+{
+    return K->devcomm_destroy(comm, dc);
+}
+
+void
+symnccl_devcomm_free(symnccl_devcomm *dc)
+{
+    K->devcomm_free(dc);
+}
+
+void
+symnccl_devcomm_info(const symnccl_devcomm *dc, int *lsa_size, int *lsa_rank,
+                     int *has_multimem)
+{
+    K->devcomm_info(dc, lsa_size, lsa_rank, has_multimem);
+}
+
+cudaError_t
+symnccl_copy(void *dst, const void *src, size_t nbytes, int ctas,
+             cudaStream_t stream)
+{
+    return K->copy(dst, src, nbytes, ctas, stream);
+}
+
+cudaError_t
+symnccl_lsa_pointer(ncclWindow_t win, size_t offset, int peer, void **out)
+{
+    return K->lsa_pointer(win, offset, peer, out);
+}
