@@ -112,21 +112,31 @@ def _fetch_headers(minor, cache):
     dest = os.path.join(cache, f"2.{minor}")
     spec = f"nvidia-nccl-cu13>=2.{minor},<2.{minor + 1}"
     with tempfile.TemporaryDirectory() as tmp:
-        wheel = None
-        r = subprocess.run([sys.executable, "-m", "pip", "download",
-                            "--no-deps", "--only-binary=:all:", "-q",
-                            "--platform", "manylinux_2_18_x86_64",
-                            "-d", tmp, spec], capture_output=True, text=True)
-        found = glob.glob(os.path.join(tmp, "*.whl"))
-        if r.returncode == 0 and found:
-            wheel = found[0]
-        else:
+        wheel, why = None, []
+        # pip as a module of this interpreter (not in pip's isolated build
+        # environments), else the pip on PATH
+        for pip in ([sys.executable, "-m", "pip"], [shutil.which("pip")]):
+            if pip[0] is None:
+                continue
+            r = subprocess.run(pip + ["download", "--no-deps",
+                                      "--only-binary=:all:", "-q",
+                                      "--platform", "manylinux_2_18_x86_64",
+                                      "-d", tmp, spec],
+                               capture_output=True, text=True)
+            found = glob.glob(os.path.join(tmp, "*.whl"))
+            if r.returncode == 0 and found:
+                wheel = found[0]
+                break
+            why.append(r.stderr.strip()[-200:])
+        if wheel is None:
             import json
+            import urllib.parse
             import urllib.request
+            index = os.environ.get("SYMNCCL_PYPI_JSON",
+                                   "https://pypi.org/pypi/nvidia-nccl-cu13/"
+                                   "json")
             try:
-                with urllib.request.urlopen(
-                        "https://pypi.org/pypi/nvidia-nccl-cu13/json",
-                        timeout=60) as f:
+                with urllib.request.urlopen(index, timeout=60) as f:
                     releases = json.load(f)["releases"]
                 versions = sorted((v for v in releases
                                    if v.startswith(f"2.{minor}.")),
@@ -135,11 +145,13 @@ def _fetch_headers(minor, cache):
                 url = next(u["url"] for u in releases[versions[-1]]
                            if u["filename"].endswith("x86_64.whl"))
                 wheel = os.path.join(tmp, "nccl.whl")
-                urllib.request.urlretrieve(url, wheel)
+                # a mirror may give URLs relative to the JSON's
+                urllib.request.urlretrieve(urllib.parse.urljoin(index, url),
+                                           wheel)
             except Exception as e:   # offline, or no such release
                 print(f"symnccl: no NCCL 2.{minor} headers: pip download "
-                      f"failed ({r.stderr.strip()[-200:]}) and PyPI could "
-                      f"not be read ({e})", flush=True)
+                      f"failed ({'; '.join(why)}) and {index} could not be "
+                      f"read ({e})", flush=True)
                 return None
         with zipfile.ZipFile(wheel) as z:
             # the headers, and the library for tests that load this NCCL
