@@ -401,6 +401,20 @@ class BuildExt(build_ext):
         super().build_extensions()
 
 
+def _sources():
+    """The C sources; a tree (or sdist) without them cannot build."""
+    sources = sorted(glob.glob(os.path.join("csrc", "*.c")))
+    need = [os.path.join("csrc", "symnccl.h"),
+            os.path.join("csrc", "kernels", "launch.h"),
+            os.path.join("csrc", "kernels", "unit.cu")]
+    missing = [p for p in need if not os.path.exists(p)]
+    if not sources or missing:
+        _fail("the C/CUDA sources are missing from this tree (" +
+              ", ".join(missing or ["csrc/*.c"]) + "): build from a git "
+              "checkout or a complete sdist")
+    return sources
+
+
 def make_extension():
     nvcc, cuda_inc, cuda_lib = CUDA
     _, nccl_inc, nccl_lib, nccl_home = NCCL
@@ -421,7 +435,7 @@ def make_extension():
         rpaths.append(nccl_lib)
     return Extension(
         "symnccl._C",
-        sources=sorted(glob.glob(os.path.join("csrc", "*.c"))),
+        sources=_sources(),
         include_dirs=include_dirs,
         library_dirs=[nccl_lib, cuda_lib],
         libraries=["cudart_static", "dl", "pthread", "rt"],
@@ -439,6 +453,7 @@ def make_extension():
 
 if __name__ == "__main__":   # setuptools runs this file as __main__ too;
     # scripts/ptxas_report.py imports it for its helpers
+    os.chdir(HERE)   # the sources are named relative to the tree
     if any(a in sys.argv for a in ("egg_info", "sdist", "dist_info")) and \
             not any(a.startswith("build") or a in ("develop", "bdist_wheel",
                     "editable_wheel", "install") for a in sys.argv):

@@ -570,19 +570,19 @@ static PyGetSetDef buffer_getset[] = {
 static PyMethodDef buffer_methods[] = {
     {"__dlpack__", (PyCFunction)(void (*)(void))buffer_dlpack,
      METH_VARARGS | METH_KEYWORDS,
-     "__dlpack__(*, stream=None, max_version=None, dl_device=None, "
-     "copy=None)\n\nDLPack export, zero-copy. Returns a versioned capsule "
+     "__dlpack__($self, /, *, stream=None, max_version=None, "
+     "dl_device=None, copy=None)\n--\n\nDLPack export, zero-copy. Returns a versioned capsule "
      "when max_version >= (1, 0), else a legacy one. The data is made ready "
      "on `stream` (the consumer's)."},
     {"__dlpack_device__", (PyCFunction)buffer_dlpack_device, METH_NOARGS,
      "(2, device): kDLCUDA."},
     {"copy_from_host", (PyCFunction)buffer_copy_from_host, METH_O,
-     "copy_from_host(obj)\n\nCopies a C-contiguous host object with the "
+     "copy_from_host($self, obj, /)\n--\n\nCopies a C-contiguous host object with the "
      "buffer protocol (numpy array, bytes) of exactly nbytes bytes into the "
      "buffer, and waits.\n\nExample:\n    buf.copy_from_host(np.ones(n, "
      "np.float32))"},
     {"to_bytes", (PyCFunction)buffer_to_bytes, METH_NOARGS,
-     "to_bytes() -> bytes\n\nA host copy of the data (waits).\n\nExample:\n"
+     "to_bytes($self, /)\n--\n\n-> bytes: a host copy of the data (waits).\n\nExample:\n"
      "    a = np.frombuffer(buf.to_bytes(), np.float32)"},
     {NULL},
 };

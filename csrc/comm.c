@@ -567,7 +567,8 @@ static PyMethodDef comm_methods[] = {
      "_copy(dst, src, nbytes, stream, engine, ctas=64) (benchmark hook)"},
     {"init_all", (PyCFunction)(void (*)(void))comm_init_all,
      METH_CLASS | METH_VARARGS | METH_KEYWORDS,
-     "init_all(devices, *, timeout=600.0, multicast=None) -> list\n\n"
+     "init_all($type, /, devices, *, timeout=600.0, multicast=None)\n--\n\n"
+     "-> list of Communicator\n\n"
      "One communicator per device, all driven from this thread (rank i on "
      "devices[i]). Collective calls on them (empty, zeros, all_reduce, ...) "
      "must be issued for every communicator inside one symnccl.group().\n\n"
@@ -576,18 +577,20 @@ static PyMethodDef comm_methods[] = {
      "        bufs = [c.empty(1024, 'bfloat16') for c in comms]"},
     {"empty", (PyCFunction)(void (*)(void))comm_empty,
      METH_VARARGS | METH_KEYWORDS,
-     "empty(shape, dtype='float32') -> SymmetricBuffer\n\n"
+     "empty($self, /, shape, dtype='float32')\n--\n\n-> SymmetricBuffer\n\n"
      "Allocates with ncclMemAlloc and registers one NCCL_WIN_COLL_SYMMETRIC "
      "window. Collective: every rank must call it with the same size.\n\n"
      "Example:\n    buf = comm.empty((4096,), 'bfloat16')\n"
      "    t = torch.from_dlpack(buf)   # zero-copy"},
     {"zeros", (PyCFunction)(void (*)(void))comm_zeros,
      METH_VARARGS | METH_KEYWORDS,
-     "zeros(shape, dtype='float32') -> SymmetricBuffer\n\nLike empty(), "
+     "zeros($self, /, shape, dtype='float32')\n--\n\n-> SymmetricBuffer: like "
+     "empty(), "
      "filled with zeros."},
     {"all_reduce", (PyCFunction)(void (*)(void))sn_all_reduce,
      METH_VARARGS | METH_KEYWORDS,
-     "all_reduce(x, out=None, op='sum', algo='auto', stream=None)\n\n"
+     "all_reduce($self, /, x, out=None, op='sum', algo='auto', stream=None)\n"
+     "--\n\n"
      "Reduces x over all ranks. Without out= the result is written in place "
      "(for JAX arrays, which are immutable, into a new array). Returns the "
      "result in x's framework type, zero-copy. Runs on `stream`, else the "
@@ -607,7 +610,8 @@ static PyMethodDef comm_methods[] = {
      "    y = comm.all_reduce(x, out=y, op='max')"},
     {"reduce_scatter", (PyCFunction)(void (*)(void))sn_reduce_scatter,
      METH_VARARGS | METH_KEYWORDS,
-     "reduce_scatter(x, out=None, op='sum', algo='nccl', stream=None)\n\n"
+     "reduce_scatter($self, /, x, out=None, op='sum', algo='nccl', "
+     "stream=None)\n--\n\n"
      "x holds nranks * n elements; rank r receives the reduction of block "
      "r (n elements). Without out=, a new tensor of x's framework type is "
      "returned: shape (x.shape[0] // nranks, *x.shape[1:]) when the first "
@@ -615,30 +619,30 @@ static PyMethodDef comm_methods[] = {
      "Example:\n    part = comm.reduce_scatter(x)"},
     {"all_gather", (PyCFunction)(void (*)(void))sn_all_gather,
      METH_VARARGS | METH_KEYWORDS,
-     "all_gather(x, out=None, algo='nccl', stream=None)\n\n"
+     "all_gather($self, /, x, out=None, algo='nccl', stream=None)\n--\n\n"
      "Concatenates every rank's x (rank order) into out, which holds "
      "nranks * x.size elements; without out=, a new tensor of shape "
      "(nranks * x.shape[0], *x.shape[1:]).\n\n"
      "Example:\n    full = comm.all_gather(x)"},
     {"broadcast", (PyCFunction)(void (*)(void))sn_broadcast,
      METH_VARARGS | METH_KEYWORDS,
-     "broadcast(x, root=0, out=None, stream=None)\n\n"
+     "broadcast($self, /, x, root=0, out=None, stream=None)\n--\n\n"
      "Copies root's x to every rank, in place unless out= is given.\n\n"
      "Example:\n    comm.broadcast(weights, root=0)"},
     {"barrier", (PyCFunction)(void (*)(void))sn_barrier,
      METH_VARARGS | METH_KEYWORDS,
-     "barrier(stream=None, blocking=False)\n\n"
+     "barrier($self, /, stream=None, *, blocking=False)\n--\n\n"
      "A device-side barrier on the stream (a one-element all-reduce). With "
      "blocking=True the host also waits for it, GIL released.\n\n"
      "Example:\n    comm.barrier(blocking=True)"},
     {"close", (PyCFunction)comm_close, METH_NOARGS,
-     "close()\n\nWaits for this device's work, then destroys the device "
+     "close($self, /)\n--\n\nWaits for this device's work, then destroys the device "
      "communicator, deregisters the windows, finalizes and destroys the "
      "communicator. Idempotent. Buffers and views stay valid as plain device "
      "memory.\n\nExample:\n    with symnccl.Communicator(uid, r, n, r) as "
      "comm:\n        ..."},
     {"abort", (PyCFunction)comm_abort, METH_NOARGS,
-     "abort()\n\nncclCommAbort: for a communicator that timed out or whose "
+     "abort($self, /)\n--\n\nncclCommAbort: for a communicator that timed out or whose "
      "peers died. Local, never waits."},
     {"__enter__", (PyCFunction)comm_enter, METH_NOARGS, NULL},
     {"__exit__", (PyCFunction)comm_exit, METH_VARARGS, NULL},
@@ -648,7 +652,7 @@ static PyMethodDef comm_methods[] = {
 static PyType_Slot comm_slots[] = {
     {Py_tp_doc,
      "Communicator(unique_id, rank, nranks, device=None, *, timeout=600.0, "
-     "multicast=None, staging_bytes=32 MiB)\n\n"
+     "multicast=None, staging_bytes=33554432)\n--\n\n"
      "An NCCL communicator on one GPU, with its device communicator and "
      "symmetric windows. Creation waits for all nranks ranks (GIL released, "
      "at most `timeout` seconds).\n\n"

@@ -305,15 +305,17 @@ py_auto_algo_for(PyObject *module, PyObject *args)
 
 static PyMethodDef sn_methods[] = {
     {"get_unique_id", py_get_unique_id, METH_NOARGS,
-     "get_unique_id() -> bytes\n\nA new NCCL unique id (128 bytes). Create it "
+     "get_unique_id($module, /)\n--\n\n-> bytes: a new NCCL unique id (128 bytes). Create it "
      "on one rank and send it to the others.\n\n"
      "Example:\n    uid = symnccl.get_unique_id()"},
     {"nccl_device_api", py_nccl_device_api, METH_NOARGS,
-     "nccl_device_api() -> (2, minor) of the NCCL device API symnccl's "
+     "nccl_device_api($module, /)\n--\n\n-> (2, minor) of the NCCL device API symnccl's "
      "kernels use in this process (the loaded libnccl's), or None."},
     {"nccl_runtime_version", py_nccl_runtime_version, METH_NOARGS,
+     "nccl_runtime_version($module, /)\n--\n\n"
      "Version code of the loaded libnccl (ncclGetVersion), e.g. 22809."},
     {"cuda_versions", py_cuda_versions, METH_NOARGS,
+     "cuda_versions($module, /)\n--\n\n"
      "dict(driver=, runtime=, device_count=); zeros where no driver is "
      "present."},
     {"_set_hooks", py_set_hooks, METH_VARARGS, NULL},

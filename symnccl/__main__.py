@@ -47,13 +47,23 @@ def _report(results, nranks):
 
 
 def _bench(argv) -> int:
-    """Runs benchmarks/bench_allreduce.py from a source checkout."""
+    """Runs benchmarks/bench_allreduce.py from a source checkout; its own
+    options and --help follow `bench`."""
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     bench_dir = os.path.join(here, "benchmarks")
     if not os.path.exists(os.path.join(bench_dir, "bench_allreduce.py")):
         print(f"benchmarks/bench_allreduce.py not found beside {here}: the "
-              "benchmark ships with the source tree")
+              "benchmark ships with the source tree (git clone, or the "
+              "sdist)", file=sys.stderr)
         return 2
+    if "--report" not in argv and "-h" not in argv and "--help" not in argv:
+        try:
+            import torch  # noqa: F401  (the benchmark's anchors need it)
+        except ImportError:
+            print("symnccl bench needs PyTorch (its anchors are "
+                  "torch.distributed and torch symm_mem): pip install "
+                  "'symnccl[bench]'", file=sys.stderr)
+            return 2
     # On sys.path (which spawned ranks inherit) so that they can import it.
     sys.path.insert(0, bench_dir)
     import bench_allreduce
@@ -61,23 +71,24 @@ def _bench(argv) -> int:
 
 
 def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["bench"]:
+        return _bench(argv[1:])
+    from . import __version__
     p = argparse.ArgumentParser(prog="python -m symnccl",
                                 description=__doc__.splitlines()[0])
+    p.add_argument("--version", action="version",
+                   version=f"symnccl {__version__}")
     p.add_argument("command", nargs="?", default="check",
                    choices=["check", "bench"],
                    help="check (default): report and correctness check; "
-                        "bench: benchmarks/bench_allreduce.py (its options "
-                        "follow)")
+                        "bench: benchmarks/bench_allreduce.py (`bench "
+                        "--help` lists its options)")
     p.add_argument("--nranks", type=int, default=None,
                    help="GPUs to use (default: all local GPUs)")
     p.add_argument("--quick", action="store_true", help="fewer sizes")
     p.add_argument("--timeout", type=float, default=900.0)
-    args, rest = p.parse_known_args(argv)
-    if args.command == "bench":
-        return _bench(rest + (["--nranks", str(args.nranks)]
-                              if args.nranks else []))
-    if rest:
-        p.error(f"unrecognized arguments: {' '.join(rest)}")
+    args = p.parse_args(argv)
 
     import symnccl
     from symnccl import _selftest

@@ -147,14 +147,30 @@ def communicator(group=None, device=None, timeout: float = 600.0,
     name = getattr(group, "group_name", None) or "world"
     with _lock:
         n = next(_bootstraps.setdefault(name, itertools.count()))
-    key = f"symnccl/uid/{name}/{n}"
-    store = dist.distributed_c10d._get_default_store()
-    if rank == 0:
-        store.set(key, symnccl.get_unique_id())
-    uid = store.get(key)   # bounded by the store's timeout
+    uid = _share_unique_id(dist, group, rank, f"symnccl/uid/{name}/{n}",
+                           device)
     return Communicator(symnccl.Communicator(bytes(uid), rank, nranks,
                                              device=device, timeout=timeout,
                                              **kwargs))
+
+
+def _share_unique_id(dist, group, rank, key, device) -> bytes:
+    """Rank 0's NCCL unique id on every rank of `group`: through the
+    default store (torch's private _get_default_store: no collective, no
+    GPU work), else, where that is gone, broadcast_object_list (public; a
+    collective of the group's backend)."""
+    get_store = getattr(dist.distributed_c10d, "_get_default_store", None)
+    if get_store is not None:
+        store = get_store()
+        if rank == 0:
+            store.set(key, symnccl.get_unique_id())
+        return store.get(key)   # bounded by the store's timeout
+    box = [symnccl.get_unique_id() if rank == 0 else None]
+    src = dist.get_global_rank(group, 0) if group is not dist.group.WORLD \
+        else 0
+    dist.broadcast_object_list(box, src=src, group=group,
+                               device=torch.device("cuda", device))
+    return box[0]
 
 
 @torch.library.custom_op("symnccl::all_reduce", mutates_args=())

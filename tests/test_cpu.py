@@ -720,3 +720,44 @@ def test_profile_ncu_reads_recorded_csv_and_groups_metrics(monkeypatch,
                             "nvltx__bytes.sum", "nvlrx__bytes.sum"])
     assert g == [["gpu__time_duration.sum", "dram__bytes_read.sum"],
                  ["nvltx__bytes.sum", "nvlrx__bytes.sum"]]
+
+
+def test_cli_version_and_bench_help_and_bench_without_torch():
+    run = lambda *a: subprocess.run([sys.executable, "-m", "symnccl", *a],
+                                    capture_output=True, text=True,
+                                    timeout=120)
+    r = run("--version")
+    assert r.returncode == 0 and r.stdout.strip() == \
+        f"symnccl {symnccl.__version__}"
+    r = run("bench", "--help")   # the benchmark's own options
+    assert r.returncode == 0 and "--sizes" in r.stdout and \
+        "--methods" in r.stdout, r.stdout + r.stderr
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        r = run("bench", "--sizes", "4K")
+        assert r.returncode == 2 and "needs PyTorch" in r.stderr and \
+            "symnccl[bench]" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_c_functions_have_signatures_and_the_stub_agrees():
+    """inspect.signature works on the C extension's functions (IDEs), and
+    the .pyi stub names the same parameters."""
+    import ast
+    import inspect
+    stub = ast.parse(open(os.path.join(os.path.dirname(_C.__file__),
+                                       "_C.pyi")).read())
+    cls = next(n for n in stub.body if isinstance(n, ast.ClassDef)
+               and n.name == "Communicator")
+    stubbed = {f.name: [a.arg for a in f.args.posonlyargs + f.args.args +
+                        f.args.kwonlyargs]
+               for f in cls.body if isinstance(f, ast.FunctionDef)}
+    for name in ("all_reduce", "reduce_scatter", "all_gather", "broadcast",
+                 "barrier", "empty", "zeros", "close", "abort"):
+        sig = inspect.signature(getattr(symnccl.Communicator, name))
+        assert list(sig.parameters) == stubbed[name], name
+    assert list(inspect.signature(symnccl.Communicator).parameters) == \
+        stubbed["__init__"][1:]
+    assert inspect.signature(symnccl.get_unique_id).parameters == {}
+    assert os.path.exists(os.path.join(os.path.dirname(_C.__file__),
+                                       "py.typed"))

@@ -42,6 +42,15 @@ def test_bad_arguments_raise_before_lowering():
         sj.all_reduce(jnp.ones(3), algo="fast")
 
 
+def test_the_jax_distributed_client_symnccl_uses_is_where_it_was():
+    """symnccl.jax.communicator() shares unique ids through
+    jax.distributed's key-value client, which JAX keeps in a private
+    module: this fails when JAX moves it."""
+    from jax._src import distributed
+    assert hasattr(distributed, "global_state")
+    assert hasattr(distributed.global_state, "client")
+
+
 def _assert_rows(rows):
     bad = [r for r in rows if r[1] or r[2] or r[3]]
     assert not bad, bad[:10]
