@@ -391,6 +391,11 @@ class BuildExt(build_ext):
                 os.makedirs(self.build_temp, exist_ok=True)
                 with open(stamp, "w") as f:
                     f.write(key)
+        # The interpreter's own link flags may carry its build's rpath (a
+        # pyenv or conda prefix): the wheel's RUNPATH holds only ours.
+        self.compiler.linker_so = [
+            a for a in self.compiler.linker_so
+            if not a.startswith(("-Wl,-rpath", "-Wl,-R"))]
         headers = glob.glob(os.path.join("csrc", "*.h")) + \
             glob.glob(os.path.join("csrc", "kernels", "launch.h"))
         for ext in self.extensions:
