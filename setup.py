@@ -42,6 +42,7 @@ import time
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
+from setuptools.command.build_py import build_py
 
 # NCCL 2.x minors whose device API symnccl's kernels are built for: the
 # kernels are compiled once per minor against its own headers (the device
@@ -370,6 +371,20 @@ def compile_kernels(nvcc, builds, objdir, force):
     return blobs
 
 
+class BuildPy(build_py):
+    """Ships benchmarks/bench_allreduce.py inside the package as
+    symnccl/_bench_allreduce.py, so that `symnccl bench` works from a wheel
+    (an editable install finds it in the tree)."""
+
+    def run(self):
+        super().run()
+        src = os.path.join(HERE, "benchmarks", "bench_allreduce.py")
+        editable = getattr(self, "editable_mode", False)
+        if os.path.exists(src) and not editable:
+            self.copy_file(src, os.path.join(self.build_lib, "symnccl",
+                                             "_bench_allreduce.py"))
+
+
 class BuildExt(build_ext):
     def build_extensions(self):
         nvcc = CUDA[0]
@@ -470,6 +485,6 @@ if __name__ == "__main__":   # setuptools runs this file as __main__ too;
 
     setup(
         ext_modules=ext_modules,
-        cmdclass={"build_ext": BuildExt},
+        cmdclass={"build_ext": BuildExt, "build_py": BuildPy},
         options={"bdist_wheel": {"py_limited_api": "cp311"}},
     )

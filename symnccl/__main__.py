@@ -47,15 +47,9 @@ def _report(results, nranks):
 
 
 def _bench(argv) -> int:
-    """Runs benchmarks/bench_allreduce.py from a source checkout; its own
-    options and --help follow `bench`."""
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    bench_dir = os.path.join(here, "benchmarks")
-    if not os.path.exists(os.path.join(bench_dir, "bench_allreduce.py")):
-        print(f"benchmarks/bench_allreduce.py not found beside {here}: the "
-              "benchmark ships with the source tree (git clone, or the "
-              "sdist)", file=sys.stderr)
-        return 2
+    """Runs the all-reduce benchmark (benchmarks/bench_allreduce.py; a wheel
+    carries it as symnccl/_bench_allreduce.py); its own options and --help
+    follow `bench`."""
     if "--report" not in argv and "-h" not in argv and "--help" not in argv:
         try:
             import torch  # noqa: F401  (the benchmark's anchors need it)
@@ -64,10 +58,19 @@ def _bench(argv) -> int:
                   "torch.distributed and torch symm_mem): pip install "
                   "'symnccl[bench]'", file=sys.stderr)
             return 2
-    # On sys.path (which spawned ranks inherit) so that they can import it.
-    sys.path.insert(0, bench_dir)
-    import bench_allreduce
-    return bench_allreduce.main(argv)
+    try:   # installed from a wheel
+        from symnccl import _bench_allreduce as bench
+    except ImportError:   # a source tree (editable install)
+        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        bench_dir = os.path.join(here, "benchmarks")
+        if not os.path.exists(os.path.join(bench_dir, "bench_allreduce.py")):
+            print(f"the benchmark is neither in the package nor at "
+                  f"{bench_dir}/bench_allreduce.py", file=sys.stderr)
+            return 2
+        # on sys.path (which spawned ranks inherit) so they can import it
+        sys.path.insert(0, bench_dir)
+        import bench_allreduce as bench
+    return bench.main(argv)
 
 
 def main(argv=None) -> int:
