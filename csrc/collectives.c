@@ -5,6 +5,7 @@
  */
 #include "symnccl.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -13,7 +14,7 @@ typedef struct {
     SNState *st;
     CommObject *c;
     cudaStream_t stream;
-    int prev, pushed;
+    int prev, pushed, entered;
     SNTensor x, out;
     PyObject *result;   /* new reference returned to the caller */
 } sn_call;
@@ -24,8 +25,9 @@ call_begin(sn_call *k, CommObject *c, PyObject *x, PyObject *stream_obj)
     memset(k, 0, sizeof(*k));
     k->c = c;
     k->st = sn_state_from_type(Py_TYPE((PyObject *)c));
-    if (sn_comm_check_usable(k->st, c) < 0)
+    if (sn_comm_enter(k->st, c) < 0)
         return -1;
+    k->entered = 1;
     if (stream_obj != NULL && stream_obj != Py_None) {
         if (sn_parse_stream(stream_obj, &k->stream) < 0)
             return -1;
@@ -51,6 +53,8 @@ call_end(sn_call *k, int ok)
     sn_tensor_release(&k->out);
     if (k->pushed)
         sn_device_pop(k->prev);
+    if (k->entered)
+        sn_comm_leave(k->st, k->c);
     if (!ok) {
         Py_CLEAR(k->result);
         return NULL;
@@ -186,17 +190,99 @@ kernel_all_reduce(sn_call *k, int algo, const sn_op *op, const sn_window *win)
                op, k->stream};
     sn_err err = {cudaSuccess, ncclSuccess, ""};
     if (sn_launch_all_reduce(&r, &err) < 0)
-        return sn_raise(k->st, &err);
+        return sn_fault_check(k->st, k->c) < 0 ? -1 : sn_raise(k->st, &err);
     return 0;
 }
 
-/* After enqueueing an NCCL collective. */
+/* After enqueueing an NCCL collective (SYMNCCL_COLL_*): counted, watched
+ * (watchdog.c) and completed. */
 static int
-enqueue_done(sn_call *k, ncclResult_t rc, const char *what)
+enqueue_done(sn_call *k, ncclResult_t rc, int collective, const char *what)
 {
-    if (rc == ncclSuccess || rc == ncclInProgress)
+    if (rc == ncclSuccess || rc == ncclInProgress) {
         sn_count_nccl(k->c);
+        if (k->st->group_depth == 0)   /* a group launches at its end */
+            sn_watch_nccl(k->c, collective, k->stream);
+    }
     return sn_nccl_complete(k->st, k->c, rc, what);
+}
+
+/* ------------------------------------------------------------------ */
+/* SYMNCCL_CHECK=1: before an eager call runs, every rank's signature of it
+ * is all-gathered (NCCL) and compared; a difference fails the communicator
+ * with CallMismatchError on every rank, naming this rank's call and the
+ * first one that differs. Calls inside a graph capture or a group are not
+ * compared (nothing can be read back there). */
+
+typedef struct {
+    int32_t collective, dtype, op, algo, root, pad;
+    uint64_t count;
+} sn_sig;
+
+static void
+format_sig(const sn_sig *g, char *buf, size_t size)
+{
+    const int known = g->collective >= 0 && g->collective < SYMNCCL_COLL_COUNT &&
+                      g->dtype >= 0 && g->dtype < sn_n_dtypes &&
+                      g->op >= 0 && g->op < sn_n_ops &&
+                      g->algo >= 0 && g->algo < SN_ALGO_COUNT;
+    if (!known)
+        snprintf(buf, size, "(unreadable signature)");
+    else
+        snprintf(buf, size, "%s(%s, count %llu, op %s, algo %s, root %d)",
+                 sn_collective_name(g->collective), sn_dtypes[g->dtype].name,
+                 (unsigned long long)g->count, sn_ops[g->op].name,
+                 sn_algos[g->algo].name, g->root);
+}
+
+static int
+check_call(sn_call *k, int collective, size_t count, const sn_op *op,
+           int algo, int root)
+{
+    CommObject *c = k->c;
+    unsigned long long capture = 0;
+    if (!c->knobs.check || k->st->group_depth > 0 ||
+        sn_capture_id(k->stream, &capture) != cudaSuccess || capture != 0)
+        return 0;
+    sn_sig mine = {collective, (int32_t)(k->x.dtype - sn_dtypes),
+                   op != NULL ? (int32_t)(op - sn_ops) : 0, algo, root, 0,
+                   count};
+    char *dev;
+    sn_sig *all;
+    if (sn_check_buffers(k->st, c, sizeof(sn_sig), (void **)&dev,
+                         (void **)&all) < 0)
+        return -1;
+    const size_t n = (size_t)c->nranks, sz = sizeof(sn_sig);
+    cudaError_t e = cudaMemcpyAsync(dev + n * sz, &mine, sz,
+                                    cudaMemcpyHostToDevice, k->stream);
+    if (e != cudaSuccess)
+        return sn_set_cuda_error(k->st, e, "SYMNCCL_CHECK copy");
+    ncclResult_t rc = ncclAllGather(dev + n * sz, dev, sz, ncclUint8,
+                                    c->comm, k->stream);
+    if (rc != ncclSuccess && rc != ncclInProgress)
+        return sn_set_nccl_error(k->st, rc, c->comm, "SYMNCCL_CHECK "
+                                 "(ncclAllGather)");
+    if (sn_nccl_complete(k->st, c, rc, "SYMNCCL_CHECK (ncclAllGather)") < 0)
+        return -1;
+    e = cudaMemcpyAsync(all, dev, n * sz, cudaMemcpyDeviceToHost, k->stream);
+    if (e != cudaSuccess)
+        return sn_set_cuda_error(k->st, e, "SYMNCCL_CHECK copy");
+    sn_watch_nccl(c, SYMNCCL_COLL_CHECK, k->stream);
+    if (sn_fault_wait_nccl(k->st, c, SYMNCCL_COLL_CHECK) < 0)
+        return -1;
+    for (size_t q = 0; q < n; q++) {
+        if (memcmp(&all[q], &mine, sz) == 0)
+            continue;
+        char a[160], b[160], msg[400];
+        format_sig(&mine, a, sizeof(a));
+        format_sig(&all[q], b, sizeof(b));
+        snprintf(msg, sizeof(msg), "SYMNCCL_CHECK: rank %d called %s, but "
+                 "rank %zu called %s", c->rank, a, q, b);
+        sn_fault_record(c, SYMNCCL_FAULT_MISMATCH, SYMNCCL_K_COUNT,
+                        collective, (int)q, SYMNCCL_WAIT_NONE, 0.0, msg);
+        return sn_fault_raise(k->st, c);
+    }
+    return 0;
 }
 
 /* ------------------------------------------------------------------ */
@@ -238,7 +324,8 @@ nccl_all_reduce_via_plain(sn_call *k, const sn_op *op, size_t bytes)
         ncclResult_t rc = ncclAllReduce(tmp, tmp, k->x.count,
                                         k->x.dtype->nccl, op->nccl,
                                         k->c->comm, k->stream);
-        ok = enqueue_done(k, rc, "ncclAllReduce") == 0;
+        ok = enqueue_done(k, rc, SYMNCCL_COLL_ALL_REDUCE,
+                          "ncclAllReduce") == 0;
         if (ok)
             e = cudaMemcpyAsync(k->out.ptr, tmp, bytes,
                                 cudaMemcpyDeviceToDevice, k->stream);
@@ -299,6 +386,8 @@ sn_all_reduce(CommObject *c, PyObject *args, PyObject *kw)
     }
     if (algo != SN_ALGO_NCCL && k.st->group_depth > 0)
         algo = SN_ALGO_NCCL;   /* auto inside a group: NCCL's grouping */
+    if (check_call(&k, SYMNCCL_COLL_ALL_REDUCE, k.x.count, op, algo, -1) < 0)
+        return call_end(&k, 0);
     if (algo != SN_ALGO_NCCL)
         return call_end(&k, kernel_all_reduce(&k, algo, op, win) == 0);
     if (misaligned_in_window(c, k.x.ptr) || misaligned_in_window(c, k.out.ptr))
@@ -306,7 +395,8 @@ sn_all_reduce(CommObject *c, PyObject *args, PyObject *kw)
     ncclResult_t rc = ncclAllReduce(k.x.ptr, k.out.ptr, k.x.count,
                                     k.x.dtype->nccl, op->nccl, c->comm,
                                     k.stream);
-    return call_end(&k, enqueue_done(&k, rc, "ncclAllReduce") == 0);
+    return call_end(&k, enqueue_done(&k, rc, SYMNCCL_COLL_ALL_REDUCE,
+                                     "ncclAllReduce") == 0);
 }
 
 PyObject *
@@ -342,7 +432,9 @@ sn_reduce_scatter(CommObject *c, PyObject *args, PyObject *kw)
         ndim = 1;
         shape[0] = (int64_t)(k.x.count / n);
     }
-    if (call_output(&k, x, out, k.x.count / n, ndim, shape, 0) < 0)
+    if (call_output(&k, x, out, k.x.count / n, ndim, shape, 0) < 0 ||
+        check_call(&k, SYMNCCL_COLL_REDUCE_SCATTER, k.x.count, op,
+                   SN_ALGO_NCCL, -1) < 0)
         return call_end(&k, 0);
     size_t chunk = k.x.count / n * (size_t)k.x.dtype->itemsize;
     /* NCCL 2.28.9's symmetric-window reduce-scatter writes zeros into every
@@ -362,7 +454,8 @@ sn_reduce_scatter(CommObject *c, PyObject *args, PyObject *kw)
     ncclResult_t rc = ncclReduceScatter(k.x.ptr, recv, k.x.count / n,
                                         k.x.dtype->nccl, op->nccl, c->comm,
                                         k.stream);
-    int ok = enqueue_done(&k, rc, "ncclReduceScatter") == 0;
+    int ok = enqueue_done(&k, rc, SYMNCCL_COLL_REDUCE_SCATTER,
+                          "ncclReduceScatter") == 0;
     if (recv != k.out.ptr) {
         cudaError_t e = cudaSuccess;
         if (ok && k.st->group_depth == 0)
@@ -408,11 +501,14 @@ sn_all_gather(CommObject *c, PyObject *args, PyObject *kw)
     else
         shape[0] *= c->nranks;
     if (call_output(&k, x, out, k.x.count * (size_t)c->nranks, ndim, shape,
-                    0) < 0)
+                    0) < 0 ||
+        check_call(&k, SYMNCCL_COLL_ALL_GATHER, k.x.count, NULL,
+                   SN_ALGO_NCCL, -1) < 0)
         return call_end(&k, 0);
     ncclResult_t rc = ncclAllGather(k.x.ptr, k.out.ptr, k.x.count,
                                     k.x.dtype->nccl, c->comm, k.stream);
-    return call_end(&k, enqueue_done(&k, rc, "ncclAllGather") == 0);
+    return call_end(&k, enqueue_done(&k, rc, SYMNCCL_COLL_ALL_GATHER,
+                                     "ncclAllGather") == 0);
 }
 
 PyObject *
@@ -431,12 +527,15 @@ sn_broadcast(CommObject *c, PyObject *args, PyObject *kw)
     }
     sn_call k;
     if (call_begin(&k, c, x, stream) < 0 ||
-        call_output(&k, x, out, k.x.count, k.x.ndim, k.x.shape, 1) < 0)
+        call_output(&k, x, out, k.x.count, k.x.ndim, k.x.shape, 1) < 0 ||
+        check_call(&k, SYMNCCL_COLL_BROADCAST, k.x.count, NULL, SN_ALGO_NCCL,
+                   root) < 0)
         return call_end(&k, 0);
     ncclResult_t rc = ncclBroadcast(k.x.ptr, k.out.ptr, k.x.count,
                                     k.x.dtype->nccl, root, c->comm,
                                     k.stream);
-    return call_end(&k, enqueue_done(&k, rc, "ncclBroadcast") == 0);
+    return call_end(&k, enqueue_done(&k, rc, SYMNCCL_COLL_BROADCAST,
+                                     "ncclBroadcast") == 0);
 }
 
 PyObject *
@@ -454,18 +553,13 @@ sn_barrier(CommObject *c, PyObject *args, PyObject *kw)
     int *word = sn_barrier_word(c);
     ncclResult_t rc = ncclAllReduce(word, word, 1, ncclInt32, ncclSum,
                                     c->comm, k.stream);
-    if (enqueue_done(&k, rc, "barrier (ncclAllReduce)") < 0)
+    if (enqueue_done(&k, rc, SYMNCCL_COLL_BARRIER,
+                     "barrier (ncclAllReduce)") < 0)
         return call_end(&k, 0);
-    if (blocking && k.st->group_depth == 0) {
-        cudaError_t e;
-        Py_BEGIN_ALLOW_THREADS
-        e = cudaStreamSynchronize(k.stream);
-        Py_END_ALLOW_THREADS
-        if (e != cudaSuccess) {
-            sn_set_cuda_error(k.st, e, "cudaStreamSynchronize (barrier)");
-            return call_end(&k, 0);
-        }
-    }
+    /* blocking: until the barrier completed, for at most the timeout */
+    if (blocking && k.st->group_depth == 0 &&
+        sn_fault_wait_nccl(k.st, c, SYMNCCL_COLL_BARRIER) < 0)
+        return call_end(&k, 0);
     k.result = Py_NewRef(Py_None);
     return call_end(&k, 1);
 }

@@ -204,6 +204,7 @@ comm_close(CommObject *self, PyObject *unused)
          * half-closed communicator: abort it, then report. */
         PyObject *et, *ev, *tb;
         PyErr_Fetch(&et, &ev, &tb);
+        self->user_aborted = 1;
         sn_comm_abort(st, self);
         PyErr_Restore(et, ev, tb);
         return NULL;
@@ -214,7 +215,63 @@ comm_close(CommObject *self, PyObject *unused)
 static PyObject *
 comm_abort(CommObject *self, PyObject *unused)
 {
+    self->user_aborted = 1;
     sn_comm_abort(comm_state(self), self);
+    Py_RETURN_NONE;
+}
+
+/* check(): raises the communicator's failure, or an asynchronous NCCL
+ * error; cheap (no synchronisation). */
+static PyObject *
+comm_check(CommObject *self, PyObject *unused)
+{
+    SNState *st = comm_state(self);
+    if (sn_comm_check_usable(st, self) < 0)
+        return NULL;
+    ncclResult_t async = ncclSuccess;
+    ncclResult_t rc = ncclCommGetAsyncError(self->comm, &async);
+    if (rc == ncclSuccess && async != ncclSuccess && async != ncclInProgress)
+        rc = async;
+    if (rc != ncclSuccess)
+        return (sn_set_nccl_error(st, rc, self->comm, "check()"), NULL);
+    Py_RETURN_NONE;
+}
+
+/* failure: the record as a dict, or None */
+static PyObject *
+get_failure(CommObject *self, void *unused)
+{
+    return sn_fault_dict(self);
+}
+
+/* _inject_fault(kernels): testing. The next launch of each named kernel
+ * (SYMNCCL_KERNELS names) waits at entry for something that never comes,
+ * so it gives up after the timeout the way a wait for a dead peer does. */
+static PyObject *
+comm_inject_fault(CommObject *self, PyObject *arg)
+{
+    Py_ssize_t len = PySequence_Size(arg);
+    if (len < 0)
+        return NULL;
+    int mask = 0;
+    for (Py_ssize_t i = 0; i < len; i++) {
+        PyObject *item = PySequence_GetItem(arg, i);
+        const char *s = item != NULL ? PyUnicode_AsUTF8AndSize(item, NULL)
+                                     : NULL;
+        int k = -1;
+        for (int j = 0; s != NULL && j < SYMNCCL_K_COUNT; j++)
+            if (strcmp(s, sn_kernel_name(j)) == 0)
+                k = j;
+        if (k < 0 && !PyErr_Occurred())
+            PyErr_Format(PyExc_ValueError, "unknown kernel %R", item);
+        Py_XDECREF(item);
+        if (k < 0)
+            return NULL;
+        mask |= 1 << k;
+    }
+    sn_lock(self);
+    self->inject |= mask;
+    sn_unlock(self);
     Py_RETURN_NONE;
 }
 
@@ -382,6 +439,10 @@ static PyGetSetDef comm_getset[] = {
      "The ncclComm_t as an integer (for interop; do not destroy it).", NULL},
     {"_windows", (getter)get_windows, NULL,
      "Registered windows, the staging window included (testing).", NULL},
+    {"failure", (getter)get_failure, NULL,
+     "None, or what made the communicator fail: a dict of reason "
+     "('timeout', 'peer', 'abort', 'mismatch'), collective, kernel, rank "
+     "(the peer), waited (seconds), cta, flag and message.", NULL},
     {"knobs", (getter)get_knobs, NULL,
      "The run-time knobs this communicator read at creation "
      "(symnccl._C.KNOBS lists them).", NULL},
@@ -474,18 +535,11 @@ comm_copy(CommObject *self, PyObject *args)
 static PyObject *
 comm_launches(CommObject *self, PyObject *unused)
 {
-    static const char *names[SYMNCCL_K_COUNT] = {
-#define NAME_(id, name) name,
-        SYMNCCL_KERNELS(NAME_)
-#undef NAME_
-    };
     PyObject *d = PyDict_New();
     sn_lock(self);
     for (int i = 0; d != NULL && i <= SYMNCCL_K_COUNT; i++) {
         PyObject *v = PyLong_FromUnsignedLongLong(self->launches[i]);
-        if (v == NULL ||
-            PyDict_SetItemString(d, i < SYMNCCL_K_COUNT ? names[i] : "nccl",
-                                 v) < 0)
+        if (v == NULL || PyDict_SetItemString(d, sn_kernel_name(i), v) < 0)
             Py_CLEAR(d);
         Py_XDECREF(v);
     }
@@ -635,6 +689,16 @@ static PyMethodDef comm_methods[] = {
      "A device-side barrier on the stream (a one-element all-reduce). With "
      "blocking=True the host also waits for it, GIL released.\n\n"
      "Example:\n    comm.barrier(blocking=True)"},
+    {"check", (PyCFunction)comm_check, METH_NOARGS,
+     "check($self, /)\n--\n\n"
+     "Raises the communicator's failure (PeerTimeoutError: a peer did not "
+     "arrive within the timeout, gave up first, or the call was aborted; "
+     "CallMismatchError), or an asynchronous NCCL error. Costs no "
+     "synchronisation: the failure record is in mapped host memory."},
+    {"_inject_fault", (PyCFunction)comm_inject_fault, METH_O,
+     "_inject_fault(kernels) (testing): the next launch of each named "
+     "kernel waits at entry for something that never comes and gives up "
+     "after the timeout."},
     {"close", (PyCFunction)comm_close, METH_NOARGS,
      "close($self, /)\n--\n\nWaits for this device's work, then destroys the device "
      "communicator, deregisters the windows, finalizes and destroys the "
@@ -642,8 +706,11 @@ static PyMethodDef comm_methods[] = {
      "memory.\n\nExample:\n    with symnccl.Communicator(uid, r, n, r) as "
      "comm:\n        ..."},
     {"abort", (PyCFunction)comm_abort, METH_NOARGS,
-     "abort($self, /)\n--\n\nncclCommAbort: for a communicator that timed out or whose "
-     "peers died. Local, never waits."},
+     "abort($self, /)\n--\n\nStops this communicator's kernels, "
+     "ncclCommAbort, and frees its memory once nothing of it runs. For a "
+     "communicator that failed, timed out or whose peers died; callable "
+     "from any thread (another thread's call on it ends). Local: waits a "
+     "few seconds at most."},
     {"__enter__", (PyCFunction)comm_enter, METH_NOARGS, NULL},
     {"__exit__", (PyCFunction)comm_exit, METH_VARARGS, NULL},
     {NULL},

@@ -68,24 +68,38 @@ order_end(const sn_ar *r, sn_err *err)
 static symnccl_kargs
 kargs(const sn_ar *r, int kernel)
 {
+    CommObject *c = r->c;
     symnccl_kargs a;
     memset(&a, 0, sizeof(a));
     a.kernel = kernel;
-    a.dc = r->c->devcomm;
+    a.dc = c->devcomm;
     a.dtype = r->dtype->kernel;
     a.op = r->op->kernel;
-    a.timeout_ns = (uint64_t)(r->c->timeout * 1e9);
+    a.epochs = sn_epochs(c, kernel);
+    /* failures (docs/ARCHITECTURE.md, "Failures") */
+    a.timeout_ns = (uint64_t)(c->timeout * 1e9);
+    a.collective = SYMNCCL_COLL_ALL_REDUCE;
+    a.fault = c->fault_dev;
+    a.claim = sn_claim_word(c);
+    a.fault_word = (uint64_t *)(c->staging + c->layout.ctl_offset);
+    a.ctl_win = c->staging_win->win;
+    a.ctl_offset = c->layout.ctl_offset;
     return a;
 }
 
 static int
-launch(const sn_ar *r, const symnccl_kargs *a, sn_err *err)
+launch(const sn_ar *r, symnccl_kargs *a, sn_err *err)
 {
+    CommObject *c = r->c;
+    /* testing (Communicator._inject_fault): this kernel's next launch */
+    a->inject = (c->inject >> a->kernel) & 1;
     cudaError_t e = symnccl_launch(a, r->stream);
+    a->inject = 0;
     if (e != cudaSuccess)
         return sn_fail(err, e, ncclSuccess, "%s all_reduce launch",
                        sn_algos[r->algo].name);
-    r->c->launches[a->kernel]++;
+    c->inject &= ~(1 << a->kernel);
+    c->launches[a->kernel]++;
     return 0;
 }
 
@@ -108,7 +122,6 @@ packet_launches(const sn_ar *r, sn_err *err)
     a.region_win = c->staging_win->win;
     a.region_offset = ll128 ? l->ll128_offset : l->ll_offset;
     a.row_bytes = ll128 ? l->ll128_row : l->ll_row;
-    a.epochs = sn_epochs(c, a.kernel);
     a.ctas = c->knobs.ll_ctas;
     a.threads = c->knobs.ll_threads;
     const size_t chunk =
@@ -132,7 +145,6 @@ push_launch(const sn_ar *r, sn_err *err)
     a.region_offset = c->layout.push_offset;
     a.data_offset = c->layout.push_data;
     a.row_bytes = c->layout.push_slot;
-    a.epochs = sn_epochs(c, SYMNCCL_K_PUSH);
     a.src = r->x;
     a.out = r->out;
     if (r->win != NULL && r->out == r->x &&
@@ -208,12 +220,18 @@ sn_launch_all_reduce(const sn_ar *r, sn_err *err)
     if (r->count == 0)
         return 0;
     CommObject *c = r->c;
-    if (c->devcomm == NULL || c->staging_win == NULL)
-        return sn_fail(err, cudaErrorInvalidValue, ncclSuccess,
-                       "the communicator has no device communicator or "
-                       "staging window (closed?)");
     sn_lock(c);
-    int rc = order_begin(r, err);
+    int rc = 0;
+    if (c->devcomm == NULL || c->staging_win == NULL)
+        rc = sn_fail(err, cudaErrorInvalidValue, ncclSuccess,
+                     "the communicator has no device communicator or "
+                     "staging window (closed?)");
+    else if (sn_fault_poll(c))   /* a kernel or the watchdog was quicker */
+        rc = sn_fail(err, cudaErrorInvalidValue, ncclSuccess,
+                     "the communicator has failed (comm.check() raises "
+                     "why)");
+    if (rc == 0)
+        rc = order_begin(r, err);
     if (rc == 0)
         rc = r->algo == SN_ALGO_LL || r->algo == SN_ALGO_LL128
                  ? packet_launches(r, err)

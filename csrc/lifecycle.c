@@ -14,8 +14,10 @@
 #include "symnccl.h"
 
 #include <cuda.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* ------------------------------------------------------------------ */
 /* Multicast gate. Multicast is never requested while any of the three
@@ -212,13 +214,16 @@ connect_devcomms(SNState *st, CommObject **cs, int n, ncclComm_t *raw)
         rc = ncclGroupStart();
         for (int i = 0; i < n && rc == ncclSuccess; i++) {
             cudaSetDevice(cs[i]->device);
-            rc = started(symnccl_devcomm_create(cs[i]->comm, SN_MAX_CTAS, mc,
+            /* no LSA barriers: symnccl's kernels bring their own, with a
+             * bounded wait (kernels/primitives.cuh, Barrier) */
+            rc = started(symnccl_devcomm_create(cs[i]->comm, 0, mc,
                                                 &cs[i]->devcomm));
         }
         rc = group_end(rc);
         Py_END_ALLOW_THREADS
         if (rc == ncclSuccess &&
-            sn_wait_comms(st, raw, n, cs[0]->timeout, "ncclDevCommCreate")
+            sn_wait_comms(st, raw, n, cs[0]->timeout, NULL,
+                          "ncclDevCommCreate")
                 < 0) {
             if (!PyErr_ExceptionMatches(st->NcclError))
                 return -1;
@@ -287,7 +292,7 @@ register_staging(SNState *st, CommObject **cs, int n, ncclComm_t *raw)
                                  "ncclCommWindowRegister (staging)");
     if (!any)
         return 0;
-    if (sn_wait_comms(st, raw, n, cs[0]->timeout, "staging windows") < 0)
+    if (sn_wait_comms(st, raw, n, cs[0]->timeout, NULL, "staging windows") < 0)
         return -1;
     /* The kernels address peers as evenly spaced copies of a window (as
      * NCCL maps them); where that would not hold, they must not run. */
@@ -343,7 +348,7 @@ sn_comms_connect(SNState *st, CommObject **cs, int n, const ncclUniqueId *id)
     SN_NCCL_GOTO(st, rc, NULL, "ncclCommInitRankConfig", error);
     for (int i = 0; i < n; i++)
         raw[i] = cs[i]->comm;
-    if (sn_wait_comms(st, raw, n, cs[0]->timeout,
+    if (sn_wait_comms(st, raw, n, cs[0]->timeout, NULL,
                       "ncclCommInitRankConfig") < 0 ||
         connect_devcomms(st, cs, n, raw) < 0)
         goto error;
@@ -351,6 +356,7 @@ sn_comms_connect(SNState *st, CommObject **cs, int n, const ncclUniqueId *id)
         SN_CUDA_GOTO(st, cudaSetDevice(cs[i]->device), "cudaSetDevice",
                      error);
         if (sn_scratch_alloc(st, cs[i]) < 0 ||
+            sn_fault_alloc(st, cs[i]) < 0 ||
             sn_staging_alloc(st, cs[i]) < 0)
             goto error;
     }
@@ -361,19 +367,9 @@ sn_comms_connect(SNState *st, CommObject **cs, int n, const ncclUniqueId *id)
     return 0;
 
 error:
-    for (int i = 0; i < n; i++) {
-        /* no kernel has run on their memory yet: free it after the abort */
-        char *staging = cs[i]->staging;
-        int *scratch = cs[i]->scratch;
-        cudaEvent_t ev = cs[i]->lsa_event;
+    /* no kernel has run: the abort frees everything at once */
+    for (int i = 0; i < n; i++)
         sn_comm_abort(st, cs[i]);
-        if (staging != NULL)
-            ncclMemFree(staging);
-        if (scratch != NULL)
-            cudaFree(scratch);
-        if (ev != NULL)
-            cudaEventDestroy(ev);
-    }
     sn_device_pop(prev);
     PyMem_Free(raw);
     return -1;
@@ -385,6 +381,9 @@ error:
 int
 sn_comm_check_usable(SNState *st, CommObject *c)
 {
+    /* a failure stays the answer until the user aborts */
+    if (!c->user_aborted && sn_fault_check(st, c) < 0)
+        return -1;
     if (c->closed) {
         PyErr_Format(PyExc_RuntimeError, "communicator (rank %d of %d, "
                      "cuda:%d) is %s", c->rank, c->nranks, c->device,
@@ -395,24 +394,98 @@ sn_comm_check_usable(SNState *st, CommObject *c)
 }
 
 int
+sn_comm_enter(SNState *st, CommObject *c)
+{
+    if (sn_comm_check_usable(st, c) < 0)
+        return -1;
+    sn_lock(c);
+    c->busy++;
+    sn_unlock(c);
+    return 0;
+}
+
+void
+sn_comm_leave(SNState *st, CommObject *c)
+{
+    sn_lock(c);
+    int last = --c->busy == 0 && c->abort_pending;
+    sn_unlock(c);
+    if (last) {   /* abort() came while this thread was inside */
+        PyObject *et, *ev, *tb;
+        PyErr_Fetch(&et, &ev, &tb);
+        sn_comm_abort(st, c);
+        PyErr_Restore(et, ev, tb);
+    }
+}
+
+/* Seconds abort() waits for another thread to leave a method of c (its
+ * waits end within 50 ms of c->stop), for c's kernels to leave once told
+ * to (their waits poll the fault word and the abort flag every few
+ * milliseconds), and for everything of c to end after ncclCommAbort. */
+#define ABORT_LEAVE_SECONDS 2.0
+#define ABORT_KERNELS_SECONDS 1.0
+#define ABORT_DRAIN_SECONDS 5.0
+
+static int close_entered(SNState *st, CommObject *c);
+
+int
 sn_comm_close(SNState *st, CommObject *c)
 {
-    if (c->closed)
+    /* closed, or aborted by the user: nothing to do; failed (aborted by
+     * the watchdog or not): the failure is the answer */
+    if (c->closed && (c->user_aborted || !sn_fault_poll(c)))
         return 0;
+    if (sn_comm_check_usable(st, c) < 0)
+        return -1;
     if (st->group_depth > 0) {
         PyErr_SetString(PyExc_RuntimeError,
                         "close() cannot be called inside symnccl.group()");
         return -1;
     }
+    sn_lock(c);
+    int busy = c->busy;
+    if (busy == 0)
+        c->busy = 1;   /* the watchdog keeps off while close runs */
+    sn_unlock(c);
+    if (busy > 0) {
+        PyErr_SetString(PyExc_RuntimeError, "close() while another thread "
+                        "is inside a call on this communicator");
+        return -1;
+    }
+    int rc_close = close_entered(st, c);
+    sn_lock(c);
+    c->busy--;
+    sn_unlock(c);
+    return rc_close;
+}
+
+/* close() with c->busy held. */
+static int
+close_entered(SNState *st, CommObject *c)
+{
     int prev;
     if (sn_device_push(st, c->device, &prev) < 0)
         return -1;
     ncclResult_t rc;
     cudaError_t ce;
+    /* symnccl's and NCCL's work on c, for at most the timeout (a kernel
+     * gives up after it, the watchdog ends NCCL's), then the device */
+    int drained;
+    Py_BEGIN_ALLOW_THREADS
+    drained = sn_fault_drain(c, c->timeout + ABORT_DRAIN_SECONDS, 1);
+    Py_END_ALLOW_THREADS
+    if (sn_fault_check(st, c) < 0)
+        goto fail;
+    if (!drained) {
+        PyErr_Format(PyExc_TimeoutError, "close(): the communicator's work "
+                     "did not complete within %.1f s", c->timeout);
+        goto fail;
+    }
     Py_BEGIN_ALLOW_THREADS
     ce = cudaDeviceSynchronize();
     Py_END_ALLOW_THREADS
     SN_CUDA_GOTO(st, ce, "cudaDeviceSynchronize (close)", fail);
+    sn_watch_forget(c);
     if (st->on_close != NULL && st->on_close(c, 1) < 0)
         goto fail;
     if (c->devcomm != NULL) {
@@ -427,6 +500,7 @@ sn_comm_close(SNState *st, CommObject *c)
         goto fail;
     sn_staging_free(c);
     sn_scratch_free(c);
+    sn_fault_free(c);
     Py_BEGIN_ALLOW_THREADS
     rc = ncclCommFinalize(c->comm);
     Py_END_ALLOW_THREADS
@@ -447,43 +521,104 @@ fail:
     return -1;
 }
 
+/* Frees c's memory, or leaves it (a kernel still runs on it). */
+static void
+free_memory(CommObject *c, int drained)
+{
+    if (!drained) {
+        fprintf(stderr, "symnccl: abort() of rank %d (cuda:%d): kernels of "
+                "the communicator still ran after %.0f s; its device memory "
+                "is left allocated\n", c->rank, c->device,
+                ABORT_KERNELS_SECONDS + ABORT_DRAIN_SECONDS);
+        c->staging = NULL;
+        c->scratch = NULL;
+        c->check_dev = c->check_host = NULL;
+        c->lsa_event = NULL;
+        c->fault = c->fault_dev = NULL;
+        c->fault_src = NULL;
+        c->ctl_stream = NULL;
+        c->watch_event = NULL;
+        return;
+    }
+    sn_staging_free(c);
+    sn_scratch_free(c);
+    sn_fault_free(c);
+}
+
 void
 sn_comm_abort(SNState *st, CommObject *c)
 {
-    if (c->closed == 2 || c->comm == NULL) {
-        c->closed = c->closed ? c->closed : 2;
-        symnccl_devcomm_free(c->devcomm);
-        c->devcomm = NULL;
+    if (c->closed == 2)
         return;
+    int prev = -1;
+    cudaGetDevice(&prev);
+    cudaSetDevice(c->device);
+    /* 1. nothing waits on c any more: another thread's waits end (stop),
+     * c's kernels leave (abort flag, fault word) */
+    c->stop = 1;
+    c->abort_pending = 0;
+    sn_fault_stop_kernels(c, SYMNCCL_FAULT_ABORT, 1.0);
+    double until = sn_now() + ABORT_LEAVE_SECONDS;
+    for (;;) {
+        sn_lock(c);
+        int busy = c->busy;
+        sn_unlock(c);
+        if (busy == 0)
+            break;
+        if (sn_now() >= until) {
+            /* finished by the last thread to leave (sn_comm_leave) */
+            c->abort_pending = 1;
+            if (prev >= 0)
+                cudaSetDevice(prev);
+            return;
+        }
+        Py_BEGIN_ALLOW_THREADS
+        struct timespec t = {0, 5000000};
+        nanosleep(&t, NULL);
+        Py_END_ALLOW_THREADS
     }
-    /* After an abort nothing may be called on the communicator: the device
-     * communicator and windows go with it. */
+    sn_watch_forget(c);
+    /* 2. c's kernels end before NCCL unmaps the windows they address
+     * (those queued behind a hung NCCL kernel cannot: they start after
+     * ncclCommAbort ended it, and leave at entry) */
+    Py_BEGIN_ALLOW_THREADS
+    sn_fault_drain(c, ABORT_KERNELS_SECONDS, 0);
+    Py_END_ALLOW_THREADS
     if (st->on_close != NULL)
         st->on_close(c, 0);
     symnccl_devcomm_free(c->devcomm);
     c->devcomm = NULL;
     sn_windows_detach(c);
-    Py_BEGIN_ALLOW_THREADS
-    ncclCommAbort(c->comm);
-    Py_END_ALLOW_THREADS
-    c->comm = NULL;
+    if (c->comm != NULL) {
+        Py_BEGIN_ALLOW_THREADS
+        ncclCommAbort(c->comm);
+        Py_END_ALLOW_THREADS
+        c->comm = NULL;
+    }
     c->closed = 2;
-    /* Leaked on purpose: a kernel may still spin on them. */
-    c->scratch = NULL;
-    c->lsa_event = NULL;
-    c->staging = NULL;
-    c->staging_win = NULL;
+    /* 3. the memory, once nothing of c runs any more */
+    int drained;
+    Py_BEGIN_ALLOW_THREADS
+    drained = sn_fault_drain(c, ABORT_DRAIN_SECONDS, 1);
+    Py_END_ALLOW_THREADS
+    free_memory(c, drained);
+    (void)cudaGetLastError();
+    if (prev >= 0)
+        cudaSetDevice(prev);
 }
 
 void
 sn_comm_finalize(SNState *st, CommObject *c)
 {
     live_remove(st, c);
+    sn_watch_forget(c);
     if (c->closed || c->comm == NULL || st->shutting_down)
         return;
     PyObject *et, *ev, *tb;
     PyErr_Fetch(&et, &ev, &tb);
-    if (sn_comm_close(st, c) < 0) {
+    if (sn_fault_poll(c))   /* failed: the user was told at the failure */
+        sn_comm_abort(st, c);
+    else if (sn_comm_close(st, c) < 0) {
         PyErr_WriteUnraisable((PyObject *)c);
         sn_comm_abort(st, c);
     }

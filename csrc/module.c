@@ -117,6 +117,7 @@ py_shutdown(PyObject *module, PyObject *arg)
     if (timeout == -1.0 && PyErr_Occurred())
         return NULL;
     int failures = sn_comm_shutdown_all(st, timeout);
+    sn_watch_shutdown();
     st->shutting_down = 1;
     return PyLong_FromLong(failures);
 }
@@ -144,17 +145,24 @@ py_group_start(PyObject *module, PyObject *unused)
     Py_RETURN_NONE;
 }
 
+/* The communicators of the pending objects, each once, counted in their
+ * busy (so the watchdog keeps off while the group's end is waited for;
+ * release_group_comms undoes it). */
 static int
 collect_group_comms(SNState *st, PyObject *pending, ncclComm_t **out,
-                    Py_ssize_t *n)
+                    CommObject ***objs, Py_ssize_t *n)
 {
     Py_ssize_t len = PyList_Size(pending);
     *out = NULL;
+    *objs = NULL;
     *n = 0;
     if (len <= 0)
         return 0;
     ncclComm_t *comms = PyMem_Calloc((size_t)len, sizeof(ncclComm_t));
-    if (comms == NULL) {
+    CommObject **cs = PyMem_Calloc((size_t)len, sizeof(CommObject *));
+    if (comms == NULL || cs == NULL) {
+        PyMem_Free(comms);
+        PyMem_Free(cs);
         PyErr_NoMemory();
         return -1;
     }
@@ -165,11 +173,28 @@ collect_group_comms(SNState *st, PyObject *pending, ncclComm_t **out,
         int seen = 0;
         for (Py_ssize_t k = 0; k < *n; k++)
             seen |= comms[k] == c->comm;
-        if (!seen && c->comm != NULL)
+        if (!seen && c->comm != NULL) {
+            sn_lock(c);
+            c->busy++;
+            sn_unlock(c);
+            cs[*n] = c;
             comms[(*n)++] = c->comm;
+        }
     }
     *out = comms;
+    *objs = cs;
     return 0;
+}
+
+static void
+release_group_comms(CommObject **cs, Py_ssize_t n)
+{
+    for (Py_ssize_t i = 0; i < n; i++) {
+        sn_lock(cs[i]);
+        cs[i]->busy--;
+        sn_unlock(cs[i]);
+    }
+    PyMem_Free(cs);
 }
 
 static PyObject *
@@ -196,15 +221,18 @@ py_group_end(PyObject *module, PyObject *unused)
     PyObject *pending = st->group_pending;
     st->group_pending = fresh;
     ncclComm_t *comms = NULL;
+    CommObject **objs = NULL;
     Py_ssize_t ncomms = 0;
-    int err = collect_group_comms(st, pending, &comms, &ncomms);
+    int err = collect_group_comms(st, pending, &comms, &objs, &ncomms);
     if (err == 0 && rc != ncclSuccess && rc != ncclInProgress)
         err = sn_set_nccl_error(st, rc, ncomms ? comms[0] : NULL,
                                 "ncclGroupEnd");
     double timeout = SN_DEFAULT_TIMEOUT;
     if (err == 0 && ncomms > 0)
-        err = sn_wait_comms(st, comms, (int)ncomms, timeout, "ncclGroupEnd");
+        err = sn_wait_comms(st, comms, (int)ncomms, timeout, NULL,
+                            "ncclGroupEnd");
     PyMem_Free(comms);
+    release_group_comms(objs, ncomms);
     /* Finish what was deferred, even after an error, so that no object
      * stays half-made: a failed registration leaves the window NULL. */
     Py_ssize_t len = PyList_Size(pending);
@@ -320,6 +348,8 @@ static PyMethodDef sn_methods[] = {
      "present."},
     {"_set_hooks", py_set_hooks, METH_VARARGS, NULL},
     {"_shutdown", py_shutdown, METH_O, NULL},
+    {"_abort_on_signal", sn_py_abort_on_signal, METH_O,
+     "_abort_on_signal(signum): symnccl.abort_on_signal installs it"},
     {"_group_start", py_group_start, METH_NOARGS, NULL},
     {"_group_end", py_group_end, METH_NOARGS, NULL},
     {"_group_depth", py_group_depth, METH_NOARGS, NULL},
@@ -373,6 +403,30 @@ sn_exec(PyObject *module)
         PyExc_RuntimeError, NULL);
     if (st->CudaError == NULL || PyModule_AddObjectRef(module, "CudaError",
                                                        st->CudaError) < 0)
+        return -1;
+    st->PeerTimeoutError = PyErr_NewExceptionWithDoc(
+        "symnccl.PeerTimeoutError",
+        "A communicator failed: a peer did not arrive within the timeout "
+        "(reason 'timeout'), a peer gave up on it first ('peer'), or a "
+        "collective was stopped by abort_on_signal ('abort'). .rank is the "
+        "peer (None when unknown), .collective the collective, .kernel the "
+        "symnccl kernel or 'nccl', .waited the seconds waited. The "
+        "communicator refuses further calls until abort() (README: "
+        "Failures).",
+        PyExc_TimeoutError, NULL);
+    if (st->PeerTimeoutError == NULL ||
+        PyModule_AddObjectRef(module, "PeerTimeoutError",
+                              st->PeerTimeoutError) < 0)
+        return -1;
+    st->CallMismatchError = PyErr_NewExceptionWithDoc(
+        "symnccl.CallMismatchError",
+        "SYMNCCL_CHECK=1: the ranks made different calls (collective, dtype, "
+        "count, op, algo or root); the message names both. The "
+        "communicator refuses further calls until abort().",
+        PyExc_RuntimeError, NULL);
+    if (st->CallMismatchError == NULL ||
+        PyModule_AddObjectRef(module, "CallMismatchError",
+                              st->CallMismatchError) < 0)
         return -1;
 
     st->CommunicatorType = (PyTypeObject *)PyType_FromModuleAndSpec(
@@ -431,6 +485,8 @@ sn_traverse(PyObject *module, visitproc visit, void *arg)
     Py_VISIT(st->DeviceArrayType);
     Py_VISIT(st->NcclError);
     Py_VISIT(st->CudaError);
+    Py_VISIT(st->PeerTimeoutError);
+    Py_VISIT(st->CallMismatchError);
     Py_VISIT(st->stream_hook);
     Py_VISIT(st->frameworks);
     Py_VISIT(st->group_pending);
@@ -450,6 +506,8 @@ sn_clear(PyObject *module)
     Py_CLEAR(st->DeviceArrayType);
     Py_CLEAR(st->NcclError);
     Py_CLEAR(st->CudaError);
+    Py_CLEAR(st->PeerTimeoutError);
+    Py_CLEAR(st->CallMismatchError);
     Py_CLEAR(st->stream_hook);
     Py_CLEAR(st->frameworks);
     Py_CLEAR(st->group_pending);

@@ -327,6 +327,10 @@ static const knob knobs[] = {
      32, "threads per CTA of push"},
     {"SYMNCCL_PUSH_REGION_MIB", offsetof(sn_knobs, push_region_mib), 64, 1,
      4096, 1, "size of push's region in the staging window"},
+    /* off by default: one all-gather and one synchronisation per call */
+    {"SYMNCCL_CHECK", offsetof(sn_knobs, check), 0, 0, 1, 1,
+     "1: ranks compare each eager call's collective, dtype, count, op, "
+     "algo and root before running it (CallMismatchError)"},
 };
 #define N_KNOBS (sizeof(knobs) / sizeof(knobs[0]))
 

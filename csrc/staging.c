@@ -11,12 +11,15 @@
  *   ll region               2 slots x nranks rows of ll_row bytes
  *   ll128 region            2 slots x nranks rows of ll128_row bytes
  *   push region             flag lines, then 4 x nranks slots of push_slot
+ *   control block           this rank's fault word, then the barrier flag
+ *                           lines of the load kernels (SYMNCCL_CTL_BYTES)
  *
  * Every region is page-aligned and at the same offset on every rank. The
- * packet regions and push's flag lines start zeroed (a flag is never 0);
- * slots need no clearing. The scratch (cudaMalloc, local) holds the barrier
- * word of barrier() and the per-CTA call counters of the ll, ll128 and push
- * kernels (SN_MAX_CTAS each), zeroed once.
+ * packet regions, push's flag lines and the control block start zeroed (a
+ * flag is never 0); slots need no clearing. The scratch (cudaMalloc, local)
+ * holds the barrier word of barrier(), the claim word of the failure record
+ * and the per-CTA call counters of the ll, ll128, push and load kernels
+ * (SN_MAX_CTAS each), zeroed once.
  */
 #include "symnccl.h"
 
@@ -28,8 +31,9 @@
 #define LL128_REGION (8u << 20)
 #define PAGE ((size_t)4096)
 
-/* Scratch: the barrier word, then the epoch arrays. */
-enum { EPOCHS_LL, EPOCHS_LL128, EPOCHS_PUSH, N_EPOCHS };
+/* Scratch: the barrier word, the claim word, then the epoch arrays. */
+enum { EPOCHS_LL, EPOCHS_LL128, EPOCHS_PUSH, EPOCHS_BARRIER, N_EPOCHS };
+#define SCRATCH_CLAIM 128
 #define SCRATCH_EPOCHS 256
 #define SCRATCH_BYTES (SCRATCH_EPOCHS + N_EPOCHS * 8 * SN_MAX_CTAS)
 
@@ -62,7 +66,9 @@ sn_layout_compute(CommObject *c, size_t staging_bytes)
     size_t flags = 0;
     size_t push = symnccl_push_region_bytes(c->nranks, l->push_slot, &flags);
     l->push_data = l->push_offset + flags;
-    l->bytes = l->push_offset + push;
+    l->ctl_offset = l->push_offset + push;
+    l->bytes = l->ctl_offset +
+               pages(SYMNCCL_CTL_BYTES(c->nranks) + PAGE - 1);
 }
 
 int
@@ -79,10 +85,14 @@ sn_staging_alloc(SNState *st, CommObject *c)
     if (rc != ncclSuccess)
         return sn_set_nccl_error(st, rc, c->comm, "ncclMemAlloc (staging)");
     c->staging = p;
-    /* the packet regions and push's flag lines; no peer can write into
-     * them before the window is registered, after this returns */
+    /* the packet regions, push's flag lines and the control block; no peer
+     * can write into them before the window is registered, after this
+     * returns */
     cudaError_t e = cudaMemset(c->staging + l->ll_offset, 0,
                                l->push_data - l->ll_offset);
+    if (e == cudaSuccess)
+        e = cudaMemset(c->staging + l->ctl_offset, 0,
+                       l->bytes - l->ctl_offset);
     if (e == cudaSuccess)
         e = cudaDeviceSynchronize();
     if (e != cudaSuccess)
@@ -116,12 +126,39 @@ error:
     return -1;
 }
 
+int
+sn_check_buffers(SNState *st, CommObject *c, size_t bytes, void **dev,
+                 void **host)
+{
+    if (c->check_dev == NULL) {
+        SN_CUDA_GOTO(st, cudaMalloc(&c->check_dev,
+                                    bytes * ((size_t)c->nranks + 1)),
+                     "cudaMalloc (SYMNCCL_CHECK)", error);
+        SN_CUDA_GOTO(st, cudaMallocHost(&c->check_host,
+                                        bytes * (size_t)c->nranks),
+                     "cudaMallocHost (SYMNCCL_CHECK)", error);
+    }
+    *dev = c->check_dev;
+    *host = c->check_host;
+    return 0;
+error:
+    return -1;
+}
+
 void
 sn_scratch_free(CommObject *c)
 {
     if (c->scratch != NULL) {
         cudaFree(c->scratch);
         c->scratch = NULL;
+    }
+    if (c->check_dev != NULL) {
+        cudaFree(c->check_dev);
+        c->check_dev = NULL;
+    }
+    if (c->check_host != NULL) {
+        cudaFreeHost(c->check_host);
+        c->check_host = NULL;
     }
     if (c->lsa_event != NULL) {
         cudaEventDestroy(c->lsa_event);
@@ -132,11 +169,15 @@ sn_scratch_free(CommObject *c)
 uint64_t *
 sn_epochs(const CommObject *c, int kernel)
 {
-    int which = kernel == SYMNCCL_K_PUSH ? EPOCHS_PUSH
-                : kernel == SYMNCCL_K_LL128 ||
-                        kernel == SYMNCCL_K_LL128_TWO_SHOT
-                    ? EPOCHS_LL128
-                    : EPOCHS_LL;
+    int which;
+    switch (kernel) {
+    case SYMNCCL_K_PUSH: which = EPOCHS_PUSH; break;
+    case SYMNCCL_K_LL128:
+    case SYMNCCL_K_LL128_TWO_SHOT: which = EPOCHS_LL128; break;
+    case SYMNCCL_K_LL:
+    case SYMNCCL_K_LL_TWO_SHOT: which = EPOCHS_LL; break;
+    default: which = EPOCHS_BARRIER;   /* one_shot, two_shot, multimem */
+    }
     return (uint64_t *)((char *)c->scratch + SCRATCH_EPOCHS +
                         (size_t)which * 8 * SN_MAX_CTAS);
 }
@@ -147,16 +188,23 @@ sn_barrier_word(const CommObject *c)
     return c->scratch;
 }
 
+unsigned *
+sn_claim_word(const CommObject *c)
+{
+    return (unsigned *)((char *)c->scratch + SCRATCH_CLAIM);
+}
+
 PyObject *
 sn_layout_dict(const CommObject *c)
 {
     const sn_layout *l = &c->layout;
     return Py_BuildValue(
-        "{s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n}", "staging",
+        "{s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n}", "staging",
         (Py_ssize_t)l->staging, "ll_offset", (Py_ssize_t)l->ll_offset,
         "ll_row", (Py_ssize_t)l->ll_row, "ll128_offset",
         (Py_ssize_t)l->ll128_offset, "ll128_row", (Py_ssize_t)l->ll128_row,
         "push_offset", (Py_ssize_t)l->push_offset, "push_data",
         (Py_ssize_t)l->push_data, "push_slot", (Py_ssize_t)l->push_slot,
-        "bytes", (Py_ssize_t)l->bytes);
+        "ctl_offset", (Py_ssize_t)l->ctl_offset, "bytes",
+        (Py_ssize_t)l->bytes);
 }

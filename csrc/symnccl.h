@@ -6,8 +6,8 @@
  * circle (tests/test_cpu.py checks it):
  *
  *   1  abi.c  errors.c  wait.c  registry.c  dtypes.c  streams.c
- *   2  windows.c  staging.c
- *   3  lifecycle.c  launch.c
+ *   2  windows.c  staging.c  faults.c
+ *   3  lifecycle.c  watchdog.c  launch.c
  *   4  buffer.c
  *   5  dlpack.c
  *   6  collectives.c  xla_ffi.c
@@ -32,9 +32,8 @@
 #include "kernels/launch.h"
 
 #define SN_MAX_NDIM 16
-/* lsaBarrierCount requested from ncclDevCommCreate: the largest grid any
- * symnccl kernel may launch (one barrier slot per CTA). */
-#define SN_MAX_CTAS 128
+/* The largest grid any symnccl kernel may launch. */
+#define SN_MAX_CTAS SYMNCCL_MAX_CTAS
 #define SN_DEFAULT_TIMEOUT 600.0
 #define SN_DEFAULT_STAGING (32u << 20)
 
@@ -49,6 +48,8 @@ typedef struct {
     PyTypeObject *DeviceArrayType;
     PyObject *NcclError;
     PyObject *CudaError;
+    PyObject *PeerTimeoutError;  /* faults.c raises them */
+    PyObject *CallMismatchError;
     /* Python callables installed by symnccl/_frameworks.py */
     PyObject *stream_hook;     /* (obj, device) -> int stream handle */
     PyObject *frameworks;      /* module with alloc(like, shape, device) and
@@ -125,6 +126,7 @@ typedef struct {
     int lsa_threads, one_shot_ctas, two_shot_ctas;
     int ll_ctas, ll_threads, ll_two_shot_kib, ll128_two_shot_kib;
     int push_ctas, push_threads, push_region_mib;
+    int check;                 /* SYMNCCL_CHECK: compare calls first */
 } sn_knobs;
 
 /* What decides whether an algorithm can run on a communicator: the same on
@@ -214,17 +216,20 @@ int sn_raise(SNState *st, const sn_err *e);
 /* wait.c: the one bounded wait for non-blocking NCCL communicators. */
 
 double sn_now(void);           /* seconds, CLOCK_MONOTONIC */
-enum { SN_WAIT_DONE = 0, SN_WAIT_FAILED = 1, SN_WAIT_TIMEOUT = 2 };
-/* Until no communicator reports ncclInProgress or the clock passes
- * `until`. Touches no Python state: callable without the GIL. On
- * SN_WAIT_FAILED, *failed is the communicator's index and *bad its error. */
-int sn_wait_nccl(ncclComm_t *comms, int n, double until, int *failed,
-                 ncclResult_t *bad);
+enum { SN_WAIT_DONE = 0, SN_WAIT_FAILED = 1, SN_WAIT_TIMEOUT = 2,
+       SN_WAIT_STOPPED = 3 };
+/* Until no communicator reports ncclInProgress, the clock passes `until`,
+ * or *stop is set (may be NULL). Touches no Python state: callable without
+ * the GIL. On SN_WAIT_FAILED, *failed is the communicator's index and *bad
+ * its error. */
+int sn_wait_nccl(ncclComm_t *comms, int n, double until,
+                 const volatile int *stop, int *failed, ncclResult_t *bad);
 /* The same for Python callers: GIL released, Ctrl-C honoured, at most
- * `timeout` seconds; -1 with NcclError / TimeoutError / the signal's
- * exception set. */
+ * `timeout` seconds, and no longer once *stop is set (abort() from another
+ * thread; stop may be NULL); -1 with NcclError / TimeoutError /
+ * RuntimeError (stopped) / the signal's exception set. */
 int sn_wait_comms(SNState *st, ncclComm_t *comms, int n, double timeout,
-                  const char *what);
+                  const volatile int *stop, const char *what);
 /* After an NCCL call on c returned rc: wait for it to complete, or, inside
  * symnccl.group(), leave it to the group's end. */
 int sn_nccl_complete(SNState *st, struct CommObject *c, ncclResult_t rc,
@@ -298,6 +303,8 @@ typedef struct {
     size_t push_offset;        /* push flags */
     size_t push_data;          /* push slots (4 x nranks of push_slot) */
     size_t push_slot;
+    size_t ctl_offset;         /* the control block (SYMNCCL_CTL_BYTES):
+                                  fault word, barrier flags */
     size_t bytes;              /* the whole allocation */
 } sn_layout;
 
@@ -310,13 +317,77 @@ void sn_staging_free(struct CommObject *c);
 /* cudaMalloc'd, zeroed scratch and the cross-stream event. */
 int sn_scratch_alloc(SNState *st, struct CommObject *c);
 void sn_scratch_free(struct CommObject *c);
-/* The call counters of kernel SYMNCCL_K_* (ll, ll128 and push families),
- * SN_MAX_CTAS of them, in the scratch. */
+/* The call counters of kernel SYMNCCL_K_* (one array for the ll family,
+ * one for ll128, one for push, one for the barrier kernels), SN_MAX_CTAS
+ * of them, in the scratch. */
 uint64_t *sn_epochs(const struct CommObject *c, int kernel);
+/* The zeroed word the first CTA to give up takes (symnccl_kargs.claim). */
+unsigned *sn_claim_word(const struct CommObject *c);
 /* A zero-initialised int in the scratch (barrier()'s all-reduce). */
 int *sn_barrier_word(const struct CommObject *c);
+/* SYMNCCL_CHECK's buffers, allocated at the first use: room for nranks + 1
+ * call signatures of `bytes` on the device, nranks in pinned host memory;
+ * -1 with an exception. */
+int sn_check_buffers(SNState *st, struct CommObject *c, size_t bytes,
+                     void **dev, void **host);
 /* _staging_layout(): the layout as a dict (tests, docs). */
 PyObject *sn_layout_dict(const struct CommObject *c);
+
+/* ------------------------------------------------------------------ */
+/* faults.c: a communicator's failure record, the checks that raise from
+ * it, and the first steps of an abort (docs/ARCHITECTURE.md, "Failures"). */
+
+/* Names: a SYMNCCL_K_* kernel (SYMNCCL_K_COUNT: "nccl"), a
+ * SYMNCCL_COLL_* collective; "?" for anything else. */
+const char *sn_kernel_name(int kernel);
+const char *sn_collective_name(int collective);
+/* The record (mapped host memory), c's own stream and the NCCL watch
+ * event; -1 with an exception. */
+int sn_fault_alloc(SNState *st, struct CommObject *c);
+void sn_fault_free(struct CommObject *c);
+/* 1 once c has failed (the record is copied into c->failure), else 0.
+ * Reads host memory only: no CUDA call, no synchronisation. */
+int sn_fault_poll(struct CommObject *c);
+/* Raises c's failure (PeerTimeoutError or CallMismatchError): -1. */
+int sn_fault_raise(SNState *st, struct CommObject *c);
+/* The message of c's failure (after sn_fault_poll), into buf. */
+void sn_fault_describe(const struct CommObject *c, char *buf, size_t size);
+/* Communicator.failure: the failure as a dict, or None. */
+PyObject *sn_fault_dict(struct CommObject *c);
+/* _abort_on_signal(signum): installs the handler that raises the abort
+ * flag of every live communicator, then hands the signal on. */
+PyObject *sn_py_abort_on_signal(PyObject *module, PyObject *arg);
+/* -1 with c's failure raised once it has failed, else 0. */
+int sn_fault_check(SNState *st, struct CommObject *c);
+/* A failure found by the host (an NCCL kernel past the timeout, a call
+ * mismatch), recorded unless one is already; `msg` (may be NULL) replaces
+ * the message built from the record. */
+void sn_fault_record(struct CommObject *c, int reason, int kernel,
+                     int collective, int peer, int wait, double waited,
+                     const char *msg);
+/* Tells c's kernels to stop: the abort flag their waits poll and this
+ * rank's fault word (code of `reason`), which every kernel reads at entry,
+ * written through c's own stream so that a stream stuck behind a hung
+ * kernel is no obstacle. Waits at most `seconds` for that write. */
+void sn_fault_stop_kernels(struct CommObject *c, int reason, double seconds);
+/* 1 once c's last symnccl launch (and, with `nccl`, its last watched NCCL
+ * call) has completed (their events), polling for at most `seconds`; 0 if
+ * not. */
+int sn_fault_drain(struct CommObject *c, double seconds, int nccl);
+/* The watched list (the watchdog's thread is watchdog.c). sn_watch_arm:
+ * records c->watch_event on `stream` and arms the deadline; 0 when not
+ * (inside a graph capture). sn_watch_forget: close, abort, deallocation.
+ * sn_watch_poll: looks at the armed events, 1 when a communicator has
+ * expired (deadline passed, or its abort flag raised). sn_watch_collect:
+ * the expired ones no thread is inside, new references. */
+int sn_watch_arm(struct CommObject *c, int collective, cudaStream_t stream);
+void sn_watch_forget(struct CommObject *c);
+int sn_watch_poll(void);
+int sn_watch_collect(struct CommObject **out, int max);
+/* Waits for c->watch_event (recorded after the NCCL call of `collective`)
+ * with the GIL released and Ctrl-C honoured, for at most c->timeout. Past
+ * it the failure is recorded and raised (-1). */
+int sn_fault_wait_nccl(SNState *st, struct CommObject *c, int collective);
 
 /* ------------------------------------------------------------------ */
 /* Objects. */
@@ -351,10 +422,29 @@ typedef struct CommObject {
     /* Kernels launched (SYMNCCL_K_*) and NCCL collectives enqueued
      * ([SYMNCCL_K_COUNT]): Communicator._launches(). */
     unsigned long long launches[SYMNCCL_K_COUNT + 1];
-    /* Guards the cross-stream state, the counters and xla_windows: the XLA
-     * FFI handler launches from XLA's threads without the GIL. */
+    /* Guards the cross-stream state, the counters, xla_windows and busy:
+     * the XLA FFI handler launches from XLA's threads without the GIL. */
     pthread_mutex_t lock;
     sn_window *xla_windows;    /* XLA buffers registered by xla_ffi.c */
+    /* Failures (faults.c, watchdog.c) */
+    symnccl_fault *fault;      /* the record, mapped host memory */
+    symnccl_fault *fault_dev;  /* ... its device address */
+    uint64_t *fault_src;       /* pinned: the code written to the word */
+    symnccl_fault failure;     /* the record once c failed (reason != 0) */
+    char failure_msg[400];     /* a host-found failure's own message */
+    cudaStream_t ctl_stream;   /* non-blocking: writes the fault word */
+    void *check_dev, *check_host;  /* SYMNCCL_CHECK (staging.c) */
+    int busy;                  /* threads inside a method of c (lock) */
+    volatile int stop;         /* abort() from another thread: waits end */
+    int abort_pending;         /* abort() waits for busy to reach 0 */
+    int user_aborted;          /* abort() was called (not the watchdog) */
+    int inject;                /* testing: SYMNCCL_K_* mask of launches
+                                  that get a fault injected (once) */
+    /* NCCL calls in flight (watchdog.c, under its mutex) */
+    cudaEvent_t watch_event;   /* recorded after each eager NCCL call */
+    double watch_deadline;
+    int watch_collective, watch_armed, watch_expired, watched;
+    struct CommObject *watch_next, *watch_prev;
 } CommObject;
 
 static inline void sn_lock(CommObject *c) { pthread_mutex_lock(&c->lock); }
@@ -430,16 +520,34 @@ CommObject *sn_comm_new(PyTypeObject *tp, int rank, int nranks, int device,
  * Collective. On failure every one of them is aborted. */
 int sn_comms_connect(SNState *st, CommObject **cs, int n,
                      const ncclUniqueId *id);
+/* Entry of every method that uses c: -1 with an exception when c is
+ * closed, aborted or failed; else counts the caller in c->busy until
+ * sn_comm_leave. */
+int sn_comm_enter(SNState *st, CommObject *c);
+void sn_comm_leave(SNState *st, CommObject *c);
+/* The check of sn_comm_enter without entering. */
 int sn_comm_check_usable(SNState *st, CommObject *c);
 /* close(): waits for the device, then destroys in NCCL's order. */
 int sn_comm_close(SNState *st, CommObject *c);
-/* abort(): ncclCommAbort; local, never waits. */
+/* abort(): stops c's kernels, ncclCommAbort, and frees c's memory once
+ * nothing of c runs any more; local, waits a few seconds at most. Another
+ * thread inside a method of c is made to leave first. */
 void sn_comm_abort(SNState *st, CommObject *c);
 /* Deallocation: close (abort on failure) unless shutting down. */
 void sn_comm_finalize(SNState *st, CommObject *c);
 /* At interpreter exit: close every open communicator (abort on failure);
  * returns how many had to be aborted. */
 int sn_comm_shutdown_all(SNState *st, double timeout);
+
+/* ------------------------------------------------------------------ */
+/* watchdog.c: a thread that aborts a communicator whose NCCL call has not
+ * completed within its timeout. */
+
+/* After an eager NCCL call of `collective` on `stream`: sn_watch_arm, and
+ * the thread started if it is not running. */
+void sn_watch_nccl(CommObject *c, int collective, cudaStream_t stream);
+/* Interpreter exit: stops the thread. */
+void sn_watch_shutdown(void);
 
 /* ------------------------------------------------------------------ */
 /* launch.c: all_reduce on symnccl's kernels, without the Python API. */

@@ -31,10 +31,12 @@ sn_now(void)
 
 /* since: when the whole wait began (for the spin phase). */
 static int
-wait_nccl(ncclComm_t *comms, int n, double since, double until, int *failed,
-          ncclResult_t *bad)
+wait_nccl(ncclComm_t *comms, int n, double since, double until,
+          const volatile int *stop, int *failed, ncclResult_t *bad)
 {
     for (;;) {
+        if (stop != NULL && *stop)
+            return SN_WAIT_STOPPED;
         int busy = 0;
         for (int i = 0; i < n; i++) {
             ncclResult_t async = ncclSuccess;
@@ -62,27 +64,27 @@ wait_nccl(ncclComm_t *comms, int n, double since, double until, int *failed,
 }
 
 int
-sn_wait_nccl(ncclComm_t *comms, int n, double until, int *failed,
-             ncclResult_t *bad)
+sn_wait_nccl(ncclComm_t *comms, int n, double until,
+             const volatile int *stop, int *failed, ncclResult_t *bad)
 {
-    return wait_nccl(comms, n, sn_now(), until, failed, bad);
+    return wait_nccl(comms, n, sn_now(), until, stop, failed, bad);
 }
 
 int
 sn_wait_comms(SNState *st, ncclComm_t *comms, int n, double timeout,
-              const char *what)
+              const volatile int *stop, const char *what)
 {
     int failed = -1;
     ncclResult_t bad = ncclSuccess;
     /* Fast path, GIL held: usually everything has completed already. */
     double start = sn_now();
-    int r = wait_nccl(comms, n, start, 0.0, &failed, &bad);
+    int r = wait_nccl(comms, n, start, 0.0, stop, &failed, &bad);
     double deadline = start + timeout;
     while (r == SN_WAIT_TIMEOUT) {
         double slice = sn_now() + SLICE_SECONDS;
         Py_BEGIN_ALLOW_THREADS
         r = wait_nccl(comms, n, start, slice < deadline ? slice : deadline,
-                      &failed, &bad);
+                      stop, &failed, &bad);
         Py_END_ALLOW_THREADS
         if (r != SN_WAIT_TIMEOUT)
             break;
@@ -98,6 +100,11 @@ sn_wait_comms(SNState *st, ncclComm_t *comms, int n, double timeout,
     }
     if (r == SN_WAIT_FAILED)
         return sn_set_nccl_error(st, bad, comms[failed], what);
+    if (r == SN_WAIT_STOPPED) {
+        PyErr_Format(PyExc_RuntimeError, "%s was interrupted by abort() "
+                     "from another thread", what);
+        return -1;
+    }
     return 0;
 }
 
@@ -111,5 +118,5 @@ sn_nccl_complete(SNState *st, CommObject *c, ncclResult_t rc,
         return PyList_Append(st->group_pending, (PyObject *)c);
     /* A non-blocking communicator may still be busy after a call returned
      * ncclSuccess; the next call would fail. Wait for it (cheap when done). */
-    return sn_wait_comms(st, &c->comm, 1, c->timeout, what);
+    return sn_wait_comms(st, &c->comm, 1, c->timeout, &c->stop, what);
 }

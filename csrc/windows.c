@@ -74,8 +74,8 @@ sn_window_release(CommObject *c, sn_window *w)
             if (rc == ncclSuccess || rc == ncclInProgress) {
                 int failed;
                 ncclResult_t bad;
-                sn_wait_nccl(&c->comm, 1, sn_now() + c->timeout, &failed,
-                             &bad);
+                sn_wait_nccl(&c->comm, 1, sn_now() + c->timeout, &c->stop,
+                             &failed, &bad);
             }
             cudaSetDevice(prev);
         }

@@ -46,7 +46,8 @@ nccl_finish(CommObject *c, ncclResult_t rc)
         return rc;
     int failed;
     ncclResult_t bad = ncclSuccess;
-    switch (sn_wait_nccl(&c->comm, 1, sn_now() + c->timeout, &failed, &bad)) {
+    switch (sn_wait_nccl(&c->comm, 1, sn_now() + c->timeout, &c->stop,
+                         &failed, &bad)) {
     case SN_WAIT_DONE: return ncclSuccess;
     case SN_WAIT_FAILED: return bad;
     default: return ncclInProgress;
@@ -226,6 +227,90 @@ xla_window(CommObject *c, const char *p, size_t bytes, int device,
     return w->win != NULL ? w : NULL;
 }
 
+/* The all-reduce of one call, on c (entered: c->busy counts it). */
+static XLA_FFI_Error *
+all_reduce(const XLA_FFI_Api *api, XLA_FFI_CallFrame *call, CommObject *c,
+           int dev, const sn_dtype *dt, size_t count, const XLA_FFI_Buffer *x,
+           const XLA_FFI_Buffer *y, cudaStream_t stream)
+{
+    char msg[320];
+    /* op: an ncclRedOp_t (symnccl._C.OP_CODES); algo: SN_ALGO_* */
+    const int op_code = attr_int(call, "op", ncclSum);
+    const sn_op *op = NULL;
+    for (int i = 0; i < sn_n_ops; i++)
+        if ((int)sn_ops[i].nccl == op_code)
+            op = &sn_ops[i];
+    int algo = attr_int(call, "algo", SN_ALGO_AUTO);
+    int may_register = attr_int(call, "register", 0);
+    if (op == NULL || algo < SN_ALGO_AUTO || algo >= SN_ALGO_COUNT)
+        return ffi_error(api, XLA_FFI_Error_Code_INVALID_ARGUMENT,
+                         "symnccl_all_reduce: bad op or algo attribute");
+    if (op->nccl == ncclAvg && c->nranks == 1)
+        op = sn_op_by_name("sum");
+    const size_t is = (size_t)dt->itemsize;
+    const sn_topology topo = sn_topology_of(c);
+    if (algo == SN_ALGO_AUTO)
+        /* may_register: the same attribute on every rank */
+        algo = sn_auto_algo(&topo, &c->knobs, count * is, dt, op,
+                            may_register);
+    else if (algo != SN_ALGO_NCCL) {
+        const char *why = sn_algo_unavailable(&topo, algo, dt, op);
+        if (why != NULL) {
+            snprintf(msg, sizeof(msg), "symnccl_all_reduce: algo '%s' "
+                     "cannot run here: %s", sn_algos[algo].name, why);
+            return ffi_error(api, XLA_FFI_Error_Code_INVALID_ARGUMENT, msg);
+        }
+    }
+
+    int prev = -1;
+    cudaGetDevice(&prev);
+    if (prev != c->device)
+        cudaSetDevice(c->device);
+    int failed = 0;
+    if (algo == SN_ALGO_NCCL) {
+        ncclResult_t rc = nccl_finish(c, ncclAllReduce(
+            x->data, y->data, count, dt->nccl, op->nccl, c->comm, stream));
+        if (rc == ncclSuccess) {
+            sn_count_nccl(c);
+            sn_watch_nccl(c, SYMNCCL_COLL_ALL_REDUCE, stream);
+        }
+        if (rc != ncclSuccess) {
+            snprintf(msg, sizeof(msg), "symnccl_all_reduce: ncclAllReduce: "
+                     "%s", rc == ncclInProgress ? "timed out"
+                                                : ncclGetErrorString(rc));
+            failed = 1;
+        }
+    }
+    else {
+        sn_ar r = {c, algo, x->data, y->data, NULL, count, dt, op, stream};
+        msg[0] = '\0';
+        sn_lock(c);
+        const int reads_in_place = algo == SN_ALGO_LL ||
+                                   algo == SN_ALGO_LL128 ||
+                                   algo == SN_ALGO_PUSH;
+        if (algo != SN_ALGO_LL && algo != SN_ALGO_LL128 && may_register)
+            r.win = xla_window(c, x->data, count * is, dev, msg,
+                               sizeof(msg));
+        if (r.win != NULL)
+            stats[dev].window_calls++;
+        else if (!reads_in_place)
+            /* ll, ll128 and push read x where it is: they never stage */
+            stats[dev].staged_calls++;
+        sn_unlock(c);
+        sn_err err = {cudaSuccess, ncclSuccess, ""};
+        if (sn_launch_all_reduce(&r, &err) < 0) {
+            snprintf(msg, sizeof(msg), "symnccl_all_reduce: %s: %s", err.msg,
+                     cudaGetErrorString(err.cuda));
+            failed = 1;
+        }
+    }
+    if (prev >= 0 && prev != c->device)
+        cudaSetDevice(prev);
+    if (failed)
+        return ffi_error(api, XLA_FFI_Error_Code_INTERNAL, msg);
+    return NULL;
+}
+
 static XLA_FFI_Error *
 handler(XLA_FFI_CallFrame *call)
 {
@@ -295,83 +380,27 @@ handler(XLA_FFI_CallFrame *call)
                  dev);
         return ffi_error(api, XLA_FFI_Error_Code_FAILED_PRECONDITION, msg);
     }
+    /* a failed communicator answers with its failure; else this thread
+     * counts in c->busy, so the watchdog leaves c alone meanwhile */
+    sn_lock(c);
+    int failed = sn_fault_poll(c);
+    if (!failed)
+        c->busy++;
+    sn_unlock(c);
+    if (failed) {
+        char why[700];
+        sn_fault_describe(c, why, sizeof(why));
+        return ffi_error(api, XLA_FFI_Error_Code_ABORTED, why);
+    }
     if (count == 0)
-        return NULL;
-
-    /* op: an ncclRedOp_t (symnccl._C.OP_CODES); algo: SN_ALGO_* */
-    const int op_code = attr_int(call, "op", ncclSum);
-    const sn_op *op = NULL;
-    for (int i = 0; i < sn_n_ops; i++)
-        if ((int)sn_ops[i].nccl == op_code)
-            op = &sn_ops[i];
-    int algo = attr_int(call, "algo", SN_ALGO_AUTO);
-    int may_register = attr_int(call, "register", 0);
-    if (op == NULL || algo < SN_ALGO_AUTO || algo >= SN_ALGO_COUNT)
-        return ffi_error(api, XLA_FFI_Error_Code_INVALID_ARGUMENT,
-                         "symnccl_all_reduce: bad op or algo attribute");
-    if (op->nccl == ncclAvg && c->nranks == 1)
-        op = sn_op_by_name("sum");
-    const size_t is = (size_t)dt->itemsize;
-    const sn_topology topo = sn_topology_of(c);
-    if (algo == SN_ALGO_AUTO)
-        /* may_register: the same attribute on every rank */
-        algo = sn_auto_algo(&topo, &c->knobs, count * is, dt, op,
-                            may_register);
-    else if (algo != SN_ALGO_NCCL) {
-        const char *why = sn_algo_unavailable(&topo, algo, dt, op);
-        if (why != NULL) {
-            snprintf(msg, sizeof(msg), "symnccl_all_reduce: algo '%s' "
-                     "cannot run here: %s", sn_algos[algo].name, why);
-            return ffi_error(api, XLA_FFI_Error_Code_INVALID_ARGUMENT, msg);
-        }
-    }
-
-    int prev = -1;
-    cudaGetDevice(&prev);
-    if (prev != c->device)
-        cudaSetDevice(c->device);
-    int failed = 0;
-    cudaStream_t stream = (cudaStream_t)sa.stream;
-    if (algo == SN_ALGO_NCCL) {
-        ncclResult_t rc = nccl_finish(c, ncclAllReduce(
-            x->data, y->data, count, dt->nccl, op->nccl, c->comm, stream));
-        if (rc == ncclSuccess)
-            sn_count_nccl(c);
-        if (rc != ncclSuccess) {
-            snprintf(msg, sizeof(msg), "symnccl_all_reduce: ncclAllReduce: "
-                     "%s", rc == ncclInProgress ? "timed out"
-                                                : ncclGetErrorString(rc));
-            failed = 1;
-        }
-    }
-    else {
-        sn_ar r = {c, algo, x->data, y->data, NULL, count, dt, op, stream};
-        msg[0] = '\0';
-        sn_lock(c);
-        const int reads_in_place = algo == SN_ALGO_LL ||
-                                   algo == SN_ALGO_LL128 ||
-                                   algo == SN_ALGO_PUSH;
-        if (algo != SN_ALGO_LL && algo != SN_ALGO_LL128 && may_register)
-            r.win = xla_window(c, x->data, count * is, dev, msg,
-                               sizeof(msg));
-        if (r.win != NULL)
-            stats[dev].window_calls++;
-        else if (!reads_in_place)
-            /* ll, ll128 and push read x where it is: they never stage */
-            stats[dev].staged_calls++;
-        sn_unlock(c);
-        sn_err err = {cudaSuccess, ncclSuccess, ""};
-        if (sn_launch_all_reduce(&r, &err) < 0) {
-            snprintf(msg, sizeof(msg), "symnccl_all_reduce: %s: %s", err.msg,
-                     cudaGetErrorString(err.cuda));
-            failed = 1;
-        }
-    }
-    if (prev >= 0 && prev != c->device)
-        cudaSetDevice(prev);
-    if (failed)
-        return ffi_error(api, XLA_FFI_Error_Code_INTERNAL, msg);
-    return NULL;
+        e = NULL;
+    else
+        e = all_reduce(api, call, c, dev, dt, count, x, y,
+                       (cudaStream_t)sa.stream);
+    sn_lock(c);
+    c->busy--;
+    sn_unlock(c);
+    return e;
 }
 
 /* _xla_handler() -> PyCapsule of the handler for

@@ -34,6 +34,22 @@ class CudaError(RuntimeError):
     code: int
 
 
+class PeerTimeoutError(TimeoutError):
+    rank: Optional[int]
+    collective: str
+    kernel: str
+    reason: str
+    waited: float
+
+
+class CallMismatchError(RuntimeError):
+    rank: Optional[int]
+    collective: str
+    kernel: str
+    reason: str
+    waited: float
+
+
 class SymmetricBuffer:
     shape: tuple[int, ...]
     dtype: str
@@ -70,6 +86,7 @@ class Communicator:
     staging_bytes: int
     nccl_comm: int
     knobs: dict[str, Any]
+    failure: Optional[dict[str, Any]]
     def __init__(self, unique_id: bytes, rank: int, nranks: int,
                  device: Optional[int] = None, *, timeout: float = 600.0,
                  multicast: Optional[bool] = None,
@@ -92,6 +109,7 @@ class Communicator:
                   stream: StreamLike = None) -> Any: ...
     def barrier(self, stream: StreamLike = None, *,
                 blocking: bool = False) -> None: ...
+    def check(self) -> None: ...
     def close(self) -> None: ...
     def abort(self) -> None: ...
     def __enter__(self) -> "Communicator": ...
@@ -103,6 +121,7 @@ class Communicator:
                           ) -> Optional[str]: ...
     def _auto_algo(self, nbytes: int, dtype: str, op: str,
                    in_window: bool) -> str: ...
+    def _inject_fault(self, kernels: Sequence[str]) -> None: ...
 
 
 def get_unique_id() -> bytes: ...

@@ -28,10 +28,12 @@ _loader.check_version(_C.NCCL_DEVICE_API_BUILDS, _C.nccl_runtime_version(),
 
 from . import _frameworks  # noqa: E402
 from ._C import (  # noqa: E402
+    CallMismatchError,
     Communicator,
     CudaError,
     DeviceArray,
     NcclError,
+    PeerTimeoutError,
     SymmetricBuffer,
     get_unique_id,
 )
@@ -41,7 +43,8 @@ _C._set_hooks(_frameworks.default_stream, _frameworks)
 __version__ = "0.1.0"
 __all__ = [
     "Communicator", "SymmetricBuffer", "DeviceArray", "NcclError",
-    "CudaError", "get_unique_id", "group", "close_all", "versions",
+    "CudaError", "PeerTimeoutError", "CallMismatchError", "get_unique_id",
+    "group", "close_all", "abort_on_signal", "versions",
     "ALGORITHMS", "OPS", "DTYPES", "LSA_DTYPES", "LSA_OPS", "MULTIMEM_OPS",
     "AUTO_TABLE", "algo_supported",
 ]
@@ -101,6 +104,33 @@ def group():
         yield
     finally:
         _C._group_end()
+
+
+def abort_on_signal(signals=None) -> None:
+    """Make SIGINT and SIGTERM (or ``signals``) end a collective that is
+    waiting, instead of leaving it to its timeout.
+
+    Installs a C signal handler that raises the abort flag of every live
+    communicator of this process, then hands the signal to the handler that
+    was installed before it (Python's, for KeyboardInterrupt, or the
+    default action). symnccl's kernels see the flag within milliseconds and
+    give up, the watchdog aborts a communicator whose NCCL call is in
+    flight, so a stream stuck in a collective drains and Python can handle
+    the signal; the communicators then raise PeerTimeoutError (reason
+    "abort") until abort() (README: Failures). Install your own Python
+    signal handlers first: signal.signal() afterwards replaces this one.
+
+    Example::
+
+        symnccl.abort_on_signal()
+        try:
+            train()
+        except KeyboardInterrupt:
+            comm.abort()
+    """
+    import signal
+    for s in (signal.SIGINT, signal.SIGTERM) if signals is None else signals:
+        _C._abort_on_signal(int(s))
 
 
 def close_all(comms) -> None:

@@ -662,8 +662,8 @@ def test_readme_names_every_algorithm_and_knob():
 # Host files in layer order (csrc/symnccl.h): each may call only files
 # before it.
 LAYERS = ["abi", "errors", "wait", "registry", "dtypes", "streams", "windows",
-          "staging", "lifecycle", "launch", "buffer", "dlpack",
-          "collectives", "xla_ffi", "comm", "module"]
+          "staging", "faults", "lifecycle", "watchdog", "launch", "buffer",
+          "dlpack", "collectives", "xla_ffi", "comm", "module"]
 
 
 def test_c_files_call_only_the_layers_above_them():

@@ -96,7 +96,7 @@ cudaError_t lsa_layout_ok(ncclWindow_t win, int nranks, int* ok) {
 size_t push_region_bytes(int nranks, size_t slot_bytes,
                          size_t* data_offset) {
   size_t flags =
-      2 * (size_t)SYMNCCL_PUSH_MAX_CTAS * push_flag_line(nranks);
+      2 * (size_t)SYMNCCL_PUSH_MAX_CTAS * SYMNCCL_FLAG_LINE(nranks);
   flags = (flags + 4095) / 4096 * 4096;
   if (data_offset != nullptr) *data_offset = flags;
   return flags + 4 * (size_t)nranks * slot_bytes;
@@ -105,7 +105,10 @@ size_t push_region_bytes(int nranks, size_t slot_bytes,
 cudaError_t launch(const symnccl_kargs* a, cudaStream_t stream) {
   if (a->dc == nullptr || a->kernel < 0 || a->kernel >= SYMNCCL_K_COUNT ||
       a->dtype < 0 || a->dtype >= SYMNCCL_DT_COUNT || a->ctas < 1 ||
-      a->threads < 32 || a->threads > 512 || a->threads % 32 != 0)
+      a->ctas > SYMNCCL_MAX_CTAS || a->threads < 32 || a->threads > 512 ||
+      a->threads % 32 != 0 || a->epochs == nullptr ||
+      a->fault == nullptr || a->claim == nullptr ||
+      a->fault_word == nullptr || a->ctl_win == nullptr)
     return cudaErrorInvalidValue;
   const int n = a->dc->dc.lsaSize;
   if (n > SYMNCCL_MAX_RANKS) return cudaErrorInvalidValue;

@@ -79,8 +79,93 @@ enum { SYMNCCL_KERNELS(SYMNCCL_K_ENUM_) SYMNCCL_K_COUNT };
 
 /* Largest LSA team the kernels accept (the host checks lsa_size). */
 #define SYMNCCL_MAX_RANKS 32
+/* Largest grid of any kernel: the barrier flag lines and the per-CTA call
+ * counters are laid out for it. */
+#define SYMNCCL_MAX_CTAS 128
 /* Largest grid of the push kernel (its flag lines are laid out for it). */
 #define SYMNCCL_PUSH_MAX_CTAS 128
+/* Bytes of one CTA's line of flags, one 8-byte flag per source rank,
+ * whole 128-byte lines (push flags, barrier flags). */
+#define SYMNCCL_FLAG_LINE(n) (((size_t)(n) * 8 + 127) / 128 * 128)
+
+/* ---- failures (docs/ARCHITECTURE.md, "Failures") ----
+ *
+ * A kernel never traps: a trap would leave the process's CUDA context
+ * unusable. A wait for a peer that gives up records why in the
+ * communicator's failure record, marks the fault word of this rank and of
+ * every peer, and its CTA leaves; the host raises at the next point that
+ * checks the communicator. */
+
+/* Collectives, as a failure names them: X(ID, name). */
+#define SYMNCCL_COLLECTIVES(X)             \
+    X(ALL_REDUCE, "all_reduce")            \
+    X(REDUCE_SCATTER, "reduce_scatter")    \
+    X(ALL_GATHER, "all_gather")            \
+    X(BROADCAST, "broadcast")              \
+    X(BARRIER, "barrier")                  \
+    X(CHECK, "call check")
+
+#define SYMNCCL_COLL_ENUM_(id, name) SYMNCCL_COLL_##id,
+enum { SYMNCCL_COLLECTIVES(SYMNCCL_COLL_ENUM_) SYMNCCL_COLL_COUNT };
+#undef SYMNCCL_COLL_ENUM_
+
+/* Why a communicator failed: X(ID, name).
+ *   timeout   this rank waited longer than the timeout for rank `peer`
+ *   peer      rank `peer` gave up first (`detail`: its reason)
+ *   abort     abort() on this rank
+ *   mismatch  SYMNCCL_CHECK=1: the ranks made different calls */
+#define SYMNCCL_FAULTS(X)  \
+    X(NONE, "none")        \
+    X(TIMEOUT, "timeout")  \
+    X(PEER, "peer")        \
+    X(ABORT, "abort")      \
+    X(MISMATCH, "mismatch")
+
+#define SYMNCCL_FAULT_ENUM_(id, name) SYMNCCL_FAULT_##id,
+enum { SYMNCCL_FAULTS(SYMNCCL_FAULT_ENUM_) SYMNCCL_FAULT_COUNT };
+#undef SYMNCCL_FAULT_ENUM_
+
+/* What the wait that gave up was waiting for: X(ID, name). */
+#define SYMNCCL_WAITS(X)                                    \
+    X(NONE, "nothing")                                      \
+    X(PACKETS, "its packets")                               \
+    X(SLICES, "its slices (push flag 0)")                   \
+    X(RESULTS, "its results (push flag 1)")                 \
+    X(BARRIER, "the barrier")                               \
+    X(ENTRY, "an entry that never comes (injected fault)")  \
+    X(NCCL, "an NCCL kernel to complete")
+
+#define SYMNCCL_WAIT_ENUM_(id, name) SYMNCCL_WAIT_##id,
+enum { SYMNCCL_WAITS(SYMNCCL_WAIT_ENUM_) SYMNCCL_WAIT_COUNT };
+#undef SYMNCCL_WAIT_ENUM_
+
+/* A communicator's failure record, in mapped host memory: the host reads
+ * it without synchronising, the kernels write it once. Zeroed at
+ * creation. */
+typedef struct {
+    uint32_t abort;            /* host -> kernels: leave at the next poll */
+    uint32_t reason;           /* SYMNCCL_FAULT_*; written last, once */
+    int32_t kernel;            /* SYMNCCL_K_*; SYMNCCL_K_COUNT: NCCL's */
+    int32_t collective;        /* SYMNCCL_COLL_* */
+    int32_t peer;              /* the rank waited for (timeout), the rank
+                                  that gave up (peer); -1: unknown */
+    int32_t detail;            /* peer: the SYMNCCL_FAULT_* of that rank */
+    int32_t wait;              /* SYMNCCL_WAIT_* */
+    int32_t cta;               /* the CTA that gave up */
+    uint64_t flag;             /* the flag or epoch waited for */
+    uint64_t waited_ns;        /* how long that wait lasted */
+} symnccl_fault;
+
+/* A fault word (8 bytes, one per rank, in the staging window's control
+ * block): 0, or reason << 32 | the rank that gave up first. */
+#define SYMNCCL_FAULT_CODE(reason, rank) \
+    ((uint64_t)(reason) << 32 | (uint32_t)(rank))
+
+/* The control block of the staging window (same offset on every rank,
+ * zeroed): the fault word, then SYMNCCL_MAX_CTAS barrier flag lines. */
+#define SYMNCCL_CTL_BARRIER 128
+#define SYMNCCL_CTL_BYTES(n) \
+    (SYMNCCL_CTL_BARRIER + (size_t)SYMNCCL_MAX_CTAS * SYMNCCL_FLAG_LINE(n))
 
 /* Opaque holder of an ncclDevComm (device communicator). */
 typedef struct symnccl_devcomm symnccl_devcomm;
@@ -113,13 +198,24 @@ typedef struct {
     size_t region_offset;
     size_t row_bytes;
     size_t data_offset;        /* push: slots' offset in region_win */
-    uint64_t *epochs;          /* ctas zeroed call counters, local */
+    uint64_t *epochs;          /* ctas zeroed call counters, local (the
+                                  barrier kernels' too) */
     /* push in place on a window: results are stored into out_win at
      * out_offset (16-byte aligned, same on every rank) */
     ncclWindow_t out_win;
     size_t out_offset;
     int ctas, threads;         /* same on every rank */
+    /* failures */
     uint64_t timeout_ns;       /* a wait for a peer gives up after this */
+    int collective;            /* SYMNCCL_COLL_*, for the record */
+    symnccl_fault *fault;      /* the record (device address) */
+    unsigned *claim;           /* local, zeroed: the first CTA to give up
+                                  takes it and writes the record */
+    uint64_t *fault_word;      /* this rank's fault word (local address) */
+    ncclWindow_t ctl_win;      /* the control block: every rank's fault */
+    size_t ctl_offset;         /* word and the barrier flags */
+    int inject;                /* testing: each CTA waits at entry for
+                                  something that never comes */
 } symnccl_kargs;
 
 /* The entry points of one build of the kernels (one NCCL minor). */

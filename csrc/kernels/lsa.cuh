@@ -1,4 +1,5 @@
-// Load kernels on NCCL symmetric windows, between LSA barriers:
+// Load kernels on NCCL symmetric windows, between barriers (Barrier,
+// primitives.cuh: per-CTA flags with a bounded wait):
 //
 // one_shot: every rank loads every peer's whole input over NVLink and
 //   writes the reduced result locally. Moves (n-1)*S bytes per rank.
@@ -23,7 +24,7 @@
 // the element-to-CTA mapping is identical in every phase and on every rank.
 //
 // Requirements: every rank launches the same grid (the host derives it from
-// count and nranks only); grid <= lsaBarrierCount; barrier index =
+// count and nranks only); grid <= SYMNCCL_MAX_CTAS; barrier line =
 // blockIdx.x; all ranks in one LSA team. The window offsets are equal on
 // all ranks. 16-byte vectors when window offsets, src and out are 16-byte
 // aligned, else element-wise; tails element-wise (load_pack/store_pack).
@@ -78,12 +79,16 @@ __device__ __forceinline__ void reduce_vectors(const Peers& in, int n,
 
 template <typename T>
 __global__ void __launch_bounds__(512)
-    one_shot(ncclDevComm dc, const symnccl_kargs a) {
+    one_shot(ncclDevComm dc, const __grid_constant__ symnccl_kargs a) {
   constexpr int E = Pack<T, 16>::kElems;
   constexpr int U = lsa_unroll<T>();
   const int n = dc.lsaSize;
+  const int me = dc.lsaRank;
+  uint64_t e;
+  if (!enter(a, me, n, e)) return;
+  const Barrier bar = Barrier::of(a, me, n);
   const Peers in = Peers::of(a.win, a.win_offset);
-  T* mine = reinterpret_cast<T*>(in(dc.lsaRank));
+  T* mine = reinterpret_cast<T*>(in(me));
   const T* src = static_cast<const T*>(a.src);
   T* out = static_cast<T*>(a.out);
   const size_t count = a.count;
@@ -99,17 +104,16 @@ __global__ void __launch_bounds__(512)
   // (each thread copies what it computed, so no extra synchronisation).
   T* dst = a.in_place ? static_cast<T*>(a.scratch) : out;
 
-  ncclLsaBarrierSession<ncclCoopCta> bar{ncclCoopCta(), dc, ncclTeamLsa(dc),
-                                         dc.lsaBarrier, blockIdx.x};
   if (src != nullptr)
     for (size_t v = first; v < nvec; v += stride)
       copy_vec(src, mine, v, count, aligned);
-  bar.sync(ncclCoopCta(), cuda::memory_order_acq_rel);
+  if (!bar.sync(e + 1, a, me, n)) return;
 
   for (size_t v = first; v < nvec; v += U * stride)
     reduce_vectors<T, U>(in, n, v, stride, nvec, nfull, count, aligned, a.op,
                          dst);
-  bar.sync(ncclCoopCta(), cuda::memory_order_acq_rel);
+  if (!bar.sync(e + 2, a, me, n)) return;
+  if (threadIdx.x == 0) a.epochs[blockIdx.x] = e + 2;
   if (a.in_place)
     for (size_t v = first; v < nvec; v += stride)
       copy_vec(dst, out, v, count, aligned);
@@ -117,11 +121,14 @@ __global__ void __launch_bounds__(512)
 
 template <typename T>
 __global__ void __launch_bounds__(512)
-    two_shot(ncclDevComm dc, const symnccl_kargs a) {
+    two_shot(ncclDevComm dc, const __grid_constant__ symnccl_kargs a) {
   constexpr int E = Pack<T, 16>::kElems;
   constexpr int U = lsa_unroll<T>();
   const int n = dc.lsaSize;
   const int me = dc.lsaRank;
+  uint64_t e;
+  if (!enter(a, me, n, e)) return;
+  const Barrier bar = Barrier::of(a, me, n);
   const Peers in = Peers::of(a.win, a.win_offset);
   const Peers mid = Peers::of(a.mid_win, a.mid_offset);
   T* mine = reinterpret_cast<T*>(in(me));
@@ -143,8 +150,6 @@ __global__ void __launch_bounds__(512)
   const size_t stride = (size_t)gridDim.x * blockDim.x;
   const size_t first = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
 
-  ncclLsaBarrierSession<ncclCoopCta> bar{ncclCoopCta(), dc, ncclTeamLsa(dc),
-                                         dc.lsaBarrier, blockIdx.x};
   if (src != nullptr)
     for (int q = 0; q < n; q++)
       for (size_t v = q * svec + first; v < (q + 1) * svec && v < nvec;
@@ -152,7 +157,7 @@ __global__ void __launch_bounds__(512)
         copy_vec(src, mine, v, count, aligned);
   // Entry: every peer's input is in place, and every peer has finished its
   // previous kernel (so nobody still reads the mid buffers pushed to below).
-  bar.sync(ncclCoopCta(), cuda::memory_order_acq_rel);
+  if (!bar.sync(e + 1, a, me, n)) return;
 
   // My slice, reduced from every peer's input; each result vector is stored
   // into every rank's mid buffer at the same place. Slice `me` is read and
@@ -182,7 +187,8 @@ __global__ void __launch_bounds__(512)
   }
   // Exit: every push into my mid buffer (by the same CTA index on every
   // rank, which covers exactly the elements this CTA copies below) landed.
-  bar.sync(ncclCoopCta(), cuda::memory_order_acq_rel);
+  if (!bar.sync(e + 2, a, me, n)) return;
+  if (threadIdx.x == 0) a.epochs[blockIdx.x] = e + 2;
   if (out_is_mid) return;
   for (int q = 0; q < n; q++)
     for (size_t v = q * svec + first; v < (q + 1) * svec && v < nvec;

@@ -10,12 +10,12 @@
 //
 // Algorithm (in place in the window; one NVSwitch reduction per element):
 //   0. input not in a window: copy it into this rank's staging window part;
-//   1. multimem barrier: every rank's input is in its window;
+//   1. barrier: every rank's input is in its window;
 //   2. rank r takes slice r of the 16-byte vectors: one multimem.ld_reduce
 //      reads the vector from every rank and reduces it in the switch (fp32
 //      accumulation for 16-bit types), one multimem.st writes the result to
 //      every rank's window;
-//   3. multimem barrier: every slice has landed everywhere;
+//   3. barrier: every slice has landed everywhere;
 //   4. out is not the window: copy the result out.
 // Elements after the last whole vector (fewer than 8) are reduced by every
 // rank from its peers' windows by plain loads, in rank order, before step 3
@@ -37,7 +37,7 @@
 
 #include "devcomm.cuh"
 #include "launch.h"
-#include "reduce.cuh"
+#include "primitives.cuh"
 
 SYMNCCL_BEGIN
 namespace {
@@ -128,7 +128,7 @@ __device__ __forceinline__ uint4 scale(uint4 v, int n) {
 
 template <typename T>
 __global__ void __launch_bounds__(512)
-    multimem_allreduce(ncclDevComm dc, const symnccl_kargs a) {
+    multimem_allreduce(ncclDevComm dc, const __grid_constant__ symnccl_kargs a) {
 #ifdef SN_MULTIMEM
   constexpr int E = 16 / sizeof(T);
   const size_t win_off = a.win_offset;
@@ -139,6 +139,9 @@ __global__ void __launch_bounds__(512)
   const int in_place = a.in_place;
   const int n = dc.lsaSize;
   const int me = dc.lsaRank;
+  uint64_t e;
+  if (!enter(a, me, n, e)) return;
+  const Barrier bar = Barrier::of(a, me, n);
   T* mine = static_cast<T*>(ncclGetLsaPointer(a.win, win_off, me));
   char* mc =
       static_cast<char*>(ncclGetLsaMultimemPointer(a.win, win_off, dc));
@@ -149,8 +152,6 @@ __global__ void __launch_bounds__(512)
   const bool src_al = (reinterpret_cast<uintptr_t>(src) & 15) == 0;
   const bool out_al = (reinterpret_cast<uintptr_t>(out) & 15) == 0;
 
-  ncclLsaBarrierSession<ncclCoopCta> bar{ncclCoopCta(), dc, ncclTeamTagLsa(),
-                                         blockIdx.x, /*multimem=*/true};
   if (src != nullptr) {
     for (size_t v = first; v < nvec; v += stride) {
       if (src_al)
@@ -161,7 +162,7 @@ __global__ void __launch_bounds__(512)
     }
     if (first < count - tail) mine[tail + first] = src[tail + first];
   }
-  bar.sync(ncclCoopCta(), cuda::memory_order_acq_rel);
+  if (!bar.sync(e + 1, a, me, n)) return;
 
   const size_t slice = (nvec + n - 1) / n;
   const size_t lo = me * slice;
@@ -184,7 +185,10 @@ __global__ void __launch_bounds__(512)
     }
     t = finish<T>(op, acc, n);
   }
-  bar.sync(ncclCoopCta(), cuda::memory_order_acq_rel);
+  // The multimem stores are relaxed sys-scope stores to every rank's copy:
+  // the barrier's release orders them before the flags, like any store.
+  if (!bar.sync(e + 2, a, me, n)) return;
+  if (threadIdx.x == 0) a.epochs[blockIdx.x] = e + 2;
   if (has_tail) (in_place ? mine : out)[tail + threadIdx.x] = t;
   if (!in_place) {
     for (size_t v = first; v < nvec; v += stride) {

@@ -41,8 +41,8 @@
 //   two-shot: half = row_bytes / 2, phase-1 rows [source rank r] at r * half,
 //             phase-2 rows [slice q] at (n + q) * half.
 //
-// Epochs: each CTA keeps a 64-bit call counter in device memory (begin_call
-// / end_call), so graph replays need no host. Call c uses slot c & 1 and
+// Epochs: each CTA keeps a 64-bit call counter in device memory (enter /
+// end_call), so graph replays need no host. Call c uses slot c & 1 and
 // flag (c mod (2^32 - 1)) + 1, never 0 (the region starts zeroed); LL128
 // stores it as the word flag << 32 | flag. The grid is fixed per
 // communicator, so every CTA counts every call and all counters agree on
@@ -114,18 +114,23 @@ struct LL {
                  : "memory");
   }
 
+  // Rank `from`'s packet at p. Once a wait of this thread gave up (ok
+  // false) it waits for nothing more, and what it returns is garbage.
   __device__ static Item recv(const char* p, uint64_t flag,
-                              uint64_t timeout_ns, int from) {
-    uint32_t d0, f0, d1, f1;
-    bounded_wait(
-        [&] {
-          asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-                       : "=r"(d0), "=r"(f0), "=r"(d1), "=r"(f1)
-                       : "l"(p)
-                       : "memory");
-          return f0 == (uint32_t)flag && f1 == (uint32_t)flag;
-        },
-        timeout_ns, {"ll all_reduce", from, flag});
+                              const symnccl_kargs& a, int me, int n,
+                              int from, bool& ok) {
+    uint32_t d0 = 0, f0, d1 = 0, f1;
+    if (ok)
+      ok = bounded_wait(
+            [&] {
+              asm volatile(
+                  "ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                  : "=r"(d0), "=r"(f0), "=r"(d1), "=r"(f1)
+                  : "l"(p)
+                  : "memory");
+              return f0 == (uint32_t)flag && f1 == (uint32_t)flag;
+            },
+            a, me, n, {SYMNCCL_WAIT_PACKETS, from, flag});
     return {{(uint64_t)d0 | ((uint64_t)d1 << 32)}};
   }
 };
@@ -188,19 +193,23 @@ struct LL128 {
                  : "memory");
   }
 
+  // Rank `from`'s 4 lines at p (warp-collective: `ok` is the same in every
+  // lane of the warp).
   __device__ static Item recv(const char* p, uint64_t flag,
-                              uint64_t timeout_ns, int from) {
-    uint64_t v0, v1;
+                              const symnccl_kargs& a, int me, int n,
+                              int from, bool& ok) {
+    uint64_t v0 = 0, v1 = 0;
     const bool fl = flag_lane();
-    bounded_wait<true>(
-        [&] {
-          asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];"
-                       : "=l"(v0), "=l"(v1)
-                       : "l"(p)
-                       : "memory");
-          return __all_sync(0xffffffffu, !fl || v1 == flag);
-        },
-        timeout_ns, {"ll128 all_reduce", from, flag});
+    if (ok)
+      ok = bounded_wait<true>(
+            [&] {
+              asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];"
+                           : "=l"(v0), "=l"(v1)
+                           : "l"(p)
+                           : "memory");
+              return __all_sync(0xffffffffu, !fl || v1 == flag);
+            },
+            a, me, n, {SYMNCCL_WAIT_PACKETS, from, flag});
     return {{v0, v1}};
   }
 };
@@ -213,17 +222,18 @@ __host__ __device__ constexpr size_t packet_items(size_t bytes) {
 
 // Item i reduced in rank order 0..n-1: rank q's part is polled at
 // rows + q * row_stride (this lane's piece), the own read from `in` before
-// any poll, so its load overlaps the waits.
+// any poll, so its load overlaps the waits. ok: as F::recv's.
 template <typename T, typename F>
 __device__ __forceinline__ typename F::Item reduce_item(
     const char* rows, size_t row_stride, const T* in, size_t i, size_t count,
-    bool in_al, int me, int n, int op, uint64_t flag, uint64_t timeout_ns) {
+    bool in_al, int me, int n, int op, uint64_t flag, const symnccl_kargs& a,
+    bool& ok) {
   using Item = typename F::Item;
   const Item own = F::load(in, i, count, in_al, 0);
   auto part = [&](int q) {
     return q == me ? own
-                   : F::recv(rows + (size_t)q * row_stride, flag, timeout_ns,
-                             q);
+                   : F::recv(rows + (size_t)q * row_stride, flag, a, me, n,
+                             q, ok);
   };
   return with_op(op, [&](auto o) {
     Accum<T, 8, decltype(o)> acc[F::kWords];
@@ -256,13 +266,13 @@ struct PacketLaunch {
   size_t lane;    // this lane's offset in an item's row bytes
   bool in_al, out_al;
 
-  __device__ __forceinline__ PacketLaunch(int n_, int me_,
+  __device__ __forceinline__ PacketLaunch(int n_, int me_, uint64_t epoch,
                                           const symnccl_kargs& a)
       : n(n_),
         me(me_),
         in(static_cast<const T*>(a.src)),
         out(static_cast<T*>(a.out)),
-        call(begin_call(a.epochs, a.region_offset, n_, a.row_bytes)),
+        call(epoch, a.region_offset, n_, a.row_bytes),
         flag(F::wire_flag(call.flag)),
         items(packet_items<F>(a.count * sizeof(T))),
         lane(F::lane_offset()),
@@ -272,8 +282,10 @@ struct PacketLaunch {
 
 template <typename T, typename F>
 __global__ void __launch_bounds__(512)
-    packet_one_shot(ncclDevComm dc, const symnccl_kargs a) {
-  const PacketLaunch<T, F> k(dc.lsaSize, dc.lsaRank, a);
+    packet_one_shot(ncclDevComm dc, const __grid_constant__ symnccl_kargs a) {
+  uint64_t epoch;
+  if (!enter(a, dc.lsaRank, dc.lsaSize, epoch)) return;
+  const PacketLaunch<T, F> k(dc.lsaSize, dc.lsaRank, epoch, a);
   const int n = k.n, me = k.me;
 
   // my items into row `me` of every peer's slot
@@ -287,11 +299,12 @@ __global__ void __launch_bounds__(512)
 
   // my slot's rows, reduced in rank order as they arrive
   const char* mine = Peers::of(a.region_win, k.call.slot_off)(me);
-  for (size_t i = F::worker(); i < k.items; i += F::workers())
+  bool ok = true;
+  for (size_t i = F::worker(); i < k.items && ok; i += F::workers())
     F::put(k.out, i, a.count, k.out_al,
            reduce_item<T, F>(mine + i * F::kItemBytes + k.lane, a.row_bytes,
                              k.in, i, a.count, k.in_al, me, n, a.op, k.flag,
-                             a.timeout_ns));
+                             a, ok));
 
   end_call(a.epochs, k.call);
 }
@@ -319,21 +332,23 @@ __device__ __forceinline__ void scatter_slices(const PacketLaunch<T, F>& k,
 }
 
 // 2. my slice reduced in rank order as the rows arrive, the result to every
-// rank's phase-2 row `me` and to my output
+// rank's phase-2 row `me` and to my output (ok: as F::recv's; nothing is
+// sent once it is down)
 template <typename T, typename F>
 __device__ __forceinline__ void reduce_slice(const PacketLaunch<T, F>& k,
                                              const symnccl_kargs& a,
                                              const Peers& slot, size_t half,
-                                             size_t per) {
+                                             size_t per, bool& ok) {
   const char* mine = slot(k.me);
   const Peers res = slot.at((size_t)(k.n + k.me) * half);
-  for (size_t j = F::worker(); j < per && k.me * per + j < k.items;
+  for (size_t j = F::worker(); j < per && k.me * per + j < k.items && ok;
        j += F::workers()) {
     const size_t i = k.me * per + j;
     const size_t at = j * F::kItemBytes + k.lane;
     const typename F::Item r =
         reduce_item<T, F>(mine + at, half, k.in, i, a.count, k.in_al, k.me,
-                          k.n, a.op, k.flag, a.timeout_ns);
+                          k.n, a.op, k.flag, a, ok);
+    if (!ok) break;
     for (int q = 0; q < k.n; q++)
       if (q != k.me) F::send(res(q) + at, r, k.flag);
     F::put(k.out, i, a.count, k.out_al, r);
@@ -345,29 +360,32 @@ template <typename T, typename F>
 __device__ __forceinline__ void gather_slices(const PacketLaunch<T, F>& k,
                                               const symnccl_kargs& a,
                                               const Peers& slot, size_t half,
-                                              size_t per) {
+                                              size_t per, bool& ok) {
   const char* mine = slot(k.me);
-  for (int d = 1; d < k.n; d++) {
+  for (int d = 1; d < k.n && ok; d++) {
     const int q = (k.me + d) % k.n;
     const char* row = mine + (size_t)(k.n + q) * half;
-    for (size_t j = F::worker(); j < per && q * per + j < k.items;
+    for (size_t j = F::worker(); j < per && q * per + j < k.items && ok;
          j += F::workers())
       F::put(k.out, q * per + j, a.count, k.out_al,
-             F::recv(row + j * F::kItemBytes + k.lane, k.flag, a.timeout_ns,
-                     q));
+             F::recv(row + j * F::kItemBytes + k.lane, k.flag, a, k.me, k.n,
+                     q, ok));
   }
 }
 
 template <typename T, typename F>
 __global__ void __launch_bounds__(512)
-    packet_two_shot(ncclDevComm dc, const symnccl_kargs a) {
-  const PacketLaunch<T, F> k(dc.lsaSize, dc.lsaRank, a);
+    packet_two_shot(ncclDevComm dc, const __grid_constant__ symnccl_kargs a) {
+  uint64_t epoch;
+  if (!enter(a, dc.lsaRank, dc.lsaSize, epoch)) return;
+  const PacketLaunch<T, F> k(dc.lsaSize, dc.lsaRank, epoch, a);
   const size_t half = a.row_bytes / 2;
   const size_t per = (k.items + k.n - 1) / k.n;  // items per slice
   const Peers slot = Peers::of(a.region_win, k.call.slot_off);
+  bool ok = true;
   scatter_slices(k, a, slot, half, per);
-  reduce_slice(k, a, slot, half, per);
-  gather_slices(k, a, slot, half, per);
+  reduce_slice(k, a, slot, half, per, ok);
+  gather_slices(k, a, slot, half, per, ok);
   end_call(a.epochs, k.call);
 }
 

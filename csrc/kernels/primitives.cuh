@@ -2,7 +2,11 @@
 // "Kernels"):
 //
 //   bounded_wait      the one poll loop with a deadline; every wait for a
-//                     peer (packet flags, push flags) goes through it
+//                     peer (packets, flags, barriers) goes through it and
+//   give_up           gives up without a trap: the failure record and the
+//                     fault words
+//   enter             every kernel's first step: its call counter, and
+//                     leave at once on a failed communicator
 //   load_pack /       tail-safe 8- and 16-byte packs of a T array of any
 //   store_pack        alignment and length
 //   Peers             a window region on every rank of the LSA team, world
@@ -12,7 +16,10 @@
 //                     of peers in flight at once (peers unrolled in batches)
 //   release_store /   flag stores and loads that order the data around
 //   acquire_load      them across GPUs
-//   begin_call /      a packet kernel's per-call epoch, flag and slot
+//   signal_flags /    a CTA's flags to the same CTA of every peer (push)
+//   wait_flags
+//   Barrier           the load kernels' barrier, built on them
+//   PacketCall /      a packet kernel's per-call epoch, flag and slot
 //   end_call
 #ifndef SYMNCCL_KERNELS_PRIMITIVES_CUH
 #define SYMNCCL_KERNELS_PRIMITIVES_CUH
@@ -35,7 +42,23 @@ SYMNCCL_BEGIN
 // unrolled (NCCL's symmetric kernels do the same).
 constexpr int kPeerBatch = 2;
 
-// ------------------------------------------------------------ bounded wait
+// ------------------------------------------------------------------ faults
+//
+// No kernel ever traps: a trap leaves the process's CUDA context unusable
+// (every later CUDA call fails), so nothing could be saved or rebuilt. A
+// wait that gives up (the timeout passed, abort() was called, or a peer
+// gave up first) calls give_up: the first CTA of this rank to do so fills
+// the failure record (symnccl_fault, host-mapped), the fault word of this
+// rank and of every peer is set, and the wait returns false. The caller
+// then sends nothing more and waits for nothing more: a thread whose wait
+// is its own carries on to the end of the kernel with an `ok` flag down
+// (packet kernels), a CTA whose wait is collective returns as a whole
+// (wait_flags). (A PTX exit in the middle of a kernel would be shorter,
+// but it makes ptxas cap the registers of the whole kernel: the packet
+// kernels then spill.) Every kernel reads its rank's
+// fault word first (enter), before it touches any window, and leaves at
+// once when it is set: after a failure a communicator's kernels, graph
+// replays included, do nothing until the host raises.
 
 __device__ __forceinline__ uint64_t global_timer() {
   uint64_t t;
@@ -43,43 +66,134 @@ __device__ __forceinline__ uint64_t global_timer() {
   return t;
 }
 
-// What a wait is for, for the message when it gives up.
-struct WaitSite {
-  const char* kernel;  // "ll all_reduce", ...
-  int peer;            // the rank waited for
-  uint64_t flag;       // the flag or epoch waited for
-};
-
-// A wait that gave up: the peer is gone or did not make the same call.
-// Prints which, then traps: the launch fails with a CUDA error instead of a
-// GPU spinning forever. Out of line: the waits' fast path stays small.
-static __device__ __noinline__ void give_up(const char* kernel, int peer,
-                                           uint64_t flag,
-                                           uint64_t timeout_ns) {
-  printf("symnccl: %s waited more than %llu s for rank %d (flag %llu): a "
-         "peer is gone or did not make the same call\n",
-         kernel, (unsigned long long)(timeout_ns / 1000000000ull), peer,
-         (unsigned long long)flag);
-  __trap();
+// Memory that peers or the host write while this kernel runs.
+__device__ __forceinline__ uint64_t load_relaxed(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.relaxed.sys.global.u64 %0, [%1];"
+               : "=l"(v)
+               : "l"(p)
+               : "memory");
+  return v;
 }
 
-// Calls ready() until it returns true, for at most timeout_ns (the clock
-// is read every 1024 spins). kWarp: ready() is warp-collective (all 32
-// lanes call it together), so the lanes also decide together to give up.
+// What a wait is for, for the record when it gives up.
+struct WaitSite {
+  int wait;       // SYMNCCL_WAIT_*
+  int peer;       // the rank waited for
+  uint64_t flag;  // the flag or epoch waited for
+};
+
+// Records why this rank's call failed and tells the peers. `why`:
+// SYMNCCL_FAULT_TIMEOUT, _ABORT, or _PEER when the fault word was found
+// set. Out of line: the waits' fast path stays small.
+// The kernels take their arguments as __grid_constant__, so `a` points
+// into the launch's parameters: no copy.
+static __device__ __noinline__ void give_up(const symnccl_kargs* a, int me,
+                                            int n, uint32_t why,
+                                            WaitSite site,
+                                            uint64_t waited_ns) {
+  uint64_t* word = a->fault_word;
+  const uint64_t w = load_relaxed(word);
+  uint32_t reason = why;
+  int peer = site.peer, detail = 0;
+  if (w != 0) {
+    const int origin = (int)(uint32_t)w;
+    if (origin == me) return;  // another CTA of this rank gave up first
+    reason = SYMNCCL_FAULT_PEER;
+    peer = origin;
+    detail = (int)(w >> 32);
+  }
+  // The record: written once, by the first CTA, unless the host wrote one
+  // (the watchdog, for an NCCL kernel); `reason` last.
+  volatile symnccl_fault* r = a->fault;
+  if (atomicCAS(a->claim, 0u, 1u) == 0u && r->reason == 0) {
+    r->kernel = a->kernel;
+    r->collective = a->collective;
+    r->peer = peer;
+    r->detail = detail;
+    r->wait = site.wait;
+    r->cta = (int)blockIdx.x;
+    r->flag = site.flag;
+    r->waited_ns = waited_ns;
+    __threadfence_system();
+    r->reason = reason;
+  }
+  if (reason == SYMNCCL_FAULT_PEER) return;  // the words are set already
+  // This rank's word (the other CTAs leave at their next poll, later
+  // kernels at entry), then every peer's: their waits for this rank end at
+  // once instead of at their own timeout, and a peer that comes back late
+  // finds its word set instead of data from a call this rank gave up.
+  const unsigned long long code = SYMNCCL_FAULT_CODE(reason, me);
+  atomicCAS_system(reinterpret_cast<unsigned long long*>(word), 0ull, code);
+  char* p0 =
+      static_cast<char*>(ncclGetLsaPointer(a->ctl_win, a->ctl_offset, 0));
+  char* p1 = n > 1 ? static_cast<char*>(
+                         ncclGetLsaPointer(a->ctl_win, a->ctl_offset, 1))
+                   : p0;
+  for (int q = 0; q < n; q++)
+    if (q != me)
+      atomicCAS_system(
+          reinterpret_cast<unsigned long long*>(p0 + (size_t)q * (p1 - p0)),
+          0ull, code);
+}
+
+// Calls ready() until it returns true: then true. Every 1024 spins it
+// reads the clock and this rank's fault word, every 16384 the host's abort
+// flag; it gives up (false, after give_up) when the word is set, abort()
+// was called, or `a.timeout_ns` passed. kWarp: ready() is warp-collective
+// (all 32 lanes call it together), so the lanes decide together.
 template <bool kWarp = false, typename Ready>
-__device__ __forceinline__ void bounded_wait(Ready&& ready,
-                                             uint64_t timeout_ns,
-                                             const WaitSite& site) {
+__device__ __forceinline__ bool bounded_wait(Ready&& ready,
+                                             const symnccl_kargs& a, int me,
+                                             int n, const WaitSite& site) {
   uint64_t start = 0;
   for (uint32_t spins = 0;; spins++) {
-    if (ready()) return;
+    if (ready()) return true;
     if ((spins & 1023) != 1023) continue;
     const uint64_t now = global_timer();
     if (start == 0) start = now;
-    bool late = now - start > timeout_ns;
-    if (kWarp) late = __any_sync(0xffffffffu, late);
-    if (late) give_up(site.kernel, site.peer, site.flag, timeout_ns);
+    uint32_t why =
+        load_relaxed(a.fault_word) != 0 ? (uint32_t)SYMNCCL_FAULT_PEER
+        : now - start > a.timeout_ns    ? (uint32_t)SYMNCCL_FAULT_TIMEOUT
+        : (spins & 16383) == 16383 &&
+                *reinterpret_cast<volatile uint32_t*>(&a.fault->abort) != 0
+            ? (uint32_t)SYMNCCL_FAULT_ABORT
+            : 0u;
+    if (kWarp) why = __reduce_max_sync(0xffffffffu, why);
+    if (why != 0) {
+      if (!kWarp || (threadIdx.x & 31) == 0)
+        give_up(&a, me, n, why, site, now - start);
+      return false;
+    }
   }
+}
+
+// Every kernel's first step, before it touches any window: this CTA's call
+// counter (a.epochs[blockIdx.x], into `epoch`) and this rank's fault word,
+// read together. false: the communicator has failed (recorded), and the
+// CTA must leave.
+__device__ __forceinline__ bool enter(const symnccl_kargs& a, int me, int n,
+                                      uint64_t& epoch) {
+  __shared__ uint64_t s_epoch, s_word;
+  if (threadIdx.x == 0) {
+    s_epoch = a.epochs[blockIdx.x];
+    s_word = load_relaxed(a.fault_word);
+  }
+  __syncthreads();
+  epoch = s_epoch;
+  if (s_word != 0) {
+    if (threadIdx.x == 0)
+      give_up(&a, me, n, SYMNCCL_FAULT_PEER, {SYMNCCL_WAIT_NONE, -1, 0}, 0);
+    return false;
+  }
+  if (a.inject) {  // testing (Communicator._inject_fault)
+    bool ok = true;
+    if (threadIdx.x == 0)
+      ok = bounded_wait([] { return false; }, a, me, n,
+                        {SYMNCCL_WAIT_ENTRY, (me + 1) % n, epoch});
+    return __syncthreads_and(ok) != 0;
+  }
+  return true;
 }
 
 // ------------------------------------------------------------------- packs
@@ -272,31 +386,78 @@ __device__ __forceinline__ uint64_t acquire_load(const uint64_t* p) {
   return v;
 }
 
+// A CTA's flags, one line per CTA of one 8-byte flag per source rank
+// (SYMNCCL_FLAG_LINE): CTA b of every rank signals CTA b of every peer.
+
+// Every thread's stores so far, then this CTA's flag at every peer := v, at
+// line_off into `lines` (thread q signals peer q).
+__device__ __forceinline__ void signal_flags(const Peers& lines,
+                                             size_t line_off, int me, int n,
+                                             uint64_t v) {
+  __syncthreads();
+  const int q = threadIdx.x;
+  if (q < n && q != me)
+    release_store(
+        reinterpret_cast<uint64_t*>(lines(q) + line_off + (size_t)me * 8), v);
+}
+
+// Until every peer's flag in my `line` is >= v (thread s waits for peer
+// s); then every thread of the CTA may read what the peers stored before
+// raising their flags. false: a wait gave up, and the whole CTA must
+// leave.
+__device__ __forceinline__ bool wait_flags(const char* line, int me, int n,
+                                           uint64_t v, const symnccl_kargs& a,
+                                           int wait) {
+  bool ok = true;
+  const int s = threadIdx.x;
+  if (s < n && s != me) {
+    const uint64_t* f = reinterpret_cast<const uint64_t*>(line + (size_t)s * 8);
+    ok = bounded_wait([&] { return acquire_load(f) >= v; }, a, me, n,
+                      {wait, s, v});
+  }
+  return __syncthreads_and(ok) != 0;
+}
+
+// The barrier of the load kernels (one_shot, two_shot, multimem): CTA b of
+// every rank meets CTA b of every peer, on flag line b of the staging
+// window's control block. The flags only grow: barrier k of a CTA whose
+// counter was e at entry waits for e + k.
+struct Barrier {
+  Peers lines;       // line 0 of every rank
+  size_t off;        // this CTA's line
+  const char* mine;  // line 0 here
+
+  __device__ __forceinline__ static Barrier of(const symnccl_kargs& a,
+                                               int me, int n) {
+    const Peers p = Peers::of(a.ctl_win, a.ctl_offset + SYMNCCL_CTL_BARRIER);
+    return {p, (size_t)blockIdx.x * SYMNCCL_FLAG_LINE(n), p(me)};
+  }
+  // false: the CTA must leave
+  __device__ __forceinline__ bool sync(uint64_t v, const symnccl_kargs& a,
+                                       int me, int n) const {
+    signal_flags(lines, off, me, n, v);
+    return wait_flags(mine + off, me, n, v, a, SYMNCCL_WAIT_BARRIER);
+  }
+};
+
 // ------------------------------------------------------------------ epochs
 
-// This CTA's call of a packet kernel (ll, ll128): the call counter kept in
-// device memory (so graph replays need no host), the 32-bit flag
-// (c mod (2^32 - 1)) + 1 of call c (never 0, the value of a cleared buffer)
-// and the byte offset of its slot c & 1 (two slots of n rows of row_bytes
-// after `base`). end_call stores epoch + 1 back.
+// This CTA's call of a packet kernel (ll, ll128), from its call counter
+// (enter; kept in device memory, so graph replays need no host): the
+// 32-bit flag (c mod (2^32 - 1)) + 1 of call c (never 0, the value of a
+// cleared buffer) and the byte offset of its slot c & 1 (two slots of n
+// rows of row_bytes after `base`). end_call stores epoch + 1 back.
 struct PacketCall {
   uint64_t epoch;
   uint32_t flag;
   size_t slot_off;
-};
 
-__device__ __forceinline__ PacketCall begin_call(const uint64_t* epochs,
-                                                 size_t base, int n,
-                                                 size_t row_bytes) {
-  __shared__ uint64_t s_epoch;
-  if (threadIdx.x == 0) s_epoch = epochs[blockIdx.x];
-  __syncthreads();
-  PacketCall c;
-  c.epoch = s_epoch;
-  c.flag = (uint32_t)(c.epoch % 0xFFFFFFFFull) + 1u;
-  c.slot_off = base + (c.epoch & 1) * (size_t)n * row_bytes;
-  return c;
-}
+  __device__ __forceinline__ PacketCall(uint64_t e, size_t base, int n,
+                                        size_t row_bytes)
+      : epoch(e),
+        flag((uint32_t)(e % 0xFFFFFFFFull) + 1u),
+        slot_off(base + (e & 1) * (size_t)n * row_bytes) {}
+};
 
 // After every thread of the CTA is done with the call.
 __device__ __forceinline__ void end_call(uint64_t* epochs,

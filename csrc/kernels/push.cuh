@@ -56,46 +56,10 @@
 
 SYMNCCL_BEGIN
 
-// Byte stride between the flag lines of two CTAs: one 128-byte line holds
-// the flags of up to 16 source ranks.
-__host__ __device__ inline size_t push_flag_line(int n) {
-  return ((size_t)n * 8 + 127) / 128 * 128;
-}
-
-// Flag `phase` of CTA `cta` from source rank `src`, in a flag region.
-__device__ __forceinline__ size_t push_flag_offset(int phase, int cta,
-                                                   int src, int n) {
-  return ((size_t)phase * SYMNCCL_PUSH_MAX_CTAS + cta) * push_flag_line(n) +
-         (size_t)src * 8;
-}
-
-// Every thread's stores so far, then flag `phase` of this CTA := v at every
-// peer (thread q signals peer q).
-__device__ __forceinline__ void push_signal(const Peers& flags, int phase,
-                                            int me, int n, uint64_t v) {
-  __syncthreads();
-  const int q = threadIdx.x;
-  if (q < n && q != me)
-    release_store(reinterpret_cast<uint64_t*>(
-                      flags(q) + push_flag_offset(phase, blockIdx.x, me, n)),
-                  v);
-}
-
-// Until every peer's flag `phase` for this CTA is >= v (thread s waits for
-// peer s), then the whole CTA may read what the peers stored before.
-__device__ __forceinline__ void push_wait(const char* my_flags, int phase,
-                                          int me, int n, uint64_t v,
-                                          uint64_t timeout_ns) {
-  const int s = threadIdx.x;
-  if (s < n && s != me) {
-    const uint64_t* f = reinterpret_cast<const uint64_t*>(
-        my_flags + push_flag_offset(phase, blockIdx.x, s, n));
-    bounded_wait([&] { return acquire_load(f) >= v; }, timeout_ns,
-                 {phase == 0 ? "push all_reduce (scatter)"
-                             : "push all_reduce (results)",
-                  s, v - 1});
-  }
-  __syncthreads();
+// Where flag `phase` of CTA `cta` lies in a flag region: one line
+// (SYMNCCL_FLAG_LINE) per phase and CTA, of one flag per source rank.
+__device__ __forceinline__ size_t push_line(int phase, int cta, int n) {
+  return ((size_t)phase * SYMNCCL_PUSH_MAX_CTAS + cta) * SYMNCCL_FLAG_LINE(n);
 }
 
 // Geometry of one chunk: full chunks of chunk_elems, then a shorter last
@@ -239,7 +203,7 @@ __device__ __forceinline__ void push_reduce(const PushReduce<T>& r, size_t v,
 
 template <typename T>
 __global__ void __launch_bounds__(512)
-    push(ncclDevComm dc, const symnccl_kargs a) {
+    push(ncclDevComm dc, const __grid_constant__ symnccl_kargs a) {
   constexpr int E = Pack<T, 16>::kElems;
   // vectors per thread and peer in flight (kPeerBatch peers at once): as
   // many as the accumulators allow without spilling (U x E values of
@@ -259,10 +223,8 @@ __global__ void __launch_bounds__(512)
   const bool to_window = a.out_win != nullptr;
   const size_t step = deal_step();
 
-  __shared__ uint64_t s_epoch;
-  if (threadIdx.x == 0) s_epoch = a.epochs[blockIdx.x];
-  __syncthreads();
-  const uint64_t e0 = s_epoch;
+  uint64_t e0;
+  if (!enter(a, me, n, e0)) return;
 
   // Receive slots [parity][source], then result slots [parity][slice].
   const Peers flags = Peers::of(a.region_win, a.region_offset);
@@ -276,9 +238,12 @@ __global__ void __launch_bounds__(512)
 
   // 3. gather chunk jc's results: complete once every peer's flag 1
   // reached e (the chunk's epoch + 1); in place they are already in out.
+  // false: the CTA must leave.
   auto gather = [&](size_t jc, uint64_t e) {
-    push_wait(my_flags, 1, me, n, e, a.timeout_ns);
-    if (to_window) return;
+    if (!wait_flags(my_flags + push_line(1, blockIdx.x, n), me, n, e, a,
+                    SYMNCCL_WAIT_RESULTS))
+      return false;
+    if (to_window) return true;
     const PushChunk rp = push_chunk(jc, chunk_elems, count, n, E);
     const size_t pp = (e - 1) & 1;
     for (int q = 0; q < n; q++)
@@ -287,6 +252,7 @@ __global__ void __launch_bounds__(512)
                          reinterpret_cast<const T*>(
                              my_data + res_rel + (pp * n + q) * slot_bytes),
                          true, out + rp.c0 + q * rp.slice, out_al, false);
+    return true;
   };
 
   for (size_t j = 0; j < nch; j++) {
@@ -302,13 +268,15 @@ __global__ void __launch_bounds__(512)
           reinterpret_cast<T*>(data(q) + (par * n + me) * slot_bytes), true,
           true);
     }
-    push_signal(flags, 0, me, n, e + 1);
+    signal_flags(flags, push_line(0, blockIdx.x, n), me, n, e + 1);
 
     // 3 (previous chunk), overlapping this chunk's scatter
-    if (j > 0) gather(j - 1, e);
+    if (j > 0 && !gather(j - 1, e)) return;
 
     // 2. reduce my slice (rank order) and push the result everywhere
-    push_wait(my_flags, 0, me, n, e + 1, a.timeout_ns);
+    if (!wait_flags(my_flags + push_line(0, blockIdx.x, n), me, n, e + 1, a,
+                    SYMNCCL_WAIT_SLICES))
+      return;
     const size_t m0 = r.c0 + me * r.slice;
     const PushReduce<T> pr{src + m0,
                            src_al,
@@ -330,11 +298,11 @@ __global__ void __launch_bounds__(512)
         for (int u = 0; u < U; u++)
           push_reduce<T, 1, false>(pr, v + u * step, step, me, n, a.op);
     }
-    push_signal(flags, 1, me, n, e + 1);
+    signal_flags(flags, push_line(1, blockIdx.x, n), me, n, e + 1);
   }
 
   // 3 (last chunk)
-  if (nch > 0) gather(nch - 1, e0 + nch);
+  if (nch > 0 && !gather(nch - 1, e0 + nch)) return;
   if (threadIdx.x == 0) a.epochs[blockIdx.x] = e0 + nch;
 }
 

@@ -1,0 +1,521 @@
+/* Failures of a communicator: its failure record, the checks that raise
+ * from it, and the first steps of an abort. docs/ARCHITECTURE.md
+ * ("Failures") has the whole model; in short:
+ *
+ *   - the record (symnccl_fault, kernels/launch.h) lives in mapped host
+ *     memory. symnccl's kernels fill it when a wait for a peer gives up
+ *     (they never trap); the host fills it when an NCCL call overstays the
+ *     timeout (watchdog.c) or the ranks' calls differ (SYMNCCL_CHECK=1);
+ *   - the host reads it without synchronising, wherever the communicator is
+ *     used (sn_comm_enter, check(), close()): once it is set, every call
+ *     raises PeerTimeoutError (CallMismatchError) until abort();
+ *   - stopping the kernels: the abort flag their waits poll, and this
+ *     rank's fault word, which every kernel reads at entry, written through
+ *     a stream of the communicator's own that no other work can block.
+ */
+#include "symnccl.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+/* The record and the code written to the fault word, in one pinned
+ * allocation. */
+typedef struct {
+    symnccl_fault rec;
+    uint64_t word;
+} fault_host;
+
+#define NAME_(id, name) name,
+static const char *const kernel_names[SYMNCCL_K_COUNT + 1] = {
+    SYMNCCL_KERNELS(NAME_) "nccl"};
+static const char *const collective_names[SYMNCCL_COLL_COUNT] = {
+    SYMNCCL_COLLECTIVES(NAME_)};
+static const char *const fault_names[SYMNCCL_FAULT_COUNT] = {
+    SYMNCCL_FAULTS(NAME_)};
+static const char *const wait_names[SYMNCCL_WAIT_COUNT] = {
+    SYMNCCL_WAITS(NAME_)};
+#undef NAME_
+
+static const char *
+name_of(const char *const *names, int count, int i)
+{
+    return i >= 0 && i < count ? names[i] : "?";
+}
+
+const char *
+sn_kernel_name(int kernel)
+{
+    return name_of(kernel_names, SYMNCCL_K_COUNT + 1, kernel);
+}
+
+const char *
+sn_collective_name(int collective)
+{
+    return name_of(collective_names, SYMNCCL_COLL_COUNT, collective);
+}
+
+static void fault_track(symnccl_fault *rec, int on);
+
+int
+sn_fault_alloc(SNState *st, CommObject *c)
+{
+    fault_host *h = NULL;
+    SN_CUDA_GOTO(st, cudaHostAlloc((void **)&h, sizeof(*h),
+                                   cudaHostAllocMapped |
+                                       cudaHostAllocPortable),
+                 "cudaHostAlloc (failure record)", error);
+    memset(h, 0, sizeof(*h));
+    fault_track(&h->rec, 1);
+    c->fault = &h->rec;
+    c->fault_src = &h->word;
+    SN_CUDA_GOTO(st, cudaHostGetDevicePointer((void **)&c->fault_dev,
+                                              &h->rec, 0),
+                 "cudaHostGetDevicePointer (failure record)", error);
+    SN_CUDA_GOTO(st, cudaStreamCreateWithFlags(&c->ctl_stream,
+                                               cudaStreamNonBlocking),
+                 "cudaStreamCreateWithFlags", error);
+    SN_CUDA_GOTO(st, cudaEventCreateWithFlags(&c->watch_event,
+                                              cudaEventDisableTiming),
+                 "cudaEventCreateWithFlags", error);
+    return 0;
+error:
+    return -1;
+}
+
+void
+sn_fault_free(CommObject *c)
+{
+    if (c->fault != NULL) {
+        fault_track(c->fault, 0);
+        cudaFreeHost(c->fault);   /* the allocation starts with the record */
+        c->fault = c->fault_dev = NULL;
+        c->fault_src = NULL;
+    }
+    if (c->ctl_stream != NULL) {
+        cudaStreamDestroy(c->ctl_stream);
+        c->ctl_stream = NULL;
+    }
+    if (c->watch_event != NULL) {
+        cudaEventDestroy(c->watch_event);
+        c->watch_event = NULL;
+    }
+}
+
+int
+sn_fault_poll(CommObject *c)
+{
+    if (c->failure.reason != 0)
+        return 1;
+    if (c->fault == NULL)
+        return 0;
+    const volatile symnccl_fault *r = c->fault;
+    uint32_t reason = r->reason;
+    if (reason == 0)
+        return 0;
+    /* the fields were written before `reason` (__threadfence_system) */
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
+    c->failure.kernel = r->kernel;
+    c->failure.collective = r->collective;
+    c->failure.peer = r->peer;
+    c->failure.detail = r->detail;
+    c->failure.wait = r->wait;
+    c->failure.cta = r->cta;
+    c->failure.flag = r->flag;
+    c->failure.waited_ns = r->waited_ns;
+    c->failure.reason = reason;
+    return 1;
+}
+
+void
+sn_fault_record(CommObject *c, int reason, int kernel, int collective,
+                int peer, int wait, double waited, const char *msg)
+{
+    if (sn_fault_poll(c))
+        return;
+    symnccl_fault f;
+    memset(&f, 0, sizeof(f));
+    f.kernel = kernel;
+    f.collective = collective;
+    f.peer = peer;
+    f.wait = wait;
+    f.cta = -1;
+    f.waited_ns = (uint64_t)(waited * 1e9);
+    if (msg != NULL)
+        snprintf(c->failure_msg, sizeof(c->failure_msg), "%s", msg);
+    if (c->fault != NULL) {
+        volatile symnccl_fault *r = c->fault;
+        r->kernel = f.kernel;
+        r->collective = f.collective;
+        r->peer = f.peer;
+        r->detail = 0;
+        r->wait = f.wait;
+        r->cta = f.cta;
+        r->flag = 0;
+        r->waited_ns = f.waited_ns;
+        __atomic_thread_fence(__ATOMIC_RELEASE);
+        if (r->reason == 0)   /* a kernel may have been quicker */
+            r->reason = (uint32_t)reason;
+        sn_fault_poll(c);
+        return;
+    }
+    f.reason = (uint32_t)reason;
+    c->failure = f;
+}
+
+void
+sn_fault_describe(const CommObject *c, char *buf, size_t size)
+{
+    const symnccl_fault *f = &c->failure;
+    const char *coll = name_of(collective_names, SYMNCCL_COLL_COUNT,
+                               f->collective);
+    const char *kernel = name_of(kernel_names, SYMNCCL_K_COUNT + 1,
+                                 f->kernel);
+    const double waited = (double)f->waited_ns * 1e-9;
+    char where[160], what[400];
+    snprintf(where, sizeof(where), "%s (%s%s) on rank %d of %d (cuda:%d)",
+             coll, f->kernel == SYMNCCL_K_COUNT ? "" : "symnccl kernel ",
+             kernel, c->rank, c->nranks, c->device);
+    if (c->failure_msg[0] != '\0')
+        snprintf(what, sizeof(what), "%s", c->failure_msg);
+    else if (f->reason == SYMNCCL_FAULT_TIMEOUT &&
+             f->kernel == SYMNCCL_K_COUNT)
+        snprintf(what, sizeof(what), "%s did not complete within %.1f s: a "
+                 "peer is gone, stalled, or did not make the same call; the "
+                 "NCCL communicator was aborted (ncclCommAbort), which ended "
+                 "its kernels", where, waited);
+    else if (f->reason == SYMNCCL_FAULT_TIMEOUT)
+        snprintf(what, sizeof(what), "%s waited %.1f s for rank %d (%s, "
+                 "flag %llu, CTA %d): rank %d is gone, stalled, or did not "
+                 "make the same call", where, waited, f->peer,
+                 name_of(wait_names, SYMNCCL_WAIT_COUNT, f->wait),
+                 (unsigned long long)f->flag, f->cta, f->peer);
+    else if (f->reason == SYMNCCL_FAULT_PEER)
+        snprintf(what, sizeof(what), "%s stopped: rank %d gave up on this "
+                 "communicator first (%s), so no call of this rank can "
+                 "complete", where, f->peer,
+                 name_of(fault_names, SYMNCCL_FAULT_COUNT, f->detail));
+    else if (f->reason == SYMNCCL_FAULT_ABORT)
+        snprintf(what, sizeof(what), "%s was stopped by an abort on this "
+                 "rank (abort_on_signal, or abort())", where);
+    else
+        snprintf(what, sizeof(what), "%s failed (%s)", where,
+                 name_of(fault_names, SYMNCCL_FAULT_COUNT, (int)f->reason));
+    snprintf(buf, size, "%s. The communicator refuses further calls: "
+             "abort() it and create a new one among the ranks that are left "
+             "(README: Failures)", what);
+}
+
+PyObject *
+sn_fault_dict(CommObject *c)
+{
+    if (!sn_fault_poll(c))
+        Py_RETURN_NONE;
+    const symnccl_fault *f = &c->failure;
+    char msg[700];
+    sn_fault_describe(c, msg, sizeof(msg));
+    PyObject *rank = f->peer >= 0 ? PyLong_FromLong(f->peer)
+                                  : Py_NewRef(Py_None);
+    return Py_BuildValue(
+        "{s:s,s:s,s:s,s:N,s:d,s:i,s:K,s:s}",
+        "reason", name_of(fault_names, SYMNCCL_FAULT_COUNT, (int)f->reason),
+        "collective", name_of(collective_names, SYMNCCL_COLL_COUNT,
+                              f->collective),
+        "kernel", name_of(kernel_names, SYMNCCL_K_COUNT + 1, f->kernel),
+        "rank", rank, "waited", (double)f->waited_ns * 1e-9, "cta", f->cta,
+        "flag", (unsigned long long)f->flag, "message", msg);
+}
+
+int
+sn_fault_raise(SNState *st, CommObject *c)
+{
+    PyObject *d = sn_fault_dict(c);
+    if (d == NULL || d == Py_None) {
+        Py_XDECREF(d);
+        return d == NULL ? -1 : 0;
+    }
+    PyObject *type = c->failure.reason == SYMNCCL_FAULT_MISMATCH
+                         ? st->CallMismatchError : st->PeerTimeoutError;
+    PyObject *exc = PyObject_CallFunctionObjArgs(
+        type, PyDict_GetItemString(d, "message"), NULL);
+    static const char *const attrs[] = {"rank", "collective", "kernel",
+                                        "reason", "waited"};
+    for (size_t i = 0; exc != NULL && i < sizeof(attrs) / sizeof(*attrs);
+         i++)
+        if (PyObject_SetAttrString(exc, attrs[i],
+                                   PyDict_GetItemString(d, attrs[i])) < 0)
+            Py_CLEAR(exc);
+    Py_DECREF(d);
+    if (exc == NULL)
+        return -1;
+    PyErr_SetObject(type, exc);
+    Py_DECREF(exc);
+    return -1;
+}
+
+int
+sn_fault_check(SNState *st, CommObject *c)
+{
+    return sn_fault_poll(c) ? sn_fault_raise(st, c) : 0;
+}
+
+static void
+nap(void)
+{
+    struct timespec t = {0, 1000000};
+    nanosleep(&t, NULL);
+}
+
+void
+sn_fault_stop_kernels(CommObject *c, int reason, double seconds)
+{
+    if (c->fault == NULL)
+        return;
+    ((volatile symnccl_fault *)c->fault)->abort = 1;
+    if (c->staging == NULL || c->ctl_stream == NULL)
+        return;
+    *c->fault_src = SYMNCCL_FAULT_CODE(reason, c->lsa_rank);
+    int prev;
+    if (cudaGetDevice(&prev) != cudaSuccess)
+        return;
+    cudaSetDevice(c->device);
+    cudaError_t e = cudaMemcpyAsync(c->staging + c->layout.ctl_offset,
+                                    c->fault_src, sizeof(uint64_t),
+                                    cudaMemcpyHostToDevice, c->ctl_stream);
+    double until = sn_now() + seconds;
+    while (e == cudaSuccess &&
+           (e = cudaStreamQuery(c->ctl_stream)) == cudaErrorNotReady &&
+           sn_now() < until)
+        nap();
+    (void)cudaGetLastError();
+    cudaSetDevice(prev);
+}
+
+/* 1 when ev is NULL, complete, or failed. */
+static int
+event_done(cudaEvent_t ev)
+{
+    if (ev == NULL)
+        return 1;
+    cudaError_t e = cudaEventQuery(ev);
+    if (e == cudaErrorNotReady)
+        return 0;
+    (void)cudaGetLastError();
+    return 1;
+}
+
+int
+sn_fault_drain(CommObject *c, double seconds, int nccl)
+{
+    double until = sn_now() + seconds;
+    for (;;) {
+        if (event_done(c->lsa_event) &&
+            (!nccl || event_done(c->watch_event)))
+            return 1;
+        if (sn_now() >= until)
+            return 0;
+        nap();
+    }
+}
+
+int
+sn_fault_wait_nccl(SNState *st, CommObject *c, int collective)
+{
+    double start = sn_now(), deadline = start + c->timeout;
+    for (;;) {
+        int done;
+        double slice = sn_now() + 0.05;
+        Py_BEGIN_ALLOW_THREADS
+        while (!(done = event_done(c->watch_event)) && !c->stop &&
+               sn_now() < (slice < deadline ? slice : deadline))
+            nap();
+        Py_END_ALLOW_THREADS
+        if (done)
+            return 0;
+        if (c->stop) {
+            PyErr_Format(PyExc_RuntimeError, "%s on rank %d was interrupted "
+                         "by abort()", collective_names[collective], c->rank);
+            return -1;
+        }
+        if (PyErr_CheckSignals() < 0)
+            return -1;
+        if (sn_now() >= deadline) {
+            sn_fault_record(c, SYMNCCL_FAULT_TIMEOUT, SYMNCCL_K_COUNT,
+                            collective, -1, SYMNCCL_WAIT_NCCL,
+                            sn_now() - start, NULL);
+            return sn_fault_raise(st, c);
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ */
+/* abort_on_signal: a C signal handler that raises the abort flag of every
+ * live communicator of the process, then hands the signal on. The waits of
+ * symnccl's kernels see the flag within milliseconds and give up (reason
+ * "abort"), the watchdog aborts a communicator whose NCCL call is in flight,
+ * so a stream stuck in a collective drains, and Python gets to handle the
+ * signal (KeyboardInterrupt) instead of waiting out the timeout. Only a
+ * volatile store per record: async-signal-safe. */
+
+#define LIVE_RECORDS 256
+static symnccl_fault *volatile live_records[LIVE_RECORDS];
+
+static void
+fault_track(symnccl_fault *rec, int on)
+{
+    for (int i = 0; i < LIVE_RECORDS; i++)
+        if (live_records[i] == (on ? NULL : rec)) {
+            live_records[i] = on ? rec : NULL;
+            return;
+        }
+}
+
+static struct sigaction previous[NSIG];
+
+static void
+on_signal(int sig, siginfo_t *info, void *ctx)
+{
+    for (int i = 0; i < LIVE_RECORDS; i++) {
+        symnccl_fault *r = live_records[i];
+        if (r != NULL)
+            ((volatile symnccl_fault *)r)->abort = 1;
+    }
+    const struct sigaction *p = &previous[sig];
+    if (p->sa_flags & SA_SIGINFO)
+        p->sa_sigaction(sig, info, ctx);
+    else if (p->sa_handler == SIG_DFL) {
+        signal(sig, SIG_DFL);   /* the default action, as if unhandled */
+        raise(sig);
+    }
+    else if (p->sa_handler != SIG_IGN)
+        p->sa_handler(sig);
+}
+
+PyObject *
+sn_py_abort_on_signal(PyObject *module, PyObject *arg)
+{
+    int sig = PyLong_AsLong(arg);
+    if (sig == -1 && PyErr_Occurred())
+        return NULL;
+    if (sig <= 0 || sig >= NSIG) {
+        PyErr_Format(PyExc_ValueError, "signal %d is out of range", sig);
+        return NULL;
+    }
+    struct sigaction now, before;
+    if (sigaction(sig, NULL, &before) < 0)
+        return PyErr_SetFromErrno(PyExc_OSError);
+    if ((before.sa_flags & SA_SIGINFO) && before.sa_sigaction == on_signal)
+        Py_RETURN_NONE;   /* already installed */
+    memset(&now, 0, sizeof(now));
+    now.sa_sigaction = on_signal;
+    now.sa_flags = SA_SIGINFO | SA_RESTART;
+    sigemptyset(&now.sa_mask);
+    previous[sig] = before;
+    if (sigaction(sig, &now, NULL) < 0)
+        return PyErr_SetFromErrno(PyExc_OSError);
+    Py_RETURN_NONE;
+}
+
+/* ------------------------------------------------------------------ */
+/* The communicators with an NCCL call in flight, for the watchdog
+ * (watchdog.c runs the thread; the list is here so that lifecycle.c can
+ * take a communicator off it). Guarded by watch_mu; lock order: watch_mu,
+ * then a communicator's lock. */
+
+static pthread_mutex_t watch_mu = PTHREAD_MUTEX_INITIALIZER;
+static CommObject *watched;    /* through watch_next / watch_prev */
+
+int
+sn_watch_arm(CommObject *c, int collective, cudaStream_t stream)
+{
+    unsigned long long capture = 0;
+    if (c->watch_event == NULL ||
+        sn_capture_id(stream, &capture) != cudaSuccess || capture != 0)
+        return 0;
+    if (cudaEventRecord(c->watch_event, stream) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    pthread_mutex_lock(&watch_mu);
+    c->watch_collective = collective;
+    c->watch_deadline = sn_now() + c->timeout;
+    c->watch_armed = 1;
+    c->watch_expired = 0;
+    if (!c->watched) {
+        c->watch_prev = NULL;
+        c->watch_next = watched;
+        if (watched != NULL)
+            watched->watch_prev = c;
+        watched = c;
+        c->watched = 1;
+    }
+    pthread_mutex_unlock(&watch_mu);
+    return 1;
+}
+
+void
+sn_watch_forget(CommObject *c)
+{
+    pthread_mutex_lock(&watch_mu);
+    if (c->watched) {
+        if (c->watch_prev != NULL)
+            c->watch_prev->watch_next = c->watch_next;
+        else
+            watched = c->watch_next;
+        if (c->watch_next != NULL)
+            c->watch_next->watch_prev = c->watch_prev;
+        c->watch_next = c->watch_prev = NULL;
+        c->watched = 0;
+    }
+    c->watch_armed = c->watch_expired = 0;
+    pthread_mutex_unlock(&watch_mu);
+}
+
+int
+sn_watch_poll(void)
+{
+    int expired = 0;
+    double now = sn_now();
+    pthread_mutex_lock(&watch_mu);
+    for (CommObject *c = watched; c != NULL; c = c->watch_next) {
+        expired |= c->watch_expired;   /* busy before: retried */
+        if (!c->watch_armed || c->watch_expired)
+            continue;
+        cudaSetDevice(c->device);
+        cudaError_t e = cudaEventQuery(c->watch_event);
+        if (e != cudaErrorNotReady) {
+            (void)cudaGetLastError();
+            c->watch_armed = 0;
+            continue;
+        }
+        const int aborted = c->fault != NULL &&
+                            ((volatile symnccl_fault *)c->fault)->abort;
+        if (now >= c->watch_deadline || aborted) {
+            c->watch_expired = 1;
+            expired = 1;
+        }
+    }
+    pthread_mutex_unlock(&watch_mu);
+    return expired;
+}
+
+int
+sn_watch_collect(CommObject **out, int max)
+{
+    int n = 0;
+    pthread_mutex_lock(&watch_mu);
+    for (CommObject *c = watched; c != NULL && n < max; c = c->watch_next) {
+        if (!c->watch_expired)
+            continue;
+        sn_lock(c);
+        int busy = c->busy;
+        sn_unlock(c);
+        if (busy > 0)
+            continue;   /* its own bounded wait reports; retried */
+        Py_INCREF((PyObject *)c);
+        out[n++] = c;
+    }
+    pthread_mutex_unlock(&watch_mu);
+    return n;
+}

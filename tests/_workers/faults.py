@@ -1,0 +1,108 @@
+"""Rank bodies for the failure tests (tests/test_faults.py): a peer that
+exits, sleeps past the timeout, calls with another size, or a collective
+aborted from another thread. Each returns what the rank observed; the test
+judges it."""
+import os
+import threading
+import time
+
+import symnccl
+
+# What each algo's call launches on 2 ranks (the failure names it).
+KERNEL = {"ll": "ll", "ll128": "ll128", "one_shot": "one_shot",
+          "two_shot": "two_shot", "push": "push", "nccl": "nccl"}
+COUNT = 1 << 16
+
+
+def _call(comm, x, collective, algo):
+    if collective == "all_reduce":
+        return comm.all_reduce(x, algo=algo)
+    if collective == "reduce_scatter":
+        return comm.reduce_scatter(x)
+    if collective == "all_gather":
+        return comm.all_gather(x)
+    return comm.broadcast(x, root=0)
+
+
+def _free_bytes(torch):
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    return torch.cuda.mem_get_info()[0]
+
+
+def _usable(torch):
+    """The CUDA context still works: a kernel runs and copies back."""
+    return torch.arange(8, device="cuda", dtype=torch.float32).sum().item()
+
+
+def _error(fn):
+    try:
+        fn()
+    except symnccl.PeerTimeoutError as e:
+        return {"type": "PeerTimeoutError", "rank": e.rank,
+                "collective": e.collective, "kernel": e.kernel,
+                "reason": e.reason, "waited": e.waited,
+                "timeout_error": isinstance(e, TimeoutError),
+                "message": str(e)}
+    except symnccl.CallMismatchError as e:
+        return {"type": "CallMismatchError", "message": str(e)}
+    except Exception as e:   # noqa: BLE001 (reported to the test)
+        return {"type": type(e).__name__, "message": str(e)}
+    return None
+
+
+def peer_failure(rank, nranks, uid, scenario, collective, algo, timeout):
+    """scenario: "exit" (rank 1 leaves after the warm-up), "sleep" (rank 1
+    sleeps past the timeout, then makes the call), "mismatch" (rank 1 passes
+    8 more elements; SYMNCCL_CHECK=1 when checked), "abort" (rank 1 leaves,
+    and rank 0's call is ended by abort() from another thread)."""
+    import torch
+    torch.cuda.set_device(rank)
+    if scenario == "mismatch_checked":
+        os.environ["SYMNCCL_CHECK"] = "1"
+    free0 = _free_bytes(torch)
+    comm = symnccl.Communicator(uid, rank, nranks, device=rank,
+                                timeout=timeout)
+    x = torch.randn(COUNT * nranks, device="cuda")
+    for _ in range(2):   # warm-up: every kernel and NCCL connected
+        _call(comm, x, collective, algo)
+    torch.cuda.synchronize()
+    comm.barrier(blocking=True)
+    out = {"rank": rank}
+    if rank == 1 and scenario in ("exit", "abort"):
+        out["left"] = True   # the process ends: its memory and contexts go
+        return out
+    if rank == 1 and scenario == "sleep":
+        time.sleep(timeout + 3)
+    if rank == 1 and scenario.startswith("mismatch"):
+        x = torch.randn(COUNT * nranks + 8 * nranks, device="cuda")
+    if scenario == "abort":
+        threading.Timer(1.0, comm.abort).start()
+    t0 = time.monotonic()
+    out["call_error"] = _error(lambda: _call(comm, x, collective, algo))
+    torch.cuda.synchronize()
+    out["sync_seconds"] = time.monotonic() - t0
+    out["check_error"] = _error(comm.check)
+    if scenario.startswith("mismatch") and out["check_error"] is None and \
+            out["call_error"] is None:
+        # the smaller call may complete; the next one meets the failure
+        out["second_error"] = _error(
+            lambda: (_call(comm, x, collective, algo),
+                     torch.cuda.synchronize(), comm.check()))
+    out["refused"] = _error(lambda: _call(comm, x, collective, algo))
+    out["failure"] = comm.failure
+    out["usable"] = _usable(torch)
+    comm.abort()
+    out["closed"] = comm.closed
+    del x
+    out["leaked"] = free0 - _free_bytes(torch)
+    # a new communicator among the survivors (here: this rank alone)
+    with symnccl.Communicator(symnccl.get_unique_id(), 0, 1, device=rank,
+                              timeout=timeout) as fresh:
+        y = torch.ones(1031, device="cuda")
+        fresh.all_reduce(y, algo=algo if collective == "all_reduce" and
+                         algo != "nccl" else "auto")
+        torch.cuda.synchronize()
+        out["fresh_ok"] = bool((y == 1).all().item())
+    out["total_seconds"] = time.monotonic() - t0
+    return out
