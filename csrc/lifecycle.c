@@ -548,7 +548,7 @@ free_memory(CommObject *c, int drained)
 void
 sn_comm_abort(SNState *st, CommObject *c)
 {
-    if (c->closed == 2)
+    if (c->closed)   /* closed, or aborted already (by the watchdog too) */
         return;
     int prev = -1;
     cudaGetDevice(&prev);

@@ -384,7 +384,8 @@ handler(XLA_FFI_CallFrame *call)
      * counts in c->busy, so the watchdog leaves c alone meanwhile */
     sn_lock(c);
     int failed = sn_fault_poll(c);
-    if (!failed)
+    int closed = c->closed || c->comm == NULL;
+    if (!failed && !closed)
         c->busy++;
     sn_unlock(c);
     if (failed) {
@@ -392,6 +393,10 @@ handler(XLA_FFI_CallFrame *call)
         sn_fault_describe(c, why, sizeof(why));
         return ffi_error(api, XLA_FFI_Error_Code_ABORTED, why);
     }
+    if (closed)
+        return ffi_error(api, XLA_FFI_Error_Code_FAILED_PRECONDITION,
+                         "symnccl_all_reduce: the communicator registered "
+                         "for this device was closed or aborted");
     if (count == 0)
         e = NULL;
     else

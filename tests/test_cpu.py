@@ -753,7 +753,7 @@ def test_c_functions_have_signatures_and_the_stub_agrees():
                         f.args.kwonlyargs]
                for f in cls.body if isinstance(f, ast.FunctionDef)}
     for name in ("all_reduce", "reduce_scatter", "all_gather", "broadcast",
-                 "barrier", "empty", "zeros", "close", "abort"):
+                 "barrier", "empty", "zeros", "check", "close", "abort"):
         sig = inspect.signature(getattr(symnccl.Communicator, name))
         assert list(sig.parameters) == stubbed[name], name
     assert list(inspect.signature(symnccl.Communicator).parameters) == \
