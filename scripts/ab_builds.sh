@@ -6,7 +6,7 @@
 # A build is its whole Python package with its _C.abi3.so (builds of
 # different API, such as the ones before and after a redesign, compare too).
 # Here, for each build, from a tree where it is built:
-#   tar -C TREE -cJf out/ab/NAME.tar.xz symnccl --exclude=__pycache__
+#   tar -C TREE --exclude=__pycache__ -cJf out/ab/NAME.tar.xz symnccl
 # (out/ is git-ignored; the tarballs travel with carry ["out/ab"]). There:
 #   BUILDS="old new" ROUNDS=3 \
 #   BENCH_ARGS="--nranks 2 --dtype bfloat16 --reps 7 --sizes 16M,256M --methods symnccl:push" \
