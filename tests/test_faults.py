@@ -152,16 +152,23 @@ def _free(torch):
     return torch.cuda.mem_get_info(0)[0]
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("algo", KERNEL_ALGOS)
-def test_kernel_that_gives_up_raises_and_leaves_the_context_usable(uid, algo):
-    torch = pytest.importorskip("torch")
+def _armed(torch, uid, algo, timeout):
+    """A 1-rank communicator whose next `algo` launch gets a fault
+    injected, its input, and the free device memory before it."""
     free0 = _free(torch)
-    c = symnccl.Communicator(uid, 0, 1, device=0, timeout=2.0)
+    c = symnccl.Communicator(uid, 0, 1, device=0, timeout=timeout)
     x = torch.randn(4099, device="cuda")
     c.all_reduce(x, algo=algo)
     torch.cuda.synchronize()
     c._inject_fault([algo])
+    return c, x, free0
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("algo", KERNEL_ALGOS)
+def test_kernel_that_gives_up_raises_and_leaves_the_context_usable(uid, algo):
+    torch = pytest.importorskip("torch")
+    c, x, free0 = _armed(torch, uid, algo, 2.0)
     t0 = time.monotonic()
     c.all_reduce(x, algo=algo)   # returns at once: the kernel is async
     torch.cuda.synchronize()
@@ -256,12 +263,7 @@ def test_watchdog_aborts_an_nccl_call_that_overstays_the_timeout(uid):
 @pytest.mark.parametrize("algo", ["ll", "one_shot", "push"])
 def test_abort_from_another_thread_ends_a_waiting_kernel(uid, algo):
     torch = pytest.importorskip("torch")
-    free0 = _free(torch)
-    c = symnccl.Communicator(uid, 0, 1, device=0, timeout=120.0)
-    x = torch.randn(4099, device="cuda")
-    c.all_reduce(x, algo=algo)
-    torch.cuda.synchronize()
-    c._inject_fault([algo])
+    c, x, free0 = _armed(torch, uid, algo, 120.0)
     threading.Timer(0.5, c.abort).start()
     t0 = time.monotonic()
     c.all_reduce(x, algo=algo)
@@ -283,11 +285,7 @@ def test_abort_on_signal_ends_a_waiting_kernel_and_python_gets_the_signal(
     old = signal.signal(signal.SIGUSR1, lambda s, f: got.append(s))
     try:
         symnccl.abort_on_signal([signal.SIGUSR1])
-        c = symnccl.Communicator(uid, 0, 1, device=0, timeout=120.0)
-        x = torch.randn(4099, device="cuda")
-        c.all_reduce(x, algo="ll")
-        torch.cuda.synchronize()
-        c._inject_fault(["ll"])
+        c, x, _ = _armed(torch, uid, "ll", 120.0)
         threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGUSR1)).start()
         t0 = time.monotonic()
         c.all_reduce(x, algo="ll")
