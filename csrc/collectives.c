@@ -222,7 +222,8 @@ typedef struct {
 static void
 format_sig(const sn_sig *g, char *buf, size_t size)
 {
-    const int known = g->collective >= 0 && g->collective < SYMNCCL_COLL_COUNT &&
+    const int known = g->collective >= 0 &&
+                      g->collective < SYMNCCL_COLL_COUNT &&
                       g->dtype >= 0 && g->dtype < sn_n_dtypes &&
                       g->op >= 0 && g->op < sn_n_ops &&
                       g->algo >= 0 && g->algo < SN_ALGO_COUNT;
@@ -253,7 +254,10 @@ check_call(sn_call *k, int collective, size_t count, const sn_op *op,
                          (void **)&all) < 0)
         return -1;
     const size_t n = (size_t)c->nranks, sz = sizeof(sn_sig);
-    cudaError_t e = cudaMemcpyAsync(dev + n * sz, &mine, sz,
+    /* from pinned memory: a pageable copy would first wait for the stream,
+     * without a bound */
+    all[n] = mine;
+    cudaError_t e = cudaMemcpyAsync(dev + n * sz, &all[n], sz,
                                     cudaMemcpyHostToDevice, k->stream);
     if (e != cudaSuccess)
         return sn_set_cuda_error(k->st, e, "SYMNCCL_CHECK copy");

@@ -135,7 +135,7 @@ sn_check_buffers(SNState *st, CommObject *c, size_t bytes, void **dev,
                                     bytes * ((size_t)c->nranks + 1)),
                      "cudaMalloc (SYMNCCL_CHECK)", error);
         SN_CUDA_GOTO(st, cudaMallocHost(&c->check_host,
-                                        bytes * (size_t)c->nranks),
+                                        bytes * ((size_t)c->nranks + 1)),
                      "cudaMallocHost (SYMNCCL_CHECK)", error);
     }
     *dev = c->check_dev;

@@ -326,8 +326,8 @@ unsigned *sn_claim_word(const struct CommObject *c);
 /* A zero-initialised int in the scratch (barrier()'s all-reduce). */
 int *sn_barrier_word(const struct CommObject *c);
 /* SYMNCCL_CHECK's buffers, allocated at the first use: room for nranks + 1
- * call signatures of `bytes` on the device, nranks in pinned host memory;
- * -1 with an exception. */
+ * call signatures of `bytes` on the device and in pinned host memory; -1
+ * with an exception. */
 int sn_check_buffers(SNState *st, struct CommObject *c, size_t bytes,
                      void **dev, void **host);
 /* _staging_layout(): the layout as a dict (tests, docs). */

@@ -128,7 +128,8 @@ __device__ __forceinline__ uint4 scale(uint4 v, int n) {
 
 template <typename T>
 __global__ void __launch_bounds__(512)
-    multimem_allreduce(ncclDevComm dc, const __grid_constant__ symnccl_kargs a) {
+    multimem_allreduce(ncclDevComm dc,
+                       const __grid_constant__ symnccl_kargs a) {
 #ifdef SN_MULTIMEM
   constexpr int E = 16 / sizeof(T);
   const size_t win_off = a.win_offset;

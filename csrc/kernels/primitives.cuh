@@ -411,7 +411,8 @@ __device__ __forceinline__ bool wait_flags(const char* line, int me, int n,
   bool ok = true;
   const int s = threadIdx.x;
   if (s < n && s != me) {
-    const uint64_t* f = reinterpret_cast<const uint64_t*>(line + (size_t)s * 8);
+    const uint64_t* f =
+        reinterpret_cast<const uint64_t*>(line + (size_t)s * 8);
     ok = bounded_wait([&] { return acquire_load(f) >= v; }, a, me, n,
                       {wait, s, v});
   }
