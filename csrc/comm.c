@@ -313,8 +313,6 @@ comm_alloc_buffer(CommObject *self, PyObject *args, PyObject *kw, int zero)
     if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O", kwlist, &shape_obj,
                                      &dtype_obj))
         return NULL;
-    if (sn_comm_check_usable(st, self) < 0)
-        return NULL;
     int ndim;
     int64_t shape[SN_MAX_NDIM];
     if (sn_parse_shape(shape_obj, &ndim, shape) < 0)
@@ -324,8 +322,14 @@ comm_alloc_buffer(CommObject *self, PyObject *args, PyObject *kw, int zero)
                              : sn_parse_dtype(dtype_obj);
     if (dt == NULL)
         return NULL;
-    return sn_buffer_new(st, self, st->SymmetricBufferType, ndim, shape, dt,
-                         zero, NULL);
+    /* the window's registration waits for the peers: counted in busy, so
+     * the watchdog keeps off meanwhile */
+    if (sn_comm_enter(st, self) < 0)
+        return NULL;
+    PyObject *b = sn_buffer_new(st, self, st->SymmetricBufferType, ndim,
+                                shape, dt, zero, NULL);
+    sn_comm_leave(st, self);
+    return b;
 }
 
 static PyObject *
