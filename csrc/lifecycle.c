@@ -548,8 +548,11 @@ free_memory(CommObject *c, int drained)
 void
 sn_comm_abort(SNState *st, CommObject *c)
 {
-    if (c->closed)   /* closed, or aborted already (by the watchdog too) */
+    /* closed, aborted already (by the watchdog too), or being aborted by
+     * another thread (this one releases the GIL below) */
+    if (c->closed || c->aborting)
         return;
+    c->aborting = 1;
     int prev = -1;
     cudaGetDevice(&prev);
     cudaSetDevice(c->device);
@@ -568,6 +571,7 @@ sn_comm_abort(SNState *st, CommObject *c)
         if (sn_now() >= until) {
             /* finished by the last thread to leave (sn_comm_leave) */
             c->abort_pending = 1;
+            c->aborting = 0;
             if (prev >= 0)
                 cudaSetDevice(prev);
             return;
@@ -596,6 +600,7 @@ sn_comm_abort(SNState *st, CommObject *c)
         c->comm = NULL;
     }
     c->closed = 2;
+    c->aborting = 0;
     /* 3. the memory, once nothing of c runs any more */
     int drained;
     Py_BEGIN_ALLOW_THREADS

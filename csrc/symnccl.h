@@ -437,6 +437,7 @@ typedef struct CommObject {
     int busy;                  /* threads inside a method of c (lock) */
     volatile int stop;         /* abort() from another thread: waits end */
     int abort_pending;         /* abort() waits for busy to reach 0 */
+    int aborting;              /* an abort() is under way */
     int user_aborted;          /* abort() was called (not the watchdog) */
     int inject;                /* testing: SYMNCCL_K_* mask of launches
                                   that get a fault injected (once) */
