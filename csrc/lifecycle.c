@@ -585,14 +585,20 @@ sn_comm_abort(SNState *st, CommObject *c)
     /* 2. c's kernels end before NCCL unmaps the windows they address
      * (those queued behind a hung NCCL kernel cannot: they start after
      * ncclCommAbort ended it, and leave at entry) */
+    int left;
     Py_BEGIN_ALLOW_THREADS
-    sn_fault_drain(c, ABORT_KERNELS_SECONDS, 0);
+    left = sn_fault_drain(c, ABORT_KERNELS_SECONDS, 0);
     Py_END_ALLOW_THREADS
     if (st->on_close != NULL)
         st->on_close(c, 0);
-    symnccl_devcomm_free(c->devcomm);
+    /* once they have, the device communicator and the windows go first
+     * (local steps): ncclCommAbort alone would keep the windows' memory */
+    if (left)
+        (void)symnccl_devcomm_destroy(c->comm, c->devcomm);
+    else
+        symnccl_devcomm_free(c->devcomm);
     c->devcomm = NULL;
-    sn_windows_detach(c);
+    sn_windows_detach(c, left);
     if (c->comm != NULL) {
         Py_BEGIN_ALLOW_THREADS
         ncclCommAbort(c->comm);

@@ -286,7 +286,7 @@ sn_window *sn_window_find(const struct CommObject *c, const char *ptr,
 /* Deregisters every window (close); the nodes stay for their buffers. */
 int sn_windows_deregister(SNState *st, struct CommObject *c);
 /* Forgets the windows without deregistering them (abort). */
-void sn_windows_detach(struct CommObject *c);
+void sn_windows_detach(struct CommObject *c, int deregister);
 /* Registered windows (the staging window included). */
 size_t sn_windows_count(const struct CommObject *c);
 /* Frees the nodes (the communicator's deallocation). */

@@ -113,12 +113,27 @@ sn_windows_deregister(SNState *st, CommObject *c)
 }
 
 void
-sn_windows_detach(CommObject *c)
+sn_windows_detach(CommObject *c, int deregister)
 {
     /* Buffers may outlive the communicator: their memory stays valid
-     * (ncclMemFree needs no communicator); only the window goes. */
-    for (sn_window *w = c->windows; w != NULL; w = w->next)
+     * (ncclMemFree needs no communicator); only the window goes. With
+     * `deregister` (abort(), once no kernel of c runs any more) each window
+     * is deregistered first. That is local in NCCL 2.28-2.30 (no peer takes
+     * part, so a dead one does not matter), and without it ncclCommAbort
+     * keeps NCCL's reference to the memory: ncclMemFree could not give it
+     * back to the device. Errors are ignored: c is being aborted. */
+    for (sn_window *w = c->windows; w != NULL; w = w->next) {
+        if (deregister && w->win != NULL && c->comm != NULL) {
+            ncclResult_t rc = ncclCommWindowDeregister(c->comm, w->win);
+            if (rc == ncclInProgress) {
+                int failed;
+                ncclResult_t bad;
+                sn_wait_nccl(&c->comm, 1, sn_now() + 1.0, NULL, &failed,
+                             &bad);
+            }
+        }
         w->win = NULL;
+    }
 }
 
 size_t

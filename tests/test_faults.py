@@ -264,12 +264,14 @@ def test_watchdog_aborts_an_nccl_call_that_overstays_the_timeout(uid):
 def test_abort_from_another_thread_ends_a_waiting_kernel(uid, algo):
     torch = pytest.importorskip("torch")
     c, x, free0 = _armed(torch, uid, algo, 120.0)
-    threading.Timer(0.5, c.abort).start()
+    aborter = threading.Timer(0.5, c.abort)
+    aborter.start()
     t0 = time.monotonic()
     c.all_reduce(x, algo=algo)
     torch.cuda.synchronize()   # ends with the abort, not the timeout
     assert time.monotonic() - t0 < 0.5 + SLACK
-    time.sleep(0.2)
+    aborter.join(SLACK)        # abort() returns once NCCL's abort has run
+    assert not aborter.is_alive()
     assert c.closed
     with pytest.raises(RuntimeError, match="aborted"):
         c.all_reduce(x, algo=algo)

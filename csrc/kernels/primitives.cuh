@@ -176,8 +176,12 @@ __device__ __forceinline__ bool enter(const symnccl_kargs& a, int me, int n,
                                       uint64_t& epoch) {
   __shared__ uint64_t s_epoch, s_word;
   if (threadIdx.x == 0) {
-    s_epoch = a.epochs[blockIdx.x];
-    s_word = load_relaxed(a.fault_word);
+    // both loads in flight at once: the fault word's (an asm with a memory
+    // clobber) is issued first, so the counter's need not land before it
+    const uint64_t word = load_relaxed(a.fault_word);
+    const uint64_t e = a.epochs[blockIdx.x];
+    s_word = word;
+    s_epoch = e;
   }
   __syncthreads();
   epoch = s_epoch;
