@@ -268,6 +268,7 @@ check_call(sn_call *k, int collective, size_t count, const sn_op *op,
                                  "(ncclAllGather)");
     if (sn_nccl_complete(k->st, c, rc, "SYMNCCL_CHECK (ncclAllGather)") < 0)
         return -1;
+    sn_count_nccl(c);
     e = cudaMemcpyAsync(all, dev, n * sz, cudaMemcpyDeviceToHost, k->stream);
     if (e != cudaSuccess)
         return sn_set_cuda_error(k->st, e, "SYMNCCL_CHECK copy");
@@ -515,14 +516,24 @@ sn_all_gather(CommObject *c, PyObject *args, PyObject *kw)
                                      "ncclAllGather") == 0);
 }
 
-PyObject *
-sn_broadcast(CommObject *c, PyObject *args, PyObject *kw)
+/* broadcast and reduce: root's x to every rank, or every rank's x reduced
+ * on root; in place unless out= is given. */
+static PyObject *
+rooted(CommObject *c, PyObject *args, PyObject *kw, int collective)
 {
-    static char *kwlist[] = {"x", "root", "out", "stream", NULL};
-    PyObject *x, *out = Py_None, *stream = Py_None;
+    static char *bkw[] = {"x", "root", "out", "stream", NULL};
+    static char *rkw[] = {"x", "root", "out", "op", "stream", NULL};
+    PyObject *x, *out = Py_None, *stream = Py_None, *op_obj = NULL;
     int root = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|iOO:broadcast", kwlist, &x,
-                                     &root, &out, &stream))
+    int ok = collective == SYMNCCL_COLL_BROADCAST
+        ? PyArg_ParseTupleAndKeywords(args, kw, "O|iOO:broadcast", bkw, &x,
+                                      &root, &out, &stream)
+        : PyArg_ParseTupleAndKeywords(args, kw, "O|iOOO:reduce", rkw, &x,
+                                      &root, &out, &op_obj, &stream);
+    if (!ok)
+        return NULL;
+    const sn_op *op = op_obj != NULL ? parse_op(op_obj) : sn_op_by_name("sum");
+    if (op == NULL)
         return NULL;
     if (root < 0 || root >= c->nranks) {
         PyErr_Format(PyExc_ValueError, "root %d is out of range: expected "
@@ -532,14 +543,33 @@ sn_broadcast(CommObject *c, PyObject *args, PyObject *kw)
     sn_call k;
     if (call_begin(&k, c, x, stream) < 0 ||
         call_output(&k, x, out, k.x.count, k.x.ndim, k.x.shape, 1) < 0 ||
-        check_call(&k, SYMNCCL_COLL_BROADCAST, k.x.count, NULL, SN_ALGO_NCCL,
-                   root) < 0)
+        check_call(&k, collective, k.x.count,
+                   collective == SYMNCCL_COLL_REDUCE ? op : NULL,
+                   SN_ALGO_NCCL, root) < 0)
         return call_end(&k, 0);
-    ncclResult_t rc = ncclBroadcast(k.x.ptr, k.out.ptr, k.x.count,
-                                    k.x.dtype->nccl, root, c->comm,
-                                    k.stream);
-    return call_end(&k, enqueue_done(&k, rc, SYMNCCL_COLL_BROADCAST,
-                                     "ncclBroadcast") == 0);
+    ncclResult_t rc;
+    if (collective == SYMNCCL_COLL_BROADCAST)
+        rc = ncclBroadcast(k.x.ptr, k.out.ptr, k.x.count, k.x.dtype->nccl,
+                           root, c->comm, k.stream);
+    else
+        rc = ncclReduce(k.x.ptr, k.out.ptr, k.x.count, k.x.dtype->nccl,
+                        op->nccl, root, c->comm, k.stream);
+    return call_end(&k, enqueue_done(&k, rc, collective,
+                                     collective == SYMNCCL_COLL_BROADCAST
+                                         ? "ncclBroadcast"
+                                         : "ncclReduce") == 0);
+}
+
+PyObject *
+sn_broadcast(CommObject *c, PyObject *args, PyObject *kw)
+{
+    return rooted(c, args, kw, SYMNCCL_COLL_BROADCAST);
+}
+
+PyObject *
+sn_reduce(CommObject *c, PyObject *args, PyObject *kw)
+{
+    return rooted(c, args, kw, SYMNCCL_COLL_REDUCE);
 }
 
 PyObject *

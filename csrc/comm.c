@@ -688,6 +688,13 @@ static PyMethodDef comm_methods[] = {
      "broadcast($self, /, x, root=0, out=None, stream=None)\n--\n\n"
      "Copies root's x to every rank, in place unless out= is given.\n\n"
      "Example:\n    comm.broadcast(weights, root=0)"},
+    {"reduce", (PyCFunction)(void (*)(void))sn_reduce,
+     METH_VARARGS | METH_KEYWORDS,
+     "reduce($self, /, x, root=0, out=None, op='sum', stream=None)\n--\n\n"
+     "Reduces every rank's x into root's out (x itself unless out= is "
+     "given); on the other ranks out is left unspecified, as "
+     "torch.distributed.reduce leaves it. Runs on NCCL.\n\n"
+     "Example:\n    comm.reduce(loss_sum, root=0)"},
     {"barrier", (PyCFunction)(void (*)(void))sn_barrier,
      METH_VARARGS | METH_KEYWORDS,
      "barrier($self, /, stream=None, *, blocking=False)\n--\n\n"

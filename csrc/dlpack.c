@@ -196,8 +196,8 @@ call_dlpack(SNState *st, PyObject *obj, cudaStream_t stream, int cuda)
 /* ------------------------------------------------------------------ */
 /* torch fast path. torch's __dlpack__ costs ~22 us per call (measured on
  * H100, torch 2.11), more than a small all-reduce: a torch.Tensor that is
- * already on the right device, contiguous, without autograd/conj/neg bits,
- * and used on torch's current stream (so DLPack's stream handshake would be
+ * already on the right device, contiguous, without conj/neg bits, and used
+ * on torch's current stream (so DLPack's stream handshake would be
  * a no-op) is read directly: data_ptr(), dtype, shape. Anything else takes
  * the DLPack path, which also produces the error messages. */
 
@@ -282,10 +282,6 @@ torch_fast_import(SNState *st, PyObject *obj, cudaStream_t stream,
     r = PyObject_CallMethod(obj, "get_device", NULL);
     if (r == NULL || PyLong_AsLong(r) != device)
         goto done;
-    Py_CLEAR(r);
-    r = PyObject_GetAttrString(obj, "requires_grad");
-    if (r == NULL || PyObject_IsTrue(r) != 0)
-        goto done;
     if (call_bool(obj, "is_conj") != 0 || call_bool(obj, "is_neg") != 0 ||
         call_bool(obj, "is_contiguous") != 1)
         goto done;
@@ -326,6 +322,27 @@ done:
     return ok;
 }
 
+/* obj.detach() for a torch tensor that requires grad, else obj (a new
+ * reference either way); NULL with an exception set. */
+static PyObject *
+torch_detached(SNState *st, PyObject *obj)
+{
+    if (!torch_lookup(st) ||
+        !PyObject_TypeCheck(obj, (PyTypeObject *)st->torch_tensor))
+        return Py_NewRef(obj);
+    PyObject *r = PyObject_GetAttrString(obj, "requires_grad");
+    if (r == NULL)
+        return NULL;
+    int grad = PyObject_IsTrue(r);
+    Py_DECREF(r);
+    if (grad < 0)
+        return NULL;
+    return grad ? PyObject_CallMethod(obj, "detach", NULL) : Py_NewRef(obj);
+}
+
+static int import_dlpack(SNState *st, PyObject *obj, cudaStream_t stream,
+                         int device, const char *argname, SNTensor *t);
+
 int
 sn_tensor_import(SNState *st, PyObject *obj, cudaStream_t stream, int device,
                  const char *argname, SNTensor *t)
@@ -337,6 +354,21 @@ sn_tensor_import(SNState *st, PyObject *obj, cudaStream_t stream, int device,
     if (torch_fast_import(st, obj, stream, device, t))
         return 0;
     memset(t, 0, sizeof(*t));
+    /* A torch tensor that requires grad is read as torch.distributed reads
+     * it, outside autograd: through its detached view (same memory), since
+     * its own __dlpack__ refuses it. */
+    PyObject *detached = torch_detached(st, obj);
+    if (detached == NULL)
+        return -1;
+    int rc = import_dlpack(st, detached, stream, device, argname, t);
+    Py_DECREF(detached);
+    return rc;
+}
+
+static int
+import_dlpack(SNState *st, PyObject *obj, cudaStream_t stream, int device,
+              const char *argname, SNTensor *t)
+{
     if (!PyObject_HasAttr(obj, st->str_dlpack)) {
         PyErr_Format(PyExc_TypeError, "%s: expected a tensor that supports "
                      "DLPack (__dlpack__), got %R", argname, Py_TYPE(obj));

@@ -604,6 +604,7 @@ PyObject *sn_all_reduce(CommObject *c, PyObject *args, PyObject *kw);
 PyObject *sn_reduce_scatter(CommObject *c, PyObject *args, PyObject *kw);
 PyObject *sn_all_gather(CommObject *c, PyObject *args, PyObject *kw);
 PyObject *sn_broadcast(CommObject *c, PyObject *args, PyObject *kw);
+PyObject *sn_reduce(CommObject *c, PyObject *args, PyObject *kw);
 PyObject *sn_barrier(CommObject *c, PyObject *args, PyObject *kw);
 
 /* ------------------------------------------------------------------ */
@@ -611,7 +612,7 @@ PyObject *sn_barrier(CommObject *c, PyObject *args, PyObject *kw);
 
 /* Installs the close hook (SNState.on_close). */
 void sn_xla_init(SNState *st);
-PyObject *sn_py_xla_handler(PyObject *module, PyObject *unused);
+PyObject *sn_py_xla_handler(PyObject *module, PyObject *args);
 PyObject *sn_py_xla_register(PyObject *module, PyObject *arg);
 PyObject *sn_py_xla_stats(PyObject *module, PyObject *arg);
 

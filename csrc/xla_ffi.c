@@ -1,5 +1,7 @@
-/* XLA FFI handler "symnccl_all_reduce": symnccl's all-reduce as a custom
- * call inside jax.jit / shard_map (symnccl/jax.py registers and calls it).
+/* XLA FFI handlers "symnccl_all_reduce", "symnccl_reduce_scatter" and
+ * "symnccl_all_gather": symnccl's collectives as custom calls inside
+ * jax.jit / shard_map (symnccl/jax.py registers and calls them, and gives
+ * them their gradients).
  *
  * Written against jaxlib's xla/ffi/api/c_api.h, found at build time
  * (setup.py defines SYMNCCL_HAVE_XLA_FFI); without it the module functions
@@ -14,7 +16,8 @@
  *     that device (symnccl.jax.communicator() registers them; the table is
  *     process-wide because the handler has no module to look in);
  *   - never initialises a communicator or talks to a key-value store;
- *   - runs the algorithm on XLA's buffer where it lies in a window: an XLA
+ *   - all-reduce: runs the algorithm on XLA's buffer where it lies in a
+ *     window: an XLA
  *     buffer inside a VMM allocation (XLA's collective-memory allocator
  *     under --xla_gpu_enable_nccl_user_buffers=true uses ncclMemAlloc) is
  *     registered once per allocation, collectively, in the same call on
@@ -311,8 +314,56 @@ all_reduce(const XLA_FFI_Api *api, XLA_FFI_CallFrame *call, CommObject *c,
     return NULL;
 }
 
+/* reduce-scatter and all-gather of one call, on c (entered), through
+ * NCCL (issue: own kernels come with the collectives' redesign). */
 static XLA_FFI_Error *
-handler(XLA_FFI_CallFrame *call)
+nccl_collective(const XLA_FFI_Api *api, XLA_FFI_CallFrame *call,
+                CommObject *c, int collective, const sn_dtype *dt,
+                size_t ycount, const XLA_FFI_Buffer *x,
+                const XLA_FFI_Buffer *y, cudaStream_t stream)
+{
+    char msg[320];
+    const char *name = sn_collective_name(collective);
+    const sn_op *op = NULL;
+    if (collective == SYMNCCL_COLL_REDUCE_SCATTER) {
+        const int op_code = attr_int(call, "op", ncclSum);
+        for (int i = 0; i < sn_n_ops; i++)
+            if ((int)sn_ops[i].nccl == op_code)
+                op = &sn_ops[i];
+        if (op == NULL) {
+            snprintf(msg, sizeof(msg), "symnccl_%s: bad op attribute %d",
+                     name, op_code);
+            return ffi_error(api, XLA_FFI_Error_Code_INVALID_ARGUMENT, msg);
+        }
+    }
+    int prev = -1;
+    cudaGetDevice(&prev);
+    if (prev != c->device)
+        cudaSetDevice(c->device);
+    ncclResult_t rc;
+    if (collective == SYMNCCL_COLL_REDUCE_SCATTER)
+        rc = ncclReduceScatter(x->data, y->data, ycount, dt->nccl, op->nccl,
+                               c->comm, stream);
+    else
+        rc = ncclAllGather(x->data, y->data, ycount / (size_t)c->nranks,
+                           dt->nccl, c->comm, stream);
+    rc = nccl_finish(c, rc);
+    if (rc == ncclSuccess) {
+        sn_count_nccl(c);
+        sn_watch_nccl(c, collective, stream);
+    }
+    if (prev >= 0 && prev != c->device)
+        cudaSetDevice(prev);
+    if (rc != ncclSuccess) {
+        snprintf(msg, sizeof(msg), "symnccl_%s: NCCL: %s", name,
+                 rc == ncclInProgress ? "timed out" : ncclGetErrorString(rc));
+        return ffi_error(api, XLA_FFI_Error_Code_INTERNAL, msg);
+    }
+    return NULL;
+}
+
+static XLA_FFI_Error *
+handle(XLA_FFI_CallFrame *call, int collective)
 {
     const XLA_FFI_Api *api = call->api;
     /* Metadata query at registration: report the API version we speak. */
@@ -330,18 +381,20 @@ handler(XLA_FFI_CallFrame *call)
     if (call->stage != XLA_FFI_ExecutionStage_EXECUTE)
         return NULL;
     char msg[320];
+    const char *name = sn_collective_name(collective);
     if (call->args.size != 1 || call->rets.size != 1 ||
         call->args.types[0] != XLA_FFI_ArgType_BUFFER ||
-        call->rets.types[0] != XLA_FFI_RetType_BUFFER)
-        return ffi_error(api, XLA_FFI_Error_Code_INVALID_ARGUMENT,
-                         "symnccl_all_reduce: expected one buffer operand "
-                         "and one buffer result");
+        call->rets.types[0] != XLA_FFI_RetType_BUFFER) {
+        snprintf(msg, sizeof(msg), "symnccl_%s: expected one buffer operand "
+                 "and one buffer result", name);
+        return ffi_error(api, XLA_FFI_Error_Code_INVALID_ARGUMENT, msg);
+    }
     const XLA_FFI_Buffer *x = call->args.args[0];
     const XLA_FFI_Buffer *y = call->rets.rets[0];
     const sn_dtype *dt = xla_dtype(x->dtype);
     if (dt == NULL || x->dtype != y->dtype) {
-        snprintf(msg, sizeof(msg), "symnccl_all_reduce: XLA dtype %d is not "
-                 "supported (or differs from the result's, %d)",
+        snprintf(msg, sizeof(msg), "symnccl_%s: XLA dtype %d is not "
+                 "supported (or differs from the result's, %d)", name,
                  (int)x->dtype, (int)y->dtype);
         return ffi_error(api, XLA_FFI_Error_Code_INVALID_ARGUMENT, msg);
     }
@@ -350,10 +403,6 @@ handler(XLA_FFI_CallFrame *call)
         count *= (size_t)x->dims[i];
     for (int64_t i = 0; i < y->rank; i++)
         ycount *= (size_t)y->dims[i];
-    if (count != ycount)
-        return ffi_error(api, XLA_FFI_Error_Code_INVALID_ARGUMENT,
-                         "symnccl_all_reduce: operand and result sizes "
-                         "differ");
 
     XLA_FFI_Stream_Get_Args sa;
     memset(&sa, 0, sizeof(sa));
@@ -374,11 +423,27 @@ handler(XLA_FFI_CallFrame *call)
                                                          : NULL;
     pthread_mutex_unlock(&registry_lock);
     if (c == NULL || c->closed || c->comm == NULL) {
-        snprintf(msg, sizeof(msg), "symnccl_all_reduce: no open symnccl "
+        snprintf(msg, sizeof(msg), "symnccl_%s: no open symnccl "
                  "communicator is registered for device %d: create it with "
                  "symnccl.jax.communicator() before running the computation",
-                 dev);
+                 name, dev);
         return ffi_error(api, XLA_FFI_Error_Code_FAILED_PRECONDITION, msg);
+    }
+    /* operand and result sizes: equal, or nranks times the other */
+    const size_t n = (size_t)c->nranks;
+    size_t want = collective == SYMNCCL_COLL_REDUCE_SCATTER ? ycount * n
+                  : collective == SYMNCCL_COLL_ALL_GATHER   ? ycount / n
+                                                            : ycount;
+    if (count != want ||
+        (collective == SYMNCCL_COLL_ALL_GATHER && ycount % n != 0)) {
+        snprintf(msg, sizeof(msg), "symnccl_%s: operand has %zu elements "
+                 "and result %zu, expected %s on %zu ranks", name, count,
+                 ycount, collective == SYMNCCL_COLL_ALL_REDUCE
+                             ? "the same number"
+                         : collective == SYMNCCL_COLL_REDUCE_SCATTER
+                             ? "the operand nranks times the result"
+                             : "the result nranks times the operand", n);
+        return ffi_error(api, XLA_FFI_Error_Code_INVALID_ARGUMENT, msg);
     }
     /* a failed communicator answers with its failure; else this thread
      * counts in c->busy, so the watchdog leaves c alone meanwhile */
@@ -393,33 +458,69 @@ handler(XLA_FFI_CallFrame *call)
         sn_fault_describe(c, why, sizeof(why));
         return ffi_error(api, XLA_FFI_Error_Code_ABORTED, why);
     }
-    if (closed)
-        return ffi_error(api, XLA_FFI_Error_Code_FAILED_PRECONDITION,
-                         "symnccl_all_reduce: the communicator registered "
-                         "for this device was closed or aborted");
+    if (closed) {
+        snprintf(msg, sizeof(msg), "symnccl_%s: the communicator registered "
+                 "for this device was closed or aborted", name);
+        return ffi_error(api, XLA_FFI_Error_Code_FAILED_PRECONDITION, msg);
+    }
     if (count == 0)
         e = NULL;
-    else
+    else if (collective == SYMNCCL_COLL_ALL_REDUCE)
         e = all_reduce(api, call, c, dev, dt, count, x, y,
                        (cudaStream_t)sa.stream);
+    else
+        e = nccl_collective(api, call, c, collective, dt, ycount, x, y,
+                            (cudaStream_t)sa.stream);
     sn_lock(c);
     c->busy--;
     sn_unlock(c);
     return e;
 }
 
-/* _xla_handler() -> PyCapsule of the handler for
- * jax.ffi.register_ffi_target. */
-PyObject *
-sn_py_xla_handler(PyObject *module, PyObject *unused)
+static XLA_FFI_Error *
+handle_all_reduce(XLA_FFI_CallFrame *call)
 {
-    return PyCapsule_New((void *)&handler, NULL, NULL);
+    return handle(call, SYMNCCL_COLL_ALL_REDUCE);
+}
+
+static XLA_FFI_Error *
+handle_reduce_scatter(XLA_FFI_CallFrame *call)
+{
+    return handle(call, SYMNCCL_COLL_REDUCE_SCATTER);
+}
+
+static XLA_FFI_Error *
+handle_all_gather(XLA_FFI_CallFrame *call)
+{
+    return handle(call, SYMNCCL_COLL_ALL_GATHER);
+}
+
+/* _xla_handler(collective="all_reduce") -> PyCapsule of that collective's
+ * handler, for jax.ffi.register_ffi_target. */
+PyObject *
+sn_py_xla_handler(PyObject *module, PyObject *args)
+{
+    const char *which = "all_reduce";
+    if (!PyArg_ParseTuple(args, "|s:_xla_handler", &which))
+        return NULL;
+    XLA_FFI_Error *(*fn)(XLA_FFI_CallFrame *) =
+        strcmp(which, "all_reduce") == 0       ? handle_all_reduce
+        : strcmp(which, "reduce_scatter") == 0 ? handle_reduce_scatter
+        : strcmp(which, "all_gather") == 0     ? handle_all_gather
+                                               : NULL;
+    if (fn == NULL) {
+        PyErr_Format(PyExc_ValueError, "no XLA handler for '%s': expected "
+                     "'all_reduce', 'reduce_scatter' or 'all_gather'",
+                     which);
+        return NULL;
+    }
+    return PyCapsule_New((void *)fn, NULL, NULL);
 }
 
 #else   /* !SYMNCCL_HAVE_XLA_FFI */
 
 PyObject *
-sn_py_xla_handler(PyObject *module, PyObject *unused)
+sn_py_xla_handler(PyObject *module, PyObject *args)
 {
     PyErr_SetString(PyExc_RuntimeError, "symnccl was built without jaxlib's "
                     "XLA FFI headers (xla/ffi/api/c_api.h): reinstall it in "

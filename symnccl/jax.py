@@ -1,9 +1,15 @@
-"""JAX integration: symnccl's all-reduce inside jax.jit and shard_map.
+"""JAX integration: symnccl's all-reduce, reduce-scatter and all-gather
+inside jax.jit, shard_map and jax.grad.
 
-The all-reduce is an XLA FFI custom call, "symnccl_all_reduce", whose
-handler is C (csrc/xla_ffi.c): it takes XLA's stream and device, and uses
-the communicator created for that device by communicator(). Communicators
-are made before the computation runs, never inside it.
+Each is an XLA FFI custom call ("symnccl_all_reduce",
+"symnccl_reduce_scatter", "symnccl_all_gather") whose handler is C
+(csrc/xla_ffi.c): it takes XLA's stream and device, and uses the
+communicator created for that device by communicator(). Communicators are
+made before the computation runs, never inside it. Each is differentiable
+(jax.custom_vjp), with the gradients of jax.lax.psum, psum_scatter(tiled=
+True) and all_gather(tiled=True) at the same place inside shard_map: the
+transpose of an all-reduce is an all-reduce, of a reduce-scatter an
+all-gather, of an all-gather a reduce-scatter.
 
 Example (one process, every local GPU)::
 
@@ -26,6 +32,7 @@ arrays through DLPack (JAX exports legacy DLPack capsules only).
 """
 from __future__ import annotations
 
+import functools
 import itertools
 
 import numpy as np
@@ -34,9 +41,13 @@ import jax
 
 from . import _C, Communicator, OPS
 
-__all__ = ["communicator", "all_reduce", "TARGET"]
+__all__ = ["communicator", "all_reduce", "reduce_scatter", "all_gather",
+           "TARGET", "TARGETS"]
 
-TARGET = "symnccl_all_reduce"
+#: collective -> the FFI target of its handler
+TARGETS = {k: f"symnccl_{k}" for k in ("all_reduce", "reduce_scatter",
+                                       "all_gather")}
+TARGET = TARGETS["all_reduce"]
 #: op name -> the ncclRedOp_t the handler takes (the C registry's).
 _OP_CODES = dict(_C.OP_CODES)
 #: algorithm name -> the code the handler takes (the C registry's).
@@ -49,8 +60,9 @@ _generation = itertools.count()
 def _register_target() -> None:
     global _registered
     if not _registered:
-        jax.ffi.register_ffi_target(TARGET, _C._xla_handler(),
-                                    platform="CUDA")
+        for name, target in TARGETS.items():
+            jax.ffi.register_ffi_target(target, _C._xla_handler(name),
+                                        platform="CUDA")
         _registered = True
 
 
@@ -135,33 +147,218 @@ def _warm_up(comms) -> None:
         b.to_bytes()
 
 
-def all_reduce(x, op: str = "sum", algo: str = "auto"):
-    """All-reduce of x across the ranks of the communicators made by
-    communicator(), as an XLA custom call: use it inside jax.jit, per shard
-    inside shard_map. Returns a new array of x's shape and dtype.
-
-    Buffers are asked for in XLA's collective memory space
-    (operands_memory_spaces/results_memory_spaces "{0:1}"); the handler runs
-    on XLA's buffer in place where that lies in a window it could register,
-    and through the communicator's staging window otherwise.
-    """
+def _check_op(op: str) -> None:
     if op not in _OP_CODES:
         raise ValueError(f"op {op!r} is not supported: expected one of {OPS}")
-    if algo not in _ALGO_CODES:
-        raise ValueError(f"algo {algo!r} is not available: expected one of "
-                         f"{tuple(_ALGO_CODES)}")
+
+
+def _nranks() -> int:
+    if not _comms:
+        raise RuntimeError("no symnccl communicator: call "
+                           "symnccl.jax.communicator() first")
+    return next(iter(_comms.values())).nranks
+
+
+def _result_type(x, shape, varying: bool):
+    """The result's type. Inside shard_map with check_vma, JAX types a
+    custom call's result from this alone: an all-reduce's result is the
+    same on every rank (invariant, as psum's), a reduce-scatter's or an
+    all-gather's varies wherever x does (x's type, reshaped)."""
+    shape = tuple(shape)
+    if varying and hasattr(jax, "typeof") and len(shape) == x.ndim:
+        t = jax.typeof(x)
+        if _varying(x) and hasattr(t, "update"):
+            return t.update(shape=shape)
+    return jax.ShapeDtypeStruct(shape, x.dtype)
+
+
+def _ffi(collective: str, x, shape, **attrs):
+    """The custom call of `collective` on x, with a result of `shape`.
+
+    Buffers are asked for in XLA's collective memory space
+    (operands_memory_spaces/results_memory_spaces "{0:1}"): the all-reduce
+    runs on XLA's buffer in place where that lies in a window it could
+    register, and through the communicator's staging window otherwise."""
     _register_target()
     from jax.experimental.xla_metadata import set_xla_metadata
-    call = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct(x.shape, x.dtype))
+    call = jax.ffi.ffi_call(TARGETS[collective], _result_type(
+        x, shape, varying=collective != "all_reduce"))
+    with set_xla_metadata(operands_memory_spaces="{0:1}",
+                          results_memory_spaces="{0:1}"):
+        return call(x, **{k: np.int32(v) for k, v in attrs.items()})
+
+
+def _all_reduce_raw(x, op, algo):
     # Several processes may register XLA's buffers (collective, in the same
     # call everywhere); one process driving every GPU may run all handlers
     # from one thread, where a collective registration could not complete.
     register = 1 if jax.process_count() > 1 else 0
-    with set_xla_metadata(operands_memory_spaces="{0:1}",
-                          results_memory_spaces="{0:1}"):
-        return call(x, op=np.int32(_OP_CODES[op]),
-                    algo=np.int32(_ALGO_CODES[algo]),
-                    register=np.int32(register))
+    return _ffi("all_reduce", x, x.shape, op=_OP_CODES[op],
+                algo=_ALGO_CODES[algo], register=register)
+
+
+def _reduce_scatter_raw(x, op):
+    n = _nranks()
+    if x.ndim == 0 or x.shape[0] % n != 0:
+        raise ValueError(f"reduce_scatter: x has shape {x.shape}, expected "
+                         f"dim 0 to be a multiple of nranks ({n})")
+    return _ffi("reduce_scatter", x, (x.shape[0] // n, *x.shape[1:]),
+                op=_OP_CODES[op])
+
+
+def _all_gather_raw(x):
+    n = _nranks()
+    shape = (n,) if x.ndim == 0 else (x.shape[0] * n, *x.shape[1:])
+    return _ffi("all_gather", x, shape)
+
+
+def _like(x):
+    """A residual that carries x's type for the backward (_typed_as): an
+    empty slice of it."""
+    return x.reshape(-1)[:0]
+
+
+def _varying(x) -> frozenset:
+    """The manual axes x varies over inside shard_map (empty elsewhere, and
+    on JAX versions without that typing)."""
+    t = jax.typeof(x) if hasattr(jax, "typeof") else None
+    m = getattr(t, "manual_axis_type", None)
+    if m is not None:
+        return frozenset(m.varying)
+    return frozenset(getattr(t, "vma", ()))
+
+
+def _typed_as(g, like):
+    """g with the varying manual axes of `like` (shard_map's check_vma: a
+    cotangent must vary over the axes its primal varies over, and a custom
+    call's result may carry fewer)."""
+    missing = tuple(sorted(_varying(like) - _varying(g)))
+    if not missing:
+        return g
+    if hasattr(jax.lax, "pvary"):
+        return jax.lax.pvary(g, missing)
+    return jax.lax.pcast(g, missing, to="varying")
+
+
+def _share(x, y, g):
+    """max/min: g where x holds the reduced value y, split evenly among the
+    ranks that hold it (as jnp.max splits among ties)."""
+    hit = (x == y).astype(g.dtype)
+    return g * hit / _all_reduce_raw(hit, "sum", "auto")
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
+def _all_reduce(x, op, algo):
+    return _all_reduce_raw(x, op, algo)
+
+
+def _all_reduce_fwd(x, op, algo):
+    y = _all_reduce_raw(x, op, algo)
+    return y, ((x, y) if op in ("max", "min") else _like(x))
+
+
+def _all_reduce_bwd(op, algo, res, g):
+    x = res[0] if op in ("max", "min") else res
+    # Inside shard_map with check_vma, a result typed invariant (the same on
+    # every rank) gets a cotangent that JAX has already summed over the
+    # ranks: then, as for psum, no communication is left to do.
+    summed = bool(_varying(x) - _varying(g))
+    if op in ("sum", "avg"):
+        if summed:
+            g = g / _nranks() if op == "avg" else g
+        else:
+            g = _all_reduce_raw(g, op, algo)
+        return (_typed_as(g, x),)
+    g = g if summed else _all_reduce_raw(g, "sum", algo)
+    return (_typed_as(_share(x, res[1], g), x),)
+
+
+_all_reduce.defvjp(_all_reduce_fwd, _all_reduce_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _reduce_scatter(x, op):
+    return _reduce_scatter_raw(x, op)
+
+
+def _reduce_scatter_fwd(x, op):
+    y = _reduce_scatter_raw(x, op)
+    return y, ((x, y) if op in ("max", "min") else _like(x))
+
+
+def _reduce_scatter_bwd(op, res, g):
+    full = _all_gather_raw(g)
+    if op in ("max", "min"):
+        x, y = res
+        return (_typed_as(_share(x, _all_gather_raw(y), full), x),)
+    if op == "avg":
+        full = full / _nranks()
+    return (_typed_as(full, res),)
+
+
+_reduce_scatter.defvjp(_reduce_scatter_fwd, _reduce_scatter_bwd)
+
+
+@jax.custom_vjp
+def _all_gather(x):
+    return _all_gather_raw(x)
+
+
+def _all_gather_fwd(x):
+    return _all_gather_raw(x), _like(x)
+
+
+def _all_gather_bwd(res, g):
+    return (_typed_as(_reduce_scatter_raw(g, "sum"), res).reshape(
+        g.shape[0] // _nranks(), *g.shape[1:]),)
+
+
+_all_gather.defvjp(_all_gather_fwd, _all_gather_bwd)
+
+
+def all_reduce(x, op: str = "sum", algo: str = "auto"):
+    """All-reduce of x across the ranks of the communicators made by
+    communicator(), as an XLA custom call: use it inside jax.jit, per shard
+    inside shard_map. Returns a new array of x's shape and dtype.
+    Differentiable: its gradient is that of jax.lax.psum (sum), of psum/n
+    (avg), and for max/min the gradient reaches the ranks that hold the
+    result.
+
+    Example::
+
+        y = sj.all_reduce(a)            # psum(a, "x") inside shard_map
+    """
+    _check_op(op)
+    if algo not in _ALGO_CODES:
+        raise ValueError(f"algo {algo!r} is not available: expected one of "
+                         f"{tuple(_ALGO_CODES)}")
+    return _all_reduce(x, op, algo)
+
+
+def reduce_scatter(x, op: str = "sum"):
+    """Reduce-scatter along axis 0: x of shape (nranks * m, ...) gives this
+    rank's block (m, ...) of the reduction, as jax.lax.psum_scatter(x, axis,
+    scatter_dimension=0, tiled=True). Differentiable (its transpose is an
+    all-gather). Runs on NCCL.
+
+    Example::
+
+        z = sj.reduce_scatter(h @ w_row)          # (T, H) per shard
+    """
+    _check_op(op)
+    return _reduce_scatter(x, op)
+
+
+def all_gather(x):
+    """All-gather along axis 0: x of shape (m, ...) gives (nranks * m, ...),
+    as jax.lax.all_gather(x, axis, tiled=True). Differentiable (its
+    transpose is a reduce-scatter). Runs on NCCL.
+
+    Example::
+
+        h = sj.all_gather(x_shard)                # (n * T, H)
+    """
+    return _all_gather(x)
 
 
 def stats(device: int) -> dict:

@@ -1,6 +1,12 @@
 """PyTorch integration: communicators bootstrapped over torch.distributed,
-and symnccl collectives as torch.library custom ops, so they work in eager
-mode, under torch.compile(fullgraph=True) and inside CUDA graphs.
+and symnccl collectives as torch.library custom ops with autograd, so they
+work in eager mode, in training (backward), under torch.compile(fullgraph=
+True) with AOTAutograd, and inside CUDA graphs.
+
+Gradients are those of torch.distributed.nn.functional: the backward of an
+all-reduce (sum, avg) is an all-reduce of the gradient, of a reduce-scatter
+an all-gather, of an all-gather a reduce-scatter, of a broadcast a reduce
+to the root, of a reduce a broadcast from it; each runs on symnccl.
 
 Example (under torchrun)::
 
@@ -16,6 +22,10 @@ Example (under torchrun)::
     @torch.compile(fullgraph=True)
     def step(t):
         return snt.all_reduce(t * 2, comm, op="sum")
+
+    # sequence parallel: gather the sequence, scatter the sum back
+    h = snt.all_gather(x_shard, comm)            # (n * T, H), differentiable
+    z = snt.reduce_scatter(h @ w, comm)          # (T, H)
 """
 from __future__ import annotations
 
@@ -28,7 +38,8 @@ import torch
 import symnccl
 
 __all__ = ["Communicator", "communicator", "wrap", "all_reduce",
-           "all_reduce_", "comm_id", "get_communicator"]
+           "all_reduce_", "reduce_scatter", "all_gather", "broadcast",
+           "reduce", "comm_id", "get_communicator"]
 
 # Custom ops cannot take Python objects: communicators are passed by id.
 # The registry keeps them alive until interpreter exit (where symnccl closes
@@ -173,6 +184,28 @@ def _share_unique_id(dist, group, rank, key, device) -> bytes:
     return box[0]
 
 
+# ---------------------------------------------------------------- custom ops
+#
+# One op per collective, out of place, each with a fake kernel (shapes for
+# torch.compile) and an autograd formula that calls the ops again, so that
+# AOTAutograd traces the backward too. Communicators are passed by id.
+
+
+def _nranks(cid: int) -> int:
+    return get_communicator(cid).nranks
+
+
+def _scatter_shape(x: torch.Tensor, n: int) -> list[int]:
+    if x.dim() == 0 or x.shape[0] % n != 0:
+        raise ValueError(f"reduce_scatter: x has shape {tuple(x.shape)}, "
+                         f"expected dim 0 to be a multiple of nranks ({n})")
+    return [x.shape[0] // n, *x.shape[1:]]
+
+
+def _gather_shape(x: torch.Tensor, n: int) -> list[int]:
+    return [n] if x.dim() == 0 else [x.shape[0] * n, *x.shape[1:]]
+
+
 @torch.library.custom_op("symnccl::all_reduce", mutates_args=())
 def _all_reduce_op(x: torch.Tensor, comm_id: int, op: str,
                    algo: str) -> torch.Tensor:
@@ -201,25 +234,239 @@ def _(x, comm_id, op, algo):
     return None
 
 
+@torch.library.custom_op("symnccl::reduce_scatter", mutates_args=())
+def _reduce_scatter_op(x: torch.Tensor, comm_id: int, op: str,
+                       algo: str) -> torch.Tensor:
+    comm = get_communicator(comm_id)
+    out = x.new_empty(_scatter_shape(x, comm.nranks))
+    comm.reduce_scatter(x.contiguous(), out=out, op=op, algo=algo)
+    return out
+
+
+@_reduce_scatter_op.register_fake
+def _(x, comm_id, op, algo):
+    return x.new_empty(_scatter_shape(x, _nranks(comm_id)))
+
+
+@torch.library.custom_op("symnccl::all_gather", mutates_args=())
+def _all_gather_op(x: torch.Tensor, comm_id: int,
+                   algo: str) -> torch.Tensor:
+    comm = get_communicator(comm_id)
+    out = x.new_empty(_gather_shape(x, comm.nranks))
+    comm.all_gather(x.contiguous(), out=out, algo=algo)
+    return out
+
+
+@_all_gather_op.register_fake
+def _(x, comm_id, algo):
+    return x.new_empty(_gather_shape(x, _nranks(comm_id)))
+
+
+@torch.library.custom_op("symnccl::broadcast", mutates_args=())
+def _broadcast_op(x: torch.Tensor, comm_id: int, root: int) -> torch.Tensor:
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    get_communicator(comm_id).broadcast(x.contiguous(), root=root, out=out)
+    return out
+
+
+@_broadcast_op.register_fake
+def _(x, comm_id, root):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("symnccl::reduce", mutates_args=())
+def _reduce_op(x: torch.Tensor, comm_id: int, root: int,
+               op: str) -> torch.Tensor:
+    out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    get_communicator(comm_id).reduce(x.contiguous(), root=root, out=out,
+                                     op=op)
+    return out
+
+
+@_reduce_op.register_fake
+def _(x, comm_id, root, op):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+# ------------------------------------------------------------------ autograd
+#
+# max and min: the gradient goes to the ranks whose input is the result,
+# split evenly among ties (as torch.amax splits it); sum and avg: the
+# transposed collective (avg divides by nranks, once).
+
+_ops = torch.ops.symnccl
+
+
+def _arg_extreme_share(x, y, grad_sum, cid):
+    """grad_sum where x holds the reduced value y, over the number of ranks
+    that hold it."""
+    hit = (x == y).to(grad_sum.dtype)
+    return grad_sum * hit / _ops.all_reduce(hit, cid, "sum", "auto")
+
+
+def _setup_all_reduce(ctx, inputs, output):
+    x, ctx.cid, ctx.op, ctx.algo = inputs
+    if ctx.op in ("max", "min"):
+        ctx.save_for_backward(x, output)
+
+
+def _backward_all_reduce(ctx, grad):
+    if ctx.op in ("sum", "avg"):
+        return _ops.all_reduce(grad, ctx.cid, ctx.op, ctx.algo), \
+            None, None, None
+    x, y = ctx.saved_tensors
+    g = _ops.all_reduce(grad, ctx.cid, "sum", ctx.algo)
+    return _arg_extreme_share(x, y, g, ctx.cid), None, None, None
+
+
+def _setup_reduce_scatter(ctx, inputs, output):
+    x, ctx.cid, ctx.op, ctx.algo = inputs
+    if ctx.op in ("max", "min"):
+        ctx.save_for_backward(x, output)
+
+
+def _backward_reduce_scatter(ctx, grad):
+    g = _ops.all_gather(grad, ctx.cid, "auto")
+    if ctx.op == "avg":
+        g = g / _nranks(ctx.cid)
+    elif ctx.op in ("max", "min"):
+        x, y = ctx.saved_tensors
+        g = _arg_extreme_share(x, _ops.all_gather(y, ctx.cid, "auto"), g,
+                               ctx.cid)
+    return g, None, None, None
+
+
+def _setup_all_gather(ctx, inputs, output):
+    _, ctx.cid, _ = inputs
+
+
+def _backward_all_gather(ctx, grad):
+    return _ops.reduce_scatter(grad, ctx.cid, "sum", "auto"), None, None
+
+
+def _setup_rooted(ctx, inputs, output):
+    ctx.cid, ctx.root = inputs[1], inputs[2]
+
+
+def _backward_broadcast(ctx, grad):
+    # the sum of every rank's gradient, on the root; nothing elsewhere
+    g = _ops.reduce(grad, ctx.cid, ctx.root, "sum")
+    if get_communicator(ctx.cid).rank != ctx.root:
+        g = torch.zeros_like(g)
+    return g, None, None
+
+
+def _setup_reduce(ctx, inputs, output):
+    x, ctx.cid, ctx.root, ctx.op = inputs
+    if ctx.op not in ("sum", "avg"):
+        raise NotImplementedError(
+            f"symnccl.torch.reduce: op {ctx.op!r} is not differentiable; "
+            "use all_reduce, whose max/min have gradients")
+
+
+def _backward_reduce(ctx, grad):
+    # the root's gradient reaches every rank; other ranks' outputs are not
+    # results, so their gradients do not count
+    g = _ops.broadcast(grad, ctx.cid, ctx.root)
+    if ctx.op == "avg":
+        g = g / _nranks(ctx.cid)
+    return g, None, None, None
+
+
+_all_reduce_op.register_autograd(_backward_all_reduce,
+                                 setup_context=_setup_all_reduce)
+_reduce_scatter_op.register_autograd(_backward_reduce_scatter,
+                                     setup_context=_setup_reduce_scatter)
+_all_gather_op.register_autograd(_backward_all_gather,
+                                 setup_context=_setup_all_gather)
+_broadcast_op.register_autograd(_backward_broadcast,
+                                setup_context=_setup_rooted)
+_reduce_op.register_autograd(_backward_reduce, setup_context=_setup_reduce)
+
+
+# ------------------------------------------------------------ public calls
+
 def all_reduce(x: torch.Tensor, comm, op: str = "sum",
                algo: str = "auto") -> torch.Tensor:
     """Out-of-place all-reduce as the custom op symnccl::all_reduce
-    (traceable by torch.compile, capturable in CUDA graphs).
+    (differentiable, traceable by torch.compile, capturable in CUDA
+    graphs).
 
     Example::
 
         y = symnccl.torch.all_reduce(x, comm, op="max")
     """
-    return torch.ops.symnccl.all_reduce(x, comm_id(comm), op, algo)
+    return _ops.all_reduce(x, comm_id(comm), op, algo)
 
 
 def all_reduce_(x: torch.Tensor, comm, op: str = "sum",
                 algo: str = "auto") -> torch.Tensor:
     """In-place all-reduce as the custom op symnccl::all_reduce_; returns x.
 
+    A tensor that autograd records (requires_grad, not a leaf) is written
+    through copy_ of the differentiable all_reduce, so its history stays
+    right; a leaf that requires grad is reduced as torch.distributed does,
+    outside autograd.
+
     Example::
 
         symnccl.torch.all_reduce_(grad, comm, op="avg")
     """
-    torch.ops.symnccl.all_reduce_(x, comm_id(comm), op, algo)
+    cid = comm_id(comm)
+    if x.requires_grad and torch.is_grad_enabled():
+        if not x.is_leaf:
+            return x.copy_(_ops.all_reduce(x, cid, op, algo))
+        with torch.no_grad():
+            _ops.all_reduce_(x, cid, op, algo)
+        return x
+    _ops.all_reduce_(x, cid, op, algo)
     return x
+
+
+def reduce_scatter(x: torch.Tensor, comm, op: str = "sum",
+                   algo: str = "auto") -> torch.Tensor:
+    """Reduce-scatter along dim 0, as reduce_scatter_tensor: x of shape
+    (nranks * m, ...) gives this rank's block (m, ...) of the reduction.
+    Backward: an all-gather of the gradient (divided by nranks for avg).
+
+    Example::
+
+        z = symnccl.torch.reduce_scatter(h @ w_row, comm)   # (T, H)
+    """
+    return _ops.reduce_scatter(x, comm_id(comm), op, algo)
+
+
+def all_gather(x: torch.Tensor, comm, algo: str = "auto") -> torch.Tensor:
+    """All-gather along dim 0, as all_gather_into_tensor: x of shape
+    (m, ...) gives (nranks * m, ...), rank r's block at rows [r*m, r*m+m).
+    Backward: a reduce-scatter (sum) of the gradient.
+
+    Example::
+
+        h = symnccl.torch.all_gather(x_shard, comm)         # (n * T, H)
+    """
+    return _ops.all_gather(x, comm_id(comm), algo)
+
+
+def broadcast(x: torch.Tensor, comm, root: int = 0) -> torch.Tensor:
+    """Root's x on every rank, as a new tensor. Backward: the sum of the
+    gradients reaches the root's x; other ranks' x get zeros.
+
+    Example::
+
+        w = symnccl.torch.broadcast(w, comm, root=0)
+    """
+    return _ops.broadcast(x, comm_id(comm), root)
+
+
+def reduce(x: torch.Tensor, comm, root: int = 0,
+           op: str = "sum") -> torch.Tensor:
+    """The reduction of every rank's x, on root (a new tensor; on other
+    ranks its contents are unspecified, as torch.distributed.reduce
+    leaves them). Backward (sum, avg): the root's gradient, broadcast.
+
+    Example::
+
+        total = symnccl.torch.reduce(loss, comm, root=0)
+    """
+    return _ops.reduce(x, comm_id(comm), root, op)

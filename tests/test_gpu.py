@@ -238,15 +238,22 @@ def test_each_algorithm_runs_its_own_kernel_on_one_rank(comm, algo):
 
 
 def test_torch_fast_path_keeps_dlpack_rules(comm):
-    """torch tensors skip __dlpack__ only where it would be a no-op: a
-    tensor that needs autograd is still refused, and one used on another
-    stream still gets DLPack's stream handshake (correct result)."""
+    """torch tensors skip __dlpack__ only where it would be a no-op: one
+    used on another stream still gets DLPack's stream handshake (correct
+    result). Tensors that require grad are taken as torch.distributed
+    takes them, outside autograd, on both paths (torch's own __dlpack__
+    refuses them)."""
     torch = pytest.importorskip("torch")
-    x = torch.ones(8, device="cuda", requires_grad=True)
-    with pytest.raises((RuntimeError, BufferError), match="(?i)grad"):
-        comm.all_reduce(x)
-    y = torch.arange(4099, dtype=torch.float32, device="cuda")
+    x = torch.full((8,), 3.0, device="cuda", requires_grad=True)
     side = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    for stream in (None, side):   # fast path, DLPack path
+        out = torch.zeros(8, device="cuda", requires_grad=True)
+        comm.all_reduce(x, out=out, stream=stream)
+        torch.cuda.synchronize()
+        assert (out == 3).all() and out.requires_grad
+    assert comm.all_reduce(x) is x and x.requires_grad   # in place
+    y = torch.arange(4099, dtype=torch.float32, device="cuda")
     torch.cuda.synchronize()
     y.mul_(2)   # queued on the current stream
     out = torch.empty_like(y)

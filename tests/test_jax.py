@@ -1,6 +1,7 @@
-"""JAX: symnccl.jax.all_reduce as an XLA FFI custom call inside jax.jit and
-shard_map, against jax.lax.psum; one process driving every GPU, and one
-process per GPU under jax.distributed."""
+"""JAX: symnccl.jax's all_reduce, reduce_scatter and all_gather as XLA FFI
+custom calls inside jax.jit, shard_map and jax.grad, against jax.lax's
+collectives; one process driving every GPU, and one process per GPU under
+jax.distributed."""
 import pytest
 
 from conftest import ranks_param
@@ -85,3 +86,55 @@ def test_jax_distributed_processes_equal_psum(nranks, user_buffers):
         # XLA allocates collective memory with ncclMemAlloc: the handler
         # registers it once per allocation and runs on it in place
         assert st["registrations"] > 0 and st["window_calls"] > 0, st
+
+
+@pytest.mark.parametrize("varying", [False, True],
+                         ids=["invariant_result", "varying_result"])
+def test_differentiation_rules_match_jax_collectives_on_cpu(varying):
+    """No GPU: the custom_vjp rules, with the custom calls replaced by JAX's
+    collectives of the same meaning, give JAX's gradients inside shard_map
+    (check_vma on and off), whether JAX types the all-reduce's result
+    invariant (then the cotangent arrives summed) or varying."""
+    import os
+    from _workers import jax_workers as J
+    env = {"SYMNCCL_TEST_VARYING": "1"} if varying else {}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        rows = spawn_cpu(J.rules_on_cpu, 3)
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+    for case, dy, dx in rows:
+        assert dy < 1e-5 and dx < 1e-5, (case, dy, dx)
+
+
+def test_results_are_typed_like_jax_collectives_inside_shard_map():
+    """No GPU: with check_vma, the all-reduce's result is invariant (as
+    psum's), the reduce-scatter's and all-gather's vary with the input (as
+    psum_scatter's and all_gather's): the types the gradient rules rely
+    on."""
+    from _workers import jax_workers as J
+    assert spawn_cpu(J.result_types_on_cpu) == {
+        "all_reduce": [], "reduce_scatter": ["x"], "all_gather": ["x"]}
+
+
+def spawn_cpu(fn, *args):
+    """fn(*args) in a fresh process (JAX reads XLA_FLAGS once)."""
+    import multiprocessing as mp
+    with mp.get_context("spawn").Pool(1) as pool:
+        return pool.apply(fn, args)
+
+
+@ranks_param(1, 2)
+def test_gradients_inside_shard_map_equal_jax_collectives(nranks):
+    _handler_or_skip()
+    from _workers import jax_workers as J
+    res = spawn(J.gradients, 1, args=(9,), timeout=900)[0]
+    assert res["n"] >= nranks
+    for case, dy, dx in res["rows"]:
+        tol = 0.0 if "sum" in case and "bfloat16" not in case else \
+            (0.1 if "bfloat16" in case else 1e-5)
+        assert dy <= tol + 1e-6 and dx <= tol + 1e-5, (case, dy, dx)
+    assert res["ll"] == [2] * res["n"], res["ll"]

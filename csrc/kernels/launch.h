@@ -102,6 +102,7 @@ enum { SYMNCCL_KERNELS(SYMNCCL_K_ENUM_) SYMNCCL_K_COUNT };
     X(REDUCE_SCATTER, "reduce_scatter")    \
     X(ALL_GATHER, "all_gather")            \
     X(BROADCAST, "broadcast")              \
+    X(REDUCE, "reduce")                    \
     X(BARRIER, "barrier")                  \
     X(CHECK, "call check")
 

@@ -118,3 +118,154 @@ def multi_process(rank, nranks, uid, port, user_buffers, seed):
     comms[0].close()
     jax.distributed.shutdown()
     return {"rows": rows, "stats": stats}
+
+
+def _grad_cases(jax, jnp, sj, axis):
+    """(name, ours, theirs) per shard: theirs is JAX's own collective (or,
+    for max, which jax.lax.pmax cannot differentiate, the gather-then-max
+    reference)."""
+    lax = jax.lax
+    return [
+        ("all_reduce sum ll", lambda a: sj.all_reduce(a, algo="ll"),
+         lambda a: lax.psum(a, axis)),
+        ("all_reduce sum", lambda a: sj.all_reduce(a),
+         lambda a: lax.psum(a, axis)),
+        ("all_reduce avg", lambda a: sj.all_reduce(a, op="avg"),
+         lambda a: lax.pmean(a, axis)),
+        ("all_reduce max", lambda a: sj.all_reduce(a, op="max"),
+         lambda a: jnp.max(lax.all_gather(a, axis), axis=0)),
+        ("reduce_scatter sum", lambda a: sj.reduce_scatter(a),
+         lambda a: lax.psum_scatter(a, axis, tiled=True)),
+        ("reduce_scatter avg", lambda a: sj.reduce_scatter(a, op="avg"),
+         lambda a: lax.psum_scatter(a, axis, tiled=True)
+         / lax.axis_size(axis)),
+        ("all_gather", lambda a: sj.all_gather(a),
+         lambda a: lax.all_gather(a, axis, tiled=True)),
+    ]
+
+
+def _compare_grads(jax, jnp, sj, mesh, n, axis, dtype, check_vma, seed):
+    """Rows (case, max |dy|, max |dx|) of jit(grad) through shard_map, ours
+    against theirs, on random inputs and a random loss weighting."""
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    rows = []
+    rng = np.random.default_rng(seed)
+    x = jax.device_put(
+        jnp.asarray(rng.standard_normal((n * 8 * n, 5)) + 0.1, dtype),
+        NamedSharding(mesh, P(axis)))
+    for name, ours, theirs in _grad_cases(jax, jnp, sj, axis):
+        outs = []
+        for f in (ours, theirs):
+            g = jax.shard_map(f, mesh=mesh, in_specs=P(axis),
+                              out_specs=P(axis), check_vma=check_vma)
+            w = jnp.asarray(rng.standard_normal(
+                jax.eval_shape(g, x).shape), dtype) if not outs else outs[0][2]
+            loss = (lambda x, w=w, g=g:
+                    jnp.sum(jnp.sin(g(x).astype(jnp.float32)) *
+                            w.astype(jnp.float32)))
+            y = jax.jit(g)(x)
+            dx = jax.jit(jax.grad(loss))(x)
+            outs.append((y, dx, w))
+        dy = float(jnp.max(jnp.abs(outs[0][0].astype(jnp.float32) -
+                                   outs[1][0].astype(jnp.float32))))
+        dd = float(jnp.max(jnp.abs(outs[0][1].astype(jnp.float32) -
+                                   outs[1][1].astype(jnp.float32))))
+        rows.append((f"{name} {jnp.dtype(dtype).name} vma={check_vma}",
+                     dy, dd))
+    return rows
+
+
+def gradients(rank, nranks, uid, seed):
+    """One process driving every local GPU: jax.grad through symnccl's
+    custom calls against JAX's collectives, with check_vma on and off; the
+    launch counters show that the ll all-reduce ran in both passes."""
+    _setup()
+    import jax
+    import jax.numpy as jnp
+    import symnccl.jax as sj
+    comms = sj.communicator()
+    n = len(comms)
+    mesh = jax.make_mesh((n,), ("x",))
+    rows = []
+    for dtype in (jnp.float32, jnp.bfloat16):
+        for vma in (True, False):
+            rows += _compare_grads(jax, jnp, sj, mesh, n, "x", dtype, vma,
+                                   seed)
+    # the ll all-reduce, forward and backward: two ll launches per device
+    # (with check_vma the result is typed invariant, as psum's, and JAX
+    # sums the cotangent itself; without it the backward is symnccl's)
+    before = [c._launches()["ll"] for c in comms]
+    g = jax.shard_map(lambda a: sj.all_reduce(a, algo="ll"), mesh=mesh,
+                      in_specs=jax.sharding.PartitionSpec("x"),
+                      out_specs=jax.sharding.PartitionSpec("x"),
+                      check_vma=False)
+    x = jax.device_put(jnp.ones((n * 64,), jnp.float32),
+                       jax.sharding.NamedSharding(
+                           mesh, jax.sharding.PartitionSpec("x")))
+    jax.block_until_ready(jax.jit(jax.grad(
+        lambda x: jnp.sum(g(x) ** 2)))(x))
+    ll = [c._launches()["ll"] - b for c, b in zip(comms, before)]
+    for c in comms:
+        c.close()
+    return {"n": n, "rows": rows, "ll": ll}
+
+
+def rules_on_cpu(seed):
+    """The differentiation rules alone, on 2 CPU devices: symnccl.jax's
+    custom calls replaced by JAX's collectives with the same meaning (the
+    FFI handlers need GPUs), gradients against JAX's own. Runs in a fresh
+    process (XLA_FLAGS must be set before JAX starts)."""
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                               " --xla_force_host_platform_device_count=2")
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    import jax
+    import jax.numpy as jnp
+    import symnccl.jax as sj
+    axis = "x"
+
+    def all_reduce(x, op, algo):
+        lax = jax.lax
+        if op == "max":   # pmax has no gradient rule, never needed here
+            return jnp.max(lax.all_gather(x, axis), axis=0)
+        r = {"sum": lax.psum, "avg": lax.pmean}[op](x, axis)
+        if axis in sj._varying(x) and axis not in sj._varying(r) and \
+                os.environ.get("SYMNCCL_TEST_VARYING"):
+            r = sj._typed_as(r, x)   # a custom call typed varying
+        return r
+    sj._nranks = lambda: 2
+    sj._all_reduce_raw = all_reduce
+    sj._reduce_scatter_raw = lambda x, op: (
+        jax.lax.psum_scatter(x, axis, tiled=True) / (2 if op == "avg" else 1))
+    sj._all_gather_raw = lambda x: jax.lax.all_gather(x, axis, tiled=True)
+    mesh = jax.make_mesh((2,), (axis,))
+    rows = []
+    for vma in (True, False):
+        rows += _compare_grads(jax, jnp, sj, mesh, 2, axis, jnp.float32, vma,
+                               seed)
+    return rows
+
+
+def result_types_on_cpu():
+    """How JAX types each custom call's result inside shard_map with
+    check_vma (traced only: no handler runs), on 2 CPU devices."""
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                               " --xla_force_host_platform_device_count=2")
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    import symnccl.jax as sj
+    sj._nranks = lambda: 2
+    sj._registered = True   # tracing needs no handler (and no CUDA)
+    mesh = jax.make_mesh((2,), ("x",))
+    seen = {}
+
+    def f(a):
+        for name in ("all_reduce", "reduce_scatter", "all_gather"):
+            seen[name] = sorted(sj._varying(getattr(sj, name)(a)))
+        return a
+    spec = jax.ShapeDtypeStruct((8, 2), jnp.float32,
+                                sharding=NamedSharding(mesh, P("x")))
+    jax.make_jaxpr(jax.shard_map(f, mesh=mesh, in_specs=P("x"),
+                                 out_specs=P("x")))(spec)
+    return seen

@@ -1,0 +1,205 @@
+"""Tensor-parallel step benchmark: a decode step (T tokens through an MLP
+stack, one all-reduce per layer) and a sequence-parallel training step
+(all-gather and reduce-scatter per layer, forward and backward), with
+symnccl and with torch.distributed, in one run.
+
+Each step is also run with its collectives replaced by local copies of the
+same shapes ("none": the compute alone); the communication share of a step
+is its time minus that. Times: CUDA-graph replay of --iters steps, device
+events, median of --reps repeats.
+
+    python benchmarks/bench_step.py --nranks 2
+    python benchmarks/bench_step.py --report benchmarks/results/step_h200x2.json
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+
+KINDS = ("symnccl", "torch.distributed", "none")
+
+
+def _time(fn, iters, reps, torch):
+    """Median microseconds per fn() over CUDA-graph replays."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):   # warm-up outside the capture
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(iters):
+            fn()
+    times = []
+    for _ in range(reps):
+        a = torch.cuda.Event(enable_timing=True)
+        b = torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1000.0 / iters)
+    times.sort()
+    return times[len(times) // 2]
+
+
+def _collectives(kind, comm, n, rank, torch, dist):
+    """(all_reduce, all_gather, reduce_scatter) out of place along dim 0,
+    differentiable, for `kind`."""
+    import symnccl.torch as snt
+    from torch.distributed import _functional_collectives as fc
+    if kind == "symnccl":
+        return (lambda x: snt.all_reduce(x, comm),
+                lambda x: snt.all_gather(x, comm),
+                lambda x: snt.reduce_scatter(x, comm))
+    if kind == "torch.distributed":
+        def all_reduce(x):
+            y = x.clone()
+            dist.all_reduce(y)
+            return y
+        group = dist.group.WORLD
+        return (all_reduce,
+                lambda x: fc.all_gather_tensor_autograd(x, 0, group),
+                lambda x: fc.reduce_scatter_tensor_autograd(x, "sum", 0,
+                                                            group))
+    # none: local copies of the same shapes
+    return (lambda x: x.clone(),
+            lambda x: x.repeat(n, *([1] * (x.dim() - 1))),
+            lambda x: x.chunk(n)[rank].clone())
+
+
+def worker(rank, nranks, uid, opts):
+    import torch
+    import torch.distributed as dist
+
+    import symnccl
+    import symnccl.torch as snt
+    torch.cuda.set_device(rank)
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ["MASTER_PORT"] = str(opts["port"])
+    dist.init_process_group("nccl", rank=rank, world_size=nranks,
+                            device_id=torch.device("cuda", rank))
+    comm = snt.wrap(symnccl.Communicator(uid, rank, nranks, device=rank))
+    dtype = getattr(torch, opts["dtype"])
+    H, L, n = opts["hidden"], opts["layers"], nranks
+    F = 4 * H // n
+    g = torch.Generator(device="cuda").manual_seed(0)
+    w1 = [torch.randn(H, F, generator=g, device="cuda", dtype=dtype) / H**.5
+          for _ in range(L)]
+    w2 = [torch.randn(F, H, generator=g, device="cuda", dtype=dtype) / F**.5
+          for _ in range(L)]
+    rows = []
+
+    # decode: replicated activations, row-parallel output all-reduced
+    for T in opts["tokens"]:
+        x = torch.randn(T, H, generator=g, device="cuda", dtype=dtype)
+        row = {"step": "decode", "tokens": T}
+        outs = {}
+        for kind in KINDS:
+            ar, _, _ = _collectives(kind, comm, n, rank, torch, dist)
+
+            def step(ar=ar):
+                h = x
+                for a, b in zip(w1, w2):
+                    h = ar(torch.nn.functional.gelu(h @ a) @ b)
+                outs[kind] = h
+            row[kind] = _time(step, opts["iters"], opts["reps"], torch)
+        row["same_output"] = bool(torch.equal(outs["symnccl"],
+                                              outs["torch.distributed"]))
+        rows.append(row)
+
+    # training: sequence parallel, forward and backward
+    for T in opts["train_tokens"]:
+        x = torch.randn(T // n, H, generator=g, device="cuda", dtype=dtype,
+                        requires_grad=True)
+        ws = [(a.clone().requires_grad_(True), b.clone().requires_grad_(True))
+              for a, b in zip(w1, w2)]
+        row = {"step": "train", "tokens": T}
+        for kind in KINDS:
+            _, ag, rs = _collectives(kind, comm, n, rank, torch, dist)
+
+            def step(ag=ag, rs=rs):
+                h = x
+                for a, b in ws:
+                    h = h + rs(torch.nn.functional.gelu(ag(h) @ a) @ b)
+                h.float().square().mean().backward()
+            row[kind] = _time(step, max(1, opts["iters"] // 10),
+                              opts["reps"], torch)
+        rows.append(row)
+    comm.close()
+    dist.destroy_process_group()
+    return rows
+
+
+def print_table(doc):
+    print(f"# {doc['gpu']} x{doc['nranks']}, {doc['dtype']}, H={doc['hidden']}"
+          f", {doc['layers']} layers, CUDA graph, median us per step")
+    print(f"{'step':>6} {'T':>5} {'symnccl':>9} {'torch.d':>9} {'none':>9} "
+          f"{'comm sym':>9} {'comm t.d':>9} {'ratio':>6}")
+    for r in doc["rows"]:
+        cs = r["symnccl"] - r["none"]
+        ct = r["torch.distributed"] - r["none"]
+        ratio = f"{cs / ct:.2f}" if ct > 0 else "-"
+        print(f"{r['step']:>6} {r['tokens']:>5} {r['symnccl']:>9.1f} "
+              f"{r['torch.distributed']:>9.1f} {r['none']:>9.1f} {cs:>9.1f} "
+              f"{ct:>9.1f} {ratio:>6}")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--nranks", type=int, default=None)
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--hidden", type=int, default=8192)
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--tokens", default="1,4,16,64,256,1024",
+                   help="decode token counts")
+    p.add_argument("--train-tokens", default="2048,8192",
+                   help="sequence lengths of the training step")
+    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--reps", type=int, default=7)
+    p.add_argument("--out", default=None, help="JSON path")
+    p.add_argument("--report", default=None,
+                   help="print the table of a results JSON, no GPU")
+    args = p.parse_args(argv)
+    if args.report:
+        with open(args.report) as f:
+            print_table(json.load(f))
+        return 0
+    import torch
+
+    import symnccl
+    from symnccl.bootstrap import free_port, local_device_count, spawn
+    n = args.nranks or local_device_count()
+    ints = lambda s: [int(v) for v in s.split(",") if v]  # noqa: E731
+    opts = dict(dtype=args.dtype, hidden=args.hidden, layers=args.layers,
+                tokens=ints(args.tokens), train_tokens=ints(args.train_tokens),
+                iters=args.iters, reps=args.reps, port=free_port())
+    res = spawn(worker, n, args=(opts,), timeout=1800)
+    gpu = torch.cuda.get_device_name(0)
+    v = symnccl.versions()
+    v["torch"] = torch.__version__
+    doc = {"gpu": gpu, "nranks": n, "dtype": args.dtype,
+           "hidden": args.hidden, "layers": args.layers,
+           "date": datetime.date.today().isoformat(), "host": platform.node(),
+           "versions": v, "iters": args.iters, "reps": args.reps,
+           "env": {k: val for k, val in os.environ.items() if k in (
+               "NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST",
+               "NVSHMEM_DISABLE_NVLS") or k.startswith("SYMNCCL_")},
+           "rows": res[0]}
+    out = args.out or os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), "results",
+        f"step_{gpu.split()[-1].lower()}x{n}_{args.dtype}.json")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(doc, f, indent=1)
+    print_table(doc)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

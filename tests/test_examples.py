@@ -1,0 +1,78 @@
+"""The training examples and the step benchmark, run as a user runs them
+(torchrun / python), on small shapes: symnccl's loss curve must agree with
+torch.distributed's (JAX's) to bf16 tolerance, and the loss must fall."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ranks_param
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SMALL = ["--steps", "50", "--seq", "512", "--hidden", "256", "--ffn", "1024"]
+
+
+def _run(cmd, nranks, timeout=600):
+    env = dict(os.environ)
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(nranks))
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=timeout)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    return p.stdout
+
+
+def _check_curves(res, a, b):
+    la, lb = res[a]["losses"], res[b]["losses"]
+    assert len(la) == len(lb) == 50
+    assert res["max_rel_diff"] < 2e-2, res["max_rel_diff"]
+    # SGD on a fixed set of batches: the last round is below the first
+    assert sum(la[-8:]) < sum(la[:8]), la
+    assert res[a]["step_ms"] > 0 and res[b]["step_ms"] > 0
+
+
+@ranks_param(1, 2)
+@pytest.mark.parametrize("compiled", [False, True],
+                         ids=["eager", "compiled"])
+def test_train_tp_torch_example(nranks, compiled, tmp_path):
+    pytest.importorskip("torch")
+    out = tmp_path / "res.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc-per-node={nranks}", "examples/train_tp_torch.py",
+           *SMALL, "--json", str(out)] + (["--compile"] if compiled else [])
+    _run(cmd, nranks)
+    res = json.loads(out.read_text())
+    assert res["args"]["nranks"] == nranks
+    _check_curves(res, "symnccl", "torch.distributed")
+
+
+@ranks_param(1, 2)
+def test_train_tp_jax_example(nranks, tmp_path):
+    pytest.importorskip("jax")
+    out = tmp_path / "res.json"
+    _run([sys.executable, "examples/train_tp_jax.py", *SMALL, "--json",
+          str(out)], nranks)
+    res = json.loads(out.read_text())
+    assert res["args"]["devices"] == nranks
+    _check_curves(res, "symnccl", "jax.lax")
+
+
+@ranks_param(1, 2)
+def test_step_benchmark_runs_and_matches_torch_distributed(nranks,
+                                                           tmp_path):
+    pytest.importorskip("torch")
+    out = tmp_path / "step.json"
+    _run([sys.executable, "benchmarks/bench_step.py", "--hidden", "256",
+          "--layers", "2", "--tokens", "1,16", "--train-tokens", "64",
+          "--iters", "2", "--reps", "1", "--out", str(out)], nranks)
+    doc = json.loads(out.read_text())
+    assert doc["nranks"] == nranks
+    steps = [(r["step"], r["tokens"]) for r in doc["rows"]]
+    assert steps == [("decode", 1), ("decode", 16), ("train", 64)]
+    for r in doc["rows"]:
+        assert all(r[k] > 0 for k in ("symnccl", "torch.distributed",
+                                      "none")), r
+        if r["step"] == "decode":   # two ranks' sums: exact in any order
+            assert r["same_output"], r
