@@ -84,8 +84,8 @@ __global__ void __launch_bounds__(512)
   constexpr int U = lsa_unroll<T>();
   const int n = dc.lsaSize;
   const int me = dc.lsaRank;
-  uint64_t e;
-  if (!enter(a, me, n, e)) return;
+  const Entry en = enter(a, me, n);
+  const uint64_t e = en.epoch;
   const Barrier bar = Barrier::of(a, me, n);
   const Peers in = Peers::of(a.win, a.win_offset);
   T* mine = reinterpret_cast<T*>(in(me));
@@ -104,10 +104,10 @@ __global__ void __launch_bounds__(512)
   // (each thread copies what it computed, so no extra synchronisation).
   T* dst = a.in_place ? static_cast<T*>(a.scratch) : out;
 
-  if (src != nullptr)
+  if (src != nullptr && en.ok)
     for (size_t v = first; v < nvec; v += stride)
       copy_vec(src, mine, v, count, aligned);
-  if (!bar.sync(e + 1, a, me, n)) return;
+  if (!bar.sync(e + 1, a, me, n, en.ok)) return;
 
   for (size_t v = first; v < nvec; v += U * stride)
     reduce_vectors<T, U>(in, n, v, stride, nvec, nfull, count, aligned, a.op,
@@ -126,8 +126,8 @@ __global__ void __launch_bounds__(512)
   constexpr int U = lsa_unroll<T>();
   const int n = dc.lsaSize;
   const int me = dc.lsaRank;
-  uint64_t e;
-  if (!enter(a, me, n, e)) return;
+  const Entry en = enter(a, me, n);
+  const uint64_t e = en.epoch;
   const Barrier bar = Barrier::of(a, me, n);
   const Peers in = Peers::of(a.win, a.win_offset);
   const Peers mid = Peers::of(a.mid_win, a.mid_offset);
@@ -150,14 +150,14 @@ __global__ void __launch_bounds__(512)
   const size_t stride = (size_t)gridDim.x * blockDim.x;
   const size_t first = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
 
-  if (src != nullptr)
+  if (src != nullptr && en.ok)
     for (int q = 0; q < n; q++)
       for (size_t v = q * svec + first; v < (q + 1) * svec && v < nvec;
            v += stride)
         copy_vec(src, mine, v, count, aligned);
   // Entry: every peer's input is in place, and every peer has finished its
   // previous kernel (so nobody still reads the mid buffers pushed to below).
-  if (!bar.sync(e + 1, a, me, n)) return;
+  if (!bar.sync(e + 1, a, me, n, en.ok)) return;
 
   // My slice, reduced from every peer's input; each result vector is stored
   // into every rank's mid buffer at the same place. Slice `me` is read and

@@ -140,8 +140,8 @@ __global__ void __launch_bounds__(512)
   const int in_place = a.in_place;
   const int n = dc.lsaSize;
   const int me = dc.lsaRank;
-  uint64_t e;
-  if (!enter(a, me, n, e)) return;
+  const Entry en = enter(a, me, n);
+  const uint64_t e = en.epoch;
   const Barrier bar = Barrier::of(a, me, n);
   T* mine = static_cast<T*>(ncclGetLsaPointer(a.win, win_off, me));
   char* mc =
@@ -153,7 +153,7 @@ __global__ void __launch_bounds__(512)
   const bool src_al = (reinterpret_cast<uintptr_t>(src) & 15) == 0;
   const bool out_al = (reinterpret_cast<uintptr_t>(out) & 15) == 0;
 
-  if (src != nullptr) {
+  if (src != nullptr && en.ok) {
     for (size_t v = first; v < nvec; v += stride) {
       if (src_al)
         reinterpret_cast<uint4*>(mine)[v] =
@@ -163,7 +163,7 @@ __global__ void __launch_bounds__(512)
     }
     if (first < count - tail) mine[tail + first] = src[tail + first];
   }
-  if (!bar.sync(e + 1, a, me, n)) return;
+  if (!bar.sync(e + 1, a, me, n, en.ok)) return;
 
   const size_t slice = (nvec + n - 1) / n;
   const size_t lo = me * slice;

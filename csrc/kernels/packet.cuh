@@ -284,7 +284,7 @@ template <typename T, typename F>
 __global__ void __launch_bounds__(512)
     packet_one_shot(ncclDevComm dc, const __grid_constant__ symnccl_kargs a) {
   uint64_t epoch;
-  if (!enter(a, dc.lsaRank, dc.lsaSize, epoch)) return;
+  if (!enter_cta(a, dc.lsaRank, dc.lsaSize, epoch)) return;
   const PacketLaunch<T, F> k(dc.lsaSize, dc.lsaRank, epoch, a);
   const int n = k.n, me = k.me;
 
@@ -377,7 +377,7 @@ template <typename T, typename F>
 __global__ void __launch_bounds__(512)
     packet_two_shot(ncclDevComm dc, const __grid_constant__ symnccl_kargs a) {
   uint64_t epoch;
-  if (!enter(a, dc.lsaRank, dc.lsaSize, epoch)) return;
+  if (!enter_cta(a, dc.lsaRank, dc.lsaSize, epoch)) return;
   const PacketLaunch<T, F> k(dc.lsaSize, dc.lsaRank, epoch, a);
   const size_t half = a.row_bytes / 2;
   const size_t per = (k.items + k.n - 1) / k.n;  // items per slice

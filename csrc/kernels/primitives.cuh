@@ -5,8 +5,8 @@
 //                     peer (packets, flags, barriers) goes through it and
 //   give_up           gives up without a trap: the failure record and the
 //                     fault words
-//   enter             every kernel's first step: its call counter, and
-//                     leave at once on a failed communicator
+//   enter             every kernel's first step: its call counter and
+//                     whether the communicator has failed (Entry)
 //   load_pack /       tail-safe 8- and 16-byte packs of a T array of any
 //   store_pack        alignment and length
 //   Peers             a window region on every rank of the LSA team, world
@@ -56,9 +56,10 @@ constexpr int kPeerBatch = 2;
 // (wait_flags). (A PTX exit in the middle of a kernel would be shorter,
 // but it makes ptxas cap the registers of the whole kernel: the packet
 // kernels then spill.) Every kernel reads its rank's
-// fault word first (enter), before it touches any window, and leaves at
-// once when it is set: after a failure a communicator's kernels, graph
-// replays included, do nothing until the host raises.
+// fault word first (enter), and its CTA leaves at its first CTA-wide step,
+// before it reads a peer's memory, when it is set: after a failure a
+// communicator's kernels, graph replays included, do nothing until the host
+// raises.
 
 __device__ __forceinline__ uint64_t global_timer() {
   uint64_t t;
@@ -168,36 +169,63 @@ __device__ __forceinline__ bool bounded_wait(Ready&& ready,
   }
 }
 
-// Every kernel's first step, before it touches any window: this CTA's call
-// counter (a.epochs[blockIdx.x], into `epoch`) and this rank's fault word,
-// read together. false: the communicator has failed (recorded), and the
-// CTA must leave.
-__device__ __forceinline__ bool enter(const symnccl_kargs& a, int me, int n,
-                                      uint64_t& epoch) {
-  __shared__ uint64_t s_epoch, s_word;
+// Every kernel's first step: this CTA's call counter (a.epochs[blockIdx.x])
+// and this rank's fault word, both in flight at once. ok is false once the
+// communicator has failed (thread 0 records it).
+//
+// The load kernels (one_shot, two_shot, multimem) take enter(): every
+// thread loads both, with no CTA-wide step, so the kernel's first loads
+// overlap them; the CTA learns the verdict at its first Barrier::sync (ok),
+// before it reads a peer's memory. Sharing thread 0's loads through a
+// __syncthreads instead cost ~0.4 us per launch on H200 (1-rank kernel
+// cost, NOTES 19).
+//
+// The kernels that store to peers at once (packets, push) take
+// enter_cta(): the CTA agrees on the verdict before its first store.
+struct Entry {
+  uint64_t epoch;
+  bool ok;
+};
+
+// Thread 0's entry on a failed communicator (record it) or with a fault to
+// inject (testing: Communicator._inject_fault); out of line, so that the
+// kernels carry none of it. false: the CTA must leave.
+static __device__ __noinline__ bool entry_slow(const symnccl_kargs* a,
+                                               int me, int n, uint64_t epoch,
+                                               uint64_t word) {
+  if (word != 0) {
+    give_up(a, me, n, SYMNCCL_FAULT_PEER, {SYMNCCL_WAIT_NONE, -1, 0}, 0);
+    return false;
+  }
+  return bounded_wait([] { return false; }, *a, me, n,
+                      {SYMNCCL_WAIT_ENTRY, (me + 1) % n, epoch});
+}
+
+__device__ __forceinline__ Entry enter(const symnccl_kargs& a, int me,
+                                       int n) {
+  const uint64_t word = load_relaxed(a.fault_word);
+  Entry r{a.epochs[blockIdx.x], word == 0};
+  if (threadIdx.x == 0 && (word != 0 || a.inject))
+    r.ok = entry_slow(&a, me, n, r.epoch, word);
+  return r;
+}
+
+// The CTA's verdict before anything else, through thread 0 and shared
+// memory (every thread holding its own Entry across the agreement cost the
+// packet kernels and push registers and spills). false: the CTA must
+// leave.
+__device__ __forceinline__ bool enter_cta(const symnccl_kargs& a, int me,
+                                          int n, uint64_t& epoch) {
+  __shared__ uint64_t s_epoch;
+  __shared__ int s_ok;
   if (threadIdx.x == 0) {
-    // both loads in flight at once: the fault word's (an asm with a memory
-    // clobber) is issued first, so the counter's need not land before it
-    const uint64_t word = load_relaxed(a.fault_word);
-    const uint64_t e = a.epochs[blockIdx.x];
-    s_word = word;
-    s_epoch = e;
+    const Entry en = enter(a, me, n);
+    s_epoch = en.epoch;
+    s_ok = en.ok;
   }
   __syncthreads();
   epoch = s_epoch;
-  if (s_word != 0) {
-    if (threadIdx.x == 0)
-      give_up(&a, me, n, SYMNCCL_FAULT_PEER, {SYMNCCL_WAIT_NONE, -1, 0}, 0);
-    return false;
-  }
-  if (a.inject) {  // testing (Communicator._inject_fault)
-    bool ok = true;
-    if (threadIdx.x == 0)
-      ok = bounded_wait([] { return false; }, a, me, n,
-                        {SYMNCCL_WAIT_ENTRY, (me + 1) % n, epoch});
-    return __syncthreads_and(ok) != 0;
-  }
-  return true;
+  return s_ok != 0;
 }
 
 // ------------------------------------------------------------------- packs
@@ -397,24 +425,23 @@ __device__ __forceinline__ uint64_t acquire_load(const uint64_t* p) {
 // line_off into `lines` (thread q signals peer q).
 __device__ __forceinline__ void signal_flags(const Peers& lines,
                                              size_t line_off, int me, int n,
-                                             uint64_t v) {
+                                             uint64_t v, bool ok = true) {
   __syncthreads();
   const int q = threadIdx.x;
-  if (q < n && q != me)
+  if (ok && q < n && q != me)
     release_store(
         reinterpret_cast<uint64_t*>(lines(q) + line_off + (size_t)me * 8), v);
 }
 
 // Until every peer's flag in my `line` is >= v (thread s waits for peer
 // s); then every thread of the CTA may read what the peers stored before
-// raising their flags. false: a wait gave up, and the whole CTA must
-// leave.
+// raising their flags. false: a wait gave up, or a thread came with ok
+// false (its Entry), and the whole CTA must leave.
 __device__ __forceinline__ bool wait_flags(const char* line, int me, int n,
                                            uint64_t v, const symnccl_kargs& a,
-                                           int wait) {
-  bool ok = true;
+                                           int wait, bool ok = true) {
   const int s = threadIdx.x;
-  if (s < n && s != me) {
+  if (ok && s < n && s != me) {
     const uint64_t* f =
         reinterpret_cast<const uint64_t*>(line + (size_t)s * 8);
     ok = bounded_wait([&] { return acquire_load(f) >= v; }, a, me, n,
@@ -437,11 +464,11 @@ struct Barrier {
     const Peers p = Peers::of(a.ctl_win, a.ctl_offset + SYMNCCL_CTL_BARRIER);
     return {p, (size_t)blockIdx.x * SYMNCCL_FLAG_LINE(n), p(me)};
   }
-  // false: the CTA must leave
+  // false: the CTA must leave (ok: this thread's verdict so far)
   __device__ __forceinline__ bool sync(uint64_t v, const symnccl_kargs& a,
-                                       int me, int n) const {
-    signal_flags(lines, off, me, n, v);
-    return wait_flags(mine + off, me, n, v, a, SYMNCCL_WAIT_BARRIER);
+                                       int me, int n, bool ok = true) const {
+    signal_flags(lines, off, me, n, v, ok);
+    return wait_flags(mine + off, me, n, v, a, SYMNCCL_WAIT_BARRIER, ok);
   }
 };
 

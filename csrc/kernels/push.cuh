@@ -224,7 +224,7 @@ __global__ void __launch_bounds__(512)
   const size_t step = deal_step();
 
   uint64_t e0;
-  if (!enter(a, me, n, e0)) return;
+  if (!enter_cta(a, me, n, e0)) return;
 
   // Receive slots [parity][source], then result slots [parity][slice].
   const Peers flags = Peers::of(a.region_win, a.region_offset);
