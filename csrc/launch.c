@@ -84,6 +84,7 @@ kargs(const sn_ar *r, int kernel)
     a.fault_word = (uint64_t *)(c->staging + c->layout.ctl_offset);
     a.ctl_win = c->staging_win->win;
     a.ctl_offset = c->layout.ctl_offset;
+    a.pdl = c->knobs.pdl;
     return a;
 }
 

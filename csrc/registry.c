@@ -331,6 +331,9 @@ static const knob knobs[] = {
     {"SYMNCCL_CHECK", offsetof(sn_knobs, check), 0, 0, 1, 1,
      "1: ranks compare each eager call's collective, dtype, count, op, "
      "algo and root before running it (CallMismatchError)"},
+    {"SYMNCCL_PDL", offsetof(sn_knobs, pdl), 1, 0, 1, 1,
+     "1: kernels are programmatic dependent launches, whose launch overlaps "
+     "the end of the kernel before them on the stream"},
 };
 #define N_KNOBS (sizeof(knobs) / sizeof(knobs[0]))
 

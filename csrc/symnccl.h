@@ -127,6 +127,7 @@ typedef struct {
     int ll_ctas, ll_threads, ll_two_shot_kib, ll128_two_shot_kib;
     int push_ctas, push_threads, push_region_mib;
     int check;                 /* SYMNCCL_CHECK: compare calls first */
+    int pdl;                   /* SYMNCCL_PDL: programmatic launches */
 } sn_knobs;
 
 /* What decides whether an algorithm can run on a communicator: the same on

@@ -55,6 +55,13 @@ abort_expired(void)
 static void *
 watch_main(void *unused)
 {
+    /* The event queries of this thread must not touch other threads' CUDA
+     * graph captures: in the default (global) capture mode a query from any
+     * thread during a capture invalidates it (seen: a capture begun within
+     * one poll of an eager NCCL call failed). Relaxed mode for this thread,
+     * as torch's own NCCL watchdog does. */
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    (void)cudaThreadExchangeStreamCaptureMode(&mode);
     pthread_mutex_lock(&mu);
     while (!stopping) {
         struct timespec until;

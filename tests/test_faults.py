@@ -378,3 +378,24 @@ def test_abort_on_signal_hands_the_signal_on():
                        text=True, timeout=60)
     assert r.stdout.strip() == "interrupted", r.stdout + r.stderr
     assert r.returncode == -signal.SIGTERM, r.returncode
+
+
+@pytest.mark.gpu
+def test_watchdog_never_breaks_a_graph_capture_in_another_thread(uid):
+    """An eager NCCL call arms the watchdog, whose thread then queries an
+    event until it sees it complete (every 50 ms). A CUDA graph captured
+    meanwhile in the default global mode must not be invalidated by those
+    queries: many captures, each begun right after an eager NCCL call."""
+    torch = pytest.importorskip("torch")
+    with symnccl.Communicator(uid, 0, 1, device=0, timeout=60) as c:
+        x = torch.randn(1031, device="cuda")
+        for attempt in range(40):
+            c.all_reduce(x, algo="nccl")          # arms the watchdog
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):             # global capture mode
+                for _ in range(100):
+                    c.all_reduce(x, algo="ll")
+            g.replay()
+            del g
+        torch.cuda.synchronize()
+        assert c.failure is None

@@ -312,3 +312,43 @@ def test_auto_runs_the_algorithm_the_registry_picks(comm):
         after = comm._launches()
         ran = {k for k in after if after[k] != before[k]}
         assert ran and ran <= set(kernels), (nbytes, want, ran)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pdl", [1, 0])
+def test_programmatic_launch_waits_for_the_kernel_before_it(uid, pdl,
+                                                            monkeypatch):
+    """With SYMNCCL_PDL=1 a kernel may be launched while the kernel before
+    it on the stream still runs (symnccl's own kernels let the next launch
+    begin at their entry): it must still read what that kernel wrote. A
+    chain of all-reduces, each reading the output of the one before, after
+    a torch fill_; eager and inside a CUDA graph, every kernel algorithm,
+    each launch proven by its counter."""
+    torch = pytest.importorskip("torch")
+    monkeypatch.setenv("SYMNCCL_PDL", str(pdl))
+    with symnccl.Communicator(uid, 0, 1, device=0, timeout=60) as c:
+        assert c.knobs["SYMNCCL_PDL"] == pdl
+        for algo in ("ll", "ll128", "one_shot", "two_shot", "push"):
+            count = (4 << 20) + 3 if algo in ("one_shot", "two_shot",
+                                              "push") else 4099
+            bufs = [torch.empty(count, device="cuda") for _ in range(5)]
+
+            def chain(value):
+                bufs[0].fill_(value)
+                for a, b in zip(bufs, bufs[1:]):
+                    c.all_reduce(a, out=b, algo=algo)
+            before = c._launches()[algo]
+            for k in range(4):
+                chain(float(k + 1))
+                torch.cuda.synchronize()
+                assert bool((bufs[-1] == k + 1).all()), (algo, pdl, k)
+            assert c._launches()[algo] == before + 16
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                chain(7.0)
+            for k in range(3):
+                bufs[-1].zero_()
+                g.replay()
+                torch.cuda.synchronize()
+                assert bool((bufs[-1] == 7).all()), (algo, pdl, "graph", k)
+            del g

@@ -217,6 +217,10 @@ typedef struct {
     size_t ctl_offset;         /* word and the barrier flags */
     int inject;                /* testing: each CTA waits at entry for
                                   something that never comes */
+    int pdl;                   /* launched with programmatic stream
+                                  serialization: the kernel may start while
+                                  the previous one on the stream ends, and
+                                  waits for it at entry (SYMNCCL_PDL) */
 } symnccl_kargs;
 
 /* The entry points of one build of the kernels (one NCCL minor). */

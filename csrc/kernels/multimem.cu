@@ -205,8 +205,7 @@ __global__ void __launch_bounds__(512)
 
 template <typename T>
 cudaError_t launch(const symnccl_kargs& a, cudaStream_t stream) {
-  multimem_allreduce<T><<<a.ctas, a.threads, 0, stream>>>(a.dc->dc, a);
-  return cudaGetLastError();
+  return symnccl_launch_kernel(multimem_allreduce<T>, a, stream);
 }
 
 }  // namespace

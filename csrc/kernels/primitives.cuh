@@ -187,6 +187,17 @@ struct Entry {
   bool ok;
 };
 
+// Programmatic dependent launch (devcomm.cuh, symnccl_launch_kernel): wait
+// until the previous kernel on the stream has completed and its memory is
+// visible (at once when not launched so), then let the next kernel's launch
+// begin (it waits likewise before it reads what this one writes).
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 // Thread 0's entry on a failed communicator (record it) or with a fault to
 // inject (testing: Communicator._inject_fault); out of line, so that the
 // kernels carry none of it. false: the CTA must leave.
@@ -203,6 +214,7 @@ static __device__ __noinline__ bool entry_slow(const symnccl_kargs* a,
 
 __device__ __forceinline__ Entry enter(const symnccl_kargs& a, int me,
                                        int n) {
+  pdl_wait();
   const uint64_t word = load_relaxed(a.fault_word);
   Entry r{a.epochs[blockIdx.x], word == 0};
   if (threadIdx.x == 0 && (word != 0 || a.inject))
@@ -218,6 +230,7 @@ __device__ __forceinline__ bool enter_cta(const symnccl_kargs& a, int me,
                                           int n, uint64_t& epoch) {
   __shared__ uint64_t s_epoch;
   __shared__ int s_ok;
+  pdl_wait();
   if (threadIdx.x == 0) {
     const Entry en = enter(a, me, n);
     s_epoch = en.epoch;

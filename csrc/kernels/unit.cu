@@ -30,6 +30,5 @@ cudaError_t SYMNCCL_CAT(symnccl_launch_, SYMNCCL_UNIT_DT)(
     case SYMNCCL_K_PUSH: kernel = push<T>; break;
     default: return cudaErrorInvalidValue;
   }
-  kernel<<<a->ctas, a->threads, 0, stream>>>(a->dc->dc, *a);
-  return cudaGetLastError();
+  return symnccl_launch_kernel(kernel, *a, stream);
 }
