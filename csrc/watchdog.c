@@ -60,7 +60,7 @@ watch_main(void *unused)
      * thread during a capture invalidates it (seen: a capture begun within
      * one poll of an eager NCCL call failed). Relaxed mode for this thread,
      * as torch's own NCCL watchdog does. */
-    cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+    enum cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
     (void)cudaThreadExchangeStreamCaptureMode(&mode);
     pthread_mutex_lock(&mu);
     while (!stopping) {
