@@ -75,11 +75,8 @@ def worker(rank, nranks, uid, opts):
     import torch.distributed as dist
 
     import symnccl
-    torch.cuda.set_device(rank)
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ["MASTER_PORT"] = str(opts["port"])
-    dist.init_process_group("nccl", rank=rank, world_size=nranks,
-                            device_id=torch.device("cuda", rank))
+    from symnccl.bootstrap import init_torch
+    init_torch(rank, nranks, opts["port"])
     group_name = dist.group.WORLD.group_name
     comm = symnccl.Communicator(uid, rank, nranks, device=rank)
     dtype = getattr(torch, opts["dtype"])

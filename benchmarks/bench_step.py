@@ -79,11 +79,8 @@ def worker(rank, nranks, uid, opts):
 
     import symnccl
     import symnccl.torch as snt
-    torch.cuda.set_device(rank)
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ["MASTER_PORT"] = str(opts["port"])
-    dist.init_process_group("nccl", rank=rank, world_size=nranks,
-                            device_id=torch.device("cuda", rank))
+    from symnccl.bootstrap import init_torch
+    init_torch(rank, nranks, opts["port"])
     comm = snt.wrap(symnccl.Communicator(uid, rank, nranks, device=rank))
     dtype = getattr(torch, opts["dtype"])
     H, L, n = opts["hidden"], opts["layers"], nranks

@@ -60,7 +60,7 @@ def worker(rank, nranks, uid, seed=1234, quick=False):
                                                      else ""), algo, dtype,
                                      op, count, wrong))
             del x, y
-        # reduce_scatter / all_gather / broadcast through NCCL
+        # reduce_scatter / all_gather / reduce / broadcast through NCCL
         count = sizes[-1]
         ins = [_check.make_input(dtype, count * nranks, r, seed)
                for r in range(nranks)]
@@ -82,6 +82,16 @@ def worker(rank, nranks, uid, seed=1234, quick=False):
         rows.append(("all_gather", "nccl", dtype, "-", count,
                      int(np.count_nonzero(got.view(np.uint8)
                                           != want.view(np.uint8)))))
+        # reduce to rank 0, into a poisoned output (only the root's counts)
+        z = comm.empty((count,), dtype)
+        _fill(y, small[rank])
+        _fill(z, _check.poison(z.nbytes))
+        comm.reduce(y, root=0, out=z)
+        if rank == 0:
+            rows.append(("reduce", "nccl", dtype, "sum", count,
+                         _check.count_wrong(_read(z, npdt), "sum", small,
+                                            dtype)))
+        del z
         root = nranks - 1
         _fill(y, small[rank])
         comm.broadcast(y, root=root)

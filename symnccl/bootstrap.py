@@ -21,7 +21,7 @@ import traceback
 
 from . import _C
 
-__all__ = ["spawn", "local_device_count", "free_port"]
+__all__ = ["spawn", "local_device_count", "free_port", "init_torch"]
 
 
 def free_port() -> int:
@@ -30,6 +30,31 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def init_torch(rank: int, nranks: int, port: int) -> None:
+    """torch.distributed for a spawned rank: an NCCL process group over
+    127.0.0.1:port, with GPU `rank` current and LOCAL_RANK set, as torchrun
+    would have it.
+
+    Example::
+
+        def work(rank, nranks, uid, port):
+            init_torch(rank, nranks, port)
+            comm = symnccl.torch.communicator()
+
+        spawn(work, 2, args=(free_port(),))
+    """
+    import os
+
+    import torch
+    import torch.distributed as dist
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ["MASTER_PORT"] = str(port)
+    os.environ["LOCAL_RANK"] = str(rank)
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", rank=rank, world_size=nranks,
+                            device_id=torch.device("cuda", rank))
 
 
 def local_device_count() -> int:

@@ -195,6 +195,11 @@ def _nranks(cid: int) -> int:
     return get_communicator(cid).nranks
 
 
+def _like(x: torch.Tensor) -> torch.Tensor:
+    """A new contiguous tensor of x's shape, dtype and device."""
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
 def _scatter_shape(x: torch.Tensor, n: int) -> list[int]:
     if x.dim() == 0 or x.shape[0] % n != 0:
         raise ValueError(f"reduce_scatter: x has shape {tuple(x.shape)}, "
@@ -209,7 +214,7 @@ def _gather_shape(x: torch.Tensor, n: int) -> list[int]:
 @torch.library.custom_op("symnccl::all_reduce", mutates_args=())
 def _all_reduce_op(x: torch.Tensor, comm_id: int, op: str,
                    algo: str) -> torch.Tensor:
-    out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    out = _like(x)
     get_communicator(comm_id).all_reduce(x.contiguous(), out=out, op=op,
                                          algo=algo)
     return out
@@ -217,7 +222,7 @@ def _all_reduce_op(x: torch.Tensor, comm_id: int, op: str,
 
 @_all_reduce_op.register_fake
 def _(x, comm_id, op, algo):
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
+    return _like(x)
 
 
 @torch.library.custom_op("symnccl::all_reduce_", mutates_args=("x",))
@@ -264,20 +269,20 @@ def _(x, comm_id, algo):
 
 @torch.library.custom_op("symnccl::broadcast", mutates_args=())
 def _broadcast_op(x: torch.Tensor, comm_id: int, root: int) -> torch.Tensor:
-    out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    out = _like(x)
     get_communicator(comm_id).broadcast(x.contiguous(), root=root, out=out)
     return out
 
 
 @_broadcast_op.register_fake
 def _(x, comm_id, root):
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
+    return _like(x)
 
 
 @torch.library.custom_op("symnccl::reduce", mutates_args=())
 def _reduce_op(x: torch.Tensor, comm_id: int, root: int,
                op: str) -> torch.Tensor:
-    out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    out = _like(x)
     get_communicator(comm_id).reduce(x.contiguous(), root=root, out=out,
                                      op=op)
     return out
@@ -285,7 +290,7 @@ def _reduce_op(x: torch.Tensor, comm_id: int, root: int,
 
 @_reduce_op.register_fake
 def _(x, comm_id, root, op):
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
+    return _like(x)
 
 
 # ------------------------------------------------------------------ autograd

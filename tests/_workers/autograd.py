@@ -2,18 +2,7 @@
 against torch.distributed's on the same inputs (forward values and
 gradients), eagerly, under torch.compile(fullgraph=True) with backward, and
 forward + backward captured in one CUDA graph."""
-import os
-
-
-def _init(rank, nranks, port):
-    import torch
-    import torch.distributed as dist
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    os.environ["LOCAL_RANK"] = str(rank)
-    torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", rank=rank, world_size=nranks,
-                            device_id=torch.device("cuda", rank))
+from symnccl.bootstrap import init_torch
 
 
 def _inputs(rank, shape, dtype, seed):
@@ -52,7 +41,7 @@ def differentiable_ops(rank, nranks, uid, port, seed):
     import torch.distributed as dist
     import torch.distributed.nn.functional as dnn
     from torch.distributed import _functional_collectives as fc
-    _init(rank, nranks, port)
+    init_torch(rank, nranks, port)
     import symnccl.torch as snt
     comm = snt.communicator()
     n = nranks
@@ -127,7 +116,7 @@ def compiled_and_graphed(rank, nranks, uid, port, seed):
     captured in one CUDA graph, against the same block in eager mode."""
     import torch
     import torch.distributed as dist
-    _init(rank, nranks, port)
+    init_torch(rank, nranks, port)
     import symnccl.torch as snt
     comm = snt.communicator()
     n = nranks

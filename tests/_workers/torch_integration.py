@@ -1,5 +1,5 @@
 """Rank bodies for the PyTorch integration tests."""
-import os
+from symnccl.bootstrap import init_torch
 
 
 def run(rank, nranks, uid, port):
@@ -7,12 +7,7 @@ def run(rank, nranks, uid, port):
     import torch.distributed as dist
 
     import symnccl.torch as snt
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    os.environ["LOCAL_RANK"] = str(rank)
-    torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", rank=rank, world_size=nranks,
-                            device_id=torch.device("cuda", rank))
+    init_torch(rank, nranks, port)
     out = {}
     comm = snt.communicator()
     comm2 = snt.communicator()   # a second one: a fresh key in the store
