@@ -18,7 +18,9 @@ struct symnccl_devcomm {
 // kernel's completion and memory at entry (primitives.cuh, pdl_wait), before
 // it reads its inputs or its call counter. Captured into CUDA graphs as a
 // programmatic edge.
-inline cudaError_t symnccl_launch_kernel(
+// (Internal linkage: the objects of several NCCL minors are joined into
+// one, whose only global symbol is each minor's table.)
+static inline cudaError_t symnccl_launch_kernel(
     void (*kernel)(ncclDevComm, const symnccl_kargs), const symnccl_kargs& a,
     cudaStream_t stream) {
   cudaLaunchConfig_t cfg = {};
