@@ -109,6 +109,12 @@ symnccl_devcomm_info(const symnccl_devcomm *dc, int *lsa_size, int *lsa_rank,
     K->devcomm_info(dc, lsa_size, lsa_rank, has_multimem);
 }
 
+ncclResult_t
+symnccl_comm_properties(ncclComm_t comm, int *device_api, int *multimem)
+{
+    return K->comm_properties(comm, device_api, multimem);
+}
+
 cudaError_t
 symnccl_copy(void *dst, const void *src, size_t nbytes, int ctas,
              cudaStream_t stream)

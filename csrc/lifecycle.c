@@ -209,6 +209,37 @@ connect_devcomms(SNState *st, CommObject **cs, int n, ncclComm_t *raw)
 {
     int mc = cs[0]->multicast_requested;
     ncclResult_t rc = ncclSuccess;
+    /* NCCL 2.29+ says beforehand what it supports (the same on every rank:
+     * NCCL agrees on it at init); 2.28 cannot, and is asked by trying */
+    int api = 1, mm = 1;
+    for (int i = 0; i < n; i++) {
+        int a = 1, m = 1;
+        if (symnccl_comm_properties(cs[i]->comm, &a, &m) == ncclSuccess) {
+            api &= a;
+            mm &= m;
+        }
+    }
+    if (!api) {
+        for (int i = 0; i < n; i++) {
+            cs[i]->symmetric = 0;
+            cs[i]->symmetric_reason = "NCCL reports no device API support on "
+                                      "this communicator "
+                                      "(ncclCommQueryProperties)";
+            cs[i]->lsa_size = 1;
+            cs[i]->lsa_rank = 0;
+            cs[i]->multicast_requested = 0;
+        }
+        return 0;
+    }
+    if (mc && !mm) {
+        mc = 0;
+        for (int i = 0; i < n; i++) {
+            cs[i]->multicast_requested = 0;
+            cs[i]->multicast_reason = "requested, but NCCL reports no "
+                                      "multimem support "
+                                      "(ncclCommQueryProperties)";
+        }
+    }
     for (int attempt = 0; attempt < 2; attempt++) {
         Py_BEGIN_ALLOW_THREADS
         rc = ncclGroupStart();

@@ -6,6 +6,8 @@
 // ncclDevCommCreate fills it only at ncclGroupEnd.
 #include <cstdlib>
 
+#include <dlfcn.h>
+
 #include "devcomm.cuh"
 
 ncclResult_t snk_devcomm_create(ncclComm_t comm, int lsa_barrier_count,
@@ -48,4 +50,31 @@ void snk_devcomm_info(const symnccl_devcomm* dc, int* lsa_size, int* lsa_rank,
   *lsa_rank = dc->dc.lsaRank;
   *has_multimem =
       dc->requested_multimem && dc->dc.lsaMultimem.mcBasePtr != nullptr;
+}
+
+// What NCCL says of a communicator before any device communicator is made
+// (NCCL 2.29+: ncclCommQueryProperties): whether the device API and
+// multimem are usable on it. ncclInvalidUsage where this NCCL has no such
+// query (2.28): the caller then asks ncclDevCommCreate and sees.
+ncclResult_t snk_comm_properties(ncclComm_t comm, int* device_api,
+                                 int* multimem) {
+#ifdef NCCL_COMM_PROPERTIES_INITIALIZER
+  // Looked up, not linked: the one extension holds the builds of every
+  // minor, and must load beside an NCCL 2.28 that lacks the symbol.
+  using Query = ncclResult_t (*)(ncclComm_t, ncclCommProperties_t*);
+  static const Query query = reinterpret_cast<Query>(
+      dlsym(RTLD_DEFAULT, "ncclCommQueryProperties"));
+  if (query == nullptr) return ncclInvalidUsage;
+  ncclCommProperties_t p = NCCL_COMM_PROPERTIES_INITIALIZER;
+  const ncclResult_t rc = query(comm, &p);
+  if (rc != ncclSuccess) return rc;
+  *device_api = p.deviceApiSupport;
+  *multimem = p.multimemSupport;
+  return ncclSuccess;
+#else
+  (void)comm;
+  (void)device_api;
+  (void)multimem;
+  return ncclInvalidUsage;
+#endif
 }

@@ -19,6 +19,7 @@ ncclResult_t snk_devcomm_create(ncclComm_t, int, int, symnccl_devcomm**);
 ncclResult_t snk_devcomm_destroy(ncclComm_t, symnccl_devcomm*);
 void snk_devcomm_free(symnccl_devcomm*);
 void snk_devcomm_info(const symnccl_devcomm*, int*, int*, int*);
+ncclResult_t snk_comm_properties(ncclComm_t, int*, int*);
 cudaError_t snk_copy(void*, const void*, size_t, int, cudaStream_t);
 cudaError_t snk_lsa_pointer(ncclWindow_t, size_t, int, void**);
 
@@ -155,6 +156,7 @@ extern "C" const symnccl_kernels SYMNCCL_CAT2(symnccl_kernels_2_,
     snk_devcomm_destroy,
     snk_devcomm_free,
     snk_devcomm_info,
+    snk_comm_properties,
     snk_copy,
     snk_lsa_pointer,
 };

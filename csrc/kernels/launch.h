@@ -234,6 +234,7 @@ typedef struct {
     ncclResult_t (*devcomm_destroy)(ncclComm_t, symnccl_devcomm *);
     void (*devcomm_free)(symnccl_devcomm *);
     void (*devcomm_info)(const symnccl_devcomm *, int *, int *, int *);
+    ncclResult_t (*comm_properties)(ncclComm_t, int *, int *);
     cudaError_t (*copy)(void *, const void *, size_t, int, cudaStream_t);
     cudaError_t (*lsa_pointer)(ncclWindow_t, size_t, int, void **);
 } symnccl_kernels;
@@ -288,6 +289,12 @@ void symnccl_devcomm_free(symnccl_devcomm *dc);
 /* Topology read off a created device communicator. */
 void symnccl_devcomm_info(const symnccl_devcomm *dc, int *lsa_size,
                           int *lsa_rank, int *has_multimem);
+
+/* NCCL's own word on the communicator before a device communicator is
+ * made (2.29+, ncclCommQueryProperties): *device_api and *multimem 0 or 1.
+ * ncclInvalidUsage from a build for an NCCL without the query (2.28). */
+ncclResult_t symnccl_comm_properties(ncclComm_t comm, int *device_api,
+                                     int *multimem);
 
 /* ---- benchmark helpers (copy.cu) ---- */
 
