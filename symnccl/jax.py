@@ -257,7 +257,15 @@ def _all_reduce_fwd(x, op, algo):
     return y, ((x, y) if op in ("max", "min") else _like(x))
 
 
+def _no_gradient(collective: str, op: str):
+    return NotImplementedError(
+        f"symnccl.jax.{collective}: op {op!r} has no gradient here (sum, "
+        "avg, max and min have)")
+
+
 def _all_reduce_bwd(op, algo, res, g):
+    if op == "prod":
+        raise _no_gradient("all_reduce", op)
     x = res[0] if op in ("max", "min") else res
     # Inside shard_map with check_vma, a result typed invariant (the same on
     # every rank) gets a cotangent that JAX has already summed over the
@@ -287,6 +295,8 @@ def _reduce_scatter_fwd(x, op):
 
 
 def _reduce_scatter_bwd(op, res, g):
+    if op == "prod":
+        raise _no_gradient("reduce_scatter", op)
     full = _all_gather_raw(g)
     if op in ("max", "min"):
         x, y = res

@@ -309,6 +309,13 @@ def _arg_extreme_share(x, y, grad_sum, cid):
     return grad_sum * hit / _ops.all_reduce(hit, cid, "sum", "auto")
 
 
+def _no_gradient(collective: str, op: str):
+    return NotImplementedError(
+        f"symnccl.torch.{collective}: op {op!r} has no gradient here "
+        "(sum and avg have, and all_reduce's and reduce_scatter's max and "
+        "min)")
+
+
 def _setup_all_reduce(ctx, inputs, output):
     x, ctx.cid, ctx.op, ctx.algo = inputs
     if ctx.op in ("max", "min"):
@@ -316,6 +323,8 @@ def _setup_all_reduce(ctx, inputs, output):
 
 
 def _backward_all_reduce(ctx, grad):
+    if ctx.op == "prod":
+        raise _no_gradient("all_reduce", ctx.op)
     if ctx.op in ("sum", "avg"):
         return _ops.all_reduce(grad, ctx.cid, ctx.op, ctx.algo), \
             None, None, None
@@ -331,6 +340,8 @@ def _setup_reduce_scatter(ctx, inputs, output):
 
 
 def _backward_reduce_scatter(ctx, grad):
+    if ctx.op == "prod":
+        raise _no_gradient("reduce_scatter", ctx.op)
     g = _ops.all_gather(grad, ctx.cid, "auto")
     if ctx.op == "avg":
         g = g / _nranks(ctx.cid)
@@ -362,14 +373,12 @@ def _backward_broadcast(ctx, grad):
 
 
 def _setup_reduce(ctx, inputs, output):
-    x, ctx.cid, ctx.root, ctx.op = inputs
-    if ctx.op not in ("sum", "avg"):
-        raise NotImplementedError(
-            f"symnccl.torch.reduce: op {ctx.op!r} is not differentiable; "
-            "use all_reduce, whose max/min have gradients")
+    _, ctx.cid, ctx.root, ctx.op = inputs
 
 
 def _backward_reduce(ctx, grad):
+    if ctx.op not in ("sum", "avg"):
+        raise _no_gradient("reduce", ctx.op)
     # the root's gradient reaches every rank; other ranks' outputs are not
     # results, so their gradients do not count
     g = _ops.broadcast(grad, ctx.cid, ctx.root)

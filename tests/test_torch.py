@@ -63,6 +63,16 @@ def test_every_op_has_an_autograd_formula():
                   for n in g.graph.nodes if n.op == "call_function" and
                   getattr(n.target, "namespace", "") == "symnccl"]
         assert called == [name, transposed[name]], (name, called)
+    # ops without a gradient say so when the backward runs, never a wrong
+    # gradient
+    for name, f in (
+            ("all_reduce", lambda x: ops.all_reduce(x, cid, "prod", "ll")),
+            ("reduce_scatter",
+             lambda x: ops.reduce_scatter(x, cid, "prod", "auto")),
+            ("reduce", lambda x: ops.reduce(x, cid, 0, "max"))):
+        x = torch.empty(8, 3, requires_grad=True)
+        with pytest.raises(NotImplementedError, match=f"{name}: op"):
+            make_fx(fwd_bwd(f), tracing_mode="fake")(x)
 
 
 def test_the_private_torch_apis_symnccl_prefers_are_where_they_were():

@@ -230,7 +230,7 @@ __device__ __forceinline__ bool enter_cta(const symnccl_kargs& a, int me,
                                           int n, uint64_t& epoch) {
   __shared__ uint64_t s_epoch;
   __shared__ int s_ok;
-  pdl_wait();
+  pdl_wait();  // every thread (thread 0's second wait in enter is a no-op)
   if (threadIdx.x == 0) {
     const Entry en = enter(a, me, n);
     s_epoch = en.epoch;

@@ -242,6 +242,21 @@ def rules_on_cpu(seed):
     for vma in (True, False):
         rows += _compare_grads(jax, jnp, sj, mesh, 2, axis, jnp.float32, vma,
                                seed)
+    # prod has no gradient: it says so, never a wrong one
+    sj._all_reduce_raw = lambda x, op, algo: x
+    sj._reduce_scatter_raw = lambda x, op: x[: x.shape[0] // 2]
+    from jax.sharding import PartitionSpec as P
+    x = jax.device_put(jnp.ones((4,)),
+                       jax.sharding.NamedSharding(mesh, P(axis)))
+    for name in ("all_reduce", "reduce_scatter"):
+        f = jax.shard_map(lambda a, name=name: getattr(sj, name)(a, op="prod"),
+                          mesh=mesh, in_specs=P(axis), out_specs=P(axis))
+        try:
+            jax.jit(jax.grad(lambda a: f(a).sum()))(x)
+            rows.append((f"{name} prod raises", 1.0, 1.0))
+        except NotImplementedError as e:
+            ok = f"{name}: op 'prod'" in str(e)
+            rows.append((f"{name} prod raises", 0.0 if ok else 1.0, 0.0))
     return rows
 
 
