@@ -213,9 +213,10 @@ def _all_gather_raw(x):
 
 
 def _like(x):
-    """A residual that carries x's type for the backward (_typed_as): an
-    empty slice of it."""
-    return x.reshape(-1)[:0]
+    """A residual that carries x's type and shape for the backward
+    (_typed_as, the all-gather's shape) at no cost: x[None][:0], of shape
+    (0, *x.shape)."""
+    return x[None][:0]
 
 
 def _varying(x) -> frozenset:
@@ -320,7 +321,7 @@ def _all_gather_fwd(x):
 
 def _all_gather_bwd(res, g):
     return (_typed_as(_reduce_scatter_raw(g, "sum"), res).reshape(
-        g.shape[0] // _nranks(), *g.shape[1:]),)
+        res.shape[1:]),)
 
 
 _all_gather.defvjp(_all_gather_fwd, _all_gather_bwd)

@@ -236,12 +236,25 @@ def rules_on_cpu(seed):
     sj._all_reduce_raw = all_reduce
     sj._reduce_scatter_raw = lambda x, op: (
         jax.lax.psum_scatter(x, axis, tiled=True) / (2 if op == "avg" else 1))
-    sj._all_gather_raw = lambda x: jax.lax.all_gather(x, axis, tiled=True)
+    sj._all_gather_raw = lambda x: jax.lax.all_gather(x, axis,
+                                                      tiled=x.ndim > 0)
     mesh = jax.make_mesh((2,), (axis,))
     rows = []
     for vma in (True, False):
         rows += _compare_grads(jax, jnp, sj, mesh, 2, axis, jnp.float32, vma,
                                seed)
+    # a scalar per shard: the all-gather's backward gives a scalar back
+    xs = jax.device_put(jnp.arange(8.0), jax.sharding.NamedSharding(
+        mesh, jax.sharding.PartitionSpec(axis)))
+    grads = []
+    for gather in (sj.all_gather, lambda s: jax.lax.all_gather(s, axis)):
+        f = jax.shard_map(lambda a, gather=gather: gather(jnp.sum(a ** 2)),
+                          mesh=mesh, in_specs=jax.sharding.PartitionSpec(axis),
+                          out_specs=jax.sharding.PartitionSpec(axis))
+        grads.append(jax.jit(jax.grad(
+            lambda a, f=f: jnp.sum(f(a) * jnp.arange(4.0))))(xs))
+    rows.append(("all_gather of a scalar", 0.0,
+                 float(jnp.max(jnp.abs(grads[0] - grads[1])))))
     # prod has no gradient: it says so, never a wrong one
     sj._all_reduce_raw = lambda x, op, algo: x
     sj._reduce_scatter_raw = lambda x, op: x[: x.shape[0] // 2]
