@@ -353,11 +353,13 @@ def _backward_reduce_scatter(ctx, grad):
 
 
 def _setup_all_gather(ctx, inputs, output):
-    _, ctx.cid, _ = inputs
+    x, ctx.cid, _ = inputs
+    ctx.shape = x.shape   # a 0-d x gathers into (nranks,)
 
 
 def _backward_all_gather(ctx, grad):
-    return _ops.reduce_scatter(grad, ctx.cid, "sum", "auto"), None, None
+    g = _ops.reduce_scatter(grad, ctx.cid, "sum", "auto")
+    return g.reshape(ctx.shape), None, None
 
 
 def _setup_rooted(ctx, inputs, output):
