@@ -620,10 +620,11 @@ sn_comm_abort(SNState *st, CommObject *c)
     Py_BEGIN_ALLOW_THREADS
     left = sn_fault_drain(c, ABORT_KERNELS_SECONDS, 0);
     Py_END_ALLOW_THREADS
-    if (st->on_close != NULL)
-        st->on_close(c, 0);
-    /* once they have, the device communicator and the windows go first
-     * (local steps): ncclCommAbort alone would keep the windows' memory */
+    /* once they have, the device communicator and the windows (the XLA
+     * handler's too) go first, local steps: ncclCommAbort alone would keep
+     * the windows' memory (errors do not matter here: c is being aborted) */
+    if (st->on_close != NULL && st->on_close(c, left) < 0)
+        PyErr_Clear();
     if (left)
         (void)symnccl_devcomm_destroy(c->comm, c->devcomm);
     else

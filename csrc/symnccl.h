@@ -69,10 +69,11 @@ typedef struct {
     struct { PyObject *obj; const struct sn_dtype *dt; } torch_dtypes[16];
     int n_torch_dtypes;
     struct CommObject *live;   /* communicators not yet closed (borrowed) */
-    /* Called when a communicator is closed (deregister = 1: -1 with an
-     * exception on failure) or aborted (0): the XLA handler drops what it
-     * keeps for it (xla_ffi.c installs it; lifecycle.c knows nothing of
-     * XLA). */
+    /* Called when a communicator is closed or aborted: the XLA handler
+     * drops what it keeps for it, deregistering its windows when
+     * `deregister` (close; abort once no kernel of c runs), -1 with an
+     * exception on failure (xla_ffi.c installs it; lifecycle.c knows
+     * nothing of XLA). */
     int (*on_close)(struct CommObject *c, int deregister);
 } SNState;
 

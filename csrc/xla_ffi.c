@@ -58,8 +58,9 @@ nccl_finish(CommObject *c, ncclResult_t rc)
 }
 
 /* The close hook (SNState.on_close): the handler no longer uses c, and the
- * windows it registered on c's behalf go (deregistered on close, forgotten
- * on abort). Called by lifecycle.c before the communicator's own windows. */
+ * windows it registered on c's behalf go (deregistered on close, and on
+ * abort once no kernel of c runs; else forgotten). Called by lifecycle.c
+ * before the communicator's own windows. */
 static int
 on_close(CommObject *c, int deregister)
 {
