@@ -403,7 +403,7 @@ get_knobs(CommObject *s, void *c)
 {
     const sn_knobs *k = &s->knobs;
     return Py_BuildValue(
-        "{s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i}", "SYMNCCL_ALGO",
+        "{s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i}", "SYMNCCL_ALGO",
         k->algo >= 0 ? sn_algos[k->algo].name : "auto", "SYMNCCL_THREADS",
         k->lsa_threads, "SYMNCCL_ONE_SHOT_CTAS", k->one_shot_ctas,
         "SYMNCCL_TWO_SHOT_CTAS", k->two_shot_ctas, "SYMNCCL_LL_CTAS",
@@ -412,7 +412,8 @@ get_knobs(CommObject *s, void *c)
         "SYMNCCL_LL128_TWO_SHOT_KIB", k->ll128_two_shot_kib,
         "SYMNCCL_PUSH_CTAS", k->push_ctas, "SYMNCCL_PUSH_THREADS",
         k->push_threads, "SYMNCCL_PUSH_REGION_MIB", k->push_region_mib,
-        "SYMNCCL_CHECK", k->check, "SYMNCCL_PDL", k->pdl);
+        "SYMNCCL_CHECK", k->check, "SYMNCCL_PDL", k->pdl,
+        "SYMNCCL_NCCL_BLOCKING", k->nccl_blocking);
 }
 
 static PyGetSetDef comm_getset[] = {

@@ -162,12 +162,11 @@ sn_comm_new(PyTypeObject *tp, int rank, int nranks, int device,
 }
 
 static void
-nccl_config(ncclConfig_t *cfg)
+nccl_config(ncclConfig_t *cfg, const sn_knobs *k)
 {
     ncclConfig_t init = NCCL_CONFIG_INITIALIZER;
     *cfg = init;
-    const char *b = getenv("SYMNCCL_NCCL_BLOCKING");
-    cfg->blocking = (b != NULL && strcmp(b, "1") == 0) ? 1 : 0;
+    cfg->blocking = k->nccl_blocking;
 }
 
 /* NCCL calls inside a group return ncclInProgress on non-blocking
@@ -366,7 +365,7 @@ sn_comms_connect(SNState *st, CommObject **cs, int n, const ncclUniqueId *id)
     rc = ncclGroupStart();
     for (int i = 0; i < n && rc == ncclSuccess; i++) {
         ncclConfig_t cfg;
-        nccl_config(&cfg);
+        nccl_config(&cfg, &cs[i]->knobs);
         if (cudaSetDevice(cs[i]->device) != cudaSuccess) {
             rc = ncclUnhandledCudaError;
             break;

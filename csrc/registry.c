@@ -331,6 +331,11 @@ static const knob knobs[] = {
     {"SYMNCCL_CHECK", offsetof(sn_knobs, check), 0, 0, 1, 1,
      "1: ranks compare each eager call's collective, dtype, count, op, "
      "algo and root before running it (CallMismatchError)"},
+    /* off: every NCCL wait bounded (benchmarks/NOTES.md, 23) */
+    {"SYMNCCL_NCCL_BLOCKING", offsetof(sn_knobs, nccl_blocking), 0, 0, 1, 1,
+     "1: a blocking NCCL communicator: eager NCCL calls launch inline, "
+     "without NCCL's launch thread, but init, window registration and "
+     "host-side waits are no longer bounded by the timeout"},
     {"SYMNCCL_PDL", offsetof(sn_knobs, pdl), 1, 0, 1, 1,
      "1: kernels are programmatic dependent launches, whose launch overlaps "
      "the end of the kernel before them on the stream"},

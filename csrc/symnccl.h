@@ -129,6 +129,7 @@ typedef struct {
     int push_ctas, push_threads, push_region_mib;
     int check;                 /* SYMNCCL_CHECK: compare calls first */
     int pdl;                   /* SYMNCCL_PDL: programmatic launches */
+    int nccl_blocking;         /* SYMNCCL_NCCL_BLOCKING */
 } sn_knobs;
 
 /* What decides whether an algorithm can run on a communicator: the same on
