@@ -57,6 +57,11 @@ ab)
 bench)
   timeout 240 python3 benchmarks/bench_allreduce.py --nranks 2 \
     --dtype bfloat16 --out "$OUT/h200x2_bfloat16.json" 2>&1 | tail -20
+  for mode in "" --eager; do
+    timeout 120 python3 benchmarks/bench_collectives.py --nranks 2 $mode \
+      --out "$OUT/collectives_h200x2_bfloat16${mode:+_eager}.json" 2>&1 |
+      tail -24
+  done
   timeout 150 python3 benchmarks/bench_step.py --nranks 2 \
     --out "$OUT/step_h200x2_bfloat16.json" 2>&1 | tail -10
   timeout 100 torchrun --standalone --nproc-per-node 2 \

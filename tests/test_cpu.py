@@ -1,4 +1,5 @@
 """CPU tier: runs everywhere, no GPU or driver needed."""
+import json
 import os
 import subprocess
 import sys
@@ -451,6 +452,37 @@ def test_bench_parses_size_lists():
     assert b.parse_sizes("4K, 1M,256MiB,1000,1.5KiB") == [
         4096, 1 << 20, 256 << 20, 1000, 1536]
     assert b.parse_sizes("") == []
+
+
+def test_step_and_collectives_benchmarks_report_a_results_file(tmp_path):
+    """--report prints a results JSON without a GPU: the table has a row per
+    result, with each method's time and the communication share."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    step = {"gpu": "NVIDIA H200", "nranks": 2, "dtype": "bfloat16",
+            "hidden": 8192, "layers": 8,
+            "rows": [{"step": "decode", "tokens": 1, "symnccl": 110.0,
+                      "torch.distributed": 130.0, "none": 100.0}]}
+    coll = {"gpu": "NVIDIA H200", "nranks": 2, "dtype": "bfloat16",
+            "eager": False, "skipped": {"all_gather symnccl:window": "x"},
+            "rows": [{"collective": "reduce_scatter", "bytes": 8192,
+                      "symnccl": {"us": 3.25, "wrong": 0},
+                      "torch.dist": {"us": 8.5, "wrong": 0}}]}
+    out = {}
+    for name, doc in (("bench_step", step), ("bench_collectives", coll)):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(doc))
+        r = subprocess.run([sys.executable, f"benchmarks/{name}.py",
+                            "--report", str(path)], cwd=root,
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        out[name] = r.stdout
+    line = out["bench_step"].splitlines()[-1].split()
+    assert line[:2] == ["decode", "1"] and line[-3:] == ["10.0", "30.0",
+                                                          "0.33"], line
+    assert "reduce_scatter" in out["bench_collectives"]
+    assert "3.25 (0)" in out["bench_collectives"]
+    assert "8.50 (0)" in out["bench_collectives"]
+    assert "skipped all_gather symnccl:window: x" in out["bench_collectives"]
 
 
 def test_examples_use_only_the_public_api_that_exists():

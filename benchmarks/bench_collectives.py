@@ -1,0 +1,235 @@
+"""Reduce-scatter, all-gather, broadcast and reduce: symnccl against
+torch.distributed, same run, one process per GPU (issue 16's baselines).
+
+Methods (each skipped with a printed reason where unavailable):
+  symnccl          Communicator.<collective> on torch tensors (whatever
+                   algo="auto" runs: NCCL until symnccl has kernels for it)
+  symnccl:window   the same on SymmetricBuffers (NCCL's symmetric kernels)
+  torch.dist       reduce_scatter_tensor / all_gather_into_tensor /
+                   broadcast / reduce
+
+Sizes are the issue's: a reduce-scatter's input per rank, an all-gather's
+output per rank, a broadcast's or reduce's tensor. Timing as
+bench_allreduce.py: CUDA-graph replay (or eager with --eager) of `iters`
+calls over 4 buffers, device events, median of --reps; every method is
+checked against a float64 reference first (#wrong).
+
+    python benchmarks/bench_collectives.py --nranks 2 --eager
+    python benchmarks/bench_collectives.py --report results/x.json
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_allreduce import NBUF, _fmt_size, _time, parse_sizes  # noqa: E402
+
+COLLECTIVES = ("reduce_scatter", "all_gather", "broadcast", "reduce")
+SIZES = "8K,64K,1M,16M,64M"
+
+
+def _calls(coll, comm, dist, n, rank, xs, ys):
+    """name -> (check buffer, fn(i)) for one collective; xs inputs, ys
+    outputs (lists of NBUF), each method on its own buffers."""
+    def sym(i):
+        x, y = xs[i % NBUF], ys[i % NBUF]
+        if coll == "reduce_scatter":
+            return comm.reduce_scatter(x, out=y)
+        if coll == "all_gather":
+            return comm.all_gather(x, out=y)
+        if coll == "broadcast":
+            return comm.broadcast(x, root=0, out=y)
+        return comm.reduce(x, root=0, out=y)
+
+    def td(i):   # broadcast and reduce in place on y, as torch has them
+        x, y = xs[i % NBUF], ys[i % NBUF]
+        if coll == "reduce_scatter":
+            return dist.reduce_scatter_tensor(y, x)
+        if coll == "all_gather":
+            return dist.all_gather_into_tensor(y, x)
+        if coll == "broadcast":
+            return dist.broadcast(y, src=0)
+        return dist.reduce(y, dst=0)
+    return sym, td
+
+
+def worker(rank, nranks, uid, opts):
+    import torch
+    import torch.distributed as dist
+
+    import symnccl
+    from symnccl.bootstrap import init_torch
+    init_torch(rank, nranks, opts["port"])
+    comm = symnccl.Communicator(uid, rank, nranks, device=rank)
+    dtype = getattr(torch, opts["dtype"])
+    esize = torch.empty(0, dtype=dtype).element_size()
+    eps = {torch.bfloat16: 2**-7, torch.float16: 2**-10,
+           torch.float32: 2**-23}[dtype]
+    n = nranks
+    rows, skipped = [], {}
+    for coll in opts["collectives"]:
+        for nbytes in opts["sizes"]:
+            # per-rank element counts of input and output
+            total = nbytes // esize
+            if coll == "reduce_scatter":
+                cin, cout = total - total % n, (total - total % n) // n
+            elif coll == "all_gather":
+                cout = total - total % n
+                cin = cout // n
+            else:
+                cin = cout = total
+            if cin == 0:
+                continue
+            iters = opts["iters"] if nbytes <= (4 << 20) else max(
+                3, opts["iters"] // 10)
+            gen = torch.Generator(device="cuda")
+            ins = []
+            for r in range(n):
+                gen.manual_seed(1000 * r + 11)
+                ins.append(torch.rand(cin, generator=gen, device="cuda")
+                           .mul_(2).sub_(1).to(dtype))
+            if coll == "reduce_scatter":
+                full = sum(t.double() for t in ins)
+                ref = full[rank * cout:(rank + 1) * cout]
+                tol = (n + 1) * eps * sum(t.double().abs() for t in ins)[
+                    rank * cout:(rank + 1) * cout]
+            elif coll == "all_gather":
+                ref = torch.cat([t.double() for t in ins])
+                tol = torch.zeros_like(ref)
+            elif coll == "broadcast":
+                ref, tol = ins[0].double(), torch.zeros(cout, device="cuda",
+                                                        dtype=torch.float64)
+            else:
+                ref = sum(t.double() for t in ins)
+                tol = (n + 1) * eps * sum(t.double().abs() for t in ins)
+            mine = ins[rank]
+            del ins
+
+            def wrong(out):
+                if coll == "reduce" and rank != 0:
+                    return 0   # only the root's output is a result
+                d = (out.double() - ref).abs()
+                return int(((d > tol + 1e-30)
+                            | ~torch.isfinite(out.double())).sum())
+            wx = [torch.from_dlpack(comm.empty(cin, opts["dtype"]))
+                  for _ in range(NBUF)]
+            wy = [torch.from_dlpack(comm.empty(cout, opts["dtype"]))
+                  for _ in range(NBUF)]
+            px = [torch.empty(cin, dtype=dtype, device="cuda")
+                  for _ in range(NBUF)]
+            py = [torch.empty(cout, dtype=dtype, device="cuda")
+                  for _ in range(NBUF)]
+            sym_w, _ = _calls(coll, comm, dist, n, rank, wx, wy)
+            sym_p, td = _calls(coll, comm, dist, n, rank, px, py)
+            # name -> (inputs, outputs, fn, output starts as the input)
+            in_place = coll in ("broadcast", "reduce")
+            methods = {"symnccl": (px, py, sym_p, False),
+                       "symnccl:window": (wx, wy, sym_w, False),
+                       "torch.dist": (px, py, td, in_place)}
+            row = {"collective": coll, "bytes": nbytes, "count_in": cin,
+                   "count_out": cout, "iters": iters}
+            for name, (xs, ys, fn, inp) in methods.items():
+                try:
+                    for x, y in zip(xs, ys):
+                        x.copy_(mine)
+                        if inp:
+                            y.copy_(mine)
+                    if not inp:
+                        ys[0].fill_(float("nan"))   # poisoned
+                    fn(0)
+                    torch.cuda.synchronize()
+                    nwrong = wrong(ys[0])
+                    us = _time(fn, iters, opts["reps"], opts["eager"], torch)
+                    row[name] = {"us": us, "wrong": nwrong}
+                except Exception as e:
+                    skipped[f"{coll} {name}"] = f"{type(e).__name__}: {e}"[:200]
+            rows.append(row)
+            del wx, wy, px, py, methods, ref, tol
+            torch.cuda.empty_cache()
+    comm.close()
+    dist.destroy_process_group()
+    return {"rows": rows, "skipped": skipped}
+
+
+METHODS = ("symnccl", "symnccl:window", "torch.dist")
+
+
+def print_table(doc):
+    print(f"# {doc['gpu']} x{doc['nranks']}, {doc['dtype']}, "
+          f"{'eager' if doc['eager'] else 'CUDA graph'}, median us per call "
+          "(#wrong)")
+    print(f"{'collective':>15} {'size':>8} " +
+          " ".join(f"{m:>16}" for m in METHODS))
+    for r in doc["rows"]:
+        cells = []
+        for m in METHODS:
+            v = r.get(m)
+            cells.append(f"{v['us']:9.2f} ({v['wrong']})" if v else "-")
+        print(f"{r['collective']:>15} {_fmt_size(r['bytes']):>8} " +
+              " ".join(f"{c:>16}" for c in cells))
+    for k, v in doc.get("skipped", {}).items():
+        print(f"skipped {k}: {v}")
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--nranks", type=int, default=None)
+    p.add_argument("--dtype", default="bfloat16",
+                   choices=["bfloat16", "float32", "float16"])
+    p.add_argument("--collectives", default=",".join(COLLECTIVES))
+    p.add_argument("--sizes", default=SIZES)
+    p.add_argument("--iters", type=int, default=50)
+    p.add_argument("--reps", type=int, default=7)
+    p.add_argument("--eager", action="store_true",
+                   help="no CUDA graph: include the host path")
+    p.add_argument("--out", default=None, help="JSON path")
+    p.add_argument("--report", default=None,
+                   help="print the table of a results JSON, no GPU")
+    args = p.parse_args(argv)
+    if args.report:
+        with open(args.report) as f:
+            print_table(json.load(f))
+        return 0
+    colls = [c for c in args.collectives.split(",") if c]
+    bad = [c for c in colls if c not in COLLECTIVES]
+    if bad:
+        p.error(f"unknown collective(s) {bad}: expected some of "
+                f"{COLLECTIVES}")
+    import torch
+
+    import symnccl
+    from symnccl.bootstrap import free_port, local_device_count, spawn
+    n = args.nranks or local_device_count()
+    opts = dict(dtype=args.dtype, collectives=colls,
+                sizes=parse_sizes(args.sizes), iters=args.iters,
+                reps=args.reps, eager=args.eager, port=free_port())
+    res = spawn(worker, n, args=(opts,), timeout=1800)
+    gpu = torch.cuda.get_device_name(0)
+    v = symnccl.versions()
+    v["torch"] = torch.__version__
+    doc = {"gpu": gpu, "nranks": n, "dtype": args.dtype, "eager": args.eager,
+           "date": datetime.date.today().isoformat(), "host": platform.node(),
+           "versions": v, "iters": args.iters, "reps": args.reps,
+           "env": {k: val for k, val in os.environ.items() if k in (
+               "NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST",
+               "NVSHMEM_DISABLE_NVLS") or k.startswith("SYMNCCL_")},
+           "rows": res[0]["rows"],
+           "skipped": {k: v for r in res for k, v in r["skipped"].items()}}
+    out = args.out or os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), "results",
+        f"collectives_{gpu.split()[-1].lower()}x{n}_{args.dtype}"
+        f"{'_eager' if args.eager else ''}.json")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(doc, f, indent=1)
+    print_table(doc)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
