@@ -31,7 +31,6 @@ import datetime
 import json
 import os
 import platform
-import socket
 import sys
 
 # 1 KiB, then 4 KiB .. 256 MiB in x4 steps, then 512 MiB
@@ -209,6 +208,43 @@ def _bw(doc, method, nbytes, us):
     return nbytes / us / 1e3 * f
 
 
+#: environment variables that shape a run, recorded in every results file
+RUN_ENV = ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST",
+           "NVSHMEM_DISABLE_NVLS")
+
+
+def run_info(nranks: int, gpu: str, torch_version: str, **fields) -> dict:
+    """The header of a results file (every benchmark's): GPU, ranks, date,
+    host, versions, the environment that shapes the run, then `fields`."""
+    import symnccl
+    versions = symnccl.versions()
+    versions["torch"] = torch_version
+    return {"gpu": gpu, "nranks": nranks,
+            "date": datetime.date.today().isoformat(),
+            "host": platform.node(), "versions": versions,
+            "env": {k: v for k, v in os.environ.items()
+                    if k in RUN_ENV or k.startswith("SYMNCCL_")},
+            **fields}
+
+
+def results_name(doc: dict, prefix: str) -> str:
+    """<prefix><gpu>x<n>_<dtype>[_eager].json, e.g. step_h200x2_bfloat16.json"""
+    return (f"{prefix}{doc['gpu'].split()[-1].lower()}x{doc['nranks']}"
+            f"_{doc['dtype']}{'_eager' if doc.get('eager') else ''}.json")
+
+
+def write_results(doc: dict, prefix: str, path=None) -> str:
+    """doc as JSON at `path`, else at results/results_name(doc, prefix)
+    beside this script; returns where."""
+    if path is None:
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                            "results", results_name(doc, prefix))
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=1)
+    return path
+
+
 def parse_sizes(text):
     """'4K,1M,256M' (or plain byte counts) -> [4096, 1048576, 268435456]."""
     units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -323,7 +359,6 @@ def main(argv=None):
 
     import torch
 
-    import symnccl
     from symnccl.bootstrap import free_port, local_device_count, spawn
     n = args.nranks or local_device_count()
     if n < 2:
@@ -340,25 +375,11 @@ def main(argv=None):
                 eager=args.eager, sizes=sizes, port=free_port(),
                 methods=args.methods.split(",") if args.methods else None)
     res = spawn(worker, n, args=(opts,), timeout=3000)
-    gpu = torch.cuda.get_device_name(0)
-    v = symnccl.versions()
-    v["torch"] = torch.__version__
-    doc = {
-        "gpu": gpu, "nranks": n, "dtype": args.dtype, "eager": args.eager,
-        "date": datetime.date.today().isoformat(), "host": platform.node(),
-        "versions": v, "iters": args.iters, "reps": args.reps,
-        "env": {k: val for k, val in os.environ.items() if k in (
-            "NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST",
-            "NVSHMEM_DISABLE_NVLS") or k.startswith("SYMNCCL_")},
-        "rows": res[0]["rows"], "skipped": res[0]["skipped"],
-    }
-    out = args.out or os.path.join(
-        os.path.dirname(os.path.abspath(__file__)), "results",
-        f"{gpu.split()[-1].lower()}x{n}_{args.dtype}"
-        f"{'_eager' if args.eager else ''}.json")
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    with open(out, "w") as f:
-        json.dump(doc, f, indent=1)
+    doc = run_info(n, torch.cuda.get_device_name(0), torch.__version__,
+                   dtype=args.dtype, eager=args.eager, iters=args.iters,
+                   reps=args.reps, rows=res[0]["rows"],
+                   skipped=res[0]["skipped"])
+    out = write_results(doc, "", args.out)
     try:
         plot(doc, os.path.splitext(out)[0] + ".png")
     except ImportError as e:

@@ -20,14 +20,13 @@ checked against a float64 reference first (#wrong).
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_allreduce import NBUF, _fmt_size, _time, parse_sizes  # noqa: E402
+from bench_allreduce import (  # noqa: E402
+    NBUF, _fmt_size, _time, parse_sizes, run_info, write_results)
 
 COLLECTIVES = ("reduce_scatter", "all_gather", "broadcast", "reduce")
 SIZES = "8K,64K,1M,16M,64M"
@@ -202,31 +201,18 @@ def main(argv=None):
                 f"{COLLECTIVES}")
     import torch
 
-    import symnccl
     from symnccl.bootstrap import free_port, local_device_count, spawn
     n = args.nranks or local_device_count()
     opts = dict(dtype=args.dtype, collectives=colls,
                 sizes=parse_sizes(args.sizes), iters=args.iters,
                 reps=args.reps, eager=args.eager, port=free_port())
     res = spawn(worker, n, args=(opts,), timeout=1800)
-    gpu = torch.cuda.get_device_name(0)
-    v = symnccl.versions()
-    v["torch"] = torch.__version__
-    doc = {"gpu": gpu, "nranks": n, "dtype": args.dtype, "eager": args.eager,
-           "date": datetime.date.today().isoformat(), "host": platform.node(),
-           "versions": v, "iters": args.iters, "reps": args.reps,
-           "env": {k: val for k, val in os.environ.items() if k in (
-               "NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST",
-               "NVSHMEM_DISABLE_NVLS") or k.startswith("SYMNCCL_")},
-           "rows": res[0]["rows"],
-           "skipped": {k: v for r in res for k, v in r["skipped"].items()}}
-    out = args.out or os.path.join(
-        os.path.dirname(os.path.abspath(__file__)), "results",
-        f"collectives_{gpu.split()[-1].lower()}x{n}_{args.dtype}"
-        f"{'_eager' if args.eager else ''}.json")
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    with open(out, "w") as f:
-        json.dump(doc, f, indent=1)
+    doc = run_info(
+        n, torch.cuda.get_device_name(0), torch.__version__,
+        dtype=args.dtype, eager=args.eager, iters=args.iters, reps=args.reps,
+        rows=res[0]["rows"],
+        skipped={k: v for r in res for k, v in r["skipped"].items()})
+    write_results(doc, "collectives_", args.out)
     print_table(doc)
     return 0
 

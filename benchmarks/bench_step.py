@@ -14,11 +14,12 @@ events, median of --reps repeats.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_allreduce import run_info, write_results  # noqa: E402
 
 KINDS = ("symnccl", "torch.distributed", "none")
 
@@ -169,7 +170,6 @@ def main(argv=None):
         return 0
     import torch
 
-    import symnccl
     from symnccl.bootstrap import free_port, local_device_count, spawn
     n = args.nranks or local_device_count()
     ints = lambda s: [int(v) for v in s.split(",") if v]  # noqa: E731
@@ -177,23 +177,10 @@ def main(argv=None):
                 tokens=ints(args.tokens), train_tokens=ints(args.train_tokens),
                 iters=args.iters, reps=args.reps, port=free_port())
     res = spawn(worker, n, args=(opts,), timeout=1800)
-    gpu = torch.cuda.get_device_name(0)
-    v = symnccl.versions()
-    v["torch"] = torch.__version__
-    doc = {"gpu": gpu, "nranks": n, "dtype": args.dtype,
-           "hidden": args.hidden, "layers": args.layers,
-           "date": datetime.date.today().isoformat(), "host": platform.node(),
-           "versions": v, "iters": args.iters, "reps": args.reps,
-           "env": {k: val for k, val in os.environ.items() if k in (
-               "NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST",
-               "NVSHMEM_DISABLE_NVLS") or k.startswith("SYMNCCL_")},
-           "rows": res[0]}
-    out = args.out or os.path.join(
-        os.path.dirname(os.path.abspath(__file__)), "results",
-        f"step_{gpu.split()[-1].lower()}x{n}_{args.dtype}.json")
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    with open(out, "w") as f:
-        json.dump(doc, f, indent=1)
+    doc = run_info(n, torch.cuda.get_device_name(0), torch.__version__,
+                   dtype=args.dtype, hidden=args.hidden, layers=args.layers,
+                   iters=args.iters, reps=args.reps, rows=res[0])
+    write_results(doc, "step_", args.out)
     print_table(doc)
     return 0
 

@@ -454,6 +454,29 @@ def test_bench_parses_size_lists():
     assert b.parse_sizes("") == []
 
 
+def test_results_files_carry_the_run_and_are_named_by_it(tmp_path,
+                                                         monkeypatch):
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    sys.path.insert(0, os.path.join(root, "benchmarks"))
+    try:
+        import bench_allreduce as b
+    finally:
+        sys.path.pop(0)
+    monkeypatch.setenv("SYMNCCL_PDL", "0")
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")
+    doc = b.run_info(2, "NVIDIA H200", "2.11.0", dtype="bfloat16",
+                     eager=True, rows=[1])
+    assert doc["gpu"] == "NVIDIA H200" and doc["nranks"] == 2
+    assert doc["versions"]["torch"] == "2.11.0" and "nccl_runtime" in \
+        doc["versions"]
+    assert doc["env"]["SYMNCCL_PDL"] == "0" and \
+        doc["env"]["NCCL_NVLS_ENABLE"] == "0" and "PATH" not in doc["env"]
+    assert doc["rows"] == [1]
+    assert b.results_name(doc, "step_") == "step_h200x2_bfloat16_eager.json"
+    path = b.write_results(doc, "", str(tmp_path / "r.json"))
+    assert json.loads(open(path).read())["rows"] == [1]
+
+
 def test_step_and_collectives_benchmarks_report_a_results_file(tmp_path):
     """--report prints a results JSON without a GPU: the table has a row per
     result, with each method's time and the communication share."""
