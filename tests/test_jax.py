@@ -43,6 +43,22 @@ def test_bad_arguments_raise_before_lowering():
         sj.all_reduce(jnp.ones(3), algo="fast")
 
 
+def test_reduce_scatter_and_all_gather_check_their_arguments(monkeypatch):
+    """No GPU: a bad op, a first axis that does not divide among the ranks,
+    and a call before communicator() raise before anything is lowered."""
+    import jax.numpy as jnp
+    import symnccl.jax as sj
+    with pytest.raises(ValueError, match="op 'mean' is not supported"):
+        sj.reduce_scatter(jnp.ones(4), op="mean")
+    with pytest.raises(RuntimeError, match="communicator\\(\\) first"):
+        sj.all_gather(jnp.ones(4))
+    monkeypatch.setattr(sj, "_nranks", lambda: 2)
+    with pytest.raises(ValueError, match="multiple of nranks \\(2\\)"):
+        sj.reduce_scatter(jnp.ones(3))
+    with pytest.raises(ValueError, match="multiple of nranks"):
+        sj.reduce_scatter(jnp.ones(()))
+
+
 def test_the_jax_distributed_client_symnccl_uses_is_where_it_was():
     """symnccl.jax.communicator() shares unique ids through
     jax.distributed's key-value client, which JAX keeps in a private
