@@ -50,6 +50,20 @@ def _time(fn, iters, reps, eager, torch):
                 fn(i)
         g.replay()
         torch.cuda.synchronize()
+
+    def run():
+        if eager:
+            for i in range(iters):
+                fn(i)
+        else:
+            g.replay()
+    return median_us(run, iters, reps, torch)
+
+
+def median_us(run, iters, reps, torch):
+    """Median over `reps` of run()'s device time / iters, in microseconds;
+    every rep starts with the ranks aligned (a barrier), so no rank's time
+    holds another's lateness."""
     times = []
     for _ in range(reps):
         a = torch.cuda.Event(enable_timing=True)
@@ -57,11 +71,7 @@ def _time(fn, iters, reps, eager, torch):
         torch.distributed.barrier()
         torch.cuda.synchronize()
         a.record()
-        if eager:
-            for i in range(iters):
-                fn(i)
-        else:
-            g.replay()
+        run()
         b.record()
         b.synchronize()
         times.append(a.elapsed_time(b) * 1000.0 / iters)

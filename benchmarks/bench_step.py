@@ -19,13 +19,14 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_allreduce import run_info, write_results  # noqa: E402
+from bench_allreduce import median_us, run_info, write_results  # noqa: E402
 
 KINDS = ("symnccl", "torch.distributed", "none")
 
 
 def _time(fn, iters, reps, torch):
-    """Median microseconds per fn() over CUDA-graph replays."""
+    """Median microseconds per fn() over CUDA-graph replays (warm-up on a
+    side stream, as a capture of a backward needs)."""
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
@@ -36,17 +37,7 @@ def _time(fn, iters, reps, torch):
     with torch.cuda.graph(g):
         for _ in range(iters):
             fn()
-    times = []
-    for _ in range(reps):
-        a = torch.cuda.Event(enable_timing=True)
-        b = torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000.0 / iters)
-    times.sort()
-    return times[len(times) // 2]
+    return median_us(g.replay, iters, reps, torch)
 
 
 def _collectives(kind, comm, n, rank, torch, dist):

@@ -198,6 +198,16 @@ read_devcomm(CommObject *c)
                                      : "requested, but NCCL granted none";
 }
 
+/* c without the device API, and why: symnccl's kernels never run on it. */
+static void
+no_device_api(CommObject *c, const char *why)
+{
+    c->symmetric = 0;
+    c->symmetric_reason = why;
+    c->lsa_size = 1;
+    c->lsa_rank = 0;
+}
+
 /* Device communicators for all of cs, in one group. NCCL reports an
  * unusable multicast request with ncclInvalidArgument on every rank: that
  * one failure is retried without multicast (every rank retries alike). Any
@@ -220,12 +230,9 @@ connect_devcomms(SNState *st, CommObject **cs, int n, ncclComm_t *raw)
     }
     if (!api) {
         for (int i = 0; i < n; i++) {
-            cs[i]->symmetric = 0;
-            cs[i]->symmetric_reason = "NCCL reports no device API support on "
-                                      "this communicator "
-                                      "(ncclCommQueryProperties)";
-            cs[i]->lsa_size = 1;
-            cs[i]->lsa_rank = 0;
+            no_device_api(cs[i], "NCCL reports no device API support on "
+                                 "this communicator "
+                                 "(ncclCommQueryProperties)");
             cs[i]->multicast_requested = 0;
         }
         return 0;
@@ -279,14 +286,9 @@ connect_devcomms(SNState *st, CommObject **cs, int n, ncclComm_t *raw)
     for (int i = 0; i < n; i++) {
         if (cs[i]->devcomm != NULL)
             read_devcomm(cs[i]);
-        else {
-            cs[i]->symmetric = 0;
-            cs[i]->symmetric_reason = "ncclDevCommCreate failed: the NCCL "
-                                      "device API is not usable on this "
-                                      "communicator";
-            cs[i]->lsa_size = 1;
-            cs[i]->lsa_rank = 0;
-        }
+        else
+            no_device_api(cs[i], "ncclDevCommCreate failed: the NCCL device "
+                                 "API is not usable on this communicator");
     }
     return 0;
 }
