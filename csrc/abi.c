@@ -127,3 +127,21 @@ symnccl_lsa_pointer(ncclWindow_t win, size_t offset, int peer, void **out)
 {
     return K->lsa_pointer(win, offset, peer, out);
 }
+
+ncclResult_t
+symnccl_loopback_devcomm(int rank, int nranks, symnccl_devcomm **out)
+{
+    return K->loopback_devcomm(rank, nranks, out);
+}
+
+cudaError_t
+symnccl_loopback_window(char *flat_base, int rank, ncclWindow_t *out)
+{
+    return K->loopback_window(flat_base, rank, out);
+}
+
+void
+symnccl_loopback_window_free(ncclWindow_t win)
+{
+    K->loopback_window_free(win);
+}

@@ -236,12 +236,27 @@ format_sig(const sn_sig *g, char *buf, size_t size)
                  sn_algos[g->algo].name, g->root);
 }
 
+/* A loopback rank (loopback.c) has no NCCL communicator. */
+static int
+no_nccl(sn_call *k, int collective)
+{
+    if (k->c->comm != NULL)
+        return 0;
+    PyErr_Format(PyExc_RuntimeError, "%s: this call needs NCCL, and a "
+                 "loopback communicator (Communicator._loopback) runs "
+                 "symnccl's kernels only", sn_collective_name(collective));
+    return -1;
+}
+
 static int
 check_call(sn_call *k, int collective, size_t count, const sn_op *op,
            int algo, int root)
 {
     CommObject *c = k->c;
     unsigned long long capture = 0;
+    /* every NCCL call passes here first */
+    if ((algo == SN_ALGO_NCCL || c->knobs.check) && no_nccl(k, collective) < 0)
+        return -1;
     if (!c->knobs.check || k->st->group_depth > 0 ||
         sn_capture_id(k->stream, &capture) != cudaSuccess || capture != 0)
         return 0;
@@ -582,7 +597,8 @@ sn_barrier(CommObject *c, PyObject *args, PyObject *kw)
                                      &stream, &blocking))
         return NULL;
     sn_call k;
-    if (call_begin(&k, c, NULL, stream) < 0)
+    if (call_begin(&k, c, NULL, stream) < 0 ||
+        no_nccl(&k, SYMNCCL_COLL_BARRIER) < 0)
         return call_end(&k, 0);
     int *word = sn_barrier_word(c);
     ncclResult_t rc = ncclAllReduce(word, word, 1, ncclInt32, ncclSum,

@@ -192,6 +192,92 @@ done:
     return result;
 }
 
+/* Communicator._loopback(nranks): testing, every rank of a team on one GPU
+ * (loopback.c). */
+static PyObject *
+comm_loopback(PyObject *cls, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"nranks", "device", "timeout", "staging_bytes",
+                             NULL};
+    PyTypeObject *tp = (PyTypeObject *)cls;
+    SNState *st = sn_state_from_type(tp);
+    int nranks, device = -1;
+    double timeout = 30.0;
+    Py_ssize_t staging = SN_DEFAULT_STAGING;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "i|i$dn:_loopback", kwlist,
+                                     &nranks, &device, &timeout, &staging))
+        return NULL;
+    if (nranks < 1 || nranks > SYMNCCL_MAX_RANKS) {
+        PyErr_Format(PyExc_ValueError, "nranks must be 1..%d, got %d",
+                     SYMNCCL_MAX_RANKS, nranks);
+        return NULL;
+    }
+    if (staging < 0 || staging % 4096 != 0) {
+        PyErr_Format(PyExc_ValueError, "staging_bytes must be a multiple of "
+                     "4096 and >= 0, got %zd", staging);
+        return NULL;
+    }
+    if (!(timeout > 0)) {
+        PyErr_SetString(PyExc_ValueError, "timeout must be > 0 seconds");
+        return NULL;
+    }
+    if (device < 0) {
+        cudaError_t e = cudaGetDevice(&device);
+        if (e != cudaSuccess)
+            return (sn_set_cuda_error(st, e, "cudaGetDevice"), NULL);
+    }
+    if (check_device(st, device) < 0)
+        return NULL;
+    int prev;
+    if (sn_device_push(st, device, &prev) < 0)
+        return NULL;
+    PyObject *result = NULL;
+    sn_loopback *t = NULL;
+    int ok = 0;
+    CommObject **cs = PyMem_Calloc((size_t)nranks, sizeof(CommObject *));
+    if (cs == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (int q = 0; q < nranks; q++) {
+        cs[q] = sn_comm_new(tp, q, nranks, device, timeout, SN_MC_OFF,
+                            (size_t)staging);
+        if (cs[q] == NULL)
+            goto done;
+    }
+    t = sn_loopback_new(st, nranks, device, cs[0]->layout.bytes);
+    if (t == NULL)
+        goto done;
+    for (int q = 0; q < nranks; q++)
+        if (sn_loopback_join(st, cs[q], t) < 0)
+            goto done;
+    /* the kernels' addressing of the peers holds for this layout */
+    SN_CUDA_GOTO(st, symnccl_lsa_layout_ok(cs[0]->staging_win->win, nranks,
+                                           &ok),
+                 "checking the loopback layout", done);
+    if (!ok) {
+        PyErr_SetString(PyExc_RuntimeError, "loopback team: the kernels do "
+                        "not see the ranks' memory evenly spaced");
+        goto done;
+    }
+    result = PyList_New(nranks);
+    for (int q = 0; result != NULL && q < nranks; q++) {
+        PyList_SetItem(result, q, (PyObject *)cs[q]);
+        cs[q] = NULL;
+    }
+
+done:
+    for (int q = 0; cs != NULL && q < nranks; q++)
+        if (cs[q] != NULL) {
+            sn_comm_abort(st, cs[q]);   /* leaves the team too */
+            Py_DECREF(cs[q]);
+        }
+    PyMem_Free(cs);
+    sn_loopback_release(t);
+    sn_device_pop(prev);
+    return result;
+}
+
 /* ------------------------------------------------------------------ */
 /* close, abort, context manager, deallocation.                         */
 
@@ -228,6 +314,8 @@ comm_check(CommObject *self, PyObject *unused)
     SNState *st = comm_state(self);
     if (sn_comm_check_usable(st, self) < 0)
         return NULL;
+    if (self->comm == NULL)   /* a loopback rank: its record is all */
+        Py_RETURN_NONE;
     ncclResult_t async = ncclSuccess;
     ncclResult_t rc = ncclCommGetAsyncError(self->comm, &async);
     if (rc == ncclSuccess && async != ncclSuccess && async != ncclInProgress)
@@ -635,6 +723,14 @@ static PyMethodDef comm_methods[] = {
      "Example:\n    comms = symnccl.Communicator.init_all([0, 1])\n"
      "    with symnccl.group():\n"
      "        bufs = [c.empty(1024, 'bfloat16') for c in comms]"},
+    {"_loopback", (PyCFunction)(void (*)(void))comm_loopback,
+     METH_CLASS | METH_VARARGS | METH_KEYWORDS,
+     "_loopback($type, /, nranks, device=-1, *, timeout=30.0, "
+     "staging_bytes=33554432)\n--\n\n"
+     "-> list of Communicator\n\n"
+     "Testing: nranks ranks of one team on one GPU (csrc/loopback.c). "
+     "symnccl's kernels run on them unchanged, each rank's calls on a "
+     "stream of its own; NCCL calls and windows are not available."},
     {"empty", (PyCFunction)(void (*)(void))comm_empty,
      METH_VARARGS | METH_KEYWORDS,
      "empty($self, /, shape, dtype='float32')\n--\n\n-> SymmetricBuffer\n\n"

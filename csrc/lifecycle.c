@@ -520,6 +520,10 @@ close_entered(SNState *st, CommObject *c)
     sn_watch_forget(c);
     if (st->on_close != NULL && st->on_close(c, 1) < 0)
         goto fail;
+    if (c->devcomm != NULL && c->comm == NULL) {   /* a loopback rank */
+        symnccl_devcomm_free(c->devcomm);
+        c->devcomm = NULL;
+    }
     if (c->devcomm != NULL) {
         Py_BEGIN_ALLOW_THREADS
         rc = symnccl_devcomm_destroy(c->comm, c->devcomm);
@@ -530,9 +534,15 @@ close_entered(SNState *st, CommObject *c)
     }
     if (sn_windows_deregister(st, c) < 0)
         goto fail;
+    sn_loopback_leave(c);
     sn_staging_free(c);
     sn_scratch_free(c);
     sn_fault_free(c);
+    if (c->comm == NULL) {   /* a loopback rank: no NCCL communicator */
+        c->closed = 1;
+        sn_device_pop(prev);
+        return 0;
+    }
     Py_BEGIN_ALLOW_THREADS
     rc = ncclCommFinalize(c->comm);
     Py_END_ALLOW_THREADS
@@ -572,6 +582,7 @@ free_memory(CommObject *c, int drained)
         c->watch_event = NULL;
         return;
     }
+    sn_loopback_leave(c);
     sn_staging_free(c);
     sn_scratch_free(c);
     sn_fault_free(c);
@@ -626,7 +637,7 @@ sn_comm_abort(SNState *st, CommObject *c)
      * the windows' memory (errors do not matter here: c is being aborted) */
     if (st->on_close != NULL && st->on_close(c, left) < 0)
         PyErr_Clear();
-    if (left)
+    if (left && c->comm != NULL)
         (void)symnccl_devcomm_destroy(c->comm, c->devcomm);
     else
         symnccl_devcomm_free(c->devcomm);
@@ -656,7 +667,8 @@ sn_comm_finalize(SNState *st, CommObject *c)
 {
     live_remove(st, c);
     sn_watch_forget(c);
-    if (c->closed || c->comm == NULL || st->shutting_down)
+    if (c->closed || (c->comm == NULL && c->loopback == NULL) ||
+        st->shutting_down)
         return;
     PyObject *et, *ev, *tb;
     PyErr_Fetch(&et, &ev, &tb);

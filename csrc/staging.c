@@ -104,10 +104,10 @@ sn_staging_alloc(SNState *st, CommObject *c)
 void
 sn_staging_free(CommObject *c)
 {
-    if (c->staging != NULL) {
+    /* a loopback rank's is its team's (lifecycle.c leaves the team first) */
+    if (c->staging != NULL && c->loopback == NULL)
         ncclMemFree(c->staging);
-        c->staging = NULL;
-    }
+    c->staging = NULL;
     c->staging_win = NULL;   /* the node stays in c->windows, detached */
 }
 

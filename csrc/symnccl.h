@@ -317,6 +317,18 @@ void sn_layout_compute(struct CommObject *c, size_t staging_bytes);
  * zeroed; the caller registers it. 0 without one (no device API). */
 int sn_staging_alloc(SNState *st, struct CommObject *c);
 void sn_staging_free(struct CommObject *c);
+/* Loopback teams (loopback.c; Communicator._loopback in comm.c): the
+ * team's memory for nranks ranks of `bytes` each (one reference, the
+ * caller's: sn_loopback_release); rank c->rank's part given to c, as
+ * sn_comms_connect gives a real communicator its own (c then holds a
+ * reference, until sn_loopback_leave, which lifecycle.c calls where a
+ * real communicator's staging memory is freed). */
+typedef struct sn_loopback sn_loopback;
+sn_loopback *sn_loopback_new(SNState *st, int nranks, int device,
+                             size_t bytes);
+int sn_loopback_join(SNState *st, struct CommObject *c, sn_loopback *t);
+void sn_loopback_release(sn_loopback *t);
+void sn_loopback_leave(struct CommObject *c);
 /* cudaMalloc'd, zeroed scratch and the cross-stream event. */
 int sn_scratch_alloc(SNState *st, struct CommObject *c);
 void sn_scratch_free(struct CommObject *c);
@@ -398,7 +410,8 @@ int sn_fault_wait_nccl(SNState *st, struct CommObject *c, int collective);
 typedef struct CommObject {
     PyObject_HEAD
     struct CommObject *live_next, *live_prev;   /* open communicators */
-    ncclComm_t comm;
+    ncclComm_t comm;           /* NULL: closed, or a loopback rank */
+    sn_loopback *loopback;     /* a loopback rank's team (loopback.c) */
     symnccl_devcomm *devcomm;
     int rank, nranks, device;
     int lsa_size, lsa_rank;

@@ -39,6 +39,11 @@ sn_window_acquire(SNState *st, CommObject *c, char *base, size_t size)
             w->refs++;
             return w;
         }
+    if (c->comm == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "a loopback communicator "
+                        "(Communicator._loopback) registers no windows");
+        return NULL;
+    }
     sn_window *w = sn_window_node(c, base, size);
     if (w == NULL) {
         PyErr_NoMemory();
@@ -101,6 +106,10 @@ sn_windows_deregister(SNState *st, CommObject *c)
     for (sn_window *w = c->windows; w != NULL; w = w->next) {
         if (w->win == NULL)
             continue;
+        if (c->comm == NULL) {   /* a loopback rank's: its team's */
+            w->win = NULL;
+            continue;
+        }
         ncclResult_t rc;
         Py_BEGIN_ALLOW_THREADS
         rc = ncclCommWindowDeregister(c->comm, w->win);

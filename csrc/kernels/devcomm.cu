@@ -5,6 +5,7 @@
 // The holder is heap-allocated so its address is stable: inside an NCCL group
 // ncclDevCommCreate fills it only at ncclGroupEnd.
 #include <cstdlib>
+#include <cstring>
 
 #include <dlfcn.h>
 
@@ -77,4 +78,53 @@ ncclResult_t snk_comm_properties(ncclComm_t comm, int* device_api,
   (void)multimem;
   return ncclInvalidUsage;
 #endif
+}
+
+// ---- loopback teams (csrc/loopback.c) ----
+//
+// A loopback team is nranks ranks of one communicator on one GPU, for
+// testing the kernels at any world size: each rank's staging memory is
+// mapped SYMNCCL_LOOPBACK_STRIDE apart in one reserved address range, as
+// NCCL maps a window's copies of an LSA team (lsaFlatBase + rank * stride,
+// stride a multiple of 4 GiB). The kernels then run unchanged on a
+// device communicator and a window made here, which hold what they read:
+// the rank and team size, and the flat base and stride of the window
+// (ncclGetLsaPointer). No NCCL communicator exists; nothing else of these
+// structs is set.
+
+ncclResult_t snk_loopback_devcomm(int rank, int nranks,
+                                  symnccl_devcomm** out) {
+  symnccl_devcomm* h =
+      static_cast<symnccl_devcomm*>(calloc(1, sizeof(symnccl_devcomm)));
+  *out = h;
+  if (h == nullptr) return ncclSystemError;
+  h->dc.rank = h->dc.lsaRank = rank;
+  h->dc.nRanks = h->dc.lsaSize = nranks;
+  return ncclSuccess;
+}
+
+static_assert(SYMNCCL_LOOPBACK_STRIDE % (1ull << 32) == 0,
+              "NCCL's window stride counts 4 GiB units");
+
+cudaError_t snk_loopback_window(char* flat_base, int rank,
+                                ncclWindow_t* out) {
+  ncclWindow_vidmem w;
+  memset(&w, 0, sizeof(w));
+  w.lsaFlatBase = flat_base;
+  w.lsaRank = w.worldRank = rank;
+  w.stride4G = (uint32_t)(SYMNCCL_LOOPBACK_STRIDE >> 32);
+  *out = nullptr;
+  void* d = nullptr;
+  cudaError_t e = cudaMalloc(&d, sizeof(w));
+  if (e == cudaSuccess) e = cudaMemcpy(d, &w, sizeof(w), cudaMemcpyDefault);
+  if (e != cudaSuccess) {
+    if (d != nullptr) cudaFree(d);
+    return e;
+  }
+  *out = static_cast<ncclWindow_t>(d);
+  return cudaSuccess;
+}
+
+void snk_loopback_window_free(ncclWindow_t w) {
+  if (w != nullptr) cudaFree(w);
 }

@@ -22,6 +22,9 @@ void snk_devcomm_info(const symnccl_devcomm*, int*, int*, int*);
 ncclResult_t snk_comm_properties(ncclComm_t, int*, int*);
 cudaError_t snk_copy(void*, const void*, size_t, int, cudaStream_t);
 cudaError_t snk_lsa_pointer(ncclWindow_t, size_t, int, void**);
+ncclResult_t snk_loopback_devcomm(int, int, symnccl_devcomm**);
+cudaError_t snk_loopback_window(char*, int, ncclWindow_t*);
+void snk_loopback_window_free(ncclWindow_t);
 
 SYMNCCL_BEGIN
 namespace {
@@ -159,4 +162,7 @@ extern "C" const symnccl_kernels SYMNCCL_CAT2(symnccl_kernels_2_,
     snk_comm_properties,
     snk_copy,
     snk_lsa_pointer,
+    snk_loopback_devcomm,
+    snk_loopback_window,
+    snk_loopback_window_free,
 };

@@ -237,6 +237,9 @@ typedef struct {
     ncclResult_t (*comm_properties)(ncclComm_t, int *, int *);
     cudaError_t (*copy)(void *, const void *, size_t, int, cudaStream_t);
     cudaError_t (*lsa_pointer)(ncclWindow_t, size_t, int, void **);
+    ncclResult_t (*loopback_devcomm)(int, int, symnccl_devcomm **);
+    cudaError_t (*loopback_window)(char *, int, ncclWindow_t *);
+    void (*loopback_window_free)(ncclWindow_t);
 } symnccl_kernels;
 
 /* The builds this module holds: setup.py defines SYMNCCL_NCCL_BUILDS(X) as
@@ -305,6 +308,23 @@ cudaError_t symnccl_copy(void *dst, const void *src, size_t nbytes, int ctas,
  * at offset (ncclGetLsaPointer, read back by the host; synchronous). */
 cudaError_t symnccl_lsa_pointer(ncclWindow_t win, size_t offset, int peer,
                                 void **out);
+
+/* ---- loopback teams (devcomm.cu; csrc/loopback.c) ---- */
+
+/* Bytes from one rank's staging memory to the next's in a loopback team
+ * (a multiple of 4 GiB, as NCCL's window strides are). */
+#define SYMNCCL_LOOPBACK_STRIDE (1ull << 32)
+
+/* A device communicator holder for rank `rank` of a loopback team of
+ * `nranks`: no NCCL communicator behind it (free it with
+ * symnccl_devcomm_free). */
+ncclResult_t symnccl_loopback_devcomm(int rank, int nranks,
+                                      symnccl_devcomm **out);
+/* A window (device memory) whose rank q copy is at flat_base + q *
+ * SYMNCCL_LOOPBACK_STRIDE, as seen by `rank`. */
+cudaError_t symnccl_loopback_window(char *flat_base, int rank,
+                                    ncclWindow_t *out);
+void symnccl_loopback_window_free(ncclWindow_t win);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,311 @@
+"""GPU tier, one GPU: symnccl's kernels at world sizes 2, 3, 4 and 8 on a
+loopback team (Communicator._loopback, csrc/loopback.c): every rank of the
+team on this GPU, each rank's calls on a stream of its own, the kernels and
+the host launch path unchanged. The kernels' peer logic (packets, epochs,
+slots, barriers, flags, the fault words) runs here as on NVLink, through
+this GPU's memory instead; what only NVLink shows (its ordering and speed)
+still needs the multi-GPU tier."""
+import random
+import time
+
+import numpy as np
+import pytest
+
+import symnccl
+from symnccl import _check
+
+pytestmark = pytest.mark.gpu
+
+# The kernels and the knob settings that make the launch path pick each:
+# (algo, kernel reported by _launches(), knobs).
+KERNELS = [
+    ("one_shot", "one_shot", {}),
+    ("two_shot", "two_shot", {}),
+    ("ll", "ll", {"SYMNCCL_LL_TWO_SHOT_KIB": "1048576"}),
+    ("ll", "ll_two_shot", {"SYMNCCL_LL_TWO_SHOT_KIB": "0"}),
+    ("ll128", "ll128", {"SYMNCCL_LL128_TWO_SHOT_KIB": "1048576"}),
+    ("ll128", "ll128_two_shot", {"SYMNCCL_LL128_TWO_SHOT_KIB": "0"}),
+    ("push", "push", {}),
+]
+KERNEL_IDS = [k[1] for k in KERNELS]
+OPS = ["sum", "max", "min", "avg"]
+SIZES = [1, 4099, 100_003]
+WORLDS = [2, 3, 4, 8]
+GRID_KNOBS = ("SYMNCCL_ONE_SHOT_CTAS", "SYMNCCL_TWO_SHOT_CTAS",
+              "SYMNCCL_LL_CTAS", "SYMNCCL_PUSH_CTAS")
+
+
+def _torch():
+    return pytest.importorskip("torch")
+
+
+def _grid(nranks):
+    """CTAs per rank: the whole team's grids must be resident at once on
+    one GPU (132 SMs on H100/H200)."""
+    return {2: 32, 3: 16, 4: 16, 8: 8}.get(nranks, 4)
+
+
+def _team(monkeypatch, nranks, knobs=None, timeout=20.0, **kw):
+    for k in GRID_KNOBS:
+        monkeypatch.setenv(k, str(_grid(nranks)))
+    for k, v in (knobs or {}).items():
+        monkeypatch.setenv(k, v)
+    return symnccl.Communicator._loopback(nranks, 0, timeout=timeout, **kw)
+
+
+def _close(team):
+    for c in team:
+        c.close()
+
+
+def _device(torch, a):
+    """A numpy array's bytes in device memory, viewed as the torch dtype of
+    the same name."""
+    t = torch.from_numpy(np.ascontiguousarray(a).view(np.uint8)).cuda()
+    return t.view(getattr(torch, a.dtype.name))
+
+
+def _host(t, npdt):
+    import torch
+    return t.view(torch.uint8).cpu().numpy().view(npdt)
+
+
+def _run(torch, team, streams, xs, outs, **kw):
+    """Rank q's all_reduce of xs[q] into outs[q] on streams[q], every rank
+    enqueued before any is waited for, as the ranks of a job do."""
+    torch.cuda.synchronize()
+    for c, s, x, o in zip(team, streams, xs, outs):
+        c.all_reduce(x, out=o, stream=s, **kw)
+    torch.cuda.synchronize()
+
+
+def _inputs(torch, nranks, dtype, count, op, seed, pad):
+    """Every rank's input, random, as device views starting `pad` elements
+    into their allocation (pad 1: not 16-byte aligned), and the poisoned
+    outputs likewise."""
+    npdt = _check.numpy_dtype(dtype)
+    hs = [_check.make_input(dtype, count, q, seed, op) for q in range(nranks)]
+    xs, outs = [], []
+    for h in hs:
+        full = np.concatenate([h[:1].repeat(pad), h]) if pad else h
+        xs.append(_device(torch, full)[pad:])
+        o = _device(torch, _check.poison((count + pad) * npdt.itemsize)
+                    .view(npdt))
+        outs.append(o[pad:])
+    return hs, xs, outs
+
+
+@pytest.mark.parametrize("nranks", WORLDS)
+@pytest.mark.parametrize("algo,kernel,knobs", KERNELS, ids=KERNEL_IDS)
+def test_every_kernel_dtype_op_and_size_against_float64(monkeypatch, nranks,
+                                                         algo, kernel, knobs):
+    torch = _torch()
+    team = _team(monkeypatch, nranks, knobs)
+    streams = [torch.cuda.Stream() for _ in team]
+    wrong = []
+    calls = 0
+    try:
+        for dtype in symnccl.LSA_DTYPES:
+            npdt = _check.numpy_dtype(dtype)
+            if npdt is None:
+                pytest.skip(f"{dtype} needs ml_dtypes, which is not installed")
+            for op in OPS:
+                for count in SIZES:
+                    pad = count % 2   # odd sizes also start unaligned
+                    hs, xs, outs = _inputs(torch, nranks, dtype, count, op,
+                                           seed=count + nranks, pad=pad)
+                    _run(torch, team, streams, xs, outs, op=op, algo=algo)
+                    calls += 1
+                    res = [_host(o, npdt) for o in outs]
+                    bad = _check.count_wrong(res[0], op, hs, dtype)
+                    same = all(r.tobytes() == res[0].tobytes()
+                               for r in res[1:])
+                    if bad or not same:
+                        wrong.append((dtype, op, count, bad, same))
+        launches = [c._launches() for c in team]
+    finally:
+        _close(team)
+    assert calls == 8 * len(OPS) * len(SIZES)
+    assert not wrong, f"{kernel} on {nranks} ranks: (dtype, op, count, " \
+                      f"elements wrong, ranks bitwise equal): {wrong}"
+    # the kernel named ran, and no other
+    for q, l in enumerate(launches):
+        ran = {k for k, v in l.items() if v}
+        assert ran == {kernel}, (q, l)
+
+
+@pytest.mark.parametrize("nranks", [3, 4])
+def test_every_algorithm_gives_the_same_bits(monkeypatch, nranks):
+    """The reduction order is fixed (rank 0, 1, ... n-1) in every kernel, so
+    every algorithm's result is bitwise the same, on every rank."""
+    torch = _torch()
+    monkeypatch.setenv("SYMNCCL_LL_TWO_SHOT_KIB", "64")
+    monkeypatch.setenv("SYMNCCL_LL128_TWO_SHOT_KIB", "64")
+    team = _team(monkeypatch, nranks)
+    streams = [torch.cuda.Stream() for _ in team]
+    try:
+        for dtype in ("bfloat16", "float32", "float16"):
+            npdt = _check.numpy_dtype(dtype)
+            if npdt is None:
+                continue
+            for count in (3001, 77_777):
+                seen = {}
+                for algo in ("one_shot", "two_shot", "ll", "ll128", "push"):
+                    hs, xs, outs = _inputs(torch, nranks, dtype, count,
+                                           "sum", seed=5, pad=0)
+                    _run(torch, team, streams, xs, outs, algo=algo)
+                    for q, o in enumerate(outs):
+                        seen[(algo, q)] = _host(o, npdt).tobytes()
+                assert len(set(seen.values())) == 1, (
+                    dtype, count, sorted({k[0] for k, v in seen.items()
+                                          if v != seen[("one_shot", 0)]}))
+    finally:
+        _close(team)
+
+
+@pytest.mark.parametrize("nranks", [2, 3, 8])
+def test_stress_back_to_back_random_sizes_algorithms_and_places(monkeypatch,
+                                                                 nranks):
+    """Calls of random size, algorithm and placement (in place or not,
+    aligned or not) enqueued back to back on every rank, nothing waited for
+    until the last, with random ranks held back before random calls: the
+    kernels' epochs and flags alone keep consecutive calls apart, and
+    peers that arrive late find what the early ones left."""
+    torch = _torch()
+    monkeypatch.setenv("SYMNCCL_LL_TWO_SHOT_KIB", "16")
+    monkeypatch.setenv("SYMNCCL_LL128_TWO_SHOT_KIB", "32")
+    team = _team(monkeypatch, nranks)
+    streams = [torch.cuda.Stream() for _ in team]
+    rng = random.Random(1234 + nranks)
+    npdt = np.dtype(np.float32)
+    calls = []
+    for i in range(120):
+        algo = rng.choice(["one_shot", "two_shot", "ll", "ll128", "push"])
+        count = rng.choice([rng.randint(1, 64), rng.randint(64, 20_000),
+                            rng.randint(20_000, 300_000)])
+        pad = rng.randint(0, 3)
+        in_place = rng.random() < 0.4
+        hs, xs, outs = _inputs(torch, nranks, "float32", count, "sum",
+                               seed=i, pad=pad)
+        late = rng.randrange(nranks) if rng.random() < 0.3 else -1
+        calls.append((algo, count, pad, in_place, hs, xs,
+                      xs if in_place else outs, late))
+    # Loaded before any rank waits: CUDA loads a kernel at its first launch
+    # (lazy loading), and the load waits for the kernels running in the
+    # context, here the early ranks' kernels, which wait for the late rank
+    # (loopback.c).
+    torch.cuda._sleep(1)
+    torch.cuda.synchronize()
+    failures = []
+    try:
+        for algo, count, pad, in_place, hs, xs, outs, late in calls:
+            for q, (c, s, x, o) in enumerate(zip(team, streams, xs, outs)):
+                if q == late:   # about 50 us behind the others
+                    with torch.cuda.stream(s):
+                        torch.cuda._sleep(100_000)
+                c.all_reduce(x, out=None if in_place else o, stream=s,
+                             algo=algo)
+        torch.cuda.synchronize()
+        for i, (algo, count, pad, in_place, hs, xs, outs, late) in \
+                enumerate(calls):
+            res = [_host(o, npdt) for o in outs]
+            bad = _check.count_wrong(res[0], "sum", hs, "float32")
+            same = all(r.tobytes() == res[0].tobytes() for r in res[1:])
+            if bad or not same:
+                failures.append((i, algo, count, pad, in_place, bad, same))
+        for c in team:
+            c.check()
+    finally:
+        _close(team)
+    assert not failures, failures
+
+
+@pytest.mark.parametrize("nranks", [2, 4])
+def test_graph_replays_on_every_rank(monkeypatch, nranks):
+    """Each rank captures its call into a CUDA graph; the replays (new
+    inputs each time) carry the epochs in device memory."""
+    torch = _torch()
+    team = _team(monkeypatch, nranks)
+    streams = [torch.cuda.Stream() for _ in team]
+    try:
+        for algo in ("one_shot", "two_shot", "ll", "ll128", "push"):
+            xs = [torch.empty(5000, device="cuda") for _ in team]
+            outs = [torch.empty(5000, device="cuda") for _ in team]
+            graphs = []
+            for c, s, x, o in zip(team, streams, xs, outs):
+                g = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(g, stream=s):
+                    c.all_reduce(x, out=o, algo=algo)
+                graphs.append(g)
+            for rep in range(6):
+                hs = [_check.make_input("float32", 5000, q, rep)
+                      for q in range(nranks)]
+                for x, h in zip(xs, hs):
+                    x.copy_(torch.from_numpy(h))
+                torch.cuda.synchronize()
+                for g, s in zip(graphs, streams):
+                    s.wait_stream(torch.cuda.current_stream())
+                    with torch.cuda.stream(s):
+                        g.replay()
+                torch.cuda.synchronize()
+                for o in outs:
+                    assert _check.count_wrong(o.cpu().numpy(), "sum", hs,
+                                              "float32") == 0, (algo, rep)
+    finally:
+        _close(team)
+
+
+@pytest.mark.parametrize("algo", ["one_shot", "two_shot", "ll", "ll128",
+                                  "push"])
+def test_a_rank_that_never_calls_times_out_on_every_other_rank(monkeypatch,
+                                                                algo):
+    """Rank 2 of 3 never makes the call: ranks 0 and 1 give up after the
+    timeout, each raises PeerTimeoutError, one of them names rank 2, and
+    the GPU stays usable."""
+    torch = _torch()
+    team = _team(monkeypatch, 3, timeout=2.0)
+    streams = [torch.cuda.Stream() for _ in team]
+    x = [torch.randn(4099, device="cuda") for _ in team]
+    torch.cuda.synchronize()
+    t0 = time.monotonic()
+    for c, s, xq in zip(team[:2], streams, x):
+        c.all_reduce(xq, algo=algo, stream=s)
+    torch.cuda.synchronize()
+    took = time.monotonic() - t0
+    errors = []
+    for c in team[:2]:
+        with pytest.raises(symnccl.PeerTimeoutError) as e:
+            c.check()
+        errors.append(e.value)
+    assert 2.0 <= took < 10.0, took
+    # the first to give up names rank 2; the other may name rank 2 (its
+    # own timeout) or the first (told by its fault word)
+    assert any(e.reason == "timeout" and e.rank == 2 for e in errors), \
+        [str(e) for e in errors]
+    assert all(e.collective == "all_reduce" and e.kernel.startswith(algo)
+               for e in errors), [str(e) for e in errors]
+    for c in team:
+        c.abort()
+    assert torch.arange(8, device="cuda", dtype=torch.float32).sum() == 28
+
+
+def test_loopback_ranks_run_kernels_only(monkeypatch):
+    torch = _torch()
+    team = _team(monkeypatch, 2)
+    try:
+        c = team[0]
+        assert (c.rank, c.nranks, c.lsa_size, c.symmetric) == (0, 2, 2, True)
+        assert c.multicast is False and "loopback" in c.multicast_reason
+        x = torch.ones(64, device="cuda")
+        with pytest.raises(RuntimeError, match="loopback"):
+            c.all_reduce(x, algo="nccl")
+        with pytest.raises(RuntimeError, match="loopback"):
+            c.reduce_scatter(x)
+        with pytest.raises(RuntimeError, match="loopback"):
+            c.barrier()
+        with pytest.raises(RuntimeError, match="loopback"):
+            c.empty(16)
+    finally:
+        _close(team)
+    with pytest.raises(ValueError, match="nranks"):
+        symnccl.Communicator._loopback(0)
