@@ -3,8 +3,11 @@ torch.distributed, same run, one process per GPU (issue 16's baselines).
 
 Methods (each skipped with a printed reason where unavailable):
   symnccl          Communicator.<collective> on torch tensors (whatever
-                   algo="auto" runs: NCCL until symnccl has kernels for it)
-  symnccl:window   the same on SymmetricBuffers (NCCL's symmetric kernels)
+                   algo="auto" runs: NCCL until a table is measured)
+  symnccl:ll,      reduce_scatter and all_gather on symnccl's packet
+  symnccl:ll128    kernels (algo="ll" / "ll128"), torch tensors
+  symnccl:window   the same as symnccl on SymmetricBuffers (NCCL's
+                   symmetric kernels)
   torch.dist       reduce_scatter_tensor / all_gather_into_tensor /
                    broadcast / reduce
 
@@ -32,15 +35,15 @@ COLLECTIVES = ("reduce_scatter", "all_gather", "broadcast", "reduce")
 SIZES = "8K,64K,1M,16M,64M"
 
 
-def _calls(coll, comm, dist, n, rank, xs, ys):
-    """name -> (check buffer, fn(i)) for one collective; xs inputs, ys
-    outputs (lists of NBUF), each method on its own buffers."""
+def _calls(coll, comm, dist, n, rank, xs, ys, algo="auto"):
+    """symnccl's and torch.distributed's fn(i) for one collective; xs
+    inputs, ys outputs (lists of NBUF)."""
     def sym(i):
         x, y = xs[i % NBUF], ys[i % NBUF]
         if coll == "reduce_scatter":
-            return comm.reduce_scatter(x, out=y)
+            return comm.reduce_scatter(x, out=y, algo=algo)
         if coll == "all_gather":
-            return comm.all_gather(x, out=y)
+            return comm.all_gather(x, out=y, algo=algo)
         if coll == "broadcast":
             return comm.broadcast(x, root=0, out=y)
         return comm.reduce(x, root=0, out=y)
@@ -127,9 +130,13 @@ def worker(rank, nranks, uid, opts):
             sym_p, td = _calls(coll, comm, dist, n, rank, px, py)
             # name -> (inputs, outputs, fn, output starts as the input)
             in_place = coll in ("broadcast", "reduce")
-            methods = {"symnccl": (px, py, sym_p, False),
-                       "symnccl:window": (wx, wy, sym_w, False),
-                       "torch.dist": (px, py, td, in_place)}
+            methods = {"symnccl": (px, py, sym_p, False)}
+            if coll in ("reduce_scatter", "all_gather"):
+                for algo in ("ll", "ll128"):
+                    fn, _ = _calls(coll, comm, dist, n, rank, px, py, algo)
+                    methods["symnccl:" + algo] = (px, py, fn, False)
+            methods.update({"symnccl:window": (wx, wy, sym_w, False),
+                            "torch.dist": (px, py, td, in_place)})
             row = {"collective": coll, "bytes": nbytes, "count_in": cin,
                    "count_out": cout, "iters": iters}
             for name, (xs, ys, fn, inp) in methods.items():
@@ -155,7 +162,8 @@ def worker(rank, nranks, uid, opts):
     return {"rows": rows, "skipped": skipped}
 
 
-METHODS = ("symnccl", "symnccl:window", "torch.dist")
+METHODS = ("symnccl", "symnccl:ll", "symnccl:ll128", "symnccl:window",
+           "torch.dist")
 
 
 def print_table(doc):

@@ -168,28 +168,30 @@ parse_op(PyObject *obj)
  * where `kernels` (all_reduce). Returns SN_ALGO_*, or SN_ALGO_UNKNOWN with
  * ValueError set. */
 static int
-parse_algo(PyObject *obj, int kernels)
+parse_algo(PyObject *obj)
 {
     const char *s = PyUnicode_Check(obj) ? PyUnicode_AsUTF8AndSize(obj, NULL)
                                          : NULL;
     int a = s != NULL ? sn_algo_by_name(s) : SN_ALGO_UNKNOWN;
-    if (a == SN_ALGO_UNKNOWN || (!kernels && a > SN_ALGO_NCCL)) {
+    if (a == SN_ALGO_UNKNOWN) {
         PyErr_Clear();
         PyErr_Format(PyExc_ValueError, "algo %R is not available: expected "
-                     "one of %s", obj, kernels ? sn_algo_choices()
-                                               : "'auto', 'nccl'");
+                     "one of %s", obj, sn_algo_choices());
         return SN_ALGO_UNKNOWN;
     }
     return a;
 }
 
+/* The call on symnccl's kernels (launch.c): `count` elements of x for
+ * all_reduce and all_gather, of out for reduce_scatter. */
 static int
-kernel_all_reduce(sn_call *k, int algo, const sn_op *op, const sn_window *win)
+kernel_call(sn_call *k, int collective, int algo, const sn_op *op,
+            const sn_window *win, size_t count)
 {
-    sn_ar r = {k->c, algo, k->x.ptr, k->out.ptr, win, k->x.count, k->x.dtype,
-               op, k->stream};
+    sn_ar r = {k->c, algo, k->x.ptr, k->out.ptr, win, count, k->x.dtype,
+               op, k->stream, collective};
     sn_err err = {cudaSuccess, ncclSuccess, ""};
-    if (sn_launch_all_reduce(&r, &err) < 0)
+    if (sn_launch_kernels(&r, &err) < 0)
         return sn_fault_check(k->st, k->c) < 0 ? -1 : sn_raise(k->st, &err);
     return 0;
 }
@@ -309,6 +311,33 @@ check_call(sn_call *k, int collective, size_t count, const sn_op *op,
 
 /* 1 if p lies in one of c's windows at an offset that is not a multiple
  * of 16 bytes. */
+/* reduce_scatter and all_gather: the algorithm of a call, or
+ * SN_ALGO_UNKNOWN with the exception set. "auto" is NCCL: no table is
+ * measured for their kernels yet (benchmarks/NOTES.md, 26). */
+static int
+slices_algo(sn_call *k, int collective, int algo, const sn_op *op)
+{
+    if (algo == SN_ALGO_AUTO || algo == SN_ALGO_NCCL)
+        return SN_ALGO_NCCL;
+    const sn_topology topo = sn_topology_of(k->c);
+    const char *why = sn_collective_unavailable(&topo, collective, algo,
+                                                k->x.dtype, op);
+    if (why != NULL) {
+        PyErr_Format(PyExc_ValueError, "algo '%s' cannot run this %s (%s%s%s"
+                     "): %s", sn_algos[algo].name,
+                     sn_collective_name(collective), k->x.dtype->name,
+                     op != NULL ? ", op " : "", op != NULL ? op->name : "",
+                     why);
+        return SN_ALGO_UNKNOWN;
+    }
+    if (k->st->group_depth > 0) {
+        PyErr_Format(PyExc_ValueError, "algo '%s' cannot run inside "
+                     "symnccl.group(); use algo='nccl'", sn_algos[algo].name);
+        return SN_ALGO_UNKNOWN;
+    }
+    return algo;
+}
+
 static int
 misaligned_in_window(CommObject *c, const char *p)
 {
@@ -373,7 +402,7 @@ sn_all_reduce(CommObject *c, PyObject *args, PyObject *kw)
         return NULL;
     int algo = SN_ALGO_AUTO;
     if (algo_obj != NULL &&
-        (algo = parse_algo(algo_obj, 1)) == SN_ALGO_UNKNOWN)
+        (algo = parse_algo(algo_obj)) == SN_ALGO_UNKNOWN)
         return NULL;
     /* One rank: avg is sum. NCCL 2.28.9's single-rank ncclAvg left the last
      * float64 element of a 4099-element output unwritten (seen on H200). */
@@ -409,7 +438,8 @@ sn_all_reduce(CommObject *c, PyObject *args, PyObject *kw)
     if (check_call(&k, SYMNCCL_COLL_ALL_REDUCE, k.x.count, op, algo, -1) < 0)
         return call_end(&k, 0);
     if (algo != SN_ALGO_NCCL)
-        return call_end(&k, kernel_all_reduce(&k, algo, op, win) == 0);
+        return call_end(&k, kernel_call(&k, SYMNCCL_COLL_ALL_REDUCE, algo, op,
+                                        win, k.x.count) == 0);
     if (misaligned_in_window(c, k.x.ptr) || misaligned_in_window(c, k.out.ptr))
         return call_end(&k, nccl_all_reduce_via_plain(&k, op, bytes) == 0);
     ncclResult_t rc = ncclAllReduce(k.x.ptr, k.out.ptr, k.x.count,
@@ -424,14 +454,15 @@ sn_reduce_scatter(CommObject *c, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"x", "out", "op", "algo", "stream", NULL};
     PyObject *x, *out = Py_None, *stream = Py_None;
-    PyObject *op_obj = NULL, *algo = NULL;
+    PyObject *op_obj = NULL, *algo_obj = NULL;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OOOO:reduce_scatter",
-                                     kwlist, &x, &out, &op_obj, &algo,
+                                     kwlist, &x, &out, &op_obj, &algo_obj,
                                      &stream))
         return NULL;
     const sn_op *op = op_obj != NULL ? parse_op(op_obj) : sn_op_by_name("sum");
-    if (op == NULL ||
-        (algo != NULL && parse_algo(algo, 0) == SN_ALGO_UNKNOWN))
+    int algo = SN_ALGO_AUTO;
+    if (op == NULL || (algo_obj != NULL &&
+                       (algo = parse_algo(algo_obj)) == SN_ALGO_UNKNOWN))
         return NULL;
     sn_call k;
     if (call_begin(&k, c, x, stream) < 0)
@@ -453,9 +484,14 @@ sn_reduce_scatter(CommObject *c, PyObject *args, PyObject *kw)
         shape[0] = (int64_t)(k.x.count / n);
     }
     if (call_output(&k, x, out, k.x.count / n, ndim, shape, 0) < 0 ||
-        check_call(&k, SYMNCCL_COLL_REDUCE_SCATTER, k.x.count, op,
-                   SN_ALGO_NCCL, -1) < 0)
+        (algo = slices_algo(&k, SYMNCCL_COLL_REDUCE_SCATTER, algo, op)) ==
+            SN_ALGO_UNKNOWN ||
+        check_call(&k, SYMNCCL_COLL_REDUCE_SCATTER, k.x.count, op, algo,
+                   -1) < 0)
         return call_end(&k, 0);
+    if (algo != SN_ALGO_NCCL)
+        return call_end(&k, kernel_call(&k, SYMNCCL_COLL_REDUCE_SCATTER, algo,
+                                        op, NULL, k.x.count / n) == 0);
     size_t chunk = k.x.count / n * (size_t)k.x.dtype->itemsize;
     /* NCCL 2.28.9's symmetric-window reduce-scatter writes zeros into every
      * 4th 16-bit element of ranks whose block does not start on a 16-byte
@@ -502,11 +538,13 @@ PyObject *
 sn_all_gather(CommObject *c, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"x", "out", "algo", "stream", NULL};
-    PyObject *x, *out = Py_None, *stream = Py_None, *algo = NULL;
+    PyObject *x, *out = Py_None, *stream = Py_None, *algo_obj = NULL;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OOO:all_gather", kwlist,
-                                     &x, &out, &algo, &stream))
+                                     &x, &out, &algo_obj, &stream))
         return NULL;
-    if (algo != NULL && parse_algo(algo, 0) == SN_ALGO_UNKNOWN)
+    int algo = SN_ALGO_AUTO;
+    if (algo_obj != NULL &&
+        (algo = parse_algo(algo_obj)) == SN_ALGO_UNKNOWN)
         return NULL;
     sn_call k;
     if (call_begin(&k, c, x, stream) < 0)
@@ -522,9 +560,14 @@ sn_all_gather(CommObject *c, PyObject *args, PyObject *kw)
         shape[0] *= c->nranks;
     if (call_output(&k, x, out, k.x.count * (size_t)c->nranks, ndim, shape,
                     0) < 0 ||
-        check_call(&k, SYMNCCL_COLL_ALL_GATHER, k.x.count, NULL,
-                   SN_ALGO_NCCL, -1) < 0)
+        (algo = slices_algo(&k, SYMNCCL_COLL_ALL_GATHER, algo, NULL)) ==
+            SN_ALGO_UNKNOWN ||
+        check_call(&k, SYMNCCL_COLL_ALL_GATHER, k.x.count, NULL, algo,
+                   -1) < 0)
         return call_end(&k, 0);
+    if (algo != SN_ALGO_NCCL)
+        return call_end(&k, kernel_call(&k, SYMNCCL_COLL_ALL_GATHER, algo,
+                                        NULL, NULL, k.x.count) == 0);
     ncclResult_t rc = ncclAllGather(k.x.ptr, k.out.ptr, k.x.count,
                                     k.x.dtype->nccl, c->comm, k.stream);
     return call_end(&k, enqueue_done(&k, rc, SYMNCCL_COLL_ALL_GATHER,

@@ -766,19 +766,23 @@ static PyMethodDef comm_methods[] = {
      "    y = comm.all_reduce(x, out=y, op='max')"},
     {"reduce_scatter", (PyCFunction)(void (*)(void))sn_reduce_scatter,
      METH_VARARGS | METH_KEYWORDS,
-     "reduce_scatter($self, /, x, out=None, op='sum', algo='nccl', "
+     "reduce_scatter($self, /, x, out=None, op='sum', algo='auto', "
      "stream=None)\n--\n\n"
      "x holds nranks * n elements; rank r receives the reduction of block "
      "r (n elements). Without out=, a new tensor of x's framework type is "
      "returned: shape (x.shape[0] // nranks, *x.shape[1:]) when the first "
      "dimension divides, else 1-D.\n\n"
+     "algo: 'll' or 'll128' run symnccl's packet kernels (the same bits as "
+     "block r of all_reduce); 'nccl' and 'auto' run ncclReduceScatter.\n\n"
      "Example:\n    part = comm.reduce_scatter(x)"},
     {"all_gather", (PyCFunction)(void (*)(void))sn_all_gather,
      METH_VARARGS | METH_KEYWORDS,
-     "all_gather($self, /, x, out=None, algo='nccl', stream=None)\n--\n\n"
+     "all_gather($self, /, x, out=None, algo='auto', stream=None)\n--\n\n"
      "Concatenates every rank's x (rank order) into out, which holds "
      "nranks * x.size elements; without out=, a new tensor of shape "
      "(nranks * x.shape[0], *x.shape[1:]).\n\n"
+     "algo: 'll' or 'll128' run symnccl's packet kernels (every dtype); "
+     "'nccl' and 'auto' run ncclAllGather.\n\n"
      "Example:\n    full = comm.all_gather(x)"},
     {"broadcast", (PyCFunction)(void (*)(void))sn_broadcast,
      METH_VARARGS | METH_KEYWORDS,

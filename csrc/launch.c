@@ -1,7 +1,12 @@
-/* all_reduce on symnccl's kernels (csrc/kernels/): how a call becomes
+/* Collectives on symnccl's kernels (csrc/kernels/): how a call becomes
  * launches. Free of the Python API, so that both the Python methods
  * (collectives.c) and the XLA FFI handler (xla_ffi.c, on XLA's threads
  * without the GIL) use it.
+ *
+ * reduce_scatter, all_gather (ll, ll128): one launch per row's worth of
+ *               each slice, straight from x into out; all_gather on bytes
+ *
+ * all_reduce:
  *
  *   ll, ll128   one launch per row's worth of elements (the two-shot kernel
  *               on 3+ ranks from the knob's size, decided on the size of the
@@ -74,11 +79,11 @@ kargs(const sn_ar *r, int kernel)
     a.kernel = kernel;
     a.dc = c->devcomm;
     a.dtype = r->dtype->kernel;
-    a.op = r->op->kernel;
+    a.op = r->op != NULL ? r->op->kernel : 0;   /* all_gather: none */
     a.epochs = sn_epochs(c, kernel);
     /* failures (docs/ARCHITECTURE.md, "Failures") */
     a.timeout_ns = (uint64_t)(c->timeout * 1e9);
-    a.collective = SYMNCCL_COLL_ALL_REDUCE;
+    a.collective = r->collective;
     a.fault = c->fault_dev;
     a.claim = sn_claim_word(c);
     a.fault_word = (uint64_t *)(c->staging + c->layout.ctl_offset);
@@ -97,8 +102,9 @@ launch(const sn_ar *r, symnccl_kargs *a, sn_err *err)
     cudaError_t e = symnccl_launch(a, r->stream);
     a->inject = 0;
     if (e != cudaSuccess)
-        return sn_fail(err, e, ncclSuccess, "%s all_reduce launch",
-                       sn_algos[r->algo].name);
+        return sn_fail(err, e, ncclSuccess, "%s %s launch",
+                       sn_algos[r->algo].name,
+                       sn_collective_name(r->collective));
     c->inject &= ~(1 << a->kernel);
     c->launches[a->kernel]++;
     return 0;
@@ -131,6 +137,40 @@ packet_launches(const sn_ar *r, sn_err *err)
         a.src = r->x + done * is;
         a.out = r->out + done * is;
         a.count = r->count - done < chunk ? r->count - done : chunk;
+        if (launch(r, &a, err) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* reduce_scatter and all_gather: chunk k of every slice in launch k. */
+static int
+slice_launches(const sn_ar *r, sn_err *err)
+{
+    CommObject *c = r->c;
+    const sn_layout *l = &c->layout;
+    const int ll128 = r->algo == SN_ALGO_LL128;
+    const int gather = r->collective == SYMNCCL_COLL_ALL_GATHER;
+    /* all_gather moves bytes, in the unit of SYMNCCL_DT_BYTES */
+    const size_t is = gather ? 1 : (size_t)r->dtype->itemsize;
+    const size_t per_slice = gather ? r->count * r->dtype->itemsize
+                                    : r->count;
+    symnccl_kargs a = kargs(r, sn_collective_kernel(r->collective, r->algo));
+    if (gather)
+        a.dtype = SYMNCCL_DT_BYTES;
+    a.region_win = c->staging_win->win;
+    a.region_offset = ll128 ? l->ll128_offset : l->ll_offset;
+    a.row_bytes = ll128 ? l->ll128_row : l->ll_row;
+    a.ctas = c->knobs.ll_ctas;
+    a.threads = c->knobs.ll_threads;
+    a.slice_stride = per_slice;
+    /* a slice's chunk takes one row, as the one-shot's whole message */
+    const size_t chunk = symnccl_packet_max_count(
+        ll128 ? SYMNCCL_K_LL128 : SYMNCCL_K_LL, a.row_bytes, is, c->nranks);
+    for (size_t done = 0; done < per_slice; done += chunk) {
+        a.src = r->x + done * is;
+        a.out = r->out + done * is;
+        a.count = per_slice - done < chunk ? per_slice - done : chunk;
         if (launch(r, &a, err) < 0)
             return -1;
     }
@@ -216,7 +256,7 @@ load_launches(const sn_ar *r, sn_err *err)
 }
 
 int
-sn_launch_all_reduce(const sn_ar *r, sn_err *err)
+sn_launch_kernels(const sn_ar *r, sn_err *err)
 {
     if (r->count == 0)
         return 0;
@@ -234,7 +274,8 @@ sn_launch_all_reduce(const sn_ar *r, sn_err *err)
     if (rc == 0)
         rc = order_begin(r, err);
     if (rc == 0)
-        rc = r->algo == SN_ALGO_LL || r->algo == SN_ALGO_LL128
+        rc = r->collective != SYMNCCL_COLL_ALL_REDUCE ? slice_launches(r, err)
+             : r->algo == SN_ALGO_LL || r->algo == SN_ALGO_LL128
                  ? packet_launches(r, err)
              : r->algo == SN_ALGO_PUSH ? push_launch(r, err)
                                        : load_launches(r, err);

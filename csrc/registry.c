@@ -88,6 +88,27 @@ sn_algo_kernel(int algo, int two_shot)
     return algo_kernels[algo][two_shot && algo_kernels[algo][1] >= 0];
 }
 
+/* reduce_scatter and all_gather: the algorithms with a kernel for them
+ * (NCCL runs every other call). */
+static const struct { int collective, algo, kernel; } coll_kernels[] = {
+    {SYMNCCL_COLL_REDUCE_SCATTER, SN_ALGO_LL, SYMNCCL_K_LL_REDUCE_SCATTER},
+    {SYMNCCL_COLL_REDUCE_SCATTER, SN_ALGO_LL128,
+     SYMNCCL_K_LL128_REDUCE_SCATTER},
+    {SYMNCCL_COLL_ALL_GATHER, SN_ALGO_LL, SYMNCCL_K_LL_ALL_GATHER},
+    {SYMNCCL_COLL_ALL_GATHER, SN_ALGO_LL128, SYMNCCL_K_LL128_ALL_GATHER},
+};
+#define N_COLL_KERNELS (sizeof(coll_kernels) / sizeof(coll_kernels[0]))
+
+int
+sn_collective_kernel(int collective, int algo)
+{
+    for (size_t i = 0; i < N_COLL_KERNELS; i++)
+        if (coll_kernels[i].collective == collective &&
+            coll_kernels[i].algo == algo)
+            return coll_kernels[i].kernel;
+    return -1;
+}
+
 #define KERNEL_NAME_(id, name) name,
 static const char *const kernel_names[SYMNCCL_K_COUNT] = {
     SYMNCCL_KERNELS(KERNEL_NAME_)};
@@ -183,9 +204,9 @@ sn_algo_unavailable(const sn_topology *t, int algo, const sn_dtype *dt,
         return "more ranks than symnccl's kernels take";
     if (!t->staging)
         return "the communicator has no staging window";
-    if (op->kernel < 0)
+    if (op != NULL && op->kernel < 0)
         return "this op has no symnccl kernel (NCCL runs it)";
-    if (dt->kernel < 0)
+    if (dt != NULL && dt->kernel < 0)
         return "this dtype has no symnccl kernel (NCCL runs it)";
     if (algo == SN_ALGO_PUSH && !t->push)
         return "the communicator has no push region";
@@ -198,6 +219,21 @@ sn_algo_unavailable(const sn_topology *t, int algo, const sn_dtype *dt,
             return "this dtype/op has no multimem reduction in PTX";
     }
     return NULL;
+}
+
+const char *
+sn_collective_unavailable(const sn_topology *t, int collective, int algo,
+                          const sn_dtype *dt, const sn_op *op)
+{
+    if (algo == SN_ALGO_NCCL)
+        return NULL;
+    if (sn_collective_kernel(collective, algo) < 0)
+        return "no kernel of this algorithm runs this collective (ll, "
+               "ll128 and nccl do)";
+    /* all_gather moves bytes: every dtype, no op */
+    if (collective == SYMNCCL_COLL_ALL_GATHER)
+        dt = NULL, op = NULL;
+    return sn_algo_unavailable(t, algo, dt, op);
 }
 
 /* ------------------------------------------------------------------ */
@@ -512,6 +548,36 @@ sn_registry_export(PyObject *module)
         add(module, "ALGO_CODES", acodes) < 0 ||
         add(module, "ALGO_SUMMARY", summary) < 0 ||
         add(module, "ALGO_KERNELS", akernels) < 0)
+        return -1;
+
+    /* COLLECTIVE_KERNELS: {collective: {algo: kernel}} for reduce_scatter
+     * and all_gather */
+    PyObject *ck = PyDict_New();
+    for (size_t i = 0; ck != NULL && i < N_COLL_KERNELS; i++) {
+#define COLL_NAME_(id, name) name,
+        static const char *const coll_names[] = {
+            SYMNCCL_COLLECTIVES(COLL_NAME_)};
+#undef COLL_NAME_
+        const char *cname = coll_names[coll_kernels[i].collective];
+        PyObject *d = PyDict_GetItemString(ck, cname);   /* borrowed */
+        if (d == NULL) {
+            d = PyDict_New();
+            if (d == NULL || PyDict_SetItemString(ck, cname, d) < 0) {
+                Py_XDECREF(d);
+                Py_CLEAR(ck);
+                break;
+            }
+            Py_DECREF(d);   /* ck holds it */
+        }
+        PyObject *kn =
+            PyUnicode_FromString(kernel_names[coll_kernels[i].kernel]);
+        if (kn == NULL ||
+            PyDict_SetItemString(d, sn_algos[coll_kernels[i].algo].name,
+                                 kn) < 0)
+            Py_CLEAR(ck);
+        Py_XDECREF(kn);
+    }
+    if (add(module, "COLLECTIVE_KERNELS", ck) < 0)
         return -1;
 
     PyObject *kern = PyTuple_New(SYMNCCL_K_COUNT);

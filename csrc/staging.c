@@ -172,10 +172,15 @@ sn_epochs(const CommObject *c, int kernel)
     int which;
     switch (kernel) {
     case SYMNCCL_K_PUSH: which = EPOCHS_PUSH; break;
+    /* the packet kernels of one format share its slots, so its counters */
     case SYMNCCL_K_LL128:
-    case SYMNCCL_K_LL128_TWO_SHOT: which = EPOCHS_LL128; break;
+    case SYMNCCL_K_LL128_TWO_SHOT:
+    case SYMNCCL_K_LL128_REDUCE_SCATTER:
+    case SYMNCCL_K_LL128_ALL_GATHER: which = EPOCHS_LL128; break;
     case SYMNCCL_K_LL:
-    case SYMNCCL_K_LL_TWO_SHOT: which = EPOCHS_LL; break;
+    case SYMNCCL_K_LL_TWO_SHOT:
+    case SYMNCCL_K_LL_REDUCE_SCATTER:
+    case SYMNCCL_K_LL_ALL_GATHER: which = EPOCHS_LL; break;
     default: which = EPOCHS_BARRIER;   /* one_shot, two_shot, multimem */
     }
     return (uint64_t *)((char *)c->scratch + SCRATCH_EPOCHS +

@@ -162,6 +162,14 @@ const char *sn_algo_choices(void);
 /* The kernel (SYMNCCL_K_*) an algorithm launches: its two-shot one when
  * two_shot and it has one; -1 for nccl. */
 int sn_algo_kernel(int algo, int two_shot);
+/* The kernel (SYMNCCL_K_*) of `algo` for reduce_scatter or all_gather
+ * (SYMNCCL_COLL_*), or -1. */
+int sn_collective_kernel(int collective, int algo);
+/* NULL when `algo` can run that reduce_scatter or all_gather here, else
+ * why not (all_gather moves bytes: dt and op are not looked at). */
+const char *sn_collective_unavailable(const sn_topology *t, int collective,
+                                      int algo, const sn_dtype *dt,
+                                      const sn_op *op);
 /* Why `algo` cannot run dtype/op on a communicator of topology t, or
  * NULL. */
 const char *sn_algo_unavailable(const sn_topology *t, int algo,
@@ -567,7 +575,7 @@ void sn_watch_nccl(CommObject *c, int collective, cudaStream_t stream);
 void sn_watch_shutdown(void);
 
 /* ------------------------------------------------------------------ */
-/* launch.c: all_reduce on symnccl's kernels, without the Python API. */
+/* launch.c: a collective on symnccl's kernels, without the Python API. */
 
 typedef struct {
     CommObject *c;
@@ -575,14 +583,17 @@ typedef struct {
     const char *x;             /* input, any device memory of c's GPU */
     char *out;                 /* output; == x for in place */
     const sn_window *win;      /* window holding x, or NULL */
-    size_t count;
+    size_t count;              /* elements; reduce_scatter: of out,
+                                  all_gather: of x (one slice) */
     const sn_dtype *dtype;
     const sn_op *op;
     cudaStream_t stream;
+    int collective;            /* SYMNCCL_COLL_ALL_REDUCE (0), _REDUCE_
+                                  SCATTER or _ALL_GATHER */
 } sn_ar;
 
-/* Enqueues the all-reduce on r->stream; 0, or -1 with *err filled. */
-int sn_launch_all_reduce(const sn_ar *r, sn_err *err);
+/* Enqueues the collective on r->stream; 0, or -1 with *err filled. */
+int sn_launch_kernels(const sn_ar *r, sn_err *err);
 /* Counts an NCCL collective in c->launches. */
 void sn_count_nccl(CommObject *c);
 

@@ -302,7 +302,7 @@ all_reduce(const XLA_FFI_Api *api, XLA_FFI_CallFrame *call, CommObject *c,
             stats[dev].staged_calls++;
         sn_unlock(c);
         sn_err err = {cudaSuccess, ncclSuccess, ""};
-        if (sn_launch_all_reduce(&r, &err) < 0) {
+        if (sn_launch_kernels(&r, &err) < 0) {
             snprintf(msg, sizeof(msg), "symnccl_all_reduce: %s: %s", err.msg,
                      cudaGetErrorString(err.cuda));
             failed = 1;

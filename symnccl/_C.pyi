@@ -20,6 +20,7 @@ ALGORITHMS: tuple[str, ...]
 ALGO_CODES: dict[str, int]
 ALGO_SUMMARY: dict[str, str]
 ALGO_KERNELS: dict[str, tuple[str, ...]]
+COLLECTIVE_KERNELS: dict[str, dict[str, str]]
 KERNELS: tuple[str, ...]
 MULTIMEM_OPS: dict[str, tuple[str, ...]]
 AUTO_TABLE: tuple[dict[str, Any], ...]
@@ -101,9 +102,9 @@ class Communicator:
     def all_reduce(self, x: Any, out: Any = None, op: str = "sum",
                    algo: str = "auto", stream: StreamLike = None) -> Any: ...
     def reduce_scatter(self, x: Any, out: Any = None, op: str = "sum",
-                       algo: str = "nccl", stream: StreamLike = None
+                       algo: str = "auto", stream: StreamLike = None
                        ) -> Any: ...
-    def all_gather(self, x: Any, out: Any = None, algo: str = "nccl",
+    def all_gather(self, x: Any, out: Any = None, algo: str = "auto",
                    stream: StreamLike = None) -> Any: ...
     def broadcast(self, x: Any, root: int = 0, out: Any = None,
                   stream: StreamLike = None) -> Any: ...

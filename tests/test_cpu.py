@@ -678,8 +678,13 @@ def test_python_views_of_the_registry_agree_with_c():
     assert symnccl.ALGORITHMS == _C.ALGORITHMS
     assert set(_C.ALGO_CODES) == set(_C.ALGORITHMS) | {"auto"}
     assert set(_C.ALGO_KERNELS) == set(_C.ALGORITHMS)
-    assert {k for ks in _C.ALGO_KERNELS.values() for k in ks} == \
-        set(_C.KERNELS)
+    # every kernel belongs to one algorithm of one collective
+    coll = [k for d in _C.COLLECTIVE_KERNELS.values() for k in d.values()]
+    ar = [k for ks in _C.ALGO_KERNELS.values() for k in ks]
+    assert sorted(ar + coll) == sorted(_C.KERNELS)
+    assert set(_C.COLLECTIVE_KERNELS) == {"reduce_scatter", "all_gather"}
+    for d in _C.COLLECTIVE_KERNELS.values():
+        assert set(d) <= set(_C.ALGORITHMS) - {"nccl"}
     assert set(_C.KERNEL_DTYPES) <= set(_C.DTYPES)
     assert set(_C.KERNEL_OPS) <= set(_C.OPS) == set(_C.OP_CODES)
     for dtype, ops in _C.MULTIMEM_OPS.items():

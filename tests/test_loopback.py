@@ -309,3 +309,242 @@ def test_loopback_ranks_run_kernels_only(monkeypatch):
         _close(team)
     with pytest.raises(ValueError, match="nranks"):
         symnccl.Communicator._loopback(0)
+
+
+# ------------------------------------------------ reduce_scatter, all_gather
+
+RS_SIZES = [1, 1031, 50_001]   # elements per rank's block of the output
+
+
+def _slices(torch, nranks, dtype, m, op, seed, pad, per_rank):
+    """Every rank's input of `per_rank` elements and a poisoned output of
+    the other size (n*m and m for reduce_scatter, m and n*m for
+    all_gather), both `pad` elements into their allocation."""
+    npdt = _check.numpy_dtype(dtype)
+    n_out = nranks * m if per_rank == m else m
+    hs = [_check.make_input(dtype, per_rank, q, seed, op)
+          for q in range(nranks)]
+    xs, outs = [], []
+    for h in hs:
+        full = np.concatenate([h[:1].repeat(pad), h]) if pad else h
+        xs.append(_device(torch, full)[pad:])
+        o = _device(torch, _check.poison((n_out + pad) * npdt.itemsize)
+                    .view(npdt))
+        outs.append(o[pad:])
+    return hs, xs, outs
+
+
+def _kernels_ran(team):
+    return [{k for k, v in c._launches().items() if v} for c in team]
+
+
+@pytest.mark.parametrize("nranks", WORLDS)
+@pytest.mark.parametrize("algo", ["ll", "ll128"])
+def test_reduce_scatter_is_every_rank_s_block_of_the_all_reduce(
+        monkeypatch, nranks, algo):
+    """Every dtype and op against float64, and bitwise equal to the block
+    of symnccl's all_reduce of the same inputs (the same reduction order)."""
+    torch = _torch()
+    team = _team(monkeypatch, nranks)
+    streams = [torch.cuda.Stream() for _ in team]
+    wrong = []
+    try:
+        for dtype in symnccl.LSA_DTYPES:
+            npdt = _check.numpy_dtype(dtype)
+            if npdt is None:
+                pytest.skip(f"{dtype} needs ml_dtypes, which is not installed")
+            sizes = RS_SIZES + ([300_007] if dtype in ("float32", "bfloat16")
+                                else [])
+            for op in OPS:
+                for m in sizes:
+                    pad = m % 2
+                    hs, xs, outs = _slices(torch, nranks, dtype, m, op,
+                                           seed=m + nranks, pad=pad,
+                                           per_rank=nranks * m)
+                    ars = [torch.empty_like(x) for x in xs]
+                    torch.cuda.synchronize()
+                    for c, s, x, o, r in zip(team, streams, xs, outs, ars):
+                        c.reduce_scatter(x, out=o, op=op, algo=algo,
+                                         stream=s)
+                        c.all_reduce(x, out=r, op=op, algo=algo, stream=s)
+                    torch.cuda.synchronize()
+                    for q in range(nranks):
+                        res = _host(outs[q], npdt)
+                        block = _host(ars[q], npdt)[q * m:(q + 1) * m]
+                        bad = _check.count_wrong(
+                            res, op, [h[q * m:(q + 1) * m] for h in hs], dtype)
+                        if bad or res.tobytes() != block.tobytes():
+                            wrong.append((dtype, op, m, q, bad))
+        ran = _kernels_ran(team)
+    finally:
+        _close(team)
+    assert not wrong, f"(dtype, op, m, rank, elements wrong): {wrong[:10]}"
+    rs = symnccl._C.COLLECTIVE_KERNELS["reduce_scatter"][algo]
+    for r in ran:
+        assert rs in r and not (r - {rs, algo, algo + "_two_shot"}), r
+
+
+@pytest.mark.parametrize("nranks", WORLDS)
+@pytest.mark.parametrize("algo", ["ll", "ll128"])
+def test_all_gather_every_dtype_bit_exact(monkeypatch, nranks, algo):
+    torch = _torch()
+    team = _team(monkeypatch, nranks)
+    streams = [torch.cuda.Stream() for _ in team]
+    wrong = []
+    try:
+        for dtype in symnccl.DTYPES:
+            npdt = _check.numpy_dtype(dtype)
+            if npdt is None:
+                pytest.skip(f"{dtype} needs ml_dtypes, which is not installed")
+            for m in RS_SIZES + [300_007]:
+                pad = m % 2
+                hs, xs, outs = _slices(torch, nranks, dtype, m, "sum",
+                                       seed=m, pad=pad, per_rank=m)
+                torch.cuda.synchronize()
+                for c, s, x, o in zip(team, streams, xs, outs):
+                    c.all_gather(x, out=o, algo=algo, stream=s)
+                torch.cuda.synchronize()
+                want = np.concatenate(hs).tobytes()
+                for q in range(nranks):
+                    if _host(outs[q], npdt).tobytes() != want:
+                        wrong.append((dtype, m, q))
+        ran = _kernels_ran(team)
+    finally:
+        _close(team)
+    assert not wrong, f"(dtype, m, rank): {wrong[:10]}"
+    ag = symnccl._C.COLLECTIVE_KERNELS["all_gather"][algo]
+    assert all(r == {ag} for r in ran), ran
+
+
+@pytest.mark.parametrize("algo", ["ll", "ll128"])
+def test_reduce_scatter_and_all_gather_in_place(monkeypatch, algo):
+    """Rank r's block of the buffer is its reduce_scatter output, or its
+    all_gather input."""
+    torch = _torch()
+    n, m = 3, 4099
+    team = _team(monkeypatch, n)
+    streams = [torch.cuda.Stream() for _ in team]
+    try:
+        hs = [_check.make_input("float32", n * m, q, 7) for q in range(n)]
+        bufs = [torch.from_numpy(h).cuda() for h in hs]
+        torch.cuda.synchronize()
+        for q, (c, s, b) in enumerate(zip(team, streams, bufs)):
+            c.reduce_scatter(b, out=b[q * m:(q + 1) * m], algo=algo, stream=s)
+        torch.cuda.synchronize()
+        blocks = [b[q * m:(q + 1) * m].cpu().numpy()
+                  for q, b in enumerate(bufs)]
+        for q in range(n):
+            assert _check.count_wrong(
+                blocks[q], "sum", [h[q * m:(q + 1) * m] for h in hs],
+                "float32") == 0, q
+        for q, (c, s, b) in enumerate(zip(team, streams, bufs)):
+            c.all_gather(b[q * m:(q + 1) * m], out=b, algo=algo, stream=s)
+        torch.cuda.synchronize()
+        for b in bufs:
+            assert b.cpu().numpy().tobytes() == \
+                np.concatenate(blocks).tobytes()
+    finally:
+        _close(team)
+
+
+@pytest.mark.parametrize("nranks", [2, 3, 8])
+def test_stress_all_reduce_reduce_scatter_all_gather_share_the_slots(
+        monkeypatch, nranks):
+    """Back-to-back calls of the three collectives on both packet formats
+    (and the other all-reduce kernels), random sizes and ranks held back:
+    the packet kernels share each format's slots and call counters."""
+    torch = _torch()
+    monkeypatch.setenv("SYMNCCL_LL_TWO_SHOT_KIB", "16")
+    team = _team(monkeypatch, nranks)
+    streams = [torch.cuda.Stream() for _ in team]
+    rng = random.Random(99 + nranks)
+    calls = []
+    for i in range(120):
+        coll = rng.choice(["all_reduce", "reduce_scatter", "all_gather"])
+        algo = rng.choice(["ll", "ll128"] if coll != "all_reduce" else
+                          ["ll", "ll128", "push", "one_shot", "two_shot"])
+        m = rng.choice([rng.randint(1, 64), rng.randint(64, 5000),
+                        rng.randint(5000, 120_000)])
+        pad = rng.randint(0, 3)
+        per_rank = nranks * m if coll == "reduce_scatter" else m
+        if coll == "all_reduce":
+            hs, xs, outs = _inputs(torch, nranks, "float32", m, "sum",
+                                   seed=i, pad=pad)
+        else:
+            hs, xs, outs = _slices(torch, nranks, "float32", m, "sum",
+                                   seed=i, pad=pad, per_rank=per_rank)
+        late = rng.randrange(nranks) if rng.random() < 0.3 else -1
+        calls.append((coll, algo, m, hs, xs, outs, late))
+    torch.cuda._sleep(1)   # loaded before any rank waits (loopback.c)
+    torch.cuda.synchronize()
+    failures = []
+    try:
+        for coll, algo, m, hs, xs, outs, late in calls:
+            for q, (c, s, x, o) in enumerate(zip(team, streams, xs, outs)):
+                if q == late:
+                    with torch.cuda.stream(s):
+                        torch.cuda._sleep(100_000)
+                getattr(c, coll)(x, out=o, algo=algo, stream=s)
+        torch.cuda.synchronize()
+        for i, (coll, algo, m, hs, xs, outs, late) in enumerate(calls):
+            for q, o in enumerate(outs):
+                res = o.cpu().numpy()
+                if coll == "all_gather":
+                    bad = res.tobytes() != np.concatenate(hs).tobytes()
+                elif coll == "reduce_scatter":
+                    bad = _check.count_wrong(
+                        res, "sum", [h[q * m:(q + 1) * m] for h in hs],
+                        "float32")
+                else:
+                    bad = _check.count_wrong(res, "sum", hs, "float32")
+                if bad:
+                    failures.append((i, coll, algo, m, q, bad))
+        for c in team:
+            c.check()
+    finally:
+        _close(team)
+    assert not failures, failures[:10]
+
+
+@pytest.mark.parametrize("collective", ["reduce_scatter", "all_gather"])
+def test_reduce_scatter_and_all_gather_raise_when_a_rank_never_calls(
+        monkeypatch, collective):
+    torch = _torch()
+    team = _team(monkeypatch, 3, timeout=2.0)
+    streams = [torch.cuda.Stream() for _ in team]
+    x = [torch.randn(3 * 1000, device="cuda") for _ in team]
+    torch.cuda.synchronize()
+    for c, s, xq in zip(team[:2], streams, x):
+        getattr(c, collective)(xq, algo="ll", stream=s)
+    torch.cuda.synchronize()
+    errors = []
+    for c in team[:2]:
+        with pytest.raises(symnccl.PeerTimeoutError) as e:
+            c.check()
+        errors.append(e.value)
+    assert any(e.reason == "timeout" and e.rank == 2 for e in errors)
+    assert all(e.collective == collective and
+               e.kernel == "ll_" + collective for e in errors), \
+        [str(e) for e in errors]
+    for c in team:
+        c.abort()
+    assert torch.arange(8, device="cuda", dtype=torch.float32).sum() == 28
+
+
+def test_reduce_scatter_and_all_gather_refuse_algorithms_without_kernels(
+        monkeypatch):
+    torch = _torch()
+    team = _team(monkeypatch, 2)
+    try:
+        x = torch.ones(64, device="cuda")
+        for algo in ("one_shot", "two_shot", "push"):
+            with pytest.raises(ValueError, match="no kernel of this"):
+                team[0].reduce_scatter(x, algo=algo)
+            with pytest.raises(ValueError, match="no kernel of this"):
+                team[0].all_gather(x, algo=algo)
+        with pytest.raises(ValueError, match="no symnccl kernel"):
+            team[0].reduce_scatter(x, algo="ll", op="prod")
+        with pytest.raises(ValueError, match="no symnccl kernel"):
+            team[0].reduce_scatter(x.to(torch.uint8), algo="ll")
+    finally:
+        _close(team)

@@ -47,11 +47,15 @@ void packet_format(int kernel, size_t* data, size_t* row) {
   switch (kernel) {
     case SYMNCCL_K_LL:
     case SYMNCCL_K_LL_TWO_SHOT:
+    case SYMNCCL_K_LL_REDUCE_SCATTER:
+    case SYMNCCL_K_LL_ALL_GATHER:
       *data = LL::kItemData;
       *row = LL::kItemBytes;
       return;
     case SYMNCCL_K_LL128:
     case SYMNCCL_K_LL128_TWO_SHOT:
+    case SYMNCCL_K_LL128_REDUCE_SCATTER:
+    case SYMNCCL_K_LL128_ALL_GATHER:
       *data = LL128::kItemData;
       *row = LL128::kItemBytes;
       return;
@@ -130,6 +134,10 @@ cudaError_t launch(const symnccl_kargs* a, cudaStream_t stream) {
       (a->threads < n || a->ctas > SYMNCCL_PUSH_MAX_CTAS ||
        a->row_bytes % 16 != 0 ||
        (a->out_win != nullptr && a->out_offset % 16 != 0)))
+    return cudaErrorInvalidValue;
+  if ((a->kernel == SYMNCCL_K_LL_ALL_GATHER ||
+       a->kernel == SYMNCCL_K_LL128_ALL_GATHER) &&
+      a->dtype != SYMNCCL_DT_BYTES)
     return cudaErrorInvalidValue;
   if (a->kernel == SYMNCCL_K_MULTIMEM)
     return symnccl_launch_multimem(a, stream);

@@ -57,6 +57,10 @@ extern "C" {
 enum { SYMNCCL_KERNEL_DTYPES(SYMNCCL_DT_ENUM_) SYMNCCL_DT_COUNT };
 #undef SYMNCCL_DT_ENUM_
 
+/* all_gather moves bytes, whatever the dtype: it runs in this 1-byte
+ * unit, with counts in bytes. */
+#define SYMNCCL_DT_BYTES SYMNCCL_DT_F8E4M3
+
 /* Reduction operators of the kernels (the registry maps NCCL's to these). */
 enum { SYMNCCL_OP_SUM = 0, SYMNCCL_OP_MAX = 1, SYMNCCL_OP_MIN = 2,
        SYMNCCL_OP_AVG = 3 };
@@ -71,7 +75,11 @@ enum { SYMNCCL_OP_SUM = 0, SYMNCCL_OP_MAX = 1, SYMNCCL_OP_MIN = 2,
     X(LL128, "ll128")                       \
     X(LL128_TWO_SHOT, "ll128_two_shot")     \
     X(PUSH, "push")                         \
-    X(MULTIMEM, "multimem")
+    X(MULTIMEM, "multimem")                 \
+    X(LL_REDUCE_SCATTER, "ll_reduce_scatter")       \
+    X(LL128_REDUCE_SCATTER, "ll128_reduce_scatter") \
+    X(LL_ALL_GATHER, "ll_all_gather")               \
+    X(LL128_ALL_GATHER, "ll128_all_gather")
 
 #define SYMNCCL_K_ENUM_(id, name) SYMNCCL_K_##id,
 enum { SYMNCCL_KERNELS(SYMNCCL_K_ENUM_) SYMNCCL_K_COUNT };
@@ -181,7 +189,10 @@ typedef struct {
                                   two_shot, multimem: NULL when the input is
                                   already at win + win_offset */
     void *out;                 /* output, any device memory; may equal src */
-    size_t count;              /* elements */
+    size_t count;              /* elements (reduce_scatter, all_gather: of
+                                  one slice) */
+    size_t slice_stride;       /* reduce_scatter: elements from one slice of
+                                  src to the next; all_gather: of out */
     int dtype;                 /* SYMNCCL_DT_* */
     int op;                    /* SYMNCCL_OP_* */
     int in_place;              /* out is this rank's part of win */

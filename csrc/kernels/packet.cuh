@@ -389,6 +389,105 @@ __global__ void __launch_bounds__(512)
   end_call(a.epochs, k.call);
 }
 
+// --------------------------------------------- reduce-scatter, all-gather
+//
+// Both are one-shots on the all-reduce one-shot's slots, flags and call
+// counters, with the same row layout (rank r's item i at row r, item i), so
+// any call type may follow any other on a communicator. A launch covers
+// elements [0, count) of every slice: the host points src and out at the
+// chunk's start, and slices lie slice_stride elements apart. Every rank
+// receives packets from every peer in every call (each slice holds at
+// least one item), so the one-shot's argument for two slots holds as is.
+//
+// reduce_scatter: slice q of my input goes to rank q (row `me`), and my
+//   slice is reduced in rank order 0..n-1 as the rows arrive (my own part
+//   read from my input), into out: the bits of block `me` of the
+//   all-reduce of the same inputs. In place (out = my slice of the input)
+//   is safe: the worker that reads an item of my slice writes it.
+// all_gather: my input goes to every peer (row `me`) and into my slice of
+//   out; slice q of out takes rank q's row as it arrives. The host runs it
+//   on bytes (SYMNCCL_DT_BYTES), so it moves every dtype. In place (my
+//   input = my slice of out) is safe: each worker rewrites what it read.
+
+__device__ __forceinline__ bool aligned8(const void* p) {
+  return (reinterpret_cast<uintptr_t>(p) & 7) == 0;
+}
+
+template <typename T, typename F>
+__global__ void __launch_bounds__(512)
+    packet_reduce_scatter(ncclDevComm dc,
+                          const __grid_constant__ symnccl_kargs a) {
+  uint64_t epoch;
+  if (!enter_cta(a, dc.lsaRank, dc.lsaSize, epoch)) return;
+  const PacketLaunch<T, F> k(dc.lsaSize, dc.lsaRank, epoch, a);
+  const int n = k.n, me = k.me;
+  const Peers slot = Peers::of(a.region_win, k.call.slot_off);
+
+  // slice q of my input into row `me` of rank q's slot (rotated order)
+  for (int d = 1; d < n; d++) {
+    const int q = (me + d) % n;
+    const T* in = k.in + (size_t)q * a.slice_stride;
+    const bool al = aligned8(in);
+    char* row = slot(q) + (size_t)me * a.row_bytes;
+    for (size_t i = F::worker(); i < k.items; i += F::workers())
+      F::send(row + i * F::kItemBytes + k.lane,
+              F::load(in, i, a.count, al, k.flag), k.flag);
+  }
+
+  // my slice, reduced in rank order as the rows arrive
+  const T* own = k.in + (size_t)me * a.slice_stride;
+  const bool own_al = aligned8(own);
+  const char* mine = slot(me);
+  bool ok = true;
+  for (size_t i = F::worker(); i < k.items && ok; i += F::workers())
+    F::put(k.out, i, a.count, k.out_al,
+           reduce_item<T, F>(mine + i * F::kItemBytes + k.lane, a.row_bytes,
+                             own, i, a.count, own_al, me, n, a.op, k.flag,
+                             a, ok));
+
+  end_call(a.epochs, k.call);
+}
+
+template <typename T, typename F>
+__global__ void __launch_bounds__(512)
+    packet_all_gather(ncclDevComm dc,
+                      const __grid_constant__ symnccl_kargs a) {
+  uint64_t epoch;
+  if (!enter_cta(a, dc.lsaRank, dc.lsaSize, epoch)) return;
+  const PacketLaunch<T, F> k(dc.lsaSize, dc.lsaRank, epoch, a);
+  const int n = k.n, me = k.me;
+  const Peers slot = Peers::of(a.region_win, k.call.slot_off);
+
+  // my input into row `me` of every peer's slot, and into my slice of out
+  T* own = k.out + (size_t)me * a.slice_stride;
+  const bool own_al = aligned8(own);
+  for (size_t i = F::worker(); i < k.items; i += F::workers()) {
+    const typename F::Item it = F::load(k.in, i, a.count, k.in_al, k.flag);
+    for (int q = 0; q < n; q++)
+      if (q != me)
+        F::send(slot(q) + (size_t)me * a.row_bytes + i * F::kItemBytes +
+                    k.lane,
+                it, k.flag);
+    F::put(own, i, a.count, own_al, it);
+  }
+
+  // every peer's row into its slice of out (rotated order)
+  const char* mine = slot(me);
+  bool ok = true;
+  for (int d = 1; d < n && ok; d++) {
+    const int q = (me + d) % n;
+    T* dst = k.out + (size_t)q * a.slice_stride;
+    const bool al = aligned8(dst);
+    const char* row = mine + (size_t)q * a.row_bytes;
+    for (size_t i = F::worker(); i < k.items && ok; i += F::workers())
+      F::put(dst, i, a.count, al,
+             F::recv(row + i * F::kItemBytes + k.lane, k.flag, a, me, n, q,
+                     ok));
+  }
+
+  end_call(a.epochs, k.call);
+}
+
 SYMNCCL_END
 
 #endif  // SYMNCCL_KERNELS_PACKET_CUH

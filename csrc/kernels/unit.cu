@@ -11,6 +11,18 @@
 #error "compile with -DSYMNCCL_UNIT_DT=<ID of SYMNCCL_KERNEL_DTYPES>"
 #endif
 
+SYMNCCL_BEGIN
+// all_gather runs in the unit of SYMNCCL_DT_BYTES only.
+template <typename T>
+void (*all_gather_kernel(int kernel))(ncclDevComm, const symnccl_kargs) {
+  if constexpr (std::is_same<T, DType<SYMNCCL_DT_BYTES>::type>::value)
+    return kernel == SYMNCCL_K_LL_ALL_GATHER ? packet_all_gather<T, LL>
+                                             : packet_all_gather<T, LL128>;
+  else
+    return nullptr;
+}
+SYMNCCL_END
+
 #define SYMNCCL_CAT_(a, b) a##b
 #define SYMNCCL_CAT(a, b) SYMNCCL_CAT_(a, b)
 
@@ -28,6 +40,17 @@ cudaError_t SYMNCCL_CAT(symnccl_launch_, SYMNCCL_UNIT_DT)(
     case SYMNCCL_K_LL128: kernel = packet_one_shot<T, LL128>; break;
     case SYMNCCL_K_LL128_TWO_SHOT: kernel = packet_two_shot<T, LL128>; break;
     case SYMNCCL_K_PUSH: kernel = push<T>; break;
+    case SYMNCCL_K_LL_REDUCE_SCATTER:
+      kernel = packet_reduce_scatter<T, LL>;
+      break;
+    case SYMNCCL_K_LL128_REDUCE_SCATTER:
+      kernel = packet_reduce_scatter<T, LL128>;
+      break;
+    case SYMNCCL_K_LL_ALL_GATHER:
+    case SYMNCCL_K_LL128_ALL_GATHER:
+      kernel = all_gather_kernel<T>(a->kernel);
+      if (kernel == nullptr) return cudaErrorInvalidValue;
+      break;
     default: return cudaErrorInvalidValue;
   }
   return symnccl_launch_kernel(kernel, *a, stream);
