@@ -182,14 +182,14 @@ parse_algo(PyObject *obj)
     return a;
 }
 
-/* The call on symnccl's kernels (launch.c): `count` elements of x for
- * all_reduce and all_gather, of out for reduce_scatter. */
+/* The call on symnccl's kernels (launch.c): `count` elements of out for
+ * reduce_scatter, of x for the others. */
 static int
 kernel_call(sn_call *k, int collective, int algo, const sn_op *op,
-            const sn_window *win, size_t count)
+            const sn_window *win, size_t count, int root)
 {
     sn_ar r = {k->c, algo, k->x.ptr, k->out.ptr, win, count, k->x.dtype,
-               op, k->stream, collective};
+               op, k->stream, collective, root};
     sn_err err = {cudaSuccess, ncclSuccess, ""};
     if (sn_launch_kernels(&r, &err) < 0)
         return sn_fault_check(k->st, k->c) < 0 ? -1 : sn_raise(k->st, &err);
@@ -311,11 +311,11 @@ check_call(sn_call *k, int collective, size_t count, const sn_op *op,
 
 /* 1 if p lies in one of c's windows at an offset that is not a multiple
  * of 16 bytes. */
-/* reduce_scatter and all_gather: the algorithm of a call, or
- * SN_ALGO_UNKNOWN with the exception set. "auto" is NCCL: no table is
+/* reduce_scatter, all_gather, reduce, broadcast: the algorithm of a call,
+ * or SN_ALGO_UNKNOWN with the exception set. "auto" is NCCL: no table is
  * measured for their kernels yet (benchmarks/NOTES.md, 26). */
 static int
-slices_algo(sn_call *k, int collective, int algo, const sn_op *op)
+collective_algo(sn_call *k, int collective, int algo, const sn_op *op)
 {
     if (algo == SN_ALGO_AUTO || algo == SN_ALGO_NCCL)
         return SN_ALGO_NCCL;
@@ -439,7 +439,7 @@ sn_all_reduce(CommObject *c, PyObject *args, PyObject *kw)
         return call_end(&k, 0);
     if (algo != SN_ALGO_NCCL)
         return call_end(&k, kernel_call(&k, SYMNCCL_COLL_ALL_REDUCE, algo, op,
-                                        win, k.x.count) == 0);
+                                        win, k.x.count, -1) == 0);
     if (misaligned_in_window(c, k.x.ptr) || misaligned_in_window(c, k.out.ptr))
         return call_end(&k, nccl_all_reduce_via_plain(&k, op, bytes) == 0);
     ncclResult_t rc = ncclAllReduce(k.x.ptr, k.out.ptr, k.x.count,
@@ -484,14 +484,14 @@ sn_reduce_scatter(CommObject *c, PyObject *args, PyObject *kw)
         shape[0] = (int64_t)(k.x.count / n);
     }
     if (call_output(&k, x, out, k.x.count / n, ndim, shape, 0) < 0 ||
-        (algo = slices_algo(&k, SYMNCCL_COLL_REDUCE_SCATTER, algo, op)) ==
+        (algo = collective_algo(&k, SYMNCCL_COLL_REDUCE_SCATTER, algo, op)) ==
             SN_ALGO_UNKNOWN ||
         check_call(&k, SYMNCCL_COLL_REDUCE_SCATTER, k.x.count, op, algo,
                    -1) < 0)
         return call_end(&k, 0);
     if (algo != SN_ALGO_NCCL)
         return call_end(&k, kernel_call(&k, SYMNCCL_COLL_REDUCE_SCATTER, algo,
-                                        op, NULL, k.x.count / n) == 0);
+                                        op, NULL, k.x.count / n, -1) == 0);
     size_t chunk = k.x.count / n * (size_t)k.x.dtype->itemsize;
     /* NCCL 2.28.9's symmetric-window reduce-scatter writes zeros into every
      * 4th 16-bit element of ranks whose block does not start on a 16-byte
@@ -560,14 +560,14 @@ sn_all_gather(CommObject *c, PyObject *args, PyObject *kw)
         shape[0] *= c->nranks;
     if (call_output(&k, x, out, k.x.count * (size_t)c->nranks, ndim, shape,
                     0) < 0 ||
-        (algo = slices_algo(&k, SYMNCCL_COLL_ALL_GATHER, algo, NULL)) ==
+        (algo = collective_algo(&k, SYMNCCL_COLL_ALL_GATHER, algo, NULL)) ==
             SN_ALGO_UNKNOWN ||
         check_call(&k, SYMNCCL_COLL_ALL_GATHER, k.x.count, NULL, algo,
                    -1) < 0)
         return call_end(&k, 0);
     if (algo != SN_ALGO_NCCL)
         return call_end(&k, kernel_call(&k, SYMNCCL_COLL_ALL_GATHER, algo,
-                                        NULL, NULL, k.x.count) == 0);
+                                        NULL, NULL, k.x.count, -1) == 0);
     ncclResult_t rc = ncclAllGather(k.x.ptr, k.out.ptr, k.x.count,
                                     k.x.dtype->nccl, c->comm, k.stream);
     return call_end(&k, enqueue_done(&k, rc, SYMNCCL_COLL_ALL_GATHER,
@@ -579,32 +579,40 @@ sn_all_gather(CommObject *c, PyObject *args, PyObject *kw)
 static PyObject *
 rooted(CommObject *c, PyObject *args, PyObject *kw, int collective)
 {
-    static char *bkw[] = {"x", "root", "out", "stream", NULL};
-    static char *rkw[] = {"x", "root", "out", "op", "stream", NULL};
+    static char *bkw[] = {"x", "root", "out", "algo", "stream", NULL};
+    static char *rkw[] = {"x", "root", "out", "op", "algo", "stream", NULL};
     PyObject *x, *out = Py_None, *stream = Py_None, *op_obj = NULL;
+    PyObject *algo_obj = NULL;
     int root = 0;
     int ok = collective == SYMNCCL_COLL_BROADCAST
-        ? PyArg_ParseTupleAndKeywords(args, kw, "O|iOO:broadcast", bkw, &x,
-                                      &root, &out, &stream)
-        : PyArg_ParseTupleAndKeywords(args, kw, "O|iOOO:reduce", rkw, &x,
-                                      &root, &out, &op_obj, &stream);
+        ? PyArg_ParseTupleAndKeywords(args, kw, "O|iOOO:broadcast", bkw, &x,
+                                      &root, &out, &algo_obj, &stream)
+        : PyArg_ParseTupleAndKeywords(args, kw, "O|iOOOO:reduce", rkw, &x,
+                                      &root, &out, &op_obj, &algo_obj,
+                                      &stream);
     if (!ok)
         return NULL;
     const sn_op *op = op_obj != NULL ? parse_op(op_obj) : sn_op_by_name("sum");
-    if (op == NULL)
+    int algo = SN_ALGO_AUTO;
+    if (op == NULL || (algo_obj != NULL &&
+                       (algo = parse_algo(algo_obj)) == SN_ALGO_UNKNOWN))
         return NULL;
     if (root < 0 || root >= c->nranks) {
         PyErr_Format(PyExc_ValueError, "root %d is out of range: expected "
                      "0 <= root < %d", root, c->nranks);
         return NULL;
     }
+    const sn_op *rop = collective == SYMNCCL_COLL_REDUCE ? op : NULL;
     sn_call k;
     if (call_begin(&k, c, x, stream) < 0 ||
         call_output(&k, x, out, k.x.count, k.x.ndim, k.x.shape, 1) < 0 ||
-        check_call(&k, collective, k.x.count,
-                   collective == SYMNCCL_COLL_REDUCE ? op : NULL,
-                   SN_ALGO_NCCL, root) < 0)
+        (algo = collective_algo(&k, collective, algo, rop)) ==
+            SN_ALGO_UNKNOWN ||
+        check_call(&k, collective, k.x.count, rop, algo, root) < 0)
         return call_end(&k, 0);
+    if (algo != SN_ALGO_NCCL)
+        return call_end(&k, kernel_call(&k, collective, algo, rop, NULL,
+                                        k.x.count, root) == 0);
     ncclResult_t rc;
     if (collective == SYMNCCL_COLL_BROADCAST)
         rc = ncclBroadcast(k.x.ptr, k.out.ptr, k.x.count, k.x.dtype->nccl,

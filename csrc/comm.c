@@ -786,15 +786,22 @@ static PyMethodDef comm_methods[] = {
      "Example:\n    full = comm.all_gather(x)"},
     {"broadcast", (PyCFunction)(void (*)(void))sn_broadcast,
      METH_VARARGS | METH_KEYWORDS,
-     "broadcast($self, /, x, root=0, out=None, stream=None)\n--\n\n"
+     "broadcast($self, /, x, root=0, out=None, algo='auto', stream=None)"
+     "\n--\n\n"
      "Copies root's x to every rank, in place unless out= is given.\n\n"
+     "algo: 'one_shot' runs symnccl's kernel (peers load root's copy "
+     "between two barriers; every dtype); 'nccl' and 'auto' run "
+     "ncclBroadcast.\n\n"
      "Example:\n    comm.broadcast(weights, root=0)"},
     {"reduce", (PyCFunction)(void (*)(void))sn_reduce,
      METH_VARARGS | METH_KEYWORDS,
-     "reduce($self, /, x, root=0, out=None, op='sum', stream=None)\n--\n\n"
+     "reduce($self, /, x, root=0, out=None, op='sum', algo='auto', "
+     "stream=None)\n--\n\n"
      "Reduces every rank's x into root's out (x itself unless out= is "
      "given); on the other ranks out is left unspecified, as "
-     "torch.distributed.reduce leaves it. Runs on NCCL.\n\n"
+     "torch.distributed.reduce leaves it.\n\n"
+     "algo: 'one_shot' runs symnccl's kernel (the root loads every rank's "
+     "copy: the bits of all_reduce); 'nccl' and 'auto' run ncclReduce.\n\n"
      "Example:\n    comm.reduce(loss_sum, root=0)"},
     {"barrier", (PyCFunction)(void (*)(void))sn_barrier,
      METH_VARARGS | METH_KEYWORDS,

@@ -5,6 +5,8 @@
  *
  * reduce_scatter, all_gather (ll, ll128): one launch per row's worth of
  *               each slice, straight from x into out; all_gather on bytes
+ * reduce, broadcast (one_shot): one launch per staging area, x copied into
+ *               the staging window first; broadcast on bytes
  *
  * all_reduce:
  *
@@ -177,6 +179,42 @@ slice_launches(const sn_ar *r, sn_err *err)
     return 0;
 }
 
+/* reduce and broadcast: one_shot's staging chunks and grid. */
+static int
+rooted_launches(const sn_ar *r, sn_err *err)
+{
+    CommObject *c = r->c;
+    const int bcast = r->collective == SYMNCCL_COLL_BROADCAST;
+    /* broadcast moves bytes, in the unit of SYMNCCL_DT_BYTES */
+    const size_t is = bcast ? 1 : (size_t)r->dtype->itemsize;
+    const size_t total = bcast ? r->count * r->dtype->itemsize : r->count;
+    const int threads = c->knobs.lsa_threads;
+    symnccl_kargs a = kargs(r, sn_collective_kernel(r->collective, r->algo));
+    if (bcast)
+        a.dtype = SYMNCCL_DT_BYTES;
+    a.root = r->root;
+    a.threads = threads;
+    a.win = c->staging_win->win;
+    a.win_offset = 0;
+    const size_t chunk = c->layout.staging / 16 * 16 / is;
+    for (size_t done = 0; done < total; done += chunk) {
+        const size_t len = total - done < chunk ? total - done : chunk;
+        a.src = r->x + done * is;
+        a.out = r->out + done * is;
+        a.count = len;
+        /* the grid depends on len only: equal on all ranks */
+        const size_t ctas = ((len * is + 15) / 16 + (size_t)threads - 1) /
+                            (size_t)threads;
+        a.ctas = ctas < 1 ? 1
+                 : ctas > (size_t)c->knobs.one_shot_ctas
+                     ? c->knobs.one_shot_ctas
+                     : (int)ctas;
+        if (launch(r, &a, err) < 0)
+            return -1;
+    }
+    return 0;
+}
+
 static int
 push_launch(const sn_ar *r, sn_err *err)
 {
@@ -274,7 +312,10 @@ sn_launch_kernels(const sn_ar *r, sn_err *err)
     if (rc == 0)
         rc = order_begin(r, err);
     if (rc == 0)
-        rc = r->collective != SYMNCCL_COLL_ALL_REDUCE ? slice_launches(r, err)
+        rc = r->collective == SYMNCCL_COLL_REDUCE ||
+                     r->collective == SYMNCCL_COLL_BROADCAST
+                 ? rooted_launches(r, err)
+             : r->collective != SYMNCCL_COLL_ALL_REDUCE ? slice_launches(r, err)
              : r->algo == SN_ALGO_LL || r->algo == SN_ALGO_LL128
                  ? packet_launches(r, err)
              : r->algo == SN_ALGO_PUSH ? push_launch(r, err)

@@ -88,14 +88,16 @@ sn_algo_kernel(int algo, int two_shot)
     return algo_kernels[algo][two_shot && algo_kernels[algo][1] >= 0];
 }
 
-/* reduce_scatter and all_gather: the algorithms with a kernel for them
- * (NCCL runs every other call). */
+/* reduce_scatter, all_gather, reduce and broadcast: the algorithms with a
+ * kernel for them (NCCL runs every other call). */
 static const struct { int collective, algo, kernel; } coll_kernels[] = {
     {SYMNCCL_COLL_REDUCE_SCATTER, SN_ALGO_LL, SYMNCCL_K_LL_REDUCE_SCATTER},
     {SYMNCCL_COLL_REDUCE_SCATTER, SN_ALGO_LL128,
      SYMNCCL_K_LL128_REDUCE_SCATTER},
     {SYMNCCL_COLL_ALL_GATHER, SN_ALGO_LL, SYMNCCL_K_LL_ALL_GATHER},
     {SYMNCCL_COLL_ALL_GATHER, SN_ALGO_LL128, SYMNCCL_K_LL128_ALL_GATHER},
+    {SYMNCCL_COLL_REDUCE, SN_ALGO_ONE_SHOT, SYMNCCL_K_ONE_SHOT_REDUCE},
+    {SYMNCCL_COLL_BROADCAST, SN_ALGO_ONE_SHOT, SYMNCCL_K_ONE_SHOT_BROADCAST},
 };
 #define N_COLL_KERNELS (sizeof(coll_kernels) / sizeof(coll_kernels[0]))
 
@@ -228,10 +230,15 @@ sn_collective_unavailable(const sn_topology *t, int collective, int algo,
     if (algo == SN_ALGO_NCCL)
         return NULL;
     if (sn_collective_kernel(collective, algo) < 0)
-        return "no kernel of this algorithm runs this collective (ll, "
-               "ll128 and nccl do)";
-    /* all_gather moves bytes: every dtype, no op */
-    if (collective == SYMNCCL_COLL_ALL_GATHER)
+        return collective == SYMNCCL_COLL_REDUCE ||
+                       collective == SYMNCCL_COLL_BROADCAST
+                   ? "no kernel of this algorithm runs this collective "
+                     "(one_shot and nccl do)"
+                   : "no kernel of this algorithm runs this collective "
+                     "(ll, ll128 and nccl do)";
+    /* all_gather and broadcast move bytes: every dtype, no op */
+    if (collective == SYMNCCL_COLL_ALL_GATHER ||
+        collective == SYMNCCL_COLL_BROADCAST)
         dt = NULL, op = NULL;
     return sn_algo_unavailable(t, algo, dt, op);
 }

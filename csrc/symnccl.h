@@ -162,11 +162,11 @@ const char *sn_algo_choices(void);
 /* The kernel (SYMNCCL_K_*) an algorithm launches: its two-shot one when
  * two_shot and it has one; -1 for nccl. */
 int sn_algo_kernel(int algo, int two_shot);
-/* The kernel (SYMNCCL_K_*) of `algo` for reduce_scatter or all_gather
- * (SYMNCCL_COLL_*), or -1. */
+/* The kernel (SYMNCCL_K_*) of `algo` for reduce_scatter, all_gather,
+ * reduce or broadcast (SYMNCCL_COLL_*), or -1. */
 int sn_collective_kernel(int collective, int algo);
-/* NULL when `algo` can run that reduce_scatter or all_gather here, else
- * why not (all_gather moves bytes: dt and op are not looked at). */
+/* NULL when `algo` can run that collective here, else why not
+ * (all_gather and broadcast move bytes: dt and op are not looked at). */
 const char *sn_collective_unavailable(const sn_topology *t, int collective,
                                       int algo, const sn_dtype *dt,
                                       const sn_op *op);
@@ -588,8 +588,10 @@ typedef struct {
     const sn_dtype *dtype;
     const sn_op *op;
     cudaStream_t stream;
-    int collective;            /* SYMNCCL_COLL_ALL_REDUCE (0), _REDUCE_
-                                  SCATTER or _ALL_GATHER */
+    int collective;            /* SYMNCCL_COLL_ALL_REDUCE (0),
+                                  _REDUCE_SCATTER, _ALL_GATHER, _REDUCE,
+                                  _BROADCAST */
+    int root;                  /* reduce, broadcast */
 } sn_ar;
 
 /* Enqueues the collective on r->stream; 0, or -1 with *err filled. */

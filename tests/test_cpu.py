@@ -682,7 +682,8 @@ def test_python_views_of_the_registry_agree_with_c():
     coll = [k for d in _C.COLLECTIVE_KERNELS.values() for k in d.values()]
     ar = [k for ks in _C.ALGO_KERNELS.values() for k in ks]
     assert sorted(ar + coll) == sorted(_C.KERNELS)
-    assert set(_C.COLLECTIVE_KERNELS) == {"reduce_scatter", "all_gather"}
+    assert set(_C.COLLECTIVE_KERNELS) == {"reduce_scatter", "all_gather",
+                                          "reduce", "broadcast"}
     for d in _C.COLLECTIVE_KERNELS.values():
         assert set(d) <= set(_C.ALGORITHMS) - {"nccl"}
     assert set(_C.KERNEL_DTYPES) <= set(_C.DTYPES)

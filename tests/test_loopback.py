@@ -450,9 +450,10 @@ def test_reduce_scatter_and_all_gather_in_place(monkeypatch, algo):
 @pytest.mark.parametrize("nranks", [2, 3, 8])
 def test_stress_all_reduce_reduce_scatter_all_gather_share_the_slots(
         monkeypatch, nranks):
-    """Back-to-back calls of the three collectives on both packet formats
-    (and the other all-reduce kernels), random sizes and ranks held back:
-    the packet kernels share each format's slots and call counters."""
+    """Back-to-back calls of every collective on every kernel, random sizes
+    and ranks held back: the packet kernels share each format's slots and
+    call counters, the load kernels (all-reduce, reduce, broadcast) the
+    barrier lines and theirs."""
     torch = _torch()
     monkeypatch.setenv("SYMNCCL_LL_TWO_SHOT_KIB", "16")
     team = _team(monkeypatch, nranks)
@@ -460,36 +461,45 @@ def test_stress_all_reduce_reduce_scatter_all_gather_share_the_slots(
     rng = random.Random(99 + nranks)
     calls = []
     for i in range(120):
-        coll = rng.choice(["all_reduce", "reduce_scatter", "all_gather"])
-        algo = rng.choice(["ll", "ll128"] if coll != "all_reduce" else
-                          ["ll", "ll128", "push", "one_shot", "two_shot"])
+        coll = rng.choice(["all_reduce", "reduce_scatter", "all_gather",
+                           "reduce", "broadcast"])
+        algo = rng.choice(
+            ["ll", "ll128", "push", "one_shot", "two_shot"]
+            if coll == "all_reduce" else ["ll", "ll128"]
+            if coll in ("reduce_scatter", "all_gather") else ["one_shot"])
+        root = rng.randrange(nranks)
         m = rng.choice([rng.randint(1, 64), rng.randint(64, 5000),
                         rng.randint(5000, 120_000)])
         pad = rng.randint(0, 3)
         per_rank = nranks * m if coll == "reduce_scatter" else m
-        if coll == "all_reduce":
+        if coll in ("all_reduce", "reduce", "broadcast"):
             hs, xs, outs = _inputs(torch, nranks, "float32", m, "sum",
                                    seed=i, pad=pad)
         else:
             hs, xs, outs = _slices(torch, nranks, "float32", m, "sum",
                                    seed=i, pad=pad, per_rank=per_rank)
         late = rng.randrange(nranks) if rng.random() < 0.3 else -1
-        calls.append((coll, algo, m, hs, xs, outs, late))
+        calls.append((coll, algo, m, hs, xs, outs, late, root))
     torch.cuda._sleep(1)   # loaded before any rank waits (loopback.c)
     torch.cuda.synchronize()
     failures = []
     try:
-        for coll, algo, m, hs, xs, outs, late in calls:
+        for coll, algo, m, hs, xs, outs, late, root in calls:
             for q, (c, s, x, o) in enumerate(zip(team, streams, xs, outs)):
                 if q == late:
                     with torch.cuda.stream(s):
                         torch.cuda._sleep(100_000)
-                getattr(c, coll)(x, out=o, algo=algo, stream=s)
+                kw = {"root": root} if coll in ("reduce", "broadcast") else {}
+                getattr(c, coll)(x, out=o, algo=algo, stream=s, **kw)
         torch.cuda.synchronize()
-        for i, (coll, algo, m, hs, xs, outs, late) in enumerate(calls):
+        for i, (coll, algo, m, hs, xs, outs, late, root) in enumerate(calls):
             for q, o in enumerate(outs):
                 res = o.cpu().numpy()
-                if coll == "all_gather":
+                if coll == "reduce" and q != root:
+                    continue   # only the root's output is a result
+                if coll == "broadcast":
+                    bad = res.tobytes() != hs[root].tobytes()
+                elif coll == "all_gather":
                     bad = res.tobytes() != np.concatenate(hs).tobytes()
                 elif coll == "reduce_scatter":
                     bad = _check.count_wrong(
@@ -506,16 +516,18 @@ def test_stress_all_reduce_reduce_scatter_all_gather_share_the_slots(
     assert not failures, failures[:10]
 
 
-@pytest.mark.parametrize("collective", ["reduce_scatter", "all_gather"])
-def test_reduce_scatter_and_all_gather_raise_when_a_rank_never_calls(
-        monkeypatch, collective):
+@pytest.mark.parametrize("collective,algo", [
+    ("reduce_scatter", "ll"), ("all_gather", "ll128"),
+    ("reduce", "one_shot"), ("broadcast", "one_shot")])
+def test_every_collective_raises_when_a_rank_never_calls(
+        monkeypatch, collective, algo):
     torch = _torch()
     team = _team(monkeypatch, 3, timeout=2.0)
     streams = [torch.cuda.Stream() for _ in team]
     x = [torch.randn(3 * 1000, device="cuda") for _ in team]
     torch.cuda.synchronize()
     for c, s, xq in zip(team[:2], streams, x):
-        getattr(c, collective)(xq, algo="ll", stream=s)
+        getattr(c, collective)(xq, algo=algo, stream=s)
     torch.cuda.synchronize()
     errors = []
     for c in team[:2]:
@@ -523,9 +535,9 @@ def test_reduce_scatter_and_all_gather_raise_when_a_rank_never_calls(
             c.check()
         errors.append(e.value)
     assert any(e.reason == "timeout" and e.rank == 2 for e in errors)
-    assert all(e.collective == collective and
-               e.kernel == "ll_" + collective for e in errors), \
-        [str(e) for e in errors]
+    kernel = symnccl._C.COLLECTIVE_KERNELS[collective][algo]
+    assert all(e.collective == collective and e.kernel == kernel
+               for e in errors), [str(e) for e in errors]
     for c in team:
         c.abort()
     assert torch.arange(8, device="cuda", dtype=torch.float32).sum() == 28
@@ -546,5 +558,91 @@ def test_reduce_scatter_and_all_gather_refuse_algorithms_without_kernels(
             team[0].reduce_scatter(x, algo="ll", op="prod")
         with pytest.raises(ValueError, match="no symnccl kernel"):
             team[0].reduce_scatter(x.to(torch.uint8), algo="ll")
+        for algo in ("ll", "ll128", "two_shot", "push"):
+            with pytest.raises(ValueError, match="one_shot and nccl do"):
+                team[0].reduce(x, algo=algo)
+            with pytest.raises(ValueError, match="one_shot and nccl do"):
+                team[0].broadcast(x, algo=algo)
     finally:
         _close(team)
+
+
+# ------------------------------------------------------ reduce, broadcast
+
+
+@pytest.mark.parametrize("nranks", WORLDS)
+def test_reduce_every_dtype_op_size_and_root_is_the_all_reduce(monkeypatch,
+                                                                nranks):
+    """The root's result against float64 and bitwise equal to symnccl's
+    all_reduce of the same inputs; a 64 KiB staging area makes the larger
+    sizes take several launches."""
+    torch = _torch()
+    team = _team(monkeypatch, nranks, staging_bytes=65536)
+    streams = [torch.cuda.Stream() for _ in team]
+    wrong = []
+    try:
+        for dtype in symnccl.LSA_DTYPES:
+            npdt = _check.numpy_dtype(dtype)
+            if npdt is None:
+                pytest.skip(f"{dtype} needs ml_dtypes, which is not installed")
+            for op in OPS:
+                for count in SIZES:
+                    root = (len(dtype) + OPS.index(op) + count) % nranks
+                    pad = count % 2
+                    hs, xs, outs = _inputs(torch, nranks, dtype, count, op,
+                                           seed=count, pad=pad)
+                    ars = [torch.empty_like(x) for x in xs]
+                    torch.cuda.synchronize()
+                    for c, s, x, o, r in zip(team, streams, xs, outs, ars):
+                        c.reduce(x, root=root, out=o, op=op,
+                                 algo="one_shot", stream=s)
+                        c.all_reduce(x, out=r, op=op, algo="one_shot",
+                                     stream=s)
+                    torch.cuda.synchronize()
+                    res = _host(outs[root], npdt)
+                    bad = _check.count_wrong(res, op, hs, dtype)
+                    if bad or res.tobytes() != _host(ars[root],
+                                                     npdt).tobytes():
+                        wrong.append((dtype, op, count, root, bad))
+        ran = _kernels_ran(team)
+    finally:
+        _close(team)
+    assert not wrong, f"(dtype, op, count, root, elements wrong): {wrong}"
+    assert all(r == {"one_shot_reduce", "one_shot"} for r in ran), ran
+
+
+@pytest.mark.parametrize("nranks", WORLDS)
+def test_broadcast_every_dtype_size_and_root_bit_exact(monkeypatch, nranks):
+    torch = _torch()
+    team = _team(monkeypatch, nranks, staging_bytes=65536)
+    streams = [torch.cuda.Stream() for _ in team]
+    wrong = []
+    try:
+        for dtype in symnccl.DTYPES:
+            npdt = _check.numpy_dtype(dtype)
+            if npdt is None:
+                pytest.skip(f"{dtype} needs ml_dtypes, which is not installed")
+            for count in SIZES:
+                for root in {0, nranks - 1}:
+                    for in_place in (False, True):
+                        pad = count % 2
+                        hs, xs, outs = _inputs(torch, nranks, dtype, count,
+                                               "sum", seed=count + root,
+                                               pad=pad)
+                        torch.cuda.synchronize()
+                        for c, s, x, o in zip(team, streams, xs, outs):
+                            c.broadcast(x, root=root,
+                                        out=None if in_place else o,
+                                        algo="one_shot", stream=s)
+                        torch.cuda.synchronize()
+                        for q in range(nranks):
+                            got = xs[q] if in_place else outs[q]
+                            if _host(got, npdt).tobytes() != \
+                                    hs[root].tobytes():
+                                wrong.append((dtype, count, root, in_place,
+                                              q))
+        ran = _kernels_ran(team)
+    finally:
+        _close(team)
+    assert not wrong, f"(dtype, count, root, in place, rank): {wrong[:10]}"
+    assert all(r == {"one_shot_broadcast"} for r in ran), ran

@@ -136,8 +136,13 @@ cudaError_t launch(const symnccl_kargs* a, cudaStream_t stream) {
        (a->out_win != nullptr && a->out_offset % 16 != 0)))
     return cudaErrorInvalidValue;
   if ((a->kernel == SYMNCCL_K_LL_ALL_GATHER ||
-       a->kernel == SYMNCCL_K_LL128_ALL_GATHER) &&
+       a->kernel == SYMNCCL_K_LL128_ALL_GATHER ||
+       a->kernel == SYMNCCL_K_ONE_SHOT_BROADCAST) &&
       a->dtype != SYMNCCL_DT_BYTES)
+    return cudaErrorInvalidValue;
+  if ((a->kernel == SYMNCCL_K_ONE_SHOT_REDUCE ||
+       a->kernel == SYMNCCL_K_ONE_SHOT_BROADCAST) &&
+      (a->root < 0 || a->root >= n))
     return cudaErrorInvalidValue;
   if (a->kernel == SYMNCCL_K_MULTIMEM)
     return symnccl_launch_multimem(a, stream);

@@ -57,8 +57,8 @@ extern "C" {
 enum { SYMNCCL_KERNEL_DTYPES(SYMNCCL_DT_ENUM_) SYMNCCL_DT_COUNT };
 #undef SYMNCCL_DT_ENUM_
 
-/* all_gather moves bytes, whatever the dtype: it runs in this 1-byte
- * unit, with counts in bytes. */
+/* all_gather and broadcast move bytes, whatever the dtype: they run in
+ * this 1-byte unit, with counts in bytes. */
 #define SYMNCCL_DT_BYTES SYMNCCL_DT_F8E4M3
 
 /* Reduction operators of the kernels (the registry maps NCCL's to these). */
@@ -79,7 +79,9 @@ enum { SYMNCCL_OP_SUM = 0, SYMNCCL_OP_MAX = 1, SYMNCCL_OP_MIN = 2,
     X(LL_REDUCE_SCATTER, "ll_reduce_scatter")       \
     X(LL128_REDUCE_SCATTER, "ll128_reduce_scatter") \
     X(LL_ALL_GATHER, "ll_all_gather")               \
-    X(LL128_ALL_GATHER, "ll128_all_gather")
+    X(LL128_ALL_GATHER, "ll128_all_gather")         \
+    X(ONE_SHOT_REDUCE, "one_shot_reduce")           \
+    X(ONE_SHOT_BROADCAST, "one_shot_broadcast")
 
 #define SYMNCCL_K_ENUM_(id, name) SYMNCCL_K_##id,
 enum { SYMNCCL_KERNELS(SYMNCCL_K_ENUM_) SYMNCCL_K_COUNT };
@@ -196,6 +198,7 @@ typedef struct {
     int dtype;                 /* SYMNCCL_DT_* */
     int op;                    /* SYMNCCL_OP_* */
     int in_place;              /* out is this rank's part of win */
+    int root;                  /* reduce, broadcast */
     /* one_shot, two_shot, multimem: where peers load from (same offset on
      * every rank), and two_shot's phase-1 results (mid) */
     ncclWindow_t win;

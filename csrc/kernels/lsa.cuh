@@ -18,6 +18,15 @@
 //   Barriers: entry (inputs ready, previous kernel done everywhere) and exit
 //   (release/acquire: every pushed result landed); no middle barrier.
 //
+// one_shot_reduce (to a.root), one_shot_broadcast (from a.root): one_shot's
+//   skeleton. reduce: every rank's input is in its window at the entry
+//   barrier; the root alone reduces, with one_shot's loads and order (the
+//   bits of the all-reduce); the exit barrier keeps the windows until it
+//   has. broadcast: the root's input is in its window at the entry
+//   barrier; every other rank loads it into its output; the exit barrier
+//   keeps the root's window until they have. The host runs broadcast on
+//   bytes (SYMNCCL_DT_BYTES).
+//
 // Staging: when the input is not in a window, src != nullptr and each CTA
 // first copies its share of src into the (staging) window; the per-CTA
 // barriers make that share visible to the same CTA on every peer, because
@@ -117,6 +126,80 @@ __global__ void __launch_bounds__(512)
   if (a.in_place)
     for (size_t v = first; v < nvec; v += stride)
       copy_vec(dst, out, v, count, aligned);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(512)
+    one_shot_reduce(ncclDevComm dc, const __grid_constant__ symnccl_kargs a) {
+  constexpr int E = Pack<T, 16>::kElems;
+  constexpr int U = lsa_unroll<T>();
+  const int n = dc.lsaSize;
+  const int me = dc.lsaRank;
+  const Entry en = enter(a, me, n);
+  const uint64_t e = en.epoch;
+  const Barrier bar = Barrier::of(a, me, n);
+  const Peers in = Peers::of(a.win, a.win_offset);
+  T* mine = reinterpret_cast<T*>(in(me));
+  const T* src = static_cast<const T*>(a.src);
+  T* out = static_cast<T*>(a.out);
+  const size_t count = a.count;
+  const bool aligned = ((a.win_offset | reinterpret_cast<uintptr_t>(out) |
+                         reinterpret_cast<uintptr_t>(src)) &
+                        15) == 0;
+  const size_t nvec = (count + E - 1) / E;
+  const size_t nfull = aligned ? count / E : 0;
+  const size_t stride = (size_t)gridDim.x * blockDim.x;
+  const size_t first = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+
+  if (src != nullptr && en.ok)
+    for (size_t v = first; v < nvec; v += stride)
+      copy_vec(src, mine, v, count, aligned);
+  if (!bar.sync(e + 1, a, me, n, en.ok)) return;
+  if (me == a.root)
+    for (size_t v = first; v < nvec; v += U * stride)
+      reduce_vectors<T, U>(in, n, v, stride, nvec, nfull, count, aligned,
+                           a.op, out);
+  if (!bar.sync(e + 2, a, me, n)) return;
+  if (threadIdx.x == 0) a.epochs[blockIdx.x] = e + 2;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(512)
+    one_shot_broadcast(ncclDevComm dc,
+                       const __grid_constant__ symnccl_kargs a) {
+  constexpr int E = Pack<T, 16>::kElems;
+  const int n = dc.lsaSize;
+  const int me = dc.lsaRank;
+  const Entry en = enter(a, me, n);
+  const uint64_t e = en.epoch;
+  const Barrier bar = Barrier::of(a, me, n);
+  const Peers in = Peers::of(a.win, a.win_offset);
+  const T* src = static_cast<const T*>(a.src);
+  T* out = static_cast<T*>(a.out);
+  const size_t count = a.count;
+  const bool aligned = ((a.win_offset | reinterpret_cast<uintptr_t>(out) |
+                         reinterpret_cast<uintptr_t>(src)) &
+                        15) == 0;
+  const size_t nvec = (count + E - 1) / E;
+  const size_t stride = (size_t)gridDim.x * blockDim.x;
+  const size_t first = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  const bool root = me == a.root;
+
+  if (root && src != nullptr && en.ok)
+    for (size_t v = first; v < nvec; v += stride) {
+      const uint4 w = load_pack<16>(src, v, count, aligned);
+      store_pack<16>(reinterpret_cast<T*>(in(me)), v, count, aligned, w);
+      if (out != src) store_pack<16>(out, v, count, aligned, w);
+    }
+  if (!bar.sync(e + 1, a, me, n, en.ok)) return;
+  if (!root) {
+    const T* from = reinterpret_cast<const T*>(in(a.root));
+    for (size_t v = first; v < nvec; v += stride)
+      store_pack<16>(out, v, count, aligned,
+                     load_pack<16, true>(from, v, count, aligned));
+  }
+  if (!bar.sync(e + 2, a, me, n)) return;
+  if (threadIdx.x == 0) a.epochs[blockIdx.x] = e + 2;
 }
 
 template <typename T>

@@ -12,14 +12,18 @@
 #endif
 
 SYMNCCL_BEGIN
-// all_gather runs in the unit of SYMNCCL_DT_BYTES only.
+// The kernels that move bytes (all_gather, broadcast), in the unit of
+// SYMNCCL_DT_BYTES only; nullptr elsewhere.
 template <typename T>
-void (*all_gather_kernel(int kernel))(ncclDevComm, const symnccl_kargs) {
-  if constexpr (std::is_same<T, DType<SYMNCCL_DT_BYTES>::type>::value)
-    return kernel == SYMNCCL_K_LL_ALL_GATHER ? packet_all_gather<T, LL>
-                                             : packet_all_gather<T, LL128>;
-  else
-    return nullptr;
+void (*bytes_kernel(int kernel))(ncclDevComm, const symnccl_kargs) {
+  if constexpr (std::is_same<T, DType<SYMNCCL_DT_BYTES>::type>::value) {
+    switch (kernel) {
+      case SYMNCCL_K_LL_ALL_GATHER: return packet_all_gather<T, LL>;
+      case SYMNCCL_K_LL128_ALL_GATHER: return packet_all_gather<T, LL128>;
+      case SYMNCCL_K_ONE_SHOT_BROADCAST: return one_shot_broadcast<T>;
+    }
+  }
+  return nullptr;
 }
 SYMNCCL_END
 
@@ -46,9 +50,11 @@ cudaError_t SYMNCCL_CAT(symnccl_launch_, SYMNCCL_UNIT_DT)(
     case SYMNCCL_K_LL128_REDUCE_SCATTER:
       kernel = packet_reduce_scatter<T, LL128>;
       break;
+    case SYMNCCL_K_ONE_SHOT_REDUCE: kernel = one_shot_reduce<T>; break;
     case SYMNCCL_K_LL_ALL_GATHER:
     case SYMNCCL_K_LL128_ALL_GATHER:
-      kernel = all_gather_kernel<T>(a->kernel);
+    case SYMNCCL_K_ONE_SHOT_BROADCAST:
+      kernel = bytes_kernel<T>(a->kernel);
       if (kernel == nullptr) return cudaErrorInvalidValue;
       break;
     default: return cudaErrorInvalidValue;
