@@ -663,20 +663,37 @@ registry_args(PyObject *args, const char *fmt, int *algo,
     return sn_registry_lookup(a, d, o, algo, dt, op);
 }
 
-/* _algo_unavailable(algo, dtype, op="sum") -> why not, or None */
+/* _algo_unavailable(algo, dtype, op="sum", collective="all_reduce") -> why
+ * not, or None */
 static PyObject *
 comm_algo_unavailable(CommObject *self, PyObject *args)
 {
-    int algo;
+    int algo, coll = -1;
     const sn_dtype *dt;
     const sn_op *op;
-    if (registry_args(args, "ss|s:_algo_unavailable", &algo, &dt, &op, NULL,
-                      NULL) < 0)
+    const char *a, *d, *o = "sum", *cname = "all_reduce";
+    if (!PyArg_ParseTuple(args, "ss|ss:_algo_unavailable", &a, &d, &o,
+                          &cname) ||
+        sn_registry_lookup(a, d, o, &algo, &dt, &op) < 0)
         return NULL;
+    for (int i = 0; i < SYMNCCL_COLL_COUNT; i++)
+        if (strcmp(cname, sn_collective_name(i)) == 0)
+            coll = i;
+    if (coll != SYMNCCL_COLL_ALL_REDUCE &&
+        coll != SYMNCCL_COLL_REDUCE_SCATTER &&
+        coll != SYMNCCL_COLL_ALL_GATHER && coll != SYMNCCL_COLL_REDUCE &&
+        coll != SYMNCCL_COLL_BROADCAST) {
+        PyErr_Format(PyExc_ValueError, "unknown collective '%s': expected "
+                     "all_reduce, reduce_scatter, all_gather, reduce or "
+                     "broadcast", cname);
+        return NULL;
+    }
     if (algo == SN_ALGO_AUTO)
         Py_RETURN_NONE;
     const sn_topology t = sn_topology_of(self);
-    const char *why = sn_algo_unavailable(&t, algo, dt, op);
+    const char *why = coll == SYMNCCL_COLL_ALL_REDUCE
+                          ? sn_algo_unavailable(&t, algo, dt, op)
+                          : sn_collective_unavailable(&t, coll, algo, dt, op);
     return why == NULL ? Py_NewRef(Py_None) : PyUnicode_FromString(why);
 }
 
@@ -704,8 +721,8 @@ static PyMethodDef comm_methods[] = {
     {"_staging_layout", (PyCFunction)comm_staging_layout, METH_NOARGS,
      "_staging_layout() -> dict: offsets and sizes in the staging window"},
     {"_algo_unavailable", (PyCFunction)comm_algo_unavailable, METH_VARARGS,
-     "_algo_unavailable(algo, dtype, op='sum') -> why algo cannot run, "
-     "or None"},
+     "_algo_unavailable(algo, dtype, op='sum', collective='all_reduce') "
+     "-> why algo cannot run, or None"},
     {"_auto_algo", (PyCFunction)comm_auto_algo, METH_VARARGS,
      "_auto_algo(nbytes, dtype, op, in_window) -> the algorithm "
      "algo='auto' runs"},

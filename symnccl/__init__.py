@@ -69,18 +69,20 @@ MULTIMEM_OPS = _C.MULTIMEM_OPS
 AUTO_TABLE = _C.AUTO_TABLE
 
 
-def algo_supported(comm, algo: str, dtype: str, op: str = "sum") -> bool:
-    """Whether all_reduce(algo=algo) can run dtype/op on comm (the
-    registry's answer, the one all_reduce itself acts on).
+def algo_supported(comm, algo: str, dtype: str, op: str = "sum",
+                   collective: str = "all_reduce") -> bool:
+    """Whether collective(algo=algo) can run dtype/op on comm (the
+    registry's answer, the one the collective itself acts on).
 
     Example::
 
         symnccl.algo_supported(comm, "one_shot", "bfloat16")  # True on NVLink
+        symnccl.algo_supported(comm, "ll", "int8", collective="all_gather")
     """
     if algo not in ALGORITHMS and algo != "auto":
         raise ValueError(f"unknown algo {algo!r}: expected one of "
                          f"{ALGORITHMS + ('auto',)}")
-    return comm._algo_unavailable(algo, dtype, op) is None
+    return comm._algo_unavailable(algo, dtype, op, collective) is None
 
 
 @contextlib.contextmanager

@@ -20,6 +20,45 @@ def _read(buf, npdt):
     return np.frombuffer(buf.to_bytes(), npdt)
 
 
+def _rooted_or_sliced(comm, coll, algo, dtype, npdt, count, rank, nranks,
+                      seed):
+    """One reduce_scatter, all_gather, reduce (to rank 0) or broadcast (from
+    the last rank) into a poisoned output: its rows (only the root's counts
+    for reduce)."""
+    n = nranks
+    if coll == "reduce_scatter":
+        ins = [_check.make_input(dtype, count * n, r, seed) for r in range(n)]
+        x, y = comm.empty((count * n,), dtype), comm.empty((count,), dtype)
+        _fill(x, ins[rank])
+        _fill(y, _check.poison(y.nbytes))
+        comm.reduce_scatter(x, out=y, algo=algo)
+        part = [a[rank * count:(rank + 1) * count] for a in ins]
+        return [(coll, algo, dtype, "sum", count,
+                 _check.count_wrong(_read(y, npdt), "sum", part, dtype))]
+    small = [_check.make_input(dtype, count, r, seed + 1) for r in range(n)]
+    y = comm.empty((count,), dtype)
+    _fill(y, small[rank])
+    if coll == "all_gather":
+        x = comm.empty((count * n,), dtype)
+        _fill(x, _check.poison(x.nbytes))
+        comm.all_gather(y, out=x, algo=algo)
+        got, want = _read(x, npdt), np.concatenate(small)
+    elif coll == "reduce":
+        z = comm.empty((count,), dtype)
+        _fill(z, _check.poison(z.nbytes))
+        comm.reduce(y, root=0, out=z, algo=algo)
+        if rank != 0:
+            return []
+        return [(coll, algo, dtype, "sum", count,
+                 _check.count_wrong(_read(z, npdt), "sum", small, dtype))]
+    else:
+        root = n - 1
+        comm.broadcast(y, root=root, algo=algo)
+        got, want = _read(y, npdt), small[root]
+    return [(coll, algo, dtype, "-", count,
+             int(np.count_nonzero(got.view(np.uint8) != want.view(np.uint8))))]
+
+
 def worker(rank, nranks, uid, seed=1234, quick=False):
     import symnccl
     comm = symnccl.Communicator(uid, rank, nranks, device=rank)
@@ -60,45 +99,15 @@ def worker(rank, nranks, uid, seed=1234, quick=False):
                                                      else ""), algo, dtype,
                                      op, count, wrong))
             del x, y
-        # reduce_scatter / all_gather / reduce / broadcast through NCCL
+        # reduce_scatter / all_gather / reduce / broadcast, on NCCL and on
+        # each of symnccl's kernels for them
         count = sizes[-1]
-        ins = [_check.make_input(dtype, count * nranks, r, seed)
-               for r in range(nranks)]
-        x = comm.empty((count * nranks,), dtype)
-        y = comm.empty((count,), dtype)
-        _fill(x, ins[rank])
-        _fill(y, _check.poison(y.nbytes))
-        comm.reduce_scatter(x, out=y)
-        part = [a[rank * count:(rank + 1) * count] for a in ins]
-        rows.append(("reduce_scatter", "nccl", dtype, "sum", count,
-                     _check.count_wrong(_read(y, npdt), "sum", part, dtype)))
-        small = [_check.make_input(dtype, count, r, seed + 1)
-                 for r in range(nranks)]
-        _fill(y, small[rank])
-        _fill(x, _check.poison(x.nbytes))
-        comm.all_gather(y, out=x)
-        got = _read(x, npdt)
-        want = np.concatenate(small)
-        rows.append(("all_gather", "nccl", dtype, "-", count,
-                     int(np.count_nonzero(got.view(np.uint8)
-                                          != want.view(np.uint8)))))
-        # reduce to rank 0, into a poisoned output (only the root's counts)
-        z = comm.empty((count,), dtype)
-        _fill(y, small[rank])
-        _fill(z, _check.poison(z.nbytes))
-        comm.reduce(y, root=0, out=z)
-        if rank == 0:
-            rows.append(("reduce", "nccl", dtype, "sum", count,
-                         _check.count_wrong(_read(z, npdt), "sum", small,
-                                            dtype)))
-        del z
-        root = nranks - 1
-        _fill(y, small[rank])
-        comm.broadcast(y, root=root)
-        rows.append(("broadcast", "nccl", dtype, "-", count,
-                     int(np.count_nonzero(_read(y, npdt).view(np.uint8)
-                                          != small[root].view(np.uint8)))))
-        del x, y
+        for coll in ("reduce_scatter", "all_gather", "reduce", "broadcast"):
+            for algo in ("nccl",) + tuple(symnccl._C.COLLECTIVE_KERNELS[coll]):
+                if symnccl.algo_supported(comm, algo, dtype, "sum", coll):
+                    rows.extend(_rooted_or_sliced(comm, coll, algo, dtype,
+                                                  npdt, count, rank, nranks,
+                                                  seed))
     comm.barrier(blocking=True)
     comm.close()
     return {"info": info, "rows": rows, "skipped": skipped,

@@ -558,6 +558,14 @@ def test_reduce_scatter_and_all_gather_refuse_algorithms_without_kernels(
             team[0].reduce_scatter(x, algo="ll", op="prod")
         with pytest.raises(ValueError, match="no symnccl kernel"):
             team[0].reduce_scatter(x.to(torch.uint8), algo="ll")
+        # what algo_supported answers is what the calls act on
+        sup = symnccl.algo_supported
+        assert sup(team[0], "ll", "int8", collective="all_gather")
+        assert sup(team[0], "one_shot", "uint64", collective="broadcast")
+        assert sup(team[0], "ll128", "bfloat16", "max", "reduce_scatter")
+        assert not sup(team[0], "ll", "uint8", collective="reduce_scatter")
+        assert not sup(team[0], "push", "float32", collective="all_gather")
+        assert not sup(team[0], "ll", "float32", collective="reduce")
         for algo in ("ll", "ll128", "two_shot", "push"):
             with pytest.raises(ValueError, match="one_shot and nccl do"):
                 team[0].reduce(x, algo=algo)
