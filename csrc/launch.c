@@ -112,11 +112,28 @@ launch(const sn_ar *r, symnccl_kargs *a, sn_err *err)
     return 0;
 }
 
+/* A packet kernel's arguments: its format's region of the staging window,
+ * and the communicator's fixed packet grid (every packet kernel of a
+ * format shares its slots and call counters). */
+static symnccl_kargs
+packet_kargs(const sn_ar *r, int kernel)
+{
+    CommObject *c = r->c;
+    const sn_layout *l = &c->layout;
+    const int ll128 = r->algo == SN_ALGO_LL128;
+    symnccl_kargs a = kargs(r, kernel);
+    a.region_win = c->staging_win->win;
+    a.region_offset = ll128 ? l->ll128_offset : l->ll_offset;
+    a.row_bytes = ll128 ? l->ll128_row : l->ll_row;
+    a.ctas = c->knobs.ll_ctas;
+    a.threads = c->knobs.ll_threads;
+    return a;
+}
+
 static int
 packet_launches(const sn_ar *r, sn_err *err)
 {
     CommObject *c = r->c;
-    const sn_layout *l = &c->layout;
     const size_t is = (size_t)r->dtype->itemsize;
     const int ll128 = r->algo == SN_ALGO_LL128;
     const size_t two_shot_min =
@@ -127,12 +144,7 @@ packet_launches(const sn_ar *r, sn_err *err)
     const int two_shot = (c->nranks >= 3 || (two_shot_min == 0 &&
                                              c->nranks == 2)) &&
                          r->count * is >= two_shot_min;
-    symnccl_kargs a = kargs(r, sn_algo_kernel(r->algo, two_shot));
-    a.region_win = c->staging_win->win;
-    a.region_offset = ll128 ? l->ll128_offset : l->ll_offset;
-    a.row_bytes = ll128 ? l->ll128_row : l->ll_row;
-    a.ctas = c->knobs.ll_ctas;
-    a.threads = c->knobs.ll_threads;
+    symnccl_kargs a = packet_kargs(r, sn_algo_kernel(r->algo, two_shot));
     const size_t chunk =
         symnccl_packet_max_count(a.kernel, a.row_bytes, is, c->nranks);
     for (size_t done = 0; done < r->count; done += chunk) {
@@ -150,21 +162,16 @@ static int
 slice_launches(const sn_ar *r, sn_err *err)
 {
     CommObject *c = r->c;
-    const sn_layout *l = &c->layout;
     const int ll128 = r->algo == SN_ALGO_LL128;
     const int gather = r->collective == SYMNCCL_COLL_ALL_GATHER;
     /* all_gather moves bytes, in the unit of SYMNCCL_DT_BYTES */
     const size_t is = gather ? 1 : (size_t)r->dtype->itemsize;
     const size_t per_slice = gather ? r->count * r->dtype->itemsize
                                     : r->count;
-    symnccl_kargs a = kargs(r, sn_collective_kernel(r->collective, r->algo));
+    symnccl_kargs a =
+        packet_kargs(r, sn_collective_kernel(r->collective, r->algo));
     if (gather)
         a.dtype = SYMNCCL_DT_BYTES;
-    a.region_win = c->staging_win->win;
-    a.region_offset = ll128 ? l->ll128_offset : l->ll_offset;
-    a.row_bytes = ll128 ? l->ll128_row : l->ll_row;
-    a.ctas = c->knobs.ll_ctas;
-    a.threads = c->knobs.ll_threads;
     a.slice_stride = per_slice;
     /* a slice's chunk takes one row, as the one-shot's whole message */
     const size_t chunk = symnccl_packet_max_count(

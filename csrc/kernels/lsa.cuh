@@ -86,9 +86,13 @@ __device__ __forceinline__ void reduce_vectors(const Peers& in, int n,
                                         aligned, op));
 }
 
-template <typename T>
-__global__ void __launch_bounds__(512)
-    one_shot(ncclDevComm dc, const __grid_constant__ symnccl_kargs a) {
+// The one-shot skeleton: what is staged, who reduces or loads, between the
+// entry and exit barriers.
+enum class OneShot { kAllReduce, kReduce, kBroadcast };
+
+template <typename T, OneShot kMode>
+__device__ __forceinline__ void one_shot_body(const ncclDevComm& dc,
+                                              const symnccl_kargs& a) {
   constexpr int E = Pack<T, 16>::kElems;
   constexpr int U = lsa_unroll<T>();
   const int n = dc.lsaSize;
@@ -106,93 +110,31 @@ __global__ void __launch_bounds__(512)
                         15) == 0;
   const size_t nvec = (count + E - 1) / E;
   const size_t nfull = aligned ? count / E : 0;
-  const size_t stride = (size_t)gridDim.x * blockDim.x;
-  const size_t first = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-  // In place, peers still read the elements this rank would overwrite:
-  // reduce into the local scratch, and copy back after the exit barrier
-  // (each thread copies what it computed, so no extra synchronisation).
-  T* dst = a.in_place ? static_cast<T*>(a.scratch) : out;
-
-  if (src != nullptr && en.ok)
-    for (size_t v = first; v < nvec; v += stride)
-      copy_vec(src, mine, v, count, aligned);
-  if (!bar.sync(e + 1, a, me, n, en.ok)) return;
-
-  for (size_t v = first; v < nvec; v += U * stride)
-    reduce_vectors<T, U>(in, n, v, stride, nvec, nfull, count, aligned, a.op,
-                         dst);
-  if (!bar.sync(e + 2, a, me, n)) return;
-  if (threadIdx.x == 0) a.epochs[blockIdx.x] = e + 2;
-  if (a.in_place)
-    for (size_t v = first; v < nvec; v += stride)
-      copy_vec(dst, out, v, count, aligned);
-}
-
-template <typename T>
-__global__ void __launch_bounds__(512)
-    one_shot_reduce(ncclDevComm dc, const __grid_constant__ symnccl_kargs a) {
-  constexpr int E = Pack<T, 16>::kElems;
-  constexpr int U = lsa_unroll<T>();
-  const int n = dc.lsaSize;
-  const int me = dc.lsaRank;
-  const Entry en = enter(a, me, n);
-  const uint64_t e = en.epoch;
-  const Barrier bar = Barrier::of(a, me, n);
-  const Peers in = Peers::of(a.win, a.win_offset);
-  T* mine = reinterpret_cast<T*>(in(me));
-  const T* src = static_cast<const T*>(a.src);
-  T* out = static_cast<T*>(a.out);
-  const size_t count = a.count;
-  const bool aligned = ((a.win_offset | reinterpret_cast<uintptr_t>(out) |
-                         reinterpret_cast<uintptr_t>(src)) &
-                        15) == 0;
-  const size_t nvec = (count + E - 1) / E;
-  const size_t nfull = aligned ? count / E : 0;
-  const size_t stride = (size_t)gridDim.x * blockDim.x;
-  const size_t first = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-
-  if (src != nullptr && en.ok)
-    for (size_t v = first; v < nvec; v += stride)
-      copy_vec(src, mine, v, count, aligned);
-  if (!bar.sync(e + 1, a, me, n, en.ok)) return;
-  if (me == a.root)
-    for (size_t v = first; v < nvec; v += U * stride)
-      reduce_vectors<T, U>(in, n, v, stride, nvec, nfull, count, aligned,
-                           a.op, out);
-  if (!bar.sync(e + 2, a, me, n)) return;
-  if (threadIdx.x == 0) a.epochs[blockIdx.x] = e + 2;
-}
-
-template <typename T>
-__global__ void __launch_bounds__(512)
-    one_shot_broadcast(ncclDevComm dc,
-                       const __grid_constant__ symnccl_kargs a) {
-  constexpr int E = Pack<T, 16>::kElems;
-  const int n = dc.lsaSize;
-  const int me = dc.lsaRank;
-  const Entry en = enter(a, me, n);
-  const uint64_t e = en.epoch;
-  const Barrier bar = Barrier::of(a, me, n);
-  const Peers in = Peers::of(a.win, a.win_offset);
-  const T* src = static_cast<const T*>(a.src);
-  T* out = static_cast<T*>(a.out);
-  const size_t count = a.count;
-  const bool aligned = ((a.win_offset | reinterpret_cast<uintptr_t>(out) |
-                         reinterpret_cast<uintptr_t>(src)) &
-                        15) == 0;
-  const size_t nvec = (count + E - 1) / E;
   const size_t stride = (size_t)gridDim.x * blockDim.x;
   const size_t first = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
   const bool root = me == a.root;
+  // In place, peers still read the elements this rank would overwrite:
+  // reduce into the local scratch, and copy back after the exit barrier
+  // (each thread copies what it computed, so no extra synchronisation).
+  // (reduce and broadcast are never in place on a window: the host stages
+  // their input.)
+  T* dst = a.in_place ? static_cast<T*>(a.scratch) : out;
 
-  if (root && src != nullptr && en.ok)
+  // the input into my window (broadcast: the root's, also into its out)
+  if (src != nullptr && en.ok && (kMode != OneShot::kBroadcast || root))
     for (size_t v = first; v < nvec; v += stride) {
       const uint4 w = load_pack<16>(src, v, count, aligned);
-      store_pack<16>(reinterpret_cast<T*>(in(me)), v, count, aligned, w);
-      if (out != src) store_pack<16>(out, v, count, aligned, w);
+      store_pack<16>(mine, v, count, aligned, w);
+      if (kMode == OneShot::kBroadcast && out != src)
+        store_pack<16>(out, v, count, aligned, w);
     }
   if (!bar.sync(e + 1, a, me, n, en.ok)) return;
-  if (!root) {
+
+  if (kMode == OneShot::kAllReduce || (kMode == OneShot::kReduce && root))
+    for (size_t v = first; v < nvec; v += U * stride)
+      reduce_vectors<T, U>(in, n, v, stride, nvec, nfull, count, aligned,
+                           a.op, dst);
+  if (kMode == OneShot::kBroadcast && !root) {
     const T* from = reinterpret_cast<const T*>(in(a.root));
     for (size_t v = first; v < nvec; v += stride)
       store_pack<16>(out, v, count, aligned,
@@ -200,6 +142,28 @@ __global__ void __launch_bounds__(512)
   }
   if (!bar.sync(e + 2, a, me, n)) return;
   if (threadIdx.x == 0) a.epochs[blockIdx.x] = e + 2;
+  if (kMode == OneShot::kAllReduce && a.in_place)
+    for (size_t v = first; v < nvec; v += stride)
+      copy_vec(dst, out, v, count, aligned);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(512)
+    one_shot(ncclDevComm dc, const __grid_constant__ symnccl_kargs a) {
+  one_shot_body<T, OneShot::kAllReduce>(dc, a);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(512)
+    one_shot_reduce(ncclDevComm dc, const __grid_constant__ symnccl_kargs a) {
+  one_shot_body<T, OneShot::kReduce>(dc, a);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(512)
+    one_shot_broadcast(ncclDevComm dc,
+                       const __grid_constant__ symnccl_kargs a) {
+  one_shot_body<T, OneShot::kBroadcast>(dc, a);
 }
 
 template <typename T>
