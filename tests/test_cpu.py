@@ -822,3 +822,16 @@ def test_c_functions_have_signatures_and_the_stub_agrees():
     assert inspect.signature(symnccl.get_unique_id).parameters == {}
     assert os.path.exists(os.path.join(os.path.dirname(_C.__file__),
                                        "py.typed"))
+
+
+def test_loopback_arguments_are_checked_before_any_gpu_work():
+    """Communicator._loopback refuses bad arguments with a ValueError that
+    names them, before it touches CUDA (so also on a machine without a
+    GPU)."""
+    for bad, match in (({"nranks": 0}, "nranks must be 1..32, got 0"),
+                       ({"nranks": 33}, "nranks must be 1..32, got 33"),
+                       ({"nranks": 2, "staging_bytes": 100},
+                        "multiple of 4096"),
+                       ({"nranks": 2, "timeout": 0}, "timeout must be > 0")):
+        with pytest.raises(ValueError, match=match):
+            symnccl.Communicator._loopback(**bad)
