@@ -557,8 +557,8 @@ sn_registry_export(PyObject *module)
         add(module, "ALGO_KERNELS", akernels) < 0)
         return -1;
 
-    /* COLLECTIVE_KERNELS: {collective: {algo: kernel}} for reduce_scatter
-     * and all_gather */
+    /* COLLECTIVE_KERNELS: {collective: {algo: kernel}} for
+     * reduce_scatter, all_gather, reduce and broadcast */
     PyObject *ck = PyDict_New();
     for (size_t i = 0; ck != NULL && i < N_COLL_KERNELS; i++) {
 #define COLL_NAME_(id, name) name,
