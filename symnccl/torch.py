@@ -342,23 +342,24 @@ def _setup_reduce_scatter(ctx, inputs, output):
 def _backward_reduce_scatter(ctx, grad):
     if ctx.op == "prod":
         raise _no_gradient("reduce_scatter", ctx.op)
-    g = _ops.all_gather(grad, ctx.cid, "auto")
+    # the same algorithm: reduce_scatter and all_gather take the same ones
+    g = _ops.all_gather(grad, ctx.cid, ctx.algo)
     if ctx.op == "avg":
         g = g / _nranks(ctx.cid)
     elif ctx.op in ("max", "min"):
         x, y = ctx.saved_tensors
-        g = _arg_extreme_share(x, _ops.all_gather(y, ctx.cid, "auto"), g,
+        g = _arg_extreme_share(x, _ops.all_gather(y, ctx.cid, ctx.algo), g,
                                ctx.cid)
     return g, None, None, None
 
 
 def _setup_all_gather(ctx, inputs, output):
-    x, ctx.cid, _ = inputs
+    x, ctx.cid, ctx.algo = inputs
     ctx.shape = x.shape   # a 0-d x gathers into (nranks,)
 
 
 def _backward_all_gather(ctx, grad):
-    g = _ops.reduce_scatter(grad, ctx.cid, "sum", "auto")
+    g = _ops.reduce_scatter(grad, ctx.cid, "sum", ctx.algo)
     return g.reshape(ctx.shape), None, None
 
 
