@@ -255,6 +255,24 @@ def write_results(doc: dict, prefix: str, path=None) -> str:
     return path
 
 
+def add_results_args(p, out_help="JSON path"):
+    """--out and --report, as every benchmark here takes them."""
+    p.add_argument("--out", default=None, help=out_help)
+    p.add_argument("--report", default=None,
+                   help="print the table of a results JSON, no GPU")
+
+
+def report(args, print_table):
+    """With --report: its results JSON, after print_table showed it; else
+    None (the benchmark runs)."""
+    if not args.report:
+        return None
+    with open(args.report) as f:
+        doc = json.load(f)
+    print_table(doc)
+    return doc
+
+
 def parse_sizes(text):
     """'4K,1M,256M' (or plain byte counts) -> [4096, 1048576, 268435456]."""
     units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -353,14 +371,10 @@ def main(argv=None):
     p.add_argument("--methods", default=None,
                    help="comma-separated method prefixes to run, e.g. "
                         "symnccl:push,nccl:plain (default: all)")
-    p.add_argument("--out", default=None, help="JSON path (PNG beside it)")
-    p.add_argument("--report", default=None,
-                   help="rebuild table and plot from a results JSON, no GPU")
+    add_results_args(p, "JSON path (PNG beside it)")
     args = p.parse_args(argv)
-    if args.report:
-        with open(args.report) as f:
-            doc = json.load(f)
-        print_table(doc)
+    doc = report(args, print_table)
+    if doc is not None:
         try:
             plot(doc, os.path.splitext(args.report)[0] + ".png")
         except ImportError as e:

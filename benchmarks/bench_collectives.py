@@ -23,13 +23,13 @@ checked against a float64 reference first (#wrong).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_allreduce import (  # noqa: E402
-    NBUF, _fmt_size, _time, parse_sizes, run_info, write_results)
+    NBUF, _fmt_size, _time, add_results_args, parse_sizes, report, run_info,
+    write_results)
 
 COLLECTIVES = ("reduce_scatter", "all_gather", "broadcast", "reduce")
 SIZES = "8K,64K,1M,16M,64M"
@@ -194,13 +194,9 @@ def main(argv=None):
     p.add_argument("--reps", type=int, default=7)
     p.add_argument("--eager", action="store_true",
                    help="no CUDA graph: include the host path")
-    p.add_argument("--out", default=None, help="JSON path")
-    p.add_argument("--report", default=None,
-                   help="print the table of a results JSON, no GPU")
+    add_results_args(p)
     args = p.parse_args(argv)
-    if args.report:
-        with open(args.report) as f:
-            print_table(json.load(f))
+    if report(args, print_table) is not None:
         return 0
     colls = [c for c in args.collectives.split(",") if c]
     bad = [c for c in colls if c not in COLLECTIVES]

@@ -14,12 +14,12 @@ events, median of --reps repeats.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_allreduce import median_us, run_info, write_results  # noqa: E402
+from bench_allreduce import (  # noqa: E402
+    add_results_args, median_us, report, run_info, write_results)
 
 KINDS = ("symnccl", "torch.distributed", "none")
 
@@ -151,13 +151,9 @@ def main(argv=None):
                    help="sequence lengths of the training step")
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--reps", type=int, default=7)
-    p.add_argument("--out", default=None, help="JSON path")
-    p.add_argument("--report", default=None,
-                   help="print the table of a results JSON, no GPU")
+    add_results_args(p)
     args = p.parse_args(argv)
-    if args.report:
-        with open(args.report) as f:
-            print_table(json.load(f))
+    if report(args, print_table) is not None:
         return 0
     import torch
 

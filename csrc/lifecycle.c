@@ -208,6 +208,16 @@ no_device_api(CommObject *c, const char *why)
     c->lsa_rank = 0;
 }
 
+/* Multicast is not requested again on any of cs, and why. */
+static void
+no_multicast(CommObject **cs, int n, const char *why)
+{
+    for (int i = 0; i < n; i++) {
+        cs[i]->multicast_requested = 0;
+        cs[i]->multicast_reason = why;
+    }
+}
+
 /* Device communicators for all of cs, in one group. NCCL reports an
  * unusable multicast request with ncclInvalidArgument on every rank: that
  * one failure is retried without multicast (every rank retries alike). Any
@@ -239,12 +249,8 @@ connect_devcomms(SNState *st, CommObject **cs, int n, ncclComm_t *raw)
     }
     if (mc && !mm) {
         mc = 0;
-        for (int i = 0; i < n; i++) {
-            cs[i]->multicast_requested = 0;
-            cs[i]->multicast_reason = "requested, but NCCL reports no "
-                                      "multimem support "
-                                      "(ncclCommQueryProperties)";
-        }
+        no_multicast(cs, n, "requested, but NCCL reports no multimem "
+                            "support (ncclCommQueryProperties)");
     }
     for (int attempt = 0; attempt < 2; attempt++) {
         Py_BEGIN_ALLOW_THREADS
@@ -276,12 +282,8 @@ connect_devcomms(SNState *st, CommObject **cs, int n, ncclComm_t *raw)
         if (!(mc && rc == ncclInvalidArgument))
             break;
         mc = 0;
-        for (int i = 0; i < n; i++) {
-            cs[i]->multicast_requested = 0;
-            cs[i]->multicast_reason = "requested, but NCCL refused it "
-                                      "(ncclInvalidArgument): NVLS "
-                                      "unavailable";
-        }
+        no_multicast(cs, n, "requested, but NCCL refused it "
+                            "(ncclInvalidArgument): NVLS unavailable");
     }
     for (int i = 0; i < n; i++) {
         if (cs[i]->devcomm != NULL)
