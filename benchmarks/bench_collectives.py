@@ -6,6 +6,7 @@ Methods (each skipped with a printed reason where unavailable):
                    algo="auto" runs: NCCL until a table is measured)
   symnccl:ll,      reduce_scatter and all_gather on symnccl's packet
   symnccl:ll128    kernels (algo="ll" / "ll128"), torch tensors
+  symnccl:push     ... on its store-only kernels (algo="push")
   symnccl:window   the same as symnccl on SymmetricBuffers (NCCL's
                    symmetric kernels)
   torch.dist       reduce_scatter_tensor / all_gather_into_tensor /
@@ -132,7 +133,7 @@ def worker(rank, nranks, uid, opts):
             in_place = coll in ("broadcast", "reduce")
             methods = {"symnccl": (px, py, sym_p, False)}
             if coll in ("reduce_scatter", "all_gather"):
-                for algo in ("ll", "ll128"):
+                for algo in ("ll", "ll128", "push"):
                     fn, _ = _calls(coll, comm, dist, n, rank, px, py, algo)
                     methods["symnccl:" + algo] = (px, py, fn, False)
             methods.update({"symnccl:window": (wx, wy, sym_w, False),
@@ -162,8 +163,8 @@ def worker(rank, nranks, uid, opts):
     return {"rows": rows, "skipped": skipped}
 
 
-METHODS = ("symnccl", "symnccl:ll", "symnccl:ll128", "symnccl:window",
-           "torch.dist")
+METHODS = ("symnccl", "symnccl:ll", "symnccl:ll128", "symnccl:push",
+           "symnccl:window", "torch.dist")
 
 
 def print_table(doc):

@@ -789,8 +789,9 @@ static PyMethodDef comm_methods[] = {
      "r (n elements). Without out=, a new tensor of x's framework type is "
      "returned: shape (x.shape[0] // nranks, *x.shape[1:]) when the first "
      "dimension divides, else 1-D.\n\n"
-     "algo: 'll' or 'll128' run symnccl's packet kernels (the same bits as "
-     "block r of all_reduce); 'nccl' and 'auto' run ncclReduceScatter.\n\n"
+     "algo: 'll' or 'll128' run symnccl's packet kernels, 'push' its "
+     "store-only kernel (larger messages); all give the same bits as "
+     "block r of all_reduce. 'nccl' and 'auto' run ncclReduceScatter.\n\n"
      "Example:\n    part = comm.reduce_scatter(x)"},
     {"all_gather", (PyCFunction)(void (*)(void))sn_all_gather,
      METH_VARARGS | METH_KEYWORDS,
@@ -798,8 +799,9 @@ static PyMethodDef comm_methods[] = {
      "Concatenates every rank's x (rank order) into out, which holds "
      "nranks * x.size elements; without out=, a new tensor of shape "
      "(nranks * x.shape[0], *x.shape[1:]).\n\n"
-     "algo: 'll' or 'll128' run symnccl's packet kernels (every dtype); "
-     "'nccl' and 'auto' run ncclAllGather.\n\n"
+     "algo: 'll' or 'll128' run symnccl's packet kernels, 'push' its "
+     "store-only kernel (larger messages; every dtype); 'nccl' and 'auto' "
+     "run ncclAllGather.\n\n"
      "Example:\n    full = comm.all_gather(x)"},
     {"broadcast", (PyCFunction)(void (*)(void))sn_broadcast,
      METH_VARARGS | METH_KEYWORDS,

@@ -3,8 +3,11 @@
  * (collectives.c) and the XLA FFI handler (xla_ffi.c, on XLA's threads
  * without the GIL) use it.
  *
- * reduce_scatter, all_gather (ll, ll128): one launch per row's worth of
- *               each slice, straight from x into out; all_gather on bytes
+ * reduce_scatter, all_gather
+ *   ll, ll128   one launch per row's worth of each slice, straight from x
+ *               into out; all_gather on bytes
+ *   push        one launch (the kernel walks the slot-sized chunks of every
+ *               slice), straight from x into out; all_gather on bytes
  * reduce, broadcast (one_shot): one launch per staging area, x copied into
  *               the staging window first; broadcast on bytes
  *
@@ -222,23 +225,35 @@ rooted_launches(const sn_ar *r, sn_err *err)
     return 0;
 }
 
+/* push: one launch for any size (the kernel walks the chunks). all_reduce
+ * stores its results into the peers' output when in place on a window at a
+ * 16-byte aligned offset; reduce_scatter and all_gather whole slices
+ * (all_gather on bytes). */
 static int
 push_launch(const sn_ar *r, sn_err *err)
 {
     CommObject *c = r->c;
-    symnccl_kargs a = kargs(r, SYMNCCL_K_PUSH);
+    symnccl_kargs a = kargs(r, r->collective == SYMNCCL_COLL_ALL_REDUCE
+                                   ? SYMNCCL_K_PUSH
+                                   : sn_collective_kernel(r->collective,
+                                                          r->algo));
     a.region_win = c->staging_win->win;
     a.region_offset = c->layout.push_offset;
     a.data_offset = c->layout.push_data;
     a.row_bytes = c->layout.push_slot;
     a.src = r->x;
     a.out = r->out;
-    if (r->win != NULL && r->out == r->x &&
-        (size_t)(r->x - r->win->base) % 16 == 0) {
+    a.count = r->count;
+    if (r->collective == SYMNCCL_COLL_ALL_GATHER) {
+        a.dtype = SYMNCCL_DT_BYTES;
+        a.count = r->count * r->dtype->itemsize;
+    }
+    a.slice_stride = a.count;
+    if (r->collective == SYMNCCL_COLL_ALL_REDUCE && r->win != NULL &&
+        r->out == r->x && (size_t)(r->x - r->win->base) % 16 == 0) {
         a.out_win = r->win->win;
         a.out_offset = (size_t)(r->x - r->win->base);
     }
-    a.count = r->count;
     a.ctas = c->knobs.push_ctas;
     a.threads = c->knobs.push_threads;
     return launch(r, &a, err);
@@ -322,11 +337,11 @@ sn_launch_kernels(const sn_ar *r, sn_err *err)
         rc = r->collective == SYMNCCL_COLL_REDUCE ||
                      r->collective == SYMNCCL_COLL_BROADCAST
                  ? rooted_launches(r, err)
+             : r->algo == SN_ALGO_PUSH ? push_launch(r, err)
              : r->collective != SYMNCCL_COLL_ALL_REDUCE ? slice_launches(r, err)
              : r->algo == SN_ALGO_LL || r->algo == SN_ALGO_LL128
                  ? packet_launches(r, err)
-             : r->algo == SN_ALGO_PUSH ? push_launch(r, err)
-                                       : load_launches(r, err);
+                 : load_launches(r, err);
     if (rc == 0)
         rc = order_end(r, err);
     sn_unlock(c);

@@ -96,6 +96,9 @@ static const struct { int collective, algo, kernel; } coll_kernels[] = {
      SYMNCCL_K_LL128_REDUCE_SCATTER},
     {SYMNCCL_COLL_ALL_GATHER, SN_ALGO_LL, SYMNCCL_K_LL_ALL_GATHER},
     {SYMNCCL_COLL_ALL_GATHER, SN_ALGO_LL128, SYMNCCL_K_LL128_ALL_GATHER},
+    {SYMNCCL_COLL_REDUCE_SCATTER, SN_ALGO_PUSH,
+     SYMNCCL_K_PUSH_REDUCE_SCATTER},
+    {SYMNCCL_COLL_ALL_GATHER, SN_ALGO_PUSH, SYMNCCL_K_PUSH_ALL_GATHER},
     {SYMNCCL_COLL_REDUCE, SN_ALGO_ONE_SHOT, SYMNCCL_K_ONE_SHOT_REDUCE},
     {SYMNCCL_COLL_BROADCAST, SN_ALGO_ONE_SHOT, SYMNCCL_K_ONE_SHOT_BROADCAST},
 };
@@ -223,6 +226,28 @@ sn_algo_unavailable(const sn_topology *t, int algo, const sn_dtype *dt,
     return NULL;
 }
 
+/* Per collective: "no kernel of this algorithm runs this collective (those
+ * that do: ll, ll128, push, nccl)", the names read off coll_kernels;
+ * written once at import (sn_registry_export). */
+static char no_kernel[SYMNCCL_COLL_COUNT][192];
+
+static void
+write_no_kernel(void)
+{
+    for (int coll = 0; coll < SYMNCCL_COLL_COUNT; coll++) {
+        char *m = no_kernel[coll];
+        const size_t size = sizeof(no_kernel[coll]);
+        size_t len = (size_t)snprintf(m, size, "no kernel of this algorithm "
+                                      "runs this collective (those that do: ");
+        for (size_t i = 0; i < N_COLL_KERNELS && len < size; i++)
+            if (coll_kernels[i].collective == coll)
+                len += (size_t)snprintf(m + len, size - len, "%s, ",
+                                        sn_algos[coll_kernels[i].algo].name);
+        if (len < size)
+            snprintf(m + len, size - len, "nccl)");
+    }
+}
+
 const char *
 sn_collective_unavailable(const sn_topology *t, int collective, int algo,
                           const sn_dtype *dt, const sn_op *op)
@@ -230,12 +255,7 @@ sn_collective_unavailable(const sn_topology *t, int collective, int algo,
     if (algo == SN_ALGO_NCCL)
         return NULL;
     if (sn_collective_kernel(collective, algo) < 0)
-        return collective == SYMNCCL_COLL_REDUCE ||
-                       collective == SYMNCCL_COLL_BROADCAST
-                   ? "no kernel of this algorithm runs this collective "
-                     "(one_shot and nccl do)"
-                   : "no kernel of this algorithm runs this collective "
-                     "(ll, ll128 and nccl do)";
+        return no_kernel[collective];
     /* all_gather and broadcast move bytes: every dtype, no op */
     if (collective == SYMNCCL_COLL_ALL_GATHER ||
         collective == SYMNCCL_COLL_BROADCAST)
@@ -485,6 +505,7 @@ sn_registry_export(PyObject *module)
 {
     if (check_kernel_dtypes() < 0)
         return -1;
+    write_no_kernel();
     PyObject *dtypes = PyTuple_New(sn_n_dtypes);
     PyObject *kdtypes = PyList_New(0);
     if (dtypes == NULL || kdtypes == NULL)

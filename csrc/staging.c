@@ -171,7 +171,10 @@ sn_epochs(const CommObject *c, int kernel)
 {
     int which;
     switch (kernel) {
-    case SYMNCCL_K_PUSH: which = EPOCHS_PUSH; break;
+    /* the push kernels share the push region's slots and flags */
+    case SYMNCCL_K_PUSH:
+    case SYMNCCL_K_PUSH_REDUCE_SCATTER:
+    case SYMNCCL_K_PUSH_ALL_GATHER: which = EPOCHS_PUSH; break;
     /* the packet kernels of one format share its slots, so its counters */
     case SYMNCCL_K_LL128:
     case SYMNCCL_K_LL128_TWO_SHOT:

@@ -315,13 +315,15 @@ all_reduce(const XLA_FFI_Api *api, XLA_FFI_CallFrame *call, CommObject *c,
     return NULL;
 }
 
-/* reduce-scatter and all-gather of one call, on c (entered), through
- * NCCL (issue: own kernels come with the collectives' redesign). */
+/* reduce-scatter and all-gather of one call, on c (entered): on
+ * symnccl's kernels for algo ll, ll128 or push (straight from XLA's operand
+ * into its result), else on NCCL ("auto" is NCCL for these, as for the
+ * Communicator methods, until their tables are measured). */
 static XLA_FFI_Error *
-nccl_collective(const XLA_FFI_Api *api, XLA_FFI_CallFrame *call,
-                CommObject *c, int collective, const sn_dtype *dt,
-                size_t ycount, const XLA_FFI_Buffer *x,
-                const XLA_FFI_Buffer *y, cudaStream_t stream)
+slice_collective(const XLA_FFI_Api *api, XLA_FFI_CallFrame *call,
+                 CommObject *c, int collective, const sn_dtype *dt,
+                 size_t count, size_t ycount, const XLA_FFI_Buffer *x,
+                 const XLA_FFI_Buffer *y, cudaStream_t stream)
 {
     char msg[320];
     const char *name = sn_collective_name(collective);
@@ -337,29 +339,65 @@ nccl_collective(const XLA_FFI_Api *api, XLA_FFI_CallFrame *call,
             return ffi_error(api, XLA_FFI_Error_Code_INVALID_ARGUMENT, msg);
         }
     }
+    int algo = attr_int(call, "algo", SN_ALGO_AUTO);
+    if (algo < SN_ALGO_AUTO || algo >= SN_ALGO_COUNT) {
+        snprintf(msg, sizeof(msg), "symnccl_%s: bad algo attribute %d", name,
+                 algo);
+        return ffi_error(api, XLA_FFI_Error_Code_INVALID_ARGUMENT, msg);
+    }
+    if (algo == SN_ALGO_AUTO)
+        algo = SN_ALGO_NCCL;
+    if (algo != SN_ALGO_NCCL) {
+        const sn_topology topo = sn_topology_of(c);
+        const char *why = sn_collective_unavailable(&topo, collective, algo,
+                                                    dt, op);
+        if (why != NULL) {
+            snprintf(msg, sizeof(msg), "symnccl_%s: algo '%s' cannot run "
+                     "here: %s", name, sn_algos[algo].name, why);
+            return ffi_error(api, XLA_FFI_Error_Code_INVALID_ARGUMENT, msg);
+        }
+    }
     int prev = -1;
     cudaGetDevice(&prev);
     if (prev != c->device)
         cudaSetDevice(c->device);
-    ncclResult_t rc;
-    if (collective == SYMNCCL_COLL_REDUCE_SCATTER)
-        rc = ncclReduceScatter(x->data, y->data, ycount, dt->nccl, op->nccl,
-                               c->comm, stream);
-    else
-        rc = ncclAllGather(x->data, y->data, ycount / (size_t)c->nranks,
-                           dt->nccl, c->comm, stream);
-    rc = nccl_finish(c, rc);
-    if (rc == ncclSuccess) {
-        sn_count_nccl(c);
-        sn_watch_nccl(c, collective, stream);
+    int failed = 0;
+    if (algo != SN_ALGO_NCCL) {
+        /* count: of the result for reduce_scatter, of x for all_gather */
+        sn_ar r = {c, algo, x->data, y->data, NULL,
+                   collective == SYMNCCL_COLL_REDUCE_SCATTER ? ycount : count,
+                   dt, op, stream, collective, -1};
+        sn_err err = {cudaSuccess, ncclSuccess, ""};
+        if (sn_launch_kernels(&r, &err) < 0) {
+            snprintf(msg, sizeof(msg), "symnccl_%s: %s: %s", name, err.msg,
+                     cudaGetErrorString(err.cuda));
+            failed = 1;
+        }
+    }
+    else {
+        ncclResult_t rc;
+        if (collective == SYMNCCL_COLL_REDUCE_SCATTER)
+            rc = ncclReduceScatter(x->data, y->data, ycount, dt->nccl,
+                                   op->nccl, c->comm, stream);
+        else
+            rc = ncclAllGather(x->data, y->data, count, dt->nccl, c->comm,
+                               stream);
+        rc = nccl_finish(c, rc);
+        if (rc == ncclSuccess) {
+            sn_count_nccl(c);
+            sn_watch_nccl(c, collective, stream);
+        }
+        else {
+            snprintf(msg, sizeof(msg), "symnccl_%s: NCCL: %s", name,
+                     rc == ncclInProgress ? "timed out"
+                                          : ncclGetErrorString(rc));
+            failed = 1;
+        }
     }
     if (prev >= 0 && prev != c->device)
         cudaSetDevice(prev);
-    if (rc != ncclSuccess) {
-        snprintf(msg, sizeof(msg), "symnccl_%s: NCCL: %s", name,
-                 rc == ncclInProgress ? "timed out" : ncclGetErrorString(rc));
+    if (failed)
         return ffi_error(api, XLA_FFI_Error_Code_INTERNAL, msg);
-    }
     return NULL;
 }
 
@@ -470,8 +508,8 @@ handle(XLA_FFI_CallFrame *call, int collective)
         e = all_reduce(api, call, c, dev, dt, count, x, y,
                        (cudaStream_t)sa.stream);
     else
-        e = nccl_collective(api, call, c, collective, dt, ycount, x, y,
-                            (cudaStream_t)sa.stream);
+        e = slice_collective(api, call, c, collective, dt, count, ycount,
+                             x, y, (cudaStream_t)sa.stream);
     sn_lock(c);
     c->busy--;
     sn_unlock(c);

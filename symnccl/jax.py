@@ -197,19 +197,19 @@ def _all_reduce_raw(x, op, algo):
                 algo=_ALGO_CODES[algo], register=register)
 
 
-def _reduce_scatter_raw(x, op):
+def _reduce_scatter_raw(x, op, algo):
     n = _nranks()
     if x.ndim == 0 or x.shape[0] % n != 0:
         raise ValueError(f"reduce_scatter: x has shape {x.shape}, expected "
                          f"dim 0 to be a multiple of nranks ({n})")
     return _ffi("reduce_scatter", x, (x.shape[0] // n, *x.shape[1:]),
-                op=_OP_CODES[op])
+                op=_OP_CODES[op], algo=_ALGO_CODES[algo])
 
 
-def _all_gather_raw(x):
+def _all_gather_raw(x, algo):
     n = _nranks()
     shape = (n,) if x.ndim == 0 else (x.shape[0] * n, *x.shape[1:])
-    return _ffi("all_gather", x, shape)
+    return _ffi("all_gather", x, shape, algo=_ALGO_CODES[algo])
 
 
 def _like(x):
@@ -285,23 +285,25 @@ def _all_reduce_bwd(op, algo, res, g):
 _all_reduce.defvjp(_all_reduce_fwd, _all_reduce_bwd)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
-def _reduce_scatter(x, op):
-    return _reduce_scatter_raw(x, op)
+# reduce_scatter and all_gather are each other's transpose; the backward
+# runs on the forward's algo (both take the same ones).
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
+def _reduce_scatter(x, op, algo):
+    return _reduce_scatter_raw(x, op, algo)
 
 
-def _reduce_scatter_fwd(x, op):
-    y = _reduce_scatter_raw(x, op)
+def _reduce_scatter_fwd(x, op, algo):
+    y = _reduce_scatter_raw(x, op, algo)
     return y, ((x, y) if op in ("max", "min") else _like(x))
 
 
-def _reduce_scatter_bwd(op, res, g):
+def _reduce_scatter_bwd(op, algo, res, g):
     if op == "prod":
         raise _no_gradient("reduce_scatter", op)
-    full = _all_gather_raw(g)
+    full = _all_gather_raw(g, algo)
     if op in ("max", "min"):
         x, y = res
-        return (_typed_as(_share(x, _all_gather_raw(y), full), x),)
+        return (_typed_as(_share(x, _all_gather_raw(y, algo), full), x),)
     if op == "avg":
         full = full / _nranks()
     return (_typed_as(full, res),)
@@ -310,17 +312,17 @@ def _reduce_scatter_bwd(op, res, g):
 _reduce_scatter.defvjp(_reduce_scatter_fwd, _reduce_scatter_bwd)
 
 
-@jax.custom_vjp
-def _all_gather(x):
-    return _all_gather_raw(x)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _all_gather(x, algo):
+    return _all_gather_raw(x, algo)
 
 
-def _all_gather_fwd(x):
-    return _all_gather_raw(x), _like(x)
+def _all_gather_fwd(x, algo):
+    return _all_gather_raw(x, algo), _like(x)
 
 
-def _all_gather_bwd(res, g):
-    return (_typed_as(_reduce_scatter_raw(g, "sum"), res).reshape(
+def _all_gather_bwd(algo, res, g):
+    return (_typed_as(_reduce_scatter_raw(g, "sum", algo), res).reshape(
         res.shape[1:]),)
 
 
@@ -340,36 +342,46 @@ def all_reduce(x, op: str = "sum", algo: str = "auto"):
         y = sj.all_reduce(a)            # psum(a, "x") inside shard_map
     """
     _check_op(op)
-    if algo not in _ALGO_CODES:
-        raise ValueError(f"algo {algo!r} is not available: expected one of "
-                         f"{tuple(_ALGO_CODES)}")
+    _check_algo(algo)
     return _all_reduce(x, op, algo)
 
 
-def reduce_scatter(x, op: str = "sum"):
+def _check_algo(algo):
+    if algo not in _ALGO_CODES:
+        raise ValueError(f"algo {algo!r} is not available: expected one of "
+                         f"{tuple(_ALGO_CODES)}")
+
+
+def reduce_scatter(x, op: str = "sum", algo: str = "auto"):
     """Reduce-scatter along axis 0: x of shape (nranks * m, ...) gives this
     rank's block (m, ...) of the reduction, as jax.lax.psum_scatter(x, axis,
     scatter_dimension=0, tiled=True). Differentiable (its transpose is an
-    all-gather). Runs on NCCL.
+    all-gather, on the same algo). algo: "ll", "ll128" or "push" run
+    symnccl's kernels (the same bits as block r of all_reduce), "nccl" and
+    "auto" NCCL; an algo that cannot run the call fails the computation
+    naming why.
 
     Example::
 
-        z = sj.reduce_scatter(h @ w_row)          # (T, H) per shard
+        z = sj.reduce_scatter(h @ w_row, algo="ll")   # (T, H) per shard
     """
     _check_op(op)
-    return _reduce_scatter(x, op)
+    _check_algo(algo)
+    return _reduce_scatter(x, op, algo)
 
 
-def all_gather(x):
+def all_gather(x, algo: str = "auto"):
     """All-gather along axis 0: x of shape (m, ...) gives (nranks * m, ...),
     as jax.lax.all_gather(x, axis, tiled=True). Differentiable (its
-    transpose is a reduce-scatter). Runs on NCCL.
+    transpose is a reduce-scatter, on the same algo). algo: "ll", "ll128"
+    or "push" run symnccl's kernels (any dtype), "nccl" and "auto" NCCL.
 
     Example::
 
-        h = sj.all_gather(x_shard)                # (n * T, H)
+        h = sj.all_gather(x_shard, algo="ll")     # (n * T, H)
     """
-    return _all_gather(x)
+    _check_algo(algo)
+    return _all_gather(x, algo)
 
 
 def stats(device: int) -> dict:

@@ -33,6 +33,23 @@ def test_custom_call_lowers_with_memory_space_attributes():
     assert "algo = 3 : i32" in text and "op = 2 : i32" in text
 
 
+def test_reduce_scatter_and_all_gather_lower_with_their_algo(monkeypatch):
+    """No GPU: the algo reaches the handler as an attribute."""
+    _handler_or_skip()
+    import jax.numpy as jnp
+    import symnccl.jax as sj
+    monkeypatch.setattr(sj, "_nranks", lambda: 2)
+    for name, algo in (("reduce_scatter", "push"), ("all_gather", "ll128")):
+        f = jax.jit(lambda a, name=name, algo=algo:
+                    getattr(sj, name)(a, algo=algo))
+        text = f.trace(jax.ShapeDtypeStruct((64, 3), jnp.bfloat16)).lower(
+            lowering_platforms=("cuda",)).as_text()
+        assert f"stablehlo.custom_call @symnccl_{name}" in text
+        assert f"algo = {sj._ALGO_CODES[algo]} : i32" in text, text
+        with pytest.raises(ValueError, match="algo 'fast' is not available"):
+            getattr(sj, name)(jnp.ones(4), algo="fast")
+
+
 def test_bad_arguments_raise_before_lowering():
     _handler_or_skip()
     import jax.numpy as jnp
@@ -154,3 +171,8 @@ def test_gradients_inside_shard_map_equal_jax_collectives(nranks):
             (0.1 if "bfloat16" in case else 1e-5)
         assert dy <= tol + 1e-6 and dx <= tol + 1e-5, (case, dy, dx)
     assert res["ll"] == [2] * res["n"], res["ll"]
+    # the reduce-scatter and all-gather kernels ran in both passes
+    assert set(res["kernels"]) == {"ll_reduce_scatter", "ll_all_gather",
+                                   "push_reduce_scatter", "push_all_gather"}
+    for name, counts in res["kernels"].items():
+        assert counts == [2] * res["n"], (name, counts)

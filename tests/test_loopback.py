@@ -220,6 +220,17 @@ def test_stress_back_to_back_random_sizes_algorithms_and_places(monkeypatch,
     assert not failures, failures
 
 
+def _replay(torch, graphs, streams):
+    """Every rank's graph replayed on its stream, after the inputs the
+    current stream wrote."""
+    torch.cuda.synchronize()
+    for g, s in zip(graphs, streams):
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            g.replay()
+    torch.cuda.synchronize()
+
+
 @pytest.mark.parametrize("nranks", [2, 4])
 def test_graph_replays_on_every_rank(monkeypatch, nranks):
     """Each rank captures its call into a CUDA graph; the replays (new
@@ -242,12 +253,7 @@ def test_graph_replays_on_every_rank(monkeypatch, nranks):
                       for q in range(nranks)]
                 for x, h in zip(xs, hs):
                     x.copy_(torch.from_numpy(h))
-                torch.cuda.synchronize()
-                for g, s in zip(graphs, streams):
-                    s.wait_stream(torch.cuda.current_stream())
-                    with torch.cuda.stream(s):
-                        g.replay()
-                torch.cuda.synchronize()
+                _replay(torch, graphs, streams)
                 for o in outs:
                     assert _check.count_wrong(o.cpu().numpy(), "sum", hs,
                                               "float32") == 0, (algo, rep)
@@ -314,6 +320,10 @@ def test_loopback_ranks_run_kernels_only(monkeypatch):
 # ------------------------------------------------ reduce_scatter, all_gather
 
 RS_SIZES = [1, 1031, 50_001]   # elements per rank's block of the output
+SLICE_ALGOS = ["ll", "ll128", "push"]
+# a 1 MiB push region: slots of 128 KiB at 2 ranks, 32 KiB at 8, so the
+# larger slices take several chunks of the push kernels, and a short last one
+SMALL_PUSH = {"SYMNCCL_PUSH_REGION_MIB": "1"}
 
 
 def _slices(torch, nranks, dtype, m, op, seed, pad, per_rank):
@@ -339,13 +349,13 @@ def _kernels_ran(team):
 
 
 @pytest.mark.parametrize("nranks", WORLDS)
-@pytest.mark.parametrize("algo", ["ll", "ll128"])
+@pytest.mark.parametrize("algo", SLICE_ALGOS)
 def test_reduce_scatter_is_every_rank_s_block_of_the_all_reduce(
         monkeypatch, nranks, algo):
     """Every dtype and op against float64, and bitwise equal to the block
     of symnccl's all_reduce of the same inputs (the same reduction order)."""
     torch = _torch()
-    team = _team(monkeypatch, nranks)
+    team = _team(monkeypatch, nranks, SMALL_PUSH)
     streams = [torch.cuda.Stream() for _ in team]
     wrong = []
     try:
@@ -363,9 +373,14 @@ def test_reduce_scatter_is_every_rank_s_block_of_the_all_reduce(
                                            per_rank=nranks * m)
                     ars = [torch.empty_like(x) for x in xs]
                     torch.cuda.synchronize()
-                    for c, s, x, o, r in zip(team, streams, xs, outs, ars):
+                    # every rank's first call before any rank's second:
+                    # a kernel's first launch (CUDA's lazy loading) waits
+                    # for the kernels running, which wait for the ranks
+                    # not yet called (loopback.c)
+                    for c, s, x, o in zip(team, streams, xs, outs):
                         c.reduce_scatter(x, out=o, op=op, algo=algo,
                                          stream=s)
+                    for c, s, x, r in zip(team, streams, xs, ars):
                         c.all_reduce(x, out=r, op=op, algo=algo, stream=s)
                     torch.cuda.synchronize()
                     for q in range(nranks):
@@ -385,10 +400,10 @@ def test_reduce_scatter_is_every_rank_s_block_of_the_all_reduce(
 
 
 @pytest.mark.parametrize("nranks", WORLDS)
-@pytest.mark.parametrize("algo", ["ll", "ll128"])
+@pytest.mark.parametrize("algo", SLICE_ALGOS)
 def test_all_gather_every_dtype_bit_exact(monkeypatch, nranks, algo):
     torch = _torch()
-    team = _team(monkeypatch, nranks)
+    team = _team(monkeypatch, nranks, SMALL_PUSH)
     streams = [torch.cuda.Stream() for _ in team]
     wrong = []
     try:
@@ -416,13 +431,13 @@ def test_all_gather_every_dtype_bit_exact(monkeypatch, nranks, algo):
     assert all(r == {ag} for r in ran), ran
 
 
-@pytest.mark.parametrize("algo", ["ll", "ll128"])
+@pytest.mark.parametrize("algo", SLICE_ALGOS)
 def test_reduce_scatter_and_all_gather_in_place(monkeypatch, algo):
     """Rank r's block of the buffer is its reduce_scatter output, or its
     all_gather input."""
     torch = _torch()
-    n, m = 3, 4099
-    team = _team(monkeypatch, n)
+    n, m = 3, 40_099   # several push chunks
+    team = _team(monkeypatch, n, SMALL_PUSH)
     streams = [torch.cuda.Stream() for _ in team]
     try:
         hs = [_check.make_input("float32", n * m, q, 7) for q in range(n)]
@@ -447,16 +462,57 @@ def test_reduce_scatter_and_all_gather_in_place(monkeypatch, algo):
         _close(team)
 
 
+def test_reduce_scatter_and_all_gather_graph_replays(monkeypatch):
+    """Every kernel of both, captured on every rank of 3 and replayed with
+    new inputs: their call counters and epochs live in device memory."""
+    torch = _torch()
+    n, m = 3, 30_001   # several push chunks
+    team = _team(monkeypatch, n, SMALL_PUSH)
+    streams = [torch.cuda.Stream() for _ in team]
+    try:
+        for coll in ("reduce_scatter", "all_gather"):
+            for algo in SLICE_ALGOS:
+                rs = coll == "reduce_scatter"
+                per_rank, n_out = (n * m, m) if rs else (m, n * m)
+                xs = [torch.empty(per_rank, device="cuda") for _ in team]
+                outs = [torch.empty(n_out, device="cuda") for _ in team]
+                graphs = []
+                for c, s, x, o in zip(team, streams, xs, outs):
+                    g = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(g, stream=s):
+                        getattr(c, coll)(x, out=o, algo=algo)
+                    graphs.append(g)
+                for rep in range(4):
+                    hs = [_check.make_input("float32", per_rank, q, rep)
+                          for q in range(n)]
+                    for x, h in zip(xs, hs):
+                        x.copy_(torch.from_numpy(h))
+                    for o in outs:
+                        o.fill_(float("nan"))
+                    _replay(torch, graphs, streams)
+                    for q, o in enumerate(outs):
+                        res = o.cpu().numpy()
+                        if coll == "all_gather":
+                            ok = res.tobytes() == np.concatenate(hs).tobytes()
+                        else:
+                            ok = _check.count_wrong(
+                                res, "sum", [h[q * m:(q + 1) * m] for h in hs],
+                                "float32") == 0
+                        assert ok, (coll, algo, rep, q)
+    finally:
+        _close(team)
+
+
 @pytest.mark.parametrize("nranks", [2, 3, 8])
 def test_stress_all_reduce_reduce_scatter_all_gather_share_the_slots(
         monkeypatch, nranks):
     """Back-to-back calls of every collective on every kernel, random sizes
     and ranks held back: the packet kernels share each format's slots and
     call counters, the load kernels (all-reduce, reduce, broadcast) the
-    barrier lines and theirs."""
+    barrier lines and theirs, the push kernels the push region."""
     torch = _torch()
     monkeypatch.setenv("SYMNCCL_LL_TWO_SHOT_KIB", "16")
-    team = _team(monkeypatch, nranks)
+    team = _team(monkeypatch, nranks, SMALL_PUSH)
     streams = [torch.cuda.Stream() for _ in team]
     rng = random.Random(99 + nranks)
     calls = []
@@ -465,7 +521,7 @@ def test_stress_all_reduce_reduce_scatter_all_gather_share_the_slots(
                            "reduce", "broadcast"])
         algo = rng.choice(
             ["ll", "ll128", "push", "one_shot", "two_shot"]
-            if coll == "all_reduce" else ["ll", "ll128"]
+            if coll == "all_reduce" else SLICE_ALGOS
             if coll in ("reduce_scatter", "all_gather") else ["one_shot"])
         root = rng.randrange(nranks)
         m = rng.choice([rng.randint(1, 64), rng.randint(64, 5000),
@@ -518,6 +574,7 @@ def test_stress_all_reduce_reduce_scatter_all_gather_share_the_slots(
 
 @pytest.mark.parametrize("collective,algo", [
     ("reduce_scatter", "ll"), ("all_gather", "ll128"),
+    ("reduce_scatter", "push"), ("all_gather", "push"),
     ("reduce", "one_shot"), ("broadcast", "one_shot")])
 def test_every_collective_raises_when_a_rank_never_calls(
         monkeypatch, collective, algo):
@@ -549,8 +606,9 @@ def test_reduce_scatter_and_all_gather_refuse_algorithms_without_kernels(
     team = _team(monkeypatch, 2)
     try:
         x = torch.ones(64, device="cuda")
-        for algo in ("one_shot", "two_shot", "push"):
-            with pytest.raises(ValueError, match="no kernel of this"):
+        for algo in ("one_shot", "two_shot"):
+            with pytest.raises(ValueError, match="no kernel of this.*those "
+                               "that do: ll, ll128, push, nccl"):
                 team[0].reduce_scatter(x, algo=algo)
             with pytest.raises(ValueError, match="no kernel of this"):
                 team[0].all_gather(x, algo=algo)
@@ -564,12 +622,17 @@ def test_reduce_scatter_and_all_gather_refuse_algorithms_without_kernels(
         assert sup(team[0], "one_shot", "uint64", collective="broadcast")
         assert sup(team[0], "ll128", "bfloat16", "max", "reduce_scatter")
         assert not sup(team[0], "ll", "uint8", collective="reduce_scatter")
-        assert not sup(team[0], "push", "float32", collective="all_gather")
+        assert sup(team[0], "push", "float32", collective="all_gather")
+        assert not sup(team[0], "push", "uint8", collective="reduce_scatter")
+        assert not sup(team[0], "two_shot", "float32",
+                       collective="all_gather")
         assert not sup(team[0], "ll", "float32", collective="reduce")
         for algo in ("ll", "ll128", "two_shot", "push"):
-            with pytest.raises(ValueError, match="one_shot and nccl do"):
+            with pytest.raises(ValueError, match="those that do: "
+                               "one_shot, nccl"):
                 team[0].reduce(x, algo=algo)
-            with pytest.raises(ValueError, match="one_shot and nccl do"):
+            with pytest.raises(ValueError, match="those that do: "
+                               "one_shot, nccl"):
                 team[0].broadcast(x, algo=algo)
     finally:
         _close(team)
@@ -601,9 +664,12 @@ def test_reduce_every_dtype_op_size_and_root_is_the_all_reduce(monkeypatch,
                                            seed=count, pad=pad)
                     ars = [torch.empty_like(x) for x in xs]
                     torch.cuda.synchronize()
-                    for c, s, x, o, r in zip(team, streams, xs, outs, ars):
+                    # every rank's first call before any rank's second
+                    # (CUDA's lazy loading, as above)
+                    for c, s, x, o in zip(team, streams, xs, outs):
                         c.reduce(x, root=root, out=o, op=op,
                                  algo="one_shot", stream=s)
+                    for c, s, x, r in zip(team, streams, xs, ars):
                         c.all_reduce(x, out=r, op=op, algo="one_shot",
                                      stream=s)
                     torch.cuda.synchronize()

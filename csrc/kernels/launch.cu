@@ -130,13 +130,17 @@ cudaError_t launch(const symnccl_kargs* a, cudaStream_t stream) {
     if (per_row * row > (two ? a->row_bytes / 2 : a->row_bytes))
       return cudaErrorInvalidValue;
   }
-  if (a->kernel == SYMNCCL_K_PUSH &&
+  const bool push = a->kernel == SYMNCCL_K_PUSH ||
+                    a->kernel == SYMNCCL_K_PUSH_REDUCE_SCATTER ||
+                    a->kernel == SYMNCCL_K_PUSH_ALL_GATHER;
+  if (push &&
       (a->threads < n || a->ctas > SYMNCCL_PUSH_MAX_CTAS ||
        a->row_bytes % 16 != 0 ||
        (a->out_win != nullptr && a->out_offset % 16 != 0)))
     return cudaErrorInvalidValue;
   if ((a->kernel == SYMNCCL_K_LL_ALL_GATHER ||
        a->kernel == SYMNCCL_K_LL128_ALL_GATHER ||
+       a->kernel == SYMNCCL_K_PUSH_ALL_GATHER ||
        a->kernel == SYMNCCL_K_ONE_SHOT_BROADCAST) &&
       a->dtype != SYMNCCL_DT_BYTES)
     return cudaErrorInvalidValue;

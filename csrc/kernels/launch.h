@@ -81,7 +81,9 @@ enum { SYMNCCL_OP_SUM = 0, SYMNCCL_OP_MAX = 1, SYMNCCL_OP_MIN = 2,
     X(LL_ALL_GATHER, "ll_all_gather")               \
     X(LL128_ALL_GATHER, "ll128_all_gather")         \
     X(ONE_SHOT_REDUCE, "one_shot_reduce")           \
-    X(ONE_SHOT_BROADCAST, "one_shot_broadcast")
+    X(ONE_SHOT_BROADCAST, "one_shot_broadcast")     \
+    X(PUSH_REDUCE_SCATTER, "push_reduce_scatter")   \
+    X(PUSH_ALL_GATHER, "push_all_gather")
 
 #define SYMNCCL_K_ENUM_(id, name) SYMNCCL_K_##id,
 enum { SYMNCCL_KERNELS(SYMNCCL_K_ENUM_) SYMNCCL_K_COUNT };
@@ -92,7 +94,8 @@ enum { SYMNCCL_KERNELS(SYMNCCL_K_ENUM_) SYMNCCL_K_COUNT };
 /* Largest grid of any kernel: the barrier flag lines and the per-CTA call
  * counters are laid out for it. */
 #define SYMNCCL_MAX_CTAS 128
-/* Largest grid of the push kernel (its flag lines are laid out for it). */
+/* Largest grid of the push kernels (their flag lines are laid out for
+ * it). */
 #define SYMNCCL_PUSH_MAX_CTAS 128
 /* Bytes of one CTA's line of flags, one 8-byte flag per source rank,
  * whole 128-byte lines (push flags, barrier flags). */
@@ -141,7 +144,7 @@ enum { SYMNCCL_FAULTS(SYMNCCL_FAULT_ENUM_) SYMNCCL_FAULT_COUNT };
     X(NONE, "nothing")                                      \
     X(PACKETS, "its packets")                               \
     X(SLICES, "its slices (push flag 0)")                   \
-    X(RESULTS, "its results (push flag 1)")                 \
+    X(RESULTS, "its results or its reading (push flag 1)")  \
     X(BARRIER, "the barrier")                               \
     X(ENTRY, "an entry that never comes (injected fault)")  \
     X(NCCL, "an NCCL kernel to complete")
@@ -192,7 +195,8 @@ typedef struct {
                                   already at win + win_offset */
     void *out;                 /* output, any device memory; may equal src */
     size_t count;              /* elements (reduce_scatter, all_gather: of
-                                  one slice) */
+                                  each slice, the launch's part of it for
+                                  the packet kernels, all of it for push) */
     size_t slice_stride;       /* reduce_scatter: elements from one slice of
                                   src to the next; all_gather: of out */
     int dtype;                 /* SYMNCCL_DT_* */

@@ -109,11 +109,11 @@ __device__ __forceinline__ size_t slice_len(const PushChunk& r, int q,
 // to <- from for this CTA's vectors of one slice of `len` valid elements
 // (U vectors per thread in flight). Scatter: from = input (any alignment),
 // to = a peer's slot, written in whole vectors (`whole`). Gather: from = a
-// slot, to = the output, valid elements only.
+// slot (or the input), to = the output, valid elements only.
 template <typename T, int U>
-__device__ __forceinline__ void push_copy(const PushChunk& r, size_t len,
-                                          const T* from, bool from_al, T* to,
-                                          bool to_al, bool whole) {
+__device__ __forceinline__ void push_copy(size_t len, const T* from,
+                                          bool from_al, T* to, bool to_al,
+                                          bool whole) {
   constexpr int E = Pack<T, 16>::kElems;
   const size_t step = deal_step();
   const size_t nv = (len + E - 1) / E;
@@ -131,6 +131,16 @@ __device__ __forceinline__ void push_copy(const PushChunk& r, size_t len,
   }
 }
 
+// Vectors per thread in flight: in the reduction, per peer (kPeerBatch
+// peers at once), as many as the accumulators allow without spilling
+// (kReduce x E values of Acc<T>, kPeerBatch x kReduce vectors); in the
+// plain copies, kCopy.
+template <typename T>
+struct PushUnroll {
+  static constexpr int kReduce = Pack<T, 16>::kElems >= 16 ? 1 : 2;
+  static constexpr int kCopy = 4;
+};
+
 // What the reduce phase of one chunk needs to know.
 template <typename T>
 struct PushReduce {
@@ -139,7 +149,7 @@ struct PushReduce {
   size_t len;          // its valid elements
   const char* slots;   // my receive slots of this parity, [source rank]
   size_t slot_bytes;
-  Peers dst;           // where the results go on every rank
+  Peers dst;           // kShare: where the results go on every rank
   size_t dst_off;      // ... at this byte offset
   bool to_window;      // dst is output memory (valid elements only)
   T* out;              // else: my own results go here
@@ -148,10 +158,12 @@ struct PushReduce {
 
 // Vectors v, v + step, ... (UU of them) of my slice reduced in rank order
 // (the own part from the input, the peers' from my slots) and stored to
-// every rank. kWhole: all UU are whole vectors, and the input and (unless
-// the results go to a window) the output are 16-byte aligned: one 16-byte
-// load or store each; else any of them may be partial or past the end.
-template <typename T, int UU, bool kWhole>
+// every rank (kShare: the all-reduce), or to my output only (the
+// reduce-scatter). kWhole: all UU are whole vectors, and the input and
+// (unless the results go to a window) the output are 16-byte aligned: one
+// 16-byte load or store each; else any of them may be partial or past the
+// end.
+template <typename T, int UU, bool kWhole, bool kShare = true>
 __device__ __forceinline__ void push_reduce(const PushReduce<T>& r, size_t v,
                                             size_t step, int me, int n,
                                             int op) {
@@ -186,7 +198,7 @@ __device__ __forceinline__ void push_reduce(const PushReduce<T>& r, size_t v,
         else
           store_pack<16>(r.out, vv, r.len, r.out_al, w);
       }
-      for (int q = 0; q < n; q++) {
+      for (int q = 0; kShare && q < n; q++) {
         if (!r.to_window && q == me) continue;
         // in place the destination is output memory: valid elements only
         // (out_offset is 16-byte aligned); slots take whole vectors
@@ -205,11 +217,8 @@ template <typename T>
 __global__ void __launch_bounds__(512)
     push(ncclDevComm dc, const __grid_constant__ symnccl_kargs a) {
   constexpr int E = Pack<T, 16>::kElems;
-  // vectors per thread and peer in flight (kPeerBatch peers at once): as
-  // many as the accumulators allow without spilling (U x E values of
-  // Acc<T>, kPeerBatch x U vectors)
-  constexpr int U = E >= 16 ? 1 : 2;
-  constexpr int UC = 4;  // the same for the plain copies
+  constexpr int U = PushUnroll<T>::kReduce;
+  constexpr int UC = PushUnroll<T>::kCopy;
   const int n = dc.lsaSize;
   const int me = dc.lsaRank;
   const T* src = static_cast<const T*>(a.src);
@@ -248,7 +257,7 @@ __global__ void __launch_bounds__(512)
     const size_t pp = (e - 1) & 1;
     for (int q = 0; q < n; q++)
       if (q != me)
-        push_copy<T, UC>(rp, slice_len(rp, q, count),
+        push_copy<T, UC>(slice_len(rp, q, count),
                          reinterpret_cast<const T*>(
                              my_data + res_rel + (pp * n + q) * slot_bytes),
                          true, out + rp.c0 + q * rp.slice, out_al, false);
@@ -264,7 +273,7 @@ __global__ void __launch_bounds__(512)
     for (int k = 1; k < n; k++) {
       const int q = (me + k) % n;
       push_copy<T, UC>(
-          r, slice_len(r, q, count), src + r.c0 + q * r.slice, src_al,
+          slice_len(r, q, count), src + r.c0 + q * r.slice, src_al,
           reinterpret_cast<T*>(data(q) + (par * n + me) * slot_bytes), true,
           true);
     }
@@ -306,6 +315,143 @@ __global__ void __launch_bounds__(512)
   if (threadIdx.x == 0) a.epochs[blockIdx.x] = e0 + nch;
 }
 
+// reduce_scatter and all_gather on the same region, flags and per-CTA
+// counters (the host maps them to the push epochs), so any push call may
+// follow any other. Each slice (a block of the reduce-scatter's input, a
+// rank's all-gather input) is cut into chunks of one slot; chunk j of every
+// slice is one epoch e:
+//   1. send: rank r stores its chunk for rank q (reduce-scatter: of slice
+//      q; all-gather: its own input) into q's receive slot [e & 1][r], for
+//      every q != r in rotated order, then raises flag 0 at q; the
+//      all-gather also copies its own input into its output;
+//   2. wait for flag 1 >= e from every peer: each has consumed chunk j - 1,
+//      so the slots of parity e & 1 that chunk j + 1 writes are free;
+//   3. consume: wait for flag 0 >= e + 1 from every peer, then reduce my
+//      slice's chunk in rank order 0..n-1 (my own part from my input) into
+//      my output, or copy each peer's slot into its place in my output;
+//      raise flag 1 at every peer ("your chunk j is read").
+// At the end a CTA waits for the last chunk's flag 1, so a call has left
+// the slots free (and the all-reduce's ordering arguments hold) when the
+// next begins. Flag 1 means the same in every push kernel: the peer has
+// read what I stored into its receive slots for that chunk (the all-reduce
+// raises it after its reduction). The deal of vectors to CTAs is that of
+// push<T>, so one flag per (phase, CTA, source rank) again suffices. The
+// all-gather runs on bytes (SYMNCCL_DT_BYTES); count is a slice's elements
+// and slice_stride the distance between slices (of the input for
+// reduce_scatter, of the output for all_gather).
+template <typename T, bool kGather>
+__device__ __forceinline__ void push_slices(const ncclDevComm& dc,
+                                            const symnccl_kargs& a) {
+  constexpr int E = Pack<T, 16>::kElems;
+  constexpr int U = PushUnroll<T>::kReduce;
+  constexpr int UC = PushUnroll<T>::kCopy;
+  const int n = dc.lsaSize;
+  const int me = dc.lsaRank;
+  const T* src = static_cast<const T*>(a.src);
+  T* out = static_cast<T*>(a.out);
+  const size_t m = a.count;
+  const size_t stride = a.slice_stride;
+  const size_t slot_bytes = a.row_bytes;
+  const size_t chunk = slot_bytes / sizeof(T);
+  const size_t nch = (m + chunk - 1) / chunk;
+  const size_t step = deal_step();
+  // slot sizes are whole pages: every chunk starts 16-byte aligned
+  // relative to its slice
+  auto aligned = [](const void* p) {
+    return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
+  };
+
+  uint64_t e0;
+  if (!enter_cta(a, me, n, e0)) return;
+
+  const Peers flags = Peers::of(a.region_win, a.region_offset);
+  const Peers data = Peers::of(a.region_win, a.data_offset);
+  const char* my_flags = flags(me);
+  const char* my_data = data(me);
+  const size_t line0 = push_line(0, blockIdx.x, n);
+  const size_t line1 = push_line(1, blockIdx.x, n);
+
+  for (size_t j = 0; j < nch; j++) {
+    const uint64_t e = e0 + j;
+    const size_t par = e & 1;
+    const size_t c0 = j * chunk;
+    const size_t len = m - c0 < chunk ? m - c0 : chunk;
+
+    // 1. send
+    for (int k = 1; k < n; k++) {
+      const int q = (me + k) % n;
+      const T* from = kGather ? src + c0 : src + q * stride + c0;
+      push_copy<T, UC>(len, from, aligned(from),
+                       reinterpret_cast<T*>(data(q) +
+                                            (par * n + me) * slot_bytes),
+                       true, true);
+    }
+    if (kGather && out + me * stride != src)  // not in place
+      push_copy<T, UC>(len, src + c0, aligned(src + c0),
+                       out + me * stride + c0, aligned(out + me * stride + c0),
+                       false);
+    signal_flags(flags, line0, me, n, e + 1);
+
+    // 2. the peers have read chunk j - 1
+    if (j > 0 &&
+        !wait_flags(my_flags + line1, me, n, e, a, SYMNCCL_WAIT_RESULTS))
+      return;
+
+    // 3. consume chunk j
+    if (!wait_flags(my_flags + line0, me, n, e + 1, a, SYMNCCL_WAIT_SLICES))
+      return;
+    const char* slots = my_data + par * n * slot_bytes;
+    if constexpr (kGather) {
+      for (int k = 1; k < n; k++) {
+        const int q = (me + k) % n;
+        T* to = out + q * stride + c0;
+        push_copy<T, UC>(len,
+                         reinterpret_cast<const T*>(slots + q * slot_bytes),
+                         true, to, aligned(to), false);
+      }
+    } else {
+      const T* own = src + me * stride + c0;
+      const PushReduce<T> pr{own,   aligned(own), len,     slots,
+                             slot_bytes, Peers{},   0,       false,
+                             out + c0,   aligned(out + c0)};
+      const size_t nv = (len + E - 1) / E;
+      const size_t nwhole = pr.own_al && pr.out_al ? len / E : 0;
+      for (size_t v = deal_first(); v < nv; v += U * step) {
+        if (v + (U - 1) * step < nwhole)
+          push_reduce<T, U, true, false>(pr, v, step, me, n, a.op);
+        else
+          for (int u = 0; u < U; u++)
+            push_reduce<T, 1, false, false>(pr, v + u * step, step, me, n,
+                                            a.op);
+      }
+    }
+    signal_flags(flags, line1, me, n, e + 1);
+  }
+
+  if (nch > 0 && !wait_flags(my_flags + line1, me, n, e0 + nch, a,
+                             SYMNCCL_WAIT_RESULTS))
+    return;
+  if (threadIdx.x == 0) a.epochs[blockIdx.x] = e0 + nch;
+}
+
+// (512, 1): with the bare 512 ptxas gave the fp8 reduce-scatter 64
+// registers and 136 bytes of spills; with one CTA per SM declared the
+// minimum it takes 96 and spills none (the grid is 64 CTAs: occupancy is
+// not what limits these kernels).
+template <typename T>
+__global__ void __launch_bounds__(512, 1)
+    push_reduce_scatter(ncclDevComm dc,
+                        const __grid_constant__ symnccl_kargs a) {
+  push_slices<T, false>(dc, a);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(512, 1)
+    push_all_gather(ncclDevComm dc, const __grid_constant__ symnccl_kargs a) {
+  push_slices<T, true>(dc, a);
+}
+
 SYMNCCL_END
+
 
 #endif  // SYMNCCL_KERNELS_PUSH_CUH

@@ -21,6 +21,7 @@ void (*bytes_kernel(int kernel))(ncclDevComm, const symnccl_kargs) {
       case SYMNCCL_K_LL_ALL_GATHER: return packet_all_gather<T, LL>;
       case SYMNCCL_K_LL128_ALL_GATHER: return packet_all_gather<T, LL128>;
       case SYMNCCL_K_ONE_SHOT_BROADCAST: return one_shot_broadcast<T>;
+      case SYMNCCL_K_PUSH_ALL_GATHER: return push_all_gather<T>;
     }
   }
   return nullptr;
@@ -51,9 +52,11 @@ cudaError_t SYMNCCL_CAT(symnccl_launch_, SYMNCCL_UNIT_DT)(
       kernel = packet_reduce_scatter<T, LL128>;
       break;
     case SYMNCCL_K_ONE_SHOT_REDUCE: kernel = one_shot_reduce<T>; break;
+    case SYMNCCL_K_PUSH_REDUCE_SCATTER: kernel = push_reduce_scatter<T>; break;
     case SYMNCCL_K_LL_ALL_GATHER:
     case SYMNCCL_K_LL128_ALL_GATHER:
     case SYMNCCL_K_ONE_SHOT_BROADCAST:
+    case SYMNCCL_K_PUSH_ALL_GATHER:
       kernel = bytes_kernel<T>(a->kernel);
       if (kernel == nullptr) return cudaErrorInvalidValue;
       break;

@@ -141,7 +141,14 @@ def _grad_cases(jax, jnp, sj, axis):
          / lax.axis_size(axis)),
         ("all_gather", lambda a: sj.all_gather(a),
          lambda a: lax.all_gather(a, axis, tiled=True)),
-    ]
+    ] + [
+        case for algo in ("ll", "push") for case in (
+            (f"reduce_scatter sum {algo}",
+             lambda a, algo=algo: sj.reduce_scatter(a, algo=algo),
+             lambda a: lax.psum_scatter(a, axis, tiled=True)),
+            (f"all_gather {algo}",
+             lambda a, algo=algo: sj.all_gather(a, algo=algo),
+             lambda a: lax.all_gather(a, axis, tiled=True)))]
 
 
 def _compare_grads(jax, jnp, sj, mesh, n, axis, dtype, check_vma, seed):
@@ -205,9 +212,27 @@ def gradients(rank, nranks, uid, seed):
     jax.block_until_ready(jax.jit(jax.grad(
         lambda x: jnp.sum(g(x) ** 2)))(x))
     ll = [c._launches()["ll"] - b for c, b in zip(comms, before)]
+    # reduce_scatter and all_gather on symnccl's kernels, forward and
+    # backward (each is the other's transpose, on the same algo): two
+    # launches of each kernel per device
+    kernels = {}
+    for algo in ("ll", "push"):
+        names = [sj._C.COLLECTIVE_KERNELS[coll][algo]
+                 for coll in ("reduce_scatter", "all_gather")]
+        before = [c._launches() for c in comms]
+        g = jax.shard_map(
+            lambda a, algo=algo: sj.all_gather(
+                sj.reduce_scatter(a, algo=algo), algo=algo),
+            mesh=mesh, in_specs=jax.sharding.PartitionSpec("x"),
+            out_specs=jax.sharding.PartitionSpec("x"))
+        jax.block_until_ready(jax.jit(jax.grad(
+            lambda x, g=g: jnp.sum(g(x) ** 2)))(x))
+        for name in names:
+            kernels[name] = [c._launches()[name] - b[name]
+                             for c, b in zip(comms, before)]
     for c in comms:
         c.close()
-    return {"n": n, "rows": rows, "ll": ll}
+    return {"n": n, "rows": rows, "ll": ll, "kernels": kernels}
 
 
 def rules_on_cpu(seed):
@@ -234,10 +259,10 @@ def rules_on_cpu(seed):
         return r
     sj._nranks = lambda: 2
     sj._all_reduce_raw = all_reduce
-    sj._reduce_scatter_raw = lambda x, op: (
+    sj._reduce_scatter_raw = lambda x, op, algo: (
         jax.lax.psum_scatter(x, axis, tiled=True) / (2 if op == "avg" else 1))
-    sj._all_gather_raw = lambda x: jax.lax.all_gather(x, axis,
-                                                      tiled=x.ndim > 0)
+    sj._all_gather_raw = lambda x, algo: jax.lax.all_gather(
+        x, axis, tiled=x.ndim > 0)
     mesh = jax.make_mesh((2,), (axis,))
     rows = []
     for vma in (True, False):
@@ -257,7 +282,7 @@ def rules_on_cpu(seed):
                  float(jnp.max(jnp.abs(grads[0] - grads[1])))))
     # prod has no gradient: it says so, never a wrong one
     sj._all_reduce_raw = lambda x, op, algo: x
-    sj._reduce_scatter_raw = lambda x, op: x[: x.shape[0] // 2]
+    sj._reduce_scatter_raw = lambda x, op, algo: x[: x.shape[0] // 2]
     from jax.sharding import PartitionSpec as P
     x = jax.device_put(jnp.ones((4,)),
                        jax.sharding.NamedSharding(mesh, P(axis)))
