@@ -13,6 +13,10 @@ prints both loss curves, their largest difference and the median step time
 of each. Run it as is:
 
     python examples/train_tp_jax.py
+    python examples/train_tp_jax.py --algo ll128
+
+--algo picks symnccl's all_gather / reduce_scatter algorithm, as in
+train_tp_torch.py.
 """
 from __future__ import annotations
 
@@ -33,10 +37,11 @@ import symnccl.jax as sj  # noqa: E402
 AXIS = "tp"
 
 
-def collectives(kind):
+def collectives(kind, algo="auto"):
     """(all_gather, reduce_scatter) along axis 0 of a shard."""
     if kind == "symnccl":
-        return sj.all_gather, sj.reduce_scatter
+        return (lambda a: sj.all_gather(a, algo=algo),
+                lambda a: sj.reduce_scatter(a, algo=algo))
     return (lambda a: jax.lax.all_gather(a, AXIS, tiled=True),
             lambda a: jax.lax.psum_scatter(a, AXIS, tiled=True))
 
@@ -62,8 +67,8 @@ def layer_norm(x, scale):
     return ((xf - mu) * jax.lax.rsqrt(var + 1e-5)).astype(x.dtype) * scale
 
 
-def make_step(kind, mesh, lr):
-    gather, scatter = collectives(kind)
+def make_step(kind, mesh, lr, algo):
+    gather, scatter = collectives(kind, algo)
 
     def block(params, x):
         for p in params:
@@ -109,7 +114,7 @@ def train(kind, args, mesh):
     batches = [tuple(jax.device_put(a, seq_sharding)
                      for a in data(s % 8, args.seq, args.hidden, dtype))
                for s in range(min(args.steps, 8))]
-    step = make_step(kind, mesh, args.lr)
+    step = make_step(kind, mesh, args.lr, args.algo)
     losses, times = [], []
     for s in range(args.steps):
         x, y = batches[s % len(batches)]
@@ -130,6 +135,8 @@ def main():
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--algo", default="auto",
+                   help="symnccl's all_gather/reduce_scatter algorithm")
     p.add_argument("--json", default=None, help="write the results here")
     args = p.parse_args()
     comms = sj.communicator()
@@ -145,6 +152,12 @@ def main():
     a, b = res["symnccl"]["losses"], res["jax.lax"]["losses"]
     res["max_rel_diff"] = max(abs(x - y) / abs(y) for x, y in zip(a, b))
     res["args"] = vars(args) | {"devices": n}
+    # the symnccl kernels that ran, summed over the devices
+    res["kernels"] = {}
+    for c in comms:
+        for k, v in c._launches().items():
+            if v:
+                res["kernels"][k] = res["kernels"].get(k, 0) + v
     print(f"{'step':>5} {'symnccl':>12} {'jax.lax':>12}")
     for s in list(range(0, args.steps, 10)) + [args.steps - 1]:
         print(f"{s:>5} {a[s]:>12.6f} {b[s]:>12.6f}")

@@ -13,6 +13,11 @@ time of each. Run it as is:
 
     torchrun --nproc-per-node 2 examples/train_tp_torch.py
     torchrun --nproc-per-node 2 examples/train_tp_torch.py --compile
+    torchrun --nproc-per-node 2 examples/train_tp_torch.py --algo ll128
+
+--algo picks symnccl's all_gather / reduce_scatter algorithm ("auto" is
+NCCL for them until their crossovers are measured; "ll" and "ll128" run
+its packet kernels, "push" its store kernels, in both directions).
 """
 from __future__ import annotations
 
@@ -32,17 +37,17 @@ class Collectives:
     """all_gather / reduce_scatter / all_reduce along dim 0, differentiable:
     symnccl's custom ops, or torch.distributed's autograd collectives."""
 
-    def __init__(self, kind: str, comm=None):
-        self.kind, self.comm = kind, comm
+    def __init__(self, kind: str, comm=None, algo: str = "auto"):
+        self.kind, self.comm, self.algo = kind, comm, algo
 
     def all_gather(self, x):
         if self.kind == "symnccl":
-            return snt.all_gather(x, self.comm)
+            return snt.all_gather(x, self.comm, algo=self.algo)
         return fc.all_gather_tensor_autograd(x, 0, dist.group.WORLD)
 
     def reduce_scatter(self, x):
         if self.kind == "symnccl":
-            return snt.reduce_scatter(x, self.comm)
+            return snt.reduce_scatter(x, self.comm, algo=self.algo)
         return fc.reduce_scatter_tensor_autograd(x, "sum", 0,
                                                  dist.group.WORLD)
 
@@ -98,7 +103,7 @@ def train(kind, args, rank, nranks, device, comm):
     dtype = getattr(torch, args.dtype)
     model = ParallelMLP(args.hidden, args.ffn, args.layers, rank, nranks,
                         dtype, seed=0).to(device)
-    coll = Collectives(kind, comm)
+    coll = Collectives(kind, comm, args.algo)
     fwd = model.forward
     if args.compile:
         fwd = torch.compile(model.forward, fullgraph=True)
@@ -137,6 +142,8 @@ def main():
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile(fullgraph=True) the forward")
+    p.add_argument("--algo", default="auto",
+                   help="symnccl's all_gather/reduce_scatter algorithm")
     p.add_argument("--json", default=None, help="write the results here")
     args = p.parse_args()
     rank = int(os.environ["RANK"])
@@ -157,6 +164,8 @@ def main():
     a, b = res["symnccl"]["losses"], res["torch.distributed"]["losses"]
     res["max_rel_diff"] = max(abs(x - y) / abs(y) for x, y in zip(a, b))
     res["args"] = vars(args) | {"nranks": nranks}
+    # the symnccl kernels that ran (NCCL's calls count as "nccl")
+    res["kernels"] = {k: v for k, v in comm.comm._launches().items() if v}
     if rank == 0:
         print(f"{'step':>5} {'symnccl':>12} {'torch.dist':>12}")
         for s in list(range(0, args.steps, 10)) + [args.steps - 1]:

@@ -33,30 +33,49 @@ def _check_curves(res, a, b):
     assert res[a]["step_ms"] > 0 and res[b]["step_ms"] > 0
 
 
+def _check_kernels(res, algo):
+    """algo's reduce_scatter and all_gather kernels ran (both directions
+    of every layer: the forward's and the other's backward); "auto" runs
+    NCCL for them."""
+    from symnccl import _C
+    ran = res["kernels"]
+    if algo == "auto":
+        assert "nccl" in ran, ran
+        return
+    for coll in ("reduce_scatter", "all_gather"):
+        name = _C.COLLECTIVE_KERNELS[coll][algo]
+        assert ran.get(name, 0) > 0, (name, ran)
+
+
 @ranks_param(1, 2)
-@pytest.mark.parametrize("compiled", [False, True],
-                         ids=["eager", "compiled"])
-def test_train_tp_torch_example(nranks, compiled, tmp_path):
+@pytest.mark.parametrize("compiled,algo", [
+    (False, "auto"), (True, "auto"), (False, "ll"), (True, "push")],
+    ids=["eager", "compiled", "eager-ll", "compiled-push"])
+def test_train_tp_torch_example(nranks, compiled, algo, tmp_path):
     pytest.importorskip("torch")
     out = tmp_path / "res.json"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
            f"--nproc-per-node={nranks}", "examples/train_tp_torch.py",
-           *SMALL, "--json", str(out)] + (["--compile"] if compiled else [])
+           *SMALL, "--algo", algo, "--json", str(out)] + \
+        (["--compile"] if compiled else [])
     _run(cmd, nranks)
     res = json.loads(out.read_text())
     assert res["args"]["nranks"] == nranks
     _check_curves(res, "symnccl", "torch.distributed")
+    _check_kernels(res, algo)
 
 
 @ranks_param(1, 2)
-def test_train_tp_jax_example(nranks, tmp_path):
+@pytest.mark.parametrize("algo", ["auto", "ll128"])
+def test_train_tp_jax_example(nranks, algo, tmp_path):
     pytest.importorskip("jax")
     out = tmp_path / "res.json"
-    _run([sys.executable, "examples/train_tp_jax.py", *SMALL, "--json",
-          str(out)], nranks)
+    _run([sys.executable, "examples/train_tp_jax.py", *SMALL, "--algo", algo,
+          "--json", str(out)], nranks)
     res = json.loads(out.read_text())
     assert res["args"]["devices"] == nranks
     _check_curves(res, "symnccl", "jax.lax")
+    _check_kernels(res, algo)
 
 
 @ranks_param(1, 2)
