@@ -268,28 +268,30 @@ def _(x, comm_id, algo):
 
 
 @torch.library.custom_op("symnccl::broadcast", mutates_args=())
-def _broadcast_op(x: torch.Tensor, comm_id: int, root: int) -> torch.Tensor:
+def _broadcast_op(x: torch.Tensor, comm_id: int, root: int,
+                  algo: str) -> torch.Tensor:
     out = _like(x)
-    get_communicator(comm_id).broadcast(x.contiguous(), root=root, out=out)
+    get_communicator(comm_id).broadcast(x.contiguous(), root=root, out=out,
+                                        algo=algo)
     return out
 
 
 @_broadcast_op.register_fake
-def _(x, comm_id, root):
+def _(x, comm_id, root, algo):
     return _like(x)
 
 
 @torch.library.custom_op("symnccl::reduce", mutates_args=())
-def _reduce_op(x: torch.Tensor, comm_id: int, root: int,
-               op: str) -> torch.Tensor:
+def _reduce_op(x: torch.Tensor, comm_id: int, root: int, op: str,
+               algo: str) -> torch.Tensor:
     out = _like(x)
     get_communicator(comm_id).reduce(x.contiguous(), root=root, out=out,
-                                     op=op)
+                                     op=op, algo=algo)
     return out
 
 
 @_reduce_op.register_fake
-def _(x, comm_id, root, op):
+def _(x, comm_id, root, op, algo):
     return _like(x)
 
 
@@ -363,20 +365,22 @@ def _backward_all_gather(ctx, grad):
     return g.reshape(ctx.shape), None, None
 
 
-def _setup_rooted(ctx, inputs, output):
-    ctx.cid, ctx.root = inputs[1], inputs[2]
+# broadcast and reduce are each other's transpose, and take the same
+# algorithms: the backward runs on the forward's.
+def _setup_broadcast(ctx, inputs, output):
+    _, ctx.cid, ctx.root, ctx.algo = inputs
 
 
 def _backward_broadcast(ctx, grad):
     # the sum of every rank's gradient, on the root; nothing elsewhere
-    g = _ops.reduce(grad, ctx.cid, ctx.root, "sum")
+    g = _ops.reduce(grad, ctx.cid, ctx.root, "sum", ctx.algo)
     if get_communicator(ctx.cid).rank != ctx.root:
         g = torch.zeros_like(g)
-    return g, None, None
+    return g, None, None, None
 
 
 def _setup_reduce(ctx, inputs, output):
-    _, ctx.cid, ctx.root, ctx.op = inputs
+    _, ctx.cid, ctx.root, ctx.op, ctx.algo = inputs
 
 
 def _backward_reduce(ctx, grad):
@@ -384,10 +388,10 @@ def _backward_reduce(ctx, grad):
         raise _no_gradient("reduce", ctx.op)
     # the root's gradient reaches every rank; other ranks' outputs are not
     # results, so their gradients do not count
-    g = _ops.broadcast(grad, ctx.cid, ctx.root)
+    g = _ops.broadcast(grad, ctx.cid, ctx.root, ctx.algo)
     if ctx.op == "avg":
         g = g / _nranks(ctx.cid)
-    return g, None, None, None
+    return g, None, None, None, None
 
 
 _all_reduce_op.register_autograd(_backward_all_reduce,
@@ -397,7 +401,7 @@ _reduce_scatter_op.register_autograd(_backward_reduce_scatter,
 _all_gather_op.register_autograd(_backward_all_gather,
                                  setup_context=_setup_all_gather)
 _broadcast_op.register_autograd(_backward_broadcast,
-                                setup_context=_setup_rooted)
+                                setup_context=_setup_broadcast)
 _reduce_op.register_autograd(_backward_reduce, setup_context=_setup_reduce)
 
 
@@ -465,25 +469,30 @@ def all_gather(x: torch.Tensor, comm, algo: str = "auto") -> torch.Tensor:
     return _ops.all_gather(x, comm_id(comm), algo)
 
 
-def broadcast(x: torch.Tensor, comm, root: int = 0) -> torch.Tensor:
+def broadcast(x: torch.Tensor, comm, root: int = 0,
+              algo: str = "auto") -> torch.Tensor:
     """Root's x on every rank, as a new tensor. Backward: the sum of the
-    gradients reaches the root's x; other ranks' x get zeros.
+    gradients reaches the root's x (a reduce on the same algo); other
+    ranks' x get zeros. algo: "one_shot" runs symnccl's kernel, "auto" and
+    "nccl" NCCL.
 
     Example::
 
         w = symnccl.torch.broadcast(w, comm, root=0)
     """
-    return _ops.broadcast(x, comm_id(comm), root)
+    return _ops.broadcast(x, comm_id(comm), root, algo)
 
 
-def reduce(x: torch.Tensor, comm, root: int = 0,
-           op: str = "sum") -> torch.Tensor:
+def reduce(x: torch.Tensor, comm, root: int = 0, op: str = "sum",
+           algo: str = "auto") -> torch.Tensor:
     """The reduction of every rank's x, on root (a new tensor; on other
     ranks its contents are unspecified, as torch.distributed.reduce
-    leaves them). Backward (sum, avg): the root's gradient, broadcast.
+    leaves them). Backward (sum, avg): the root's gradient, broadcast on
+    the same algo. algo: "one_shot" runs symnccl's kernel (the bits of
+    all_reduce), "auto" and "nccl" NCCL.
 
     Example::
 
-        total = symnccl.torch.reduce(loss, comm, root=0)
+        total = symnccl.torch.reduce(loss, comm, root=0, algo="one_shot")
     """
-    return _ops.reduce(x, comm_id(comm), root, op)
+    return _ops.reduce(x, comm_id(comm), root, op, algo)

@@ -26,8 +26,8 @@ def test_custom_ops_are_registered_with_fake_kernels():
         assert ops.reduce_scatter(x, cid, "sum", "auto").shape == (2, 3)
         assert ops.all_gather(x, cid, "auto").shape == (32, 3)
         assert ops.all_gather(torch.empty(()), cid, "auto").shape == (4,)
-        assert ops.broadcast(x, cid, 1).shape == (8, 3)
-        assert ops.reduce(x, cid, 0, "sum").shape == (8, 3)
+        assert ops.broadcast(x, cid, 1, "auto").shape == (8, 3)
+        assert ops.reduce(x, cid, 0, "sum", "one_shot").shape == (8, 3)
         with pytest.raises(ValueError, match="multiple of nranks \\(4\\)"):
             ops.reduce_scatter(torch.empty(6, 3), cid, "sum", "auto")
 
@@ -45,8 +45,8 @@ def test_every_op_has_an_autograd_formula():
         "reduce_scatter": lambda x: ops.reduce_scatter(x, cid, "sum",
                                                        "auto"),
         "all_gather": lambda x: ops.all_gather(x, cid, "auto"),
-        "broadcast": lambda x: ops.broadcast(x, cid, 0),
-        "reduce": lambda x: ops.reduce(x, cid, 0, "sum"),
+        "broadcast": lambda x: ops.broadcast(x, cid, 0, "one_shot"),
+        "reduce": lambda x: ops.reduce(x, cid, 0, "sum", "auto"),
     }
     transposed = {"all_reduce": "all_reduce", "reduce_scatter": "all_gather",
                   "all_gather": "reduce_scatter", "broadcast": "reduce",
@@ -69,7 +69,7 @@ def test_every_op_has_an_autograd_formula():
             ("all_reduce", lambda x: ops.all_reduce(x, cid, "prod", "ll")),
             ("reduce_scatter",
              lambda x: ops.reduce_scatter(x, cid, "prod", "auto")),
-            ("reduce", lambda x: ops.reduce(x, cid, 0, "max"))):
+            ("reduce", lambda x: ops.reduce(x, cid, 0, "max", "auto"))):
         x = torch.empty(8, 3, requires_grad=True)
         with pytest.raises(NotImplementedError, match=f"{name}: op"):
             make_fx(fwd_bwd(f), tracing_mode="fake")(x)
@@ -110,16 +110,29 @@ def test_torch_bootstrap_eager_compile_and_graph(nranks):
 def test_gradients_equal_torch_distributed(nranks):
     """Forward values and gradients of every op equal torch.distributed's
     differentiable collectives on the same random inputs and upstream
-    gradients (float32 and bfloat16); the backward ran symnccl's kernels:
-    all_reduce(algo="ll") launches ll in both passes."""
+    gradients (float32 and bfloat16); with a symnccl algo both passes ran
+    its kernels: the forward's and its transpose's, once each."""
     from _workers import autograd as A
     res = spawn(A.differentiable_ops, nranks, args=(free_port(), 7),
                 timeout=600)
+    kernels = {  # case -> the launches of its forward and backward
+        "all_reduce sum ll": {"ll": 2},
+        "reduce_scatter sum push": {"push_reduce_scatter": 1,
+                                    "push_all_gather": 1},
+        "all_gather ll": {"ll_all_gather": 1, "ll_reduce_scatter": 1},
+        "broadcast one_shot": {"one_shot_broadcast": 1,
+                               "one_shot_reduce": 1},
+        "reduce one_shot": {"one_shot_reduce": 1, "one_shot_broadcast": 1},
+    }
+    seen = set()
     for rank, rows in enumerate(res):
         for case, dy, dx, tol, ran in rows:
             assert dy <= tol and dx <= tol, (rank, case, dy, dx, tol)
-            if case.startswith("all_reduce sum ll"):
-                assert ran == {"ll": 2}, (case, ran)
+            name = case.rsplit(" ", 1)[0]   # less the dtype
+            if name in kernels:
+                seen.add(name)
+                assert ran == kernels[name], (case, ran)
+    assert seen == set(kernels), seen
 
 
 @ranks_param(1, 2)

@@ -77,11 +77,23 @@ def differentiable_ops(rank, nranks, uid, port, seed):
         ("reduce_scatter max", lambda t: snt.reduce_scatter(t, comm,
                                                             op="max"),
          theirs_rs_max, (n * 65,)),
+        ("reduce_scatter sum push",
+         lambda t: snt.reduce_scatter(t, comm, algo="push"),
+         lambda t: fc.reduce_scatter_tensor_autograd(t, "sum", 0, group),
+         (n * 129, 7)),
         ("all_gather", lambda t: snt.all_gather(t, comm),
+         lambda t: fc.all_gather_tensor_autograd(t, 0, group), (131, 3)),
+        ("all_gather ll", lambda t: snt.all_gather(t, comm, algo="ll"),
          lambda t: fc.all_gather_tensor_autograd(t, 0, group), (131, 3)),
         ("broadcast root=last", lambda t: snt.broadcast(t, comm, root=n - 1),
          lambda t: dnn.broadcast(t, src=n - 1), (1031,)),
+        ("broadcast one_shot",
+         lambda t: snt.broadcast(t, comm, root=n - 1, algo="one_shot"),
+         lambda t: dnn.broadcast(t, src=n - 1), (1031,)),
         ("reduce root=0", lambda t: snt.reduce(t, comm, root=0),
+         lambda t: dnn.reduce(t, dst=0), (1031,)),
+        ("reduce one_shot",
+         lambda t: snt.reduce(t, comm, root=0, algo="one_shot"),
          lambda t: dnn.reduce(t, dst=0), (1031,)),
     ]
     for dtype in (torch.float32, torch.bfloat16):
@@ -97,7 +109,7 @@ def differentiable_ops(rank, nranks, uid, port, seed):
             torch.cuda.synchronize()
             after = comm.comm._launches()
             y2, dx2 = _grad(theirs, x, gy_of)
-            if name.startswith("reduce root"):   # only the root's result
+            if name.startswith("reduce "):   # only the root's result
                 if rank != 0:
                     y1, y2 = y1[:0], y2[:0]
             dy, tol = _close(y1, y2, dtype)
