@@ -668,32 +668,17 @@ registry_args(PyObject *args, const char *fmt, int *algo,
 static PyObject *
 comm_algo_unavailable(CommObject *self, PyObject *args)
 {
-    int algo, coll = -1;
+    int algo;
     const sn_dtype *dt;
     const sn_op *op;
-    const char *a, *d, *o = "sum", *cname = "all_reduce";
+    const char *a, *d, *o = "sum", *cname = "all_reduce", *why;
     if (!PyArg_ParseTuple(args, "ss|ss:_algo_unavailable", &a, &d, &o,
                           &cname) ||
         sn_registry_lookup(a, d, o, &algo, &dt, &op) < 0)
         return NULL;
-    for (int i = 0; i < SYMNCCL_COLL_COUNT; i++)
-        if (strcmp(cname, sn_collective_name(i)) == 0)
-            coll = i;
-    if (coll != SYMNCCL_COLL_ALL_REDUCE &&
-        coll != SYMNCCL_COLL_REDUCE_SCATTER &&
-        coll != SYMNCCL_COLL_ALL_GATHER && coll != SYMNCCL_COLL_REDUCE &&
-        coll != SYMNCCL_COLL_BROADCAST) {
-        PyErr_Format(PyExc_ValueError, "unknown collective '%s': expected "
-                     "all_reduce, reduce_scatter, all_gather, reduce or "
-                     "broadcast", cname);
-        return NULL;
-    }
-    if (algo == SN_ALGO_AUTO)
-        Py_RETURN_NONE;
     const sn_topology t = sn_topology_of(self);
-    const char *why = coll == SYMNCCL_COLL_ALL_REDUCE
-                          ? sn_algo_unavailable(&t, algo, dt, op)
-                          : sn_collective_unavailable(&t, coll, algo, dt, op);
+    if (sn_call_unavailable(&t, cname, algo, dt, op, &why) < 0)
+        return NULL;
     return why == NULL ? Py_NewRef(Py_None) : PyUnicode_FromString(why);
 }
 

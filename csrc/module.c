@@ -285,24 +285,25 @@ topology_from_dict(PyObject *d, sn_topology *t)
     return 0;
 }
 
-/* _algo_unavailable_for(topology, algo, dtype, op) -> why not, or None:
- * the registry's decision for a communicator of that topology (a dict of
- * sn_topology's fields), without a GPU (testing). */
+/* _algo_unavailable_for(topology, algo, dtype, op, collective=
+ * "all_reduce") -> why not, or None: the registry's decision for a
+ * communicator of that topology (a dict of sn_topology's fields), without
+ * a GPU (testing). */
 static PyObject *
 py_algo_unavailable_for(PyObject *module, PyObject *args)
 {
     PyObject *topo;
-    const char *a, *d, *o;
+    const char *a, *d, *o, *cname = "all_reduce", *why;
     sn_topology t;
     int algo;
     const sn_dtype *dt;
     const sn_op *op;
-    if (!PyArg_ParseTuple(args, "O!sss", &PyDict_Type, &topo, &a, &d, &o) ||
+    if (!PyArg_ParseTuple(args, "O!sss|s", &PyDict_Type, &topo, &a, &d, &o,
+                          &cname) ||
         topology_from_dict(topo, &t) < 0 ||
-        sn_registry_lookup(a, d, o, &algo, &dt, &op) < 0)
+        sn_registry_lookup(a, d, o, &algo, &dt, &op) < 0 ||
+        sn_call_unavailable(&t, cname, algo, dt, op, &why) < 0)
         return NULL;
-    const char *why = algo == SN_ALGO_AUTO
-                          ? NULL : sn_algo_unavailable(&t, algo, dt, op);
     return why == NULL ? Py_NewRef(Py_None) : PyUnicode_FromString(why);
 }
 
@@ -361,7 +362,8 @@ static PyMethodDef sn_methods[] = {
     {"_dtype_info", py_dtype_info, METH_O,
      "_dtype_info(spec) -> (name, DLPack code, bits, itemsize)"},
     {"_algo_unavailable_for", py_algo_unavailable_for, METH_VARARGS,
-     "_algo_unavailable_for(topology, algo, dtype, op) -> why algo cannot "
+     "_algo_unavailable_for(topology, algo, dtype, op, collective="
+     "'all_reduce') -> why algo cannot "
      "run on a communicator of that topology, or None (testing)"},
     {"_auto_algo_for", py_auto_algo_for, METH_VARARGS,
      "_auto_algo_for(topology, nbytes, dtype, op, in_window) -> the "

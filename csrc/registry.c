@@ -263,6 +263,30 @@ sn_collective_unavailable(const sn_topology *t, int collective, int algo,
     return sn_algo_unavailable(t, algo, dt, op);
 }
 
+int
+sn_call_unavailable(const sn_topology *t, const char *cname, int algo,
+                    const sn_dtype *dt, const sn_op *op, const char **why)
+{
+    int coll = -1;
+    for (int i = 0; i < SYMNCCL_COLL_COUNT; i++)
+        if (strcmp(cname, sn_collective_name(i)) == 0)
+            coll = i;
+    if (coll != SYMNCCL_COLL_ALL_REDUCE &&
+        coll != SYMNCCL_COLL_REDUCE_SCATTER &&
+        coll != SYMNCCL_COLL_ALL_GATHER && coll != SYMNCCL_COLL_REDUCE &&
+        coll != SYMNCCL_COLL_BROADCAST) {
+        PyErr_Format(PyExc_ValueError, "unknown collective '%s': expected "
+                     "all_reduce, reduce_scatter, all_gather, reduce or "
+                     "broadcast", cname);
+        return -1;
+    }
+    *why = algo == SN_ALGO_AUTO ? NULL
+           : coll == SYMNCCL_COLL_ALL_REDUCE
+               ? sn_algo_unavailable(t, algo, dt, op)
+               : sn_collective_unavailable(t, coll, algo, dt, op);
+    return 0;
+}
+
 /* ------------------------------------------------------------------ */
 /* Lookups. */
 

@@ -170,6 +170,13 @@ int sn_collective_kernel(int collective, int algo);
 const char *sn_collective_unavailable(const sn_topology *t, int collective,
                                       int algo, const sn_dtype *dt,
                                       const sn_op *op);
+/* The answer of algo_supported(): *why = NULL when `algo` ("auto"
+ * included) can run collective `cname` (all_reduce, reduce_scatter,
+ * all_gather, reduce or broadcast) with dt/op on topology t, else why not;
+ * -1 with ValueError for another name. */
+int sn_call_unavailable(const sn_topology *t, const char *cname, int algo,
+                        const sn_dtype *dt, const sn_op *op,
+                        const char **why);
 /* Why `algo` cannot run dtype/op on a communicator of topology t, or
  * NULL. */
 const char *sn_algo_unavailable(const sn_topology *t, int algo,

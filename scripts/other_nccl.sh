@@ -6,11 +6,11 @@
 # fit one device call's carry limit (64 MiB).
 #
 #   here:   SYMNCCL_CUDA_ARCHS=90 python3 setup.py build_ext --inplace
-#           bash scripts/other_nccl.sh prep          # out/nccl-p1 .. p8
+#           bash scripts/other_nccl.sh prep          # out-nccl/p1 .. p8
 #   device (back to back: the machine keeps /tmp only while warm, 30 s):
-#           run carry ["symnccl/_C.abi3.so", "out/nccl-p1"]:
+#           run carry ["symnccl/_C.abi3.so", "out-nccl/p1"]:
 #               bash scripts/other_nccl.sh take 1
-#           run carry ["out/nccl-p2"]: bash scripts/other_nccl.sh take 2
+#           run carry ["out-nccl/p2"]: bash scripts/other_nccl.sh take 2
 #           ... up to p8, then
 #           run: bash scripts/other_nccl.sh check    # ~3 min on 1 GPU
 # `check` runs, for each minor, in a process that does not import torch:
@@ -25,7 +25,7 @@ ACC=/tmp/symnccl-nccl-parts
 
 case "${1:-}" in
 prep)
-  rm -rf out/nccl-p*
+  rm -rf out-nccl
   k=0
   for v in $MINORS; do
     lib="$CACHE/2.$v/nvidia/nccl/lib/libnccl.so.2"
@@ -35,12 +35,12 @@ prep)
     gzip -1 -c "$lib" > "/tmp/n$v.gz" &&
       split -n 4 -d "/tmp/n$v.gz" "/tmp/n$v.part." && rm "/tmp/n$v.gz"
     for f in /tmp/n$v.part.*; do
-      k=$((k + 1)); mkdir -p "out/nccl-p$k"; mv "$f" "out/nccl-p$k/"
+      k=$((k + 1)); mkdir -p "out-nccl/p$k"; mv "$f" "out-nccl/p$k/"
     done
   done
-  du -sh out/nccl-p* ;;
+  du -sh out-nccl/p* ;;
 take)
-  mkdir -p "$ACC" && cp "out/nccl-p$2"/* "$ACC"/ && ls "$ACC" ;;
+  mkdir -p "$ACC" && cp "out-nccl/p$2"/* "$ACC"/ && ls "$ACC" ;;
 check)
   export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
   for v in $MINORS; do

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What a 2-GPU device session must run to close the open measurements
-# (issues 15, 17, 19; benchmarks/NOTES.md 18-21), one stage per device call
+# (issues 15-19; benchmarks/NOTES.md 18-28), one stage per device call
 # (each fits the 10-minute limit). out/ is git-ignored and travels with
 # carry ["out"].
 #
@@ -8,9 +8,12 @@
 #   device: STAGE=build  bash scripts/two_gpu_session.sh   # ~1 min
 #           STAGE=tests  bash scripts/two_gpu_session.sh   # GPU tier + selftest
 #           STAGE=ab     bash scripts/two_gpu_session.sh   # old / prefault / new
-#           STAGE=bench  bash scripts/two_gpu_session.sh   # anchors, steps, examples
+#           STAGE=bench  bash scripts/two_gpu_session.sh   # anchors, steps
+#           STAGE=collectives ...   # RS/AG/bcast/reduce, graph and eager
+#           STAGE=examples    ...   # training examples, auto and ll128
 # The machine keeps its files only while warm (30 s): run the stages back
-# to back, or STAGE=build again first.
+# to back, or STAGE=build again first. NCCL 2.29 and 2.30 on 2 GPUs (issue
+# 18): scripts/other_nccl.sh (prep here, take 1..8 and check there).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/symnccl-out}
@@ -57,16 +60,21 @@ ab)
 bench)
   timeout 240 python3 benchmarks/bench_allreduce.py --nranks 2 \
     --dtype bfloat16 --out "$OUT/h200x2_bfloat16.json" 2>&1 | tail -20
+  timeout 150 python3 benchmarks/bench_step.py --nranks 2 \
+    --out "$OUT/step_h200x2_bfloat16.json" 2>&1 | tail -10 ;;
+collectives)
   for mode in "" --eager; do
-    timeout 120 python3 benchmarks/bench_collectives.py --nranks 2 $mode \
+    timeout 200 python3 benchmarks/bench_collectives.py --nranks 2 $mode \
       --out "$OUT/collectives_h200x2_bfloat16${mode:+_eager}.json" 2>&1 |
       tail -24
-  done
-  timeout 150 python3 benchmarks/bench_step.py --nranks 2 \
-    --out "$OUT/step_h200x2_bfloat16.json" 2>&1 | tail -10
-  timeout 100 torchrun --standalone --nproc-per-node 2 \
-    examples/train_tp_torch.py 2>&1 | tail -8
-  timeout 80 python3 examples/train_tp_jax.py 2>&1 | tail -6 ;;
+  done ;;
+examples)
+  for algo in auto ll128; do
+    timeout 100 torchrun --standalone --nproc-per-node 2 \
+      examples/train_tp_torch.py --algo $algo 2>&1 | tail -8
+    timeout 80 python3 examples/train_tp_jax.py --algo $algo 2>&1 | tail -6
+  done ;;
 *)
-  echo "usage: $0 prep | STAGE=build|tests|ab|bench $0"; exit 2 ;;
+  echo "usage: $0 prep | STAGE=build|tests|ab|bench|collectives|examples" \
+    "$0"; exit 2 ;;
 esac

@@ -630,6 +630,34 @@ def test_kernel_algorithms_need_the_device_api_nvlink_and_a_kernel_dtype():
     assert gate(dict(TOPO_2, symmetric=0), "nccl", "uint8", "prod") is None
 
 
+def test_each_collective_takes_the_algorithms_with_a_kernel_for_it():
+    """reduce_scatter, all_gather, reduce and broadcast: nccl and the
+    algorithms COLLECTIVE_KERNELS lists run (a refusal names exactly
+    those), under the same topology, dtype and op gates as all_reduce's
+    kernels; all_gather and broadcast move bytes, so every dtype."""
+    gate = _C._algo_unavailable_for
+    for coll, kernels in _C.COLLECTIVE_KERNELS.items():
+        others = ", ".join(list(kernels) + ["nccl"])
+        for algo in _C.ALGORITHMS:
+            why = gate(TOPO_2, algo, "float32", "sum", coll)
+            if algo == "nccl" or algo in kernels:
+                assert why is None, (coll, algo, why)
+            else:
+                assert why == ("no kernel of this algorithm runs this "
+                               f"collective (those that do: {others})"), why
+        for algo in kernels:
+            assert "NVLink" in gate(dict(TOPO_2, lsa_size=1), algo,
+                                    "float32", "sum", coll)
+            bytes_only = coll in ("all_gather", "broadcast")
+            assert (gate(TOPO_2, algo, "uint8", "prod", coll) is None) == \
+                bytes_only, (coll, algo)
+    assert "push region" in gate(dict(TOPO_2, push=0), "push", "float32",
+                                 "sum", "reduce_scatter")
+    assert gate(TOPO_2, "auto", "uint8", "prod", "reduce") is None
+    with pytest.raises(ValueError, match="unknown collective 'barrier'"):
+        gate(TOPO_2, "ll", "float32", "sum", "barrier")
+
+
 @pytest.mark.parametrize("nranks,nbytes,in_window,algo", [
     (2, 4096, True, "ll"), (2, 64 << 10, False, "ll"),
     (2, 256 << 10, True, "ll128"), (2, 1 << 20, False, "ll128"),
