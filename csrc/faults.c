@@ -28,10 +28,6 @@ typedef struct {
 } fault_host;
 
 #define NAME_(id, name) name,
-static const char *const kernel_names[SYMNCCL_K_COUNT + 1] = {
-    SYMNCCL_KERNELS(NAME_) "nccl"};
-static const char *const collective_names[SYMNCCL_COLL_COUNT] = {
-    SYMNCCL_COLLECTIVES(NAME_)};
 static const char *const fault_names[SYMNCCL_FAULT_COUNT] = {
     SYMNCCL_FAULTS(NAME_)};
 static const char *const wait_names[SYMNCCL_WAIT_COUNT] = {
@@ -42,18 +38,6 @@ static const char *
 name_of(const char *const *names, int count, int i)
 {
     return i >= 0 && i < count ? names[i] : "?";
-}
-
-const char *
-sn_kernel_name(int kernel)
-{
-    return name_of(kernel_names, SYMNCCL_K_COUNT + 1, kernel);
-}
-
-const char *
-sn_collective_name(int collective)
-{
-    return name_of(collective_names, SYMNCCL_COLL_COUNT, collective);
 }
 
 static void fault_track(symnccl_fault *rec, int on);
@@ -168,10 +152,8 @@ void
 sn_fault_describe(const CommObject *c, char *buf, size_t size)
 {
     const symnccl_fault *f = &c->failure;
-    const char *coll = name_of(collective_names, SYMNCCL_COLL_COUNT,
-                               f->collective);
-    const char *kernel = name_of(kernel_names, SYMNCCL_K_COUNT + 1,
-                                 f->kernel);
+    const char *coll = sn_collective_name(f->collective);
+    const char *kernel = sn_kernel_name(f->kernel);
     const double waited = (double)f->waited_ns * 1e-9;
     char where[160], what[400];
     snprintf(where, sizeof(where), "%s (%s%s) on rank %d of %d (cuda:%d)",
@@ -220,9 +202,8 @@ sn_fault_dict(CommObject *c)
     return Py_BuildValue(
         "{s:s,s:s,s:s,s:N,s:d,s:i,s:K,s:s}",
         "reason", name_of(fault_names, SYMNCCL_FAULT_COUNT, (int)f->reason),
-        "collective", name_of(collective_names, SYMNCCL_COLL_COUNT,
-                              f->collective),
-        "kernel", name_of(kernel_names, SYMNCCL_K_COUNT + 1, f->kernel),
+        "collective", sn_collective_name(f->collective),
+        "kernel", sn_kernel_name(f->kernel),
         "rank", rank, "waited", (double)f->waited_ns * 1e-9, "cta", f->cta,
         "flag", (unsigned long long)f->flag, "message", msg);
 }
@@ -335,7 +316,7 @@ sn_fault_wait_nccl(SNState *st, CommObject *c, int collective)
             return 0;
         if (c->stop) {
             PyErr_Format(PyExc_RuntimeError, "%s on rank %d was interrupted "
-                         "by abort()", collective_names[collective], c->rank);
+                         "by abort()", sn_collective_name(collective), c->rank);
             return -1;
         }
         if (PyErr_CheckSignals() < 0)

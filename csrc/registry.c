@@ -114,10 +114,26 @@ sn_collective_kernel(int collective, int algo)
     return -1;
 }
 
-#define KERNEL_NAME_(id, name) name,
-static const char *const kernel_names[SYMNCCL_K_COUNT] = {
-    SYMNCCL_KERNELS(KERNEL_NAME_)};
-#undef KERNEL_NAME_
+#define NAME_(id, name) name,
+static const char *const kernel_names[SYMNCCL_K_COUNT + 1] = {
+    SYMNCCL_KERNELS(NAME_) "nccl"};
+static const char *const collective_names[SYMNCCL_COLL_COUNT] = {
+    SYMNCCL_COLLECTIVES(NAME_)};
+#undef NAME_
+
+const char *
+sn_kernel_name(int kernel)
+{
+    return kernel >= 0 && kernel <= SYMNCCL_K_COUNT ? kernel_names[kernel]
+                                                    : "?";
+}
+
+const char *
+sn_collective_name(int collective)
+{
+    return collective >= 0 && collective < SYMNCCL_COLL_COUNT
+               ? collective_names[collective] : "?";
+}
 
 /* What the multicast kernel reduces in the NVSwitch (multimem.ld_reduce):
  * fp32 adds only; the fp8 forms need sm_100a targets and are not built. */
@@ -606,11 +622,7 @@ sn_registry_export(PyObject *module)
      * reduce_scatter, all_gather, reduce and broadcast */
     PyObject *ck = PyDict_New();
     for (size_t i = 0; ck != NULL && i < N_COLL_KERNELS; i++) {
-#define COLL_NAME_(id, name) name,
-        static const char *const coll_names[] = {
-            SYMNCCL_COLLECTIVES(COLL_NAME_)};
-#undef COLL_NAME_
-        const char *cname = coll_names[coll_kernels[i].collective];
+        const char *cname = collective_names[coll_kernels[i].collective];
         PyObject *d = PyDict_GetItemString(ck, cname);   /* borrowed */
         if (d == NULL) {
             d = PyDict_New();

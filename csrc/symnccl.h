@@ -170,6 +170,10 @@ int sn_collective_kernel(int collective, int algo);
 const char *sn_collective_unavailable(const sn_topology *t, int collective,
                                       int algo, const sn_dtype *dt,
                                       const sn_op *op);
+/* Names: a SYMNCCL_K_* kernel (SYMNCCL_K_COUNT: "nccl"), a
+ * SYMNCCL_COLL_* collective; "?" for anything else. */
+const char *sn_kernel_name(int kernel);
+const char *sn_collective_name(int collective);
 /* The answer of algo_supported(): *why = NULL when `algo` ("auto"
  * included) can run collective `cname` (all_reduce, reduce_scatter,
  * all_gather, reduce or broadcast) with dt/op on topology t, else why not;
@@ -367,10 +371,6 @@ PyObject *sn_layout_dict(const struct CommObject *c);
 /* faults.c: a communicator's failure record, the checks that raise from
  * it, and the first steps of an abort (docs/ARCHITECTURE.md, "Failures"). */
 
-/* Names: a SYMNCCL_K_* kernel (SYMNCCL_K_COUNT: "nccl"), a
- * SYMNCCL_COLL_* collective; "?" for anything else. */
-const char *sn_kernel_name(int kernel);
-const char *sn_collective_name(int collective);
 /* The record (mapped host memory), c's own stream and the NCCL watch
  * event; -1 with an exception. */
 int sn_fault_alloc(SNState *st, struct CommObject *c);

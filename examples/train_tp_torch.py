@@ -164,7 +164,8 @@ def main():
     a, b = res["symnccl"]["losses"], res["torch.distributed"]["losses"]
     res["max_rel_diff"] = max(abs(x - y) / abs(y) for x, y in zip(a, b))
     res["args"] = vars(args) | {"nranks": nranks}
-    # the symnccl kernels that ran (NCCL's calls count as "nccl")
+    # which of symnccl's kernels ran ("nccl": NCCL's calls), for the tests
+    # (a diagnostic hook, not API)
     res["kernels"] = {k: v for k, v in comm.comm._launches().items() if v}
     if rank == 0:
         print(f"{'step':>5} {'symnccl':>12} {'torch.dist':>12}")

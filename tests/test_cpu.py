@@ -515,6 +515,11 @@ def test_examples_use_only_the_public_api_that_exists():
     import ast
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     comm_api = set(dir(symnccl.Communicator))
+    # symnccl.torch.communicator() returns a wrapper that adds .comm (the
+    # wrapped Communicator) and .cid
+    comm_api |= {"comm", "cid"}
+    assert "self.comm = comm" in open(os.path.join(
+        root, "symnccl", "torch.py")).read()
     checked = 0
     for name in sorted(os.listdir(os.path.join(root, "examples"))):
         if not name.endswith(".py"):
