@@ -9,6 +9,7 @@ is its time minus that. Times: CUDA-graph replay of --iters steps, device
 events, median of --reps repeats.
 
     python benchmarks/bench_step.py --nranks 2
+    python benchmarks/bench_step.py --nranks 2 --sp-algo ll128
     python benchmarks/bench_step.py --report benchmarks/results/step_h200x2.json
 """
 from __future__ import annotations
@@ -40,15 +41,16 @@ def _time(fn, iters, reps, torch):
     return median_us(g.replay, iters, reps, torch)
 
 
-def _collectives(kind, comm, n, rank, torch, dist):
+def _collectives(kind, comm, n, rank, torch, dist, sp_algo="auto"):
     """(all_reduce, all_gather, reduce_scatter) out of place along dim 0,
-    differentiable, for `kind`."""
+    differentiable, for `kind`; symnccl's all_gather and reduce_scatter on
+    sp_algo."""
     import symnccl.torch as snt
     from torch.distributed import _functional_collectives as fc
     if kind == "symnccl":
         return (lambda x: snt.all_reduce(x, comm),
-                lambda x: snt.all_gather(x, comm),
-                lambda x: snt.reduce_scatter(x, comm))
+                lambda x: snt.all_gather(x, comm, algo=sp_algo),
+                lambda x: snt.reduce_scatter(x, comm, algo=sp_algo))
     if kind == "torch.distributed":
         def all_reduce(x):
             y = x.clone()
@@ -110,7 +112,8 @@ def worker(rank, nranks, uid, opts):
               for a, b in zip(w1, w2)]
         row = {"step": "train", "tokens": T}
         for kind in KINDS:
-            _, ag, rs = _collectives(kind, comm, n, rank, torch, dist)
+            _, ag, rs = _collectives(kind, comm, n, rank, torch, dist,
+                                     opts["sp_algo"])
 
             def step(ag=ag, rs=rs):
                 h = x
@@ -127,7 +130,9 @@ def worker(rank, nranks, uid, opts):
 
 def print_table(doc):
     print(f"# {doc['gpu']} x{doc['nranks']}, {doc['dtype']}, H={doc['hidden']}"
-          f", {doc['layers']} layers, CUDA graph, median us per step")
+          f", {doc['layers']} layers, training all_gather/reduce_scatter "
+          f"algo {doc.get('sp_algo', 'auto')}, CUDA graph, median us per "
+          "step")
     print(f"{'step':>6} {'T':>5} {'symnccl':>9} {'torch.d':>9} {'none':>9} "
           f"{'comm sym':>9} {'comm t.d':>9} {'ratio':>6}")
     for r in doc["rows"]:
@@ -149,6 +154,9 @@ def main(argv=None):
                    help="decode token counts")
     p.add_argument("--train-tokens", default="2048,8192",
                    help="sequence lengths of the training step")
+    p.add_argument("--sp-algo", default="auto",
+                   help="algorithm of symnccl's all_gather and "
+                        "reduce_scatter in the training step")
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--reps", type=int, default=7)
     add_results_args(p)
@@ -162,11 +170,13 @@ def main(argv=None):
     ints = lambda s: [int(v) for v in s.split(",") if v]  # noqa: E731
     opts = dict(dtype=args.dtype, hidden=args.hidden, layers=args.layers,
                 tokens=ints(args.tokens), train_tokens=ints(args.train_tokens),
-                iters=args.iters, reps=args.reps, port=free_port())
+                iters=args.iters, reps=args.reps, sp_algo=args.sp_algo,
+                port=free_port())
     res = spawn(worker, n, args=(opts,), timeout=1800)
     doc = run_info(n, torch.cuda.get_device_name(0), torch.__version__,
                    dtype=args.dtype, hidden=args.hidden, layers=args.layers,
-                   iters=args.iters, reps=args.reps, rows=res[0])
+                   sp_algo=args.sp_algo, iters=args.iters, reps=args.reps,
+                   rows=res[0])
     write_results(doc, "step_", args.out)
     print_table(doc)
     return 0

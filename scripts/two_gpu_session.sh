@@ -61,7 +61,10 @@ bench)
   timeout 240 python3 benchmarks/bench_allreduce.py --nranks 2 \
     --dtype bfloat16 --out "$OUT/h200x2_bfloat16.json" 2>&1 | tail -20
   timeout 150 python3 benchmarks/bench_step.py --nranks 2 \
-    --out "$OUT/step_h200x2_bfloat16.json" 2>&1 | tail -10 ;;
+    --out "$OUT/step_h200x2_bfloat16.json" 2>&1 | tail -10
+  timeout 120 python3 benchmarks/bench_step.py --nranks 2 --tokens 1 \
+    --sp-algo ll128 --out "$OUT/step_h200x2_bfloat16_ll128.json" 2>&1 |
+    tail -4 ;;
 collectives)
   for mode in "" --eager; do
     timeout 200 python3 benchmarks/bench_collectives.py --nranks 2 $mode \
