@@ -309,17 +309,20 @@ check_call(sn_call *k, int collective, size_t count, const sn_op *op,
 
 /* ------------------------------------------------------------------ */
 
-/* 1 if p lies in one of c's windows at an offset that is not a multiple
- * of 16 bytes. */
 /* reduce_scatter, all_gather, reduce, broadcast: the algorithm of a call,
- * or SN_ALGO_UNKNOWN with the exception set. "auto" is NCCL: no table is
- * measured for their kernels yet (benchmarks/NOTES.md, 26). */
+ * or SN_ALGO_UNKNOWN with the exception set. "auto": sn_collective_auto
+ * (NCCL unless SYMNCCL_ALGO names a kernel for the call). */
 static int
 collective_algo(sn_call *k, int collective, int algo, const sn_op *op)
 {
-    if (algo == SN_ALGO_AUTO || algo == SN_ALGO_NCCL)
-        return SN_ALGO_NCCL;
     const sn_topology topo = sn_topology_of(k->c);
+    if (algo == SN_ALGO_AUTO)   /* inside a group: NCCL's grouping */
+        return k->st->group_depth > 0
+                   ? SN_ALGO_NCCL
+                   : sn_collective_auto(&topo, &k->c->knobs, collective,
+                                        k->x.dtype, op);
+    if (algo == SN_ALGO_NCCL)
+        return SN_ALGO_NCCL;
     const char *why = sn_collective_unavailable(&topo, collective, algo,
                                                 k->x.dtype, op);
     if (why != NULL) {
@@ -338,6 +341,8 @@ collective_algo(sn_call *k, int collective, int algo, const sn_op *op)
     return algo;
 }
 
+/* 1 if p lies in one of c's windows at an offset that is not a multiple
+ * of 16 bytes. */
 static int
 misaligned_in_window(CommObject *c, const char *p)
 {

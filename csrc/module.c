@@ -307,29 +307,30 @@ py_algo_unavailable_for(PyObject *module, PyObject *args)
     return why == NULL ? Py_NewRef(Py_None) : PyUnicode_FromString(why);
 }
 
-/* _auto_algo_for(topology, nbytes, dtype, op, in_window) -> what
- * algo="auto" runs on a communicator of that topology, with the knobs of
- * this environment (testing). */
+/* _auto_algo_for(topology, nbytes, dtype, op, in_window, collective=
+ * "all_reduce") -> what algo="auto" runs on a communicator of that
+ * topology, with the knobs of this environment (testing). */
 static PyObject *
 py_auto_algo_for(PyObject *module, PyObject *args)
 {
     PyObject *topo;
     Py_ssize_t bytes;
-    const char *d, *o;
-    int in_window, algo;
+    const char *d, *o, *cname = "all_reduce";
+    int in_window, algo, coll;
     sn_topology t;
     sn_knobs k;
     const sn_dtype *dt;
     const sn_op *op;
-    if (!PyArg_ParseTuple(args, "O!nssp", &PyDict_Type, &topo, &bytes, &d,
-                          &o, &in_window) ||
+    if (!PyArg_ParseTuple(args, "O!nssp|s", &PyDict_Type, &topo, &bytes, &d,
+                          &o, &in_window, &cname) ||
         topology_from_dict(topo, &t) < 0 ||
         sn_registry_lookup("auto", d, o, &algo, &dt, &op) < 0 ||
-        sn_knobs_read(&k) < 0)
+        (coll = sn_collective_by_name(cname)) < 0 || sn_knobs_read(&k) < 0)
         return NULL;
-    return PyUnicode_FromString(
-        sn_algos[sn_auto_algo(&t, &k, (size_t)bytes, dt, op, in_window)]
-            .name);
+    algo = coll == SYMNCCL_COLL_ALL_REDUCE
+               ? sn_auto_algo(&t, &k, (size_t)bytes, dt, op, in_window)
+               : sn_collective_auto(&t, &k, coll, dt, op);
+    return PyUnicode_FromString(sn_algos[algo].name);
 }
 
 static PyMethodDef sn_methods[] = {
@@ -366,7 +367,8 @@ static PyMethodDef sn_methods[] = {
      "'all_reduce') -> why algo cannot "
      "run on a communicator of that topology, or None (testing)"},
     {"_auto_algo_for", py_auto_algo_for, METH_VARARGS,
-     "_auto_algo_for(topology, nbytes, dtype, op, in_window) -> the "
+     "_auto_algo_for(topology, nbytes, dtype, op, in_window, collective="
+     "'all_reduce') -> the "
      "algorithm algo='auto' runs there (testing)"},
     {"_xla_handler", sn_py_xla_handler, METH_VARARGS,
      "_xla_handler(collective='all_reduce') -> PyCapsule: the XLA FFI "

@@ -279,23 +279,43 @@ sn_collective_unavailable(const sn_topology *t, int collective, int algo,
     return sn_algo_unavailable(t, algo, dt, op);
 }
 
+/* algo="auto" of reduce_scatter, all_gather, reduce and broadcast: no
+ * table is measured for their kernels yet (benchmarks/NOTES.md, 26-27), so
+ * NCCL, unless SYMNCCL_ALGO names an algorithm that can run the call (as it
+ * overrides all_reduce's table). */
+int
+sn_collective_auto(const sn_topology *t, const sn_knobs *k, int collective,
+                   const sn_dtype *dt, const sn_op *op)
+{
+    if (k->algo >= 0 && k->algo != SN_ALGO_NCCL &&
+        sn_collective_unavailable(t, collective, k->algo, dt, op) == NULL)
+        return k->algo;
+    return SN_ALGO_NCCL;
+}
+
+int
+sn_collective_by_name(const char *cname)
+{
+    for (int i = 0; i < SYMNCCL_COLL_COUNT; i++)
+        if (strcmp(cname, collective_names[i]) == 0 &&
+            (i == SYMNCCL_COLL_ALL_REDUCE ||
+             i == SYMNCCL_COLL_REDUCE_SCATTER ||
+             i == SYMNCCL_COLL_ALL_GATHER || i == SYMNCCL_COLL_REDUCE ||
+             i == SYMNCCL_COLL_BROADCAST))
+            return i;
+    PyErr_Format(PyExc_ValueError, "unknown collective '%s': expected "
+                 "all_reduce, reduce_scatter, all_gather, reduce or "
+                 "broadcast", cname);
+    return -1;
+}
+
 int
 sn_call_unavailable(const sn_topology *t, const char *cname, int algo,
                     const sn_dtype *dt, const sn_op *op, const char **why)
 {
-    int coll = -1;
-    for (int i = 0; i < SYMNCCL_COLL_COUNT; i++)
-        if (strcmp(cname, sn_collective_name(i)) == 0)
-            coll = i;
-    if (coll != SYMNCCL_COLL_ALL_REDUCE &&
-        coll != SYMNCCL_COLL_REDUCE_SCATTER &&
-        coll != SYMNCCL_COLL_ALL_GATHER && coll != SYMNCCL_COLL_REDUCE &&
-        coll != SYMNCCL_COLL_BROADCAST) {
-        PyErr_Format(PyExc_ValueError, "unknown collective '%s': expected "
-                     "all_reduce, reduce_scatter, all_gather, reduce or "
-                     "broadcast", cname);
+    const int coll = sn_collective_by_name(cname);
+    if (coll < 0)
         return -1;
-    }
     *why = algo == SN_ALGO_AUTO ? NULL
            : coll == SYMNCCL_COLL_ALL_REDUCE
                ? sn_algo_unavailable(t, algo, dt, op)
@@ -692,8 +712,9 @@ sn_registry_export(PyObject *module)
         Py_XDECREF(v);
     }
     PyObject *algo_knob = Py_BuildValue("(ssss)", "auto", "", "",
-                                        "overrides algo='auto' where that "
-                                        "algorithm can run");
+                                        "overrides algo='auto' of every "
+                                        "collective where that algorithm "
+                                        "can run the call");
     if (kn != NULL &&
         (algo_knob == NULL ||
          PyDict_SetItemString(kn, "SYMNCCL_ALGO", algo_knob) < 0))

@@ -317,8 +317,8 @@ all_reduce(const XLA_FFI_Api *api, XLA_FFI_CallFrame *call, CommObject *c,
 
 /* reduce-scatter and all-gather of one call, on c (entered): on
  * symnccl's kernels for algo ll, ll128 or push (straight from XLA's operand
- * into its result), else on NCCL ("auto" is NCCL for these, as for the
- * Communicator methods, until their tables are measured). */
+ * into its result), else on NCCL; "auto" as for the Communicator methods
+ * (sn_collective_auto). */
 static XLA_FFI_Error *
 slice_collective(const XLA_FFI_Api *api, XLA_FFI_CallFrame *call,
                  CommObject *c, int collective, const sn_dtype *dt,
@@ -345,10 +345,10 @@ slice_collective(const XLA_FFI_Api *api, XLA_FFI_CallFrame *call,
                  algo);
         return ffi_error(api, XLA_FFI_Error_Code_INVALID_ARGUMENT, msg);
     }
+    const sn_topology topo = sn_topology_of(c);
     if (algo == SN_ALGO_AUTO)
-        algo = SN_ALGO_NCCL;
-    if (algo != SN_ALGO_NCCL) {
-        const sn_topology topo = sn_topology_of(c);
+        algo = sn_collective_auto(&topo, &c->knobs, collective, dt, op);
+    else if (algo != SN_ALGO_NCCL) {
         const char *why = sn_collective_unavailable(&topo, collective, algo,
                                                     dt, op);
         if (why != NULL) {

@@ -705,6 +705,33 @@ def test_symnccl_algo_overrides_auto_where_it_can_run(monkeypatch):
         _C._auto_algo_for(TOPO_2, 4096, "bfloat16", "sum", True)
 
 
+def test_symnccl_algo_sets_the_auto_of_every_collective_it_can_run(
+        monkeypatch):
+    """reduce_scatter, all_gather, reduce and broadcast: "auto" is NCCL (no
+    table is measured for their kernels yet), or SYMNCCL_ALGO where that
+    algorithm has a kernel for the call."""
+    auto = _C._auto_algo_for
+    others = ("reduce_scatter", "all_gather", "reduce", "broadcast")
+    monkeypatch.delenv("SYMNCCL_ALGO", raising=False)
+    for coll in others:
+        assert auto(TOPO_2, 4096, "bfloat16", "sum", False, coll) == "nccl"
+    for knob in _C.ALGORITHMS:
+        monkeypatch.setenv("SYMNCCL_ALGO", knob)
+        for coll in others:
+            want = knob if knob in _C.COLLECTIVE_KERNELS[coll] else "nccl"
+            assert auto(TOPO_2, 1 << 20, "float32", "sum", True, coll) == \
+                want, (knob, coll)
+    monkeypatch.setenv("SYMNCCL_ALGO", "ll")
+    # the gates still hold: all_gather moves any dtype, reduce_scatter not
+    assert auto(TOPO_2, 64, "uint8", "sum", False, "all_gather") == "ll"
+    assert auto(TOPO_2, 64, "uint8", "sum", False, "reduce_scatter") == \
+        "nccl"
+    assert auto(dict(TOPO_2, lsa_size=1), 64, "float32", "sum", False,
+                "all_gather") == "nccl"
+    with pytest.raises(ValueError, match="unknown collective 'scatter'"):
+        auto(TOPO_2, 64, "float32", "sum", False, "scatter")
+
+
 def test_python_views_of_the_registry_agree_with_c():
     """What Python code keeps per dtype, op or algorithm covers exactly what
     the C registry declares."""

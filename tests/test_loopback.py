@@ -503,6 +503,40 @@ def test_reduce_scatter_and_all_gather_graph_replays(monkeypatch):
         _close(team)
 
 
+def test_symnccl_algo_sets_the_auto_of_the_collectives(monkeypatch):
+    """SYMNCCL_ALGO=push: reduce_scatter's and all_gather's "auto" run the
+    push kernels; reduce has none, so its auto stays NCCL (which a loopback
+    team refuses)."""
+    torch = _torch()
+    n, m = 2, 5003
+    team = _team(monkeypatch, n, {"SYMNCCL_ALGO": "push"})
+    streams = [torch.cuda.Stream() for _ in team]
+    try:
+        hs = [_check.make_input("float32", n * m, q, 3) for q in range(n)]
+        xs = [torch.from_numpy(h).cuda() for h in hs]
+        torch.cuda.synchronize()
+        parts = [c.reduce_scatter(x, stream=s)
+                 for c, s, x in zip(team, streams, xs)]
+        fulls = [c.all_gather(p, stream=s)
+                 for c, s, p in zip(team, streams, parts)]
+        torch.cuda.synchronize()
+        blocks = []
+        for q, p in enumerate(parts):
+            blocks.append(p.cpu().numpy())
+            assert _check.count_wrong(
+                blocks[q], "sum", [h[q * m:(q + 1) * m] for h in hs],
+                "float32") == 0, q
+        for f in fulls:
+            assert f.cpu().numpy().tobytes() == \
+                np.concatenate(blocks).tobytes()
+        assert all(r == {"push_reduce_scatter", "push_all_gather"}
+                   for r in _kernels_ran(team)), _kernels_ran(team)
+        with pytest.raises(RuntimeError, match="needs NCCL"):
+            team[0].reduce(xs[0], stream=streams[0])
+    finally:
+        _close(team)
+
+
 @pytest.mark.parametrize("nranks", [2, 3, 8])
 def test_stress_all_reduce_reduce_scatter_all_gather_share_the_slots(
         monkeypatch, nranks):
