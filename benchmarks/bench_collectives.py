@@ -3,10 +3,11 @@ torch.distributed, same run, one process per GPU (issue 16's baselines).
 
 Methods (each skipped with a printed reason where unavailable):
   symnccl          Communicator.<collective> on torch tensors (whatever
-                   algo="auto" runs: NCCL until a table is measured)
-  symnccl:ll,      reduce_scatter and all_gather on symnccl's packet
-  symnccl:ll128    kernels (algo="ll" / "ll128"), torch tensors
-  symnccl:push     ... on its store-only kernels (algo="push")
+                   algo="auto" runs)
+  symnccl:<algo>   each algorithm with a kernel for the collective
+                   (symnccl._C.COLLECTIVE_KERNELS): ll, ll128 and push
+                   for reduce_scatter and all_gather, one_shot for
+                   reduce and broadcast; torch tensors
   symnccl:window   the same as symnccl on SymmetricBuffers (NCCL's
                    symmetric kernels)
   torch.dist       reduce_scatter_tensor / all_gather_into_tensor /
@@ -33,7 +34,7 @@ from bench_allreduce import (  # noqa: E402
     write_results)
 
 COLLECTIVES = ("reduce_scatter", "all_gather", "broadcast", "reduce")
-SIZES = "8K,64K,1M,16M,64M"
+SIZES = "8K,16K,32K,64K,128K,256K,512K,1M,2M,4M,16M,64M"
 
 
 def _calls(coll, comm, dist, n, rank, xs, ys, algo="auto"):
@@ -46,8 +47,8 @@ def _calls(coll, comm, dist, n, rank, xs, ys, algo="auto"):
         if coll == "all_gather":
             return comm.all_gather(x, out=y, algo=algo)
         if coll == "broadcast":
-            return comm.broadcast(x, root=0, out=y)
-        return comm.reduce(x, root=0, out=y)
+            return comm.broadcast(x, root=0, out=y, algo=algo)
+        return comm.reduce(x, root=0, out=y, algo=algo)
 
     def td(i):   # broadcast and reduce in place on y, as torch has them
         x, y = xs[i % NBUF], ys[i % NBUF]
@@ -132,10 +133,9 @@ def worker(rank, nranks, uid, opts):
             # name -> (inputs, outputs, fn, output starts as the input)
             in_place = coll in ("broadcast", "reduce")
             methods = {"symnccl": (px, py, sym_p, False)}
-            if coll in ("reduce_scatter", "all_gather"):
-                for algo in ("ll", "ll128", "push"):
-                    fn, _ = _calls(coll, comm, dist, n, rank, px, py, algo)
-                    methods["symnccl:" + algo] = (px, py, fn, False)
+            for algo in symnccl._C.COLLECTIVE_KERNELS[coll]:
+                fn, _ = _calls(coll, comm, dist, n, rank, px, py, algo)
+                methods["symnccl:" + algo] = (px, py, fn, False)
             methods.update({"symnccl:window": (wx, wy, sym_w, False),
                             "torch.dist": (px, py, td, in_place)})
             row = {"collective": coll, "bytes": nbytes, "count_in": cin,
@@ -164,7 +164,7 @@ def worker(rank, nranks, uid, opts):
 
 
 METHODS = ("symnccl", "symnccl:ll", "symnccl:ll128", "symnccl:push",
-           "symnccl:window", "torch.dist")
+           "symnccl:one_shot", "symnccl:window", "torch.dist")
 
 
 def print_table(doc):

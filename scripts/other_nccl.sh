@@ -2,8 +2,9 @@
 # Run symnccl on the device machines with NCCL 2.29 and 2.30 (issue 18),
 # which have only the 2.28.9 of the torch venv installed. The libraries
 # come from setup.py's cache of the wheels it fetched for their headers
-# (~/.cache/symnccl/nccl/2.<minor>), gzipped and split into pieces that each
-# fit one device call's carry limit (64 MiB).
+# (~/.cache/symnccl/nccl/2.<minor>), gzipped and split into pieces of
+# PIECE_MB (default 40) so that one fits a device call's carry (64 MiB in
+# all) beside the module and the session's out/.
 #
 #   here:   SYMNCCL_CUDA_ARCHS=90 python3 setup.py build_ext --inplace
 #           bash scripts/other_nccl.sh prep          # out-nccl/p1 .. p8
@@ -11,11 +12,11 @@
 #           run carry ["symnccl/_C.abi3.so", "out-nccl/p1"]:
 #               bash scripts/other_nccl.sh take 1
 #           run carry ["out-nccl/p2"]: bash scripts/other_nccl.sh take 2
-#           ... up to p8, then
+#           ... up to the last piece (prep prints them), then
 #           run: bash scripts/other_nccl.sh check    # ~3 min on 1 GPU
 # `check` runs, for each minor, in a process that does not import torch:
 # the versions import reports and `python -m symnccl` (every rank the
-# machine has); then the loopback tier (tests/test_loopback.py, torch
+# machine has); then (LOOPBACK=0: not) the loopback tier (tests/test_loopback.py, torch
 # loaded after symnccl, LD_PRELOAD making that NCCL torch's as well).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -33,7 +34,8 @@ prep)
                             "including $v first"; exit 1; }
     sha256sum "$lib" | sed "s|$CACHE/||"
     gzip -1 -c "$lib" > "/tmp/n$v.gz" &&
-      split -n 4 -d "/tmp/n$v.gz" "/tmp/n$v.part." && rm "/tmp/n$v.gz"
+      split -b "${PIECE_MB:-40}M" -d "/tmp/n$v.gz" "/tmp/n$v.part." &&
+      rm "/tmp/n$v.gz"
     for f in /tmp/n$v.part.*; do
       k=$((k + 1)); mkdir -p "out-nccl/p$k"; mv "$f" "out-nccl/p$k/"
     done
@@ -54,6 +56,7 @@ v = symnccl.versions(); print(v['nccl_runtime'], v['nccl_library'], \
 C.nccl_device_api())"
     NCCL_HOME=$home timeout 300 python3 -m symnccl ${SELFTEST_ARGS:---quick} \
       2>&1 | tail -3
+    [ "${LOOPBACK:-1}" = 1 ] || continue
     LD_PRELOAD=$home/lib/libnccl.so.2 NCCL_HOME=$home timeout 200 \
       python3 -m pytest -q -p no:cacheprovider tests/test_loopback.py 2>&1 |
       tail -1

@@ -1,19 +1,21 @@
 #!/usr/bin/env bash
 # What a 2-GPU device session must run to close the open measurements
-# (issues 15-19; benchmarks/NOTES.md 18-28), one stage per device call
-# (each fits the 10-minute limit). out/ is git-ignored and travels with
-# carry ["out"].
+# (issues 15-19; benchmarks/NOTES.md 18-30). out/ is git-ignored and travels
+# with carry ["symnccl/_C.abi3.so", "out"]; device time goes to measuring,
+# not building: every build is made here.
 #
-#   here:   bash scripts/two_gpu_session.sh prep
-#   device: STAGE=build  bash scripts/two_gpu_session.sh   # ~1 min
-#           STAGE=tests  bash scripts/two_gpu_session.sh   # GPU tier + selftest
-#           STAGE=ab     bash scripts/two_gpu_session.sh   # old / prefault / new
-#           STAGE=bench  bash scripts/two_gpu_session.sh   # anchors, steps
-#           STAGE=collectives ...   # RS/AG/bcast/reduce, graph and eager
-#           STAGE=examples    ...   # training examples, auto and ll128
-# The machine keeps its files only while warm (30 s): run the stages back
-# to back, or STAGE=build again first. NCCL 2.29 and 2.30 on 2 GPUs (issue
-# 18): scripts/other_nccl.sh (prep here, take 1..8 and check there).
+#   here:   SYMNCCL_CUDA_ARCHS=90 python3 setup.py build_ext --inplace
+#           bash scripts/two_gpu_session.sh prep   # old and prefault built
+#                                                  # here too (~6 min)
+#   device: STAGE="tests collectives" bash scripts/two_gpu_session.sh
+#     stages: tests        GPU tier + self-check            (~6 min)
+#             collectives  RS/AG/bcast/reduce, graph and eager (~4 min)
+#             ab           old / prefault / new all-reduce    (~4 min)
+#             bench        all-reduce anchors, TP steps       (~6 min)
+#             examples     training examples, auto and ll128  (~3 min)
+#             build        build on the device instead (~1 min + old trees)
+# The machine keeps its files only while warm (30 s): run the calls back to
+# back. NCCL 2.29 and 2.30 on 2 GPUs (issue 18): scripts/other_nccl.sh.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/symnccl-out}
@@ -33,11 +35,18 @@ build_tree() {   # $1 name: unpack out/ab/src-$1.tar.xz, build, package
     tar -C "$d" --exclude=__pycache__ -cJf "out/ab/$1.tar.xz" symnccl
 }
 
-case "${1:-${STAGE:-}}" in
-prep)
+stage() {
+case "$1" in
+prep)   # here: every build the device runs, NCCL 2.28 headers from the
+        # cache setup.py fills (NCCL_HOME serves the old trees' setup.py)
+  [ -f symnccl/_C.abi3.so ] || { echo "build symnccl/_C.abi3.so first"; exit 1; }
   for spec in "old:$OLD" "prefault:$PREFAULT"; do
     git archive "${spec#*:}" | xz > "out/ab/src-${spec%%:*}.tar.xz"
   done
+  export NCCL_HOME=${SYMNCCL_NCCL_CACHE:-$HOME/.cache/symnccl/nccl}/2.28/nvidia/nccl
+  build_tree old & build_tree prefault & wait
+  tar --exclude=__pycache__ -cJf out/ab/new.tar.xz symnccl
+  rm -f out/ab/src-*.tar.xz
   ls -la out/ab ;;
 build)
   env | grep -E 'NCCL_NVLS_ENABLE|TORCH_SYMM_MEM_DISABLE_MULTICAST|NVSHMEM_DISABLE_NVLS' | tee "$OUT/env.txt"
@@ -48,10 +57,17 @@ build)
   tar --exclude=__pycache__ -cJf out/ab/new.tar.xz symnccl
   build_tree old & build_tree prefault & wait
   ls -la out/ab ;;
-tests)
-  timeout 540 python3 -m pytest -q -rs --durations=15 tests 2>&1 |
-    tee "$OUT/pytest.log" | tail -40
-  timeout 50 python3 -m symnccl --quick 2>&1 | tail -3 ;;
+tests)   # the loopback tier runs on one GPU (LOOPBACK=all: here too)
+  env | grep -E 'NCCL_NVLS_ENABLE|TORCH_SYMM_MEM_DISABLE_MULTICAST|NVSHMEM_DISABLE_NVLS' | tee "$OUT/env.txt"
+  nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader | tee -a "$OUT/env.txt"
+  python3 -c "import symnccl; print(symnccl.versions())" | tee -a "$OUT/env.txt"
+  timeout 480 python3 -m pytest -q -rs --durations=15 tests \
+    --ignore=tests/test_loopback.py 2>&1 | tee "$OUT/pytest.log" | tail -40
+  if [ "${LOOPBACK:-some}" = all ]; then k=""; else k="symnccl_algo"; fi
+  timeout 200 python3 -m pytest -q tests/test_loopback.py ${k:+-k "$k"} 2>&1 |
+    tee "$OUT/pytest_loopback.log" | tail -3
+  timeout 60 python3 -m symnccl --quick 2>&1 | tee "$OUT/selftest.log" |
+    tail -3 ;;
 ab)
   BUILDS="old prefault new" ROUNDS=2 BENCH_TIMEOUT=150 BENCH_ARGS="--nranks 2 \
     --dtype bfloat16 --reps 7 --sizes 4K,64K,256K,1M,4M,16M,64M,256M \
@@ -78,6 +94,13 @@ examples)
     timeout 80 python3 examples/train_tp_jax.py --algo $algo 2>&1 | tail -6
   done ;;
 *)
-  echo "usage: $0 prep | STAGE=build|tests|ab|bench|collectives|examples" \
-    "$0"; exit 2 ;;
+  echo "usage: $0 prep | STAGE=\"build|tests|ab|bench|collectives|examples" \
+    "...\" $0"; exit 2 ;;
 esac
+}
+
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+for s in ${1:-${STAGE:-}}; do
+  echo "=== stage $s ($(date +%T))"
+  stage "$s"
+done
