@@ -79,13 +79,30 @@ def median_us(run, iters, reps, torch):
     return times[len(times) // 2]
 
 
+def _init_torch(rank, nranks, port):
+    """symnccl.bootstrap.init_torch, spelled out where the symnccl being
+    measured predates it (scripts/ab_builds.sh runs this script against
+    older builds' packages)."""
+    try:
+        from symnccl.bootstrap import init_torch
+    except ImportError:
+        import torch
+        import torch.distributed as dist
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ["MASTER_PORT"] = str(port)
+        torch.cuda.set_device(rank)
+        dist.init_process_group("nccl", rank=rank, world_size=nranks,
+                                device_id=torch.device("cuda", rank))
+        return
+    init_torch(rank, nranks, port)
+
+
 def worker(rank, nranks, uid, opts):
     import torch
     import torch.distributed as dist
 
     import symnccl
-    from symnccl.bootstrap import init_torch
-    init_torch(rank, nranks, opts["port"])
+    _init_torch(rank, nranks, opts["port"])
     group_name = dist.group.WORLD.group_name
     comm = symnccl.Communicator(uid, rank, nranks, device=rank)
     dtype = getattr(torch, opts["dtype"])

@@ -32,6 +32,14 @@ ALGOS = ["ll", "ll128", "one_shot", "two_shot", "push", "nccl"]
 
 # ------------------------------------------------------------- 2 GPUs
 
+def peer_failure(nranks, scenario, collective, algo, timeout):
+    """W.peer_failure on every rank, with a second unique id for its
+    rehearsal communicator (see there)."""
+    return spawn(W.peer_failure, nranks,
+                 args=(scenario, collective, algo, timeout,
+                       symnccl.get_unique_id()), timeout=300)
+
+
 def _survivor(res, algo, collective="all_reduce"):
     r0 = res[0]
     err = r0["call_error"] or r0["check_error"]
@@ -60,8 +68,7 @@ def _after(r, error="PeerTimeoutError"):
 @pytest.mark.parametrize("algo", ALGOS)
 def test_peer_exits(nranks, algo):
     pytest.importorskip("torch")
-    res = spawn(W.peer_failure, nranks,
-                args=("exit", "all_reduce", algo, TIMEOUT), timeout=300)
+    res = peer_failure(nranks, "exit", "all_reduce", algo, TIMEOUT)
     _after(_survivor(res, algo))
 
 
@@ -70,8 +77,7 @@ def test_peer_exits(nranks, algo):
                          ["reduce_scatter", "all_gather", "broadcast"])
 def test_peer_exits_nccl_collectives(nranks, collective):
     pytest.importorskip("torch")
-    res = spawn(W.peer_failure, nranks,
-                args=("exit", collective, "nccl", TIMEOUT), timeout=300)
+    res = peer_failure(nranks, "exit", collective, "nccl", TIMEOUT)
     _after(_survivor(res, "nccl", collective))
 
 
@@ -81,8 +87,7 @@ def test_peer_sleeps_past_the_timeout_and_comes_back(nranks, algo):
     """The survivor times out; the sleeper, back, gets an error too (the
     survivor gave up, or its own wait times out), never a result."""
     pytest.importorskip("torch")
-    res = spawn(W.peer_failure, nranks,
-                args=("sleep", "all_reduce", algo, TIMEOUT), timeout=300)
+    res = peer_failure(nranks, "sleep", "all_reduce", algo, TIMEOUT)
     _after(_survivor(res, algo))
     r1 = res[1]
     err = r1["call_error"] or r1["check_error"]
@@ -99,9 +104,8 @@ def test_peer_sleeps_past_the_timeout_and_comes_back(nranks, algo):
 @pytest.mark.parametrize("algo", ALGOS)
 def test_size_mismatch_under_check_raises_on_every_rank(nranks, algo):
     pytest.importorskip("torch")
-    res = spawn(W.peer_failure, nranks,
-                args=("mismatch_checked", "all_reduce", algo, TIMEOUT),
-                timeout=300)
+    res = peer_failure(nranks, "mismatch_checked", "all_reduce", algo,
+                       TIMEOUT)
     n = W.COUNT * nranks
     for r in res:
         err = r["call_error"]
@@ -120,8 +124,7 @@ def test_size_mismatch_unchecked_is_an_exception_not_a_dead_context(nranks):
     calls with a usable context. (Other algorithms may complete such calls
     with wrong data: that is what SYMNCCL_CHECK=1 is for.)"""
     pytest.importorskip("torch")
-    res = spawn(W.peer_failure, nranks,
-                args=("mismatch", "all_reduce", "ll", TIMEOUT), timeout=300)
+    res = peer_failure(nranks, "mismatch", "all_reduce", "ll", TIMEOUT)
     for r in res:
         err = r["call_error"] or r["check_error"] or r.get("second_error")
         assert err is not None and err["type"] == "PeerTimeoutError", r
@@ -133,8 +136,7 @@ def test_size_mismatch_unchecked_is_an_exception_not_a_dead_context(nranks):
 @pytest.mark.parametrize("algo", ALGOS)
 def test_abort_from_another_thread_ends_a_waiting_collective(nranks, algo):
     pytest.importorskip("torch")
-    res = spawn(W.peer_failure, nranks,
-                args=("abort", "all_reduce", algo, 120.0), timeout=300)
+    res = peer_failure(nranks, "abort", "all_reduce", algo, 120.0)
     r0 = res[0]
     assert r0["sync_seconds"] < 1.0 + SLACK, r0   # not the 120 s timeout
     assert r0["closed"] and r0["usable"] == 28.0, r0
