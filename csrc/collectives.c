@@ -310,17 +310,20 @@ check_call(sn_call *k, int collective, size_t count, const sn_op *op,
 /* ------------------------------------------------------------------ */
 
 /* reduce_scatter, all_gather, reduce, broadcast: the algorithm of a call,
- * or SN_ALGO_UNKNOWN with the exception set. "auto": sn_collective_auto
- * (NCCL unless SYMNCCL_ALGO names a kernel for the call). */
+ * or SN_ALGO_UNKNOWN with the exception set. "auto": sn_collective_auto on
+ * the call's larger buffer (an all-gather's output, else the input). */
 static int
 collective_algo(sn_call *k, int collective, int algo, const sn_op *op)
 {
     const sn_topology topo = sn_topology_of(k->c);
+    const size_t bytes =
+        k->x.count * (size_t)k->x.dtype->itemsize *
+        (collective == SYMNCCL_COLL_ALL_GATHER ? (size_t)k->c->nranks : 1);
     if (algo == SN_ALGO_AUTO)   /* inside a group: NCCL's grouping */
         return k->st->group_depth > 0
                    ? SN_ALGO_NCCL
                    : sn_collective_auto(&topo, &k->c->knobs, collective,
-                                        k->x.dtype, op);
+                                        bytes, k->x.dtype, op);
     if (algo == SN_ALGO_NCCL)
         return SN_ALGO_NCCL;
     const char *why = sn_collective_unavailable(&topo, collective, algo,

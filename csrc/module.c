@@ -309,7 +309,8 @@ py_algo_unavailable_for(PyObject *module, PyObject *args)
 
 /* _auto_algo_for(topology, nbytes, dtype, op, in_window, collective=
  * "all_reduce") -> what algo="auto" runs on a communicator of that
- * topology, with the knobs of this environment (testing). */
+ * topology, with the knobs of this environment (testing); nbytes is the
+ * call's larger buffer (sn_collective_auto). */
 static PyObject *
 py_auto_algo_for(PyObject *module, PyObject *args)
 {
@@ -329,7 +330,7 @@ py_auto_algo_for(PyObject *module, PyObject *args)
         return NULL;
     algo = coll == SYMNCCL_COLL_ALL_REDUCE
                ? sn_auto_algo(&t, &k, (size_t)bytes, dt, op, in_window)
-               : sn_collective_auto(&t, &k, coll, dt, op);
+               : sn_collective_auto(&t, &k, coll, (size_t)bytes, dt, op);
     return PyUnicode_FromString(sn_algos[algo].name);
 }
 

@@ -279,18 +279,63 @@ sn_collective_unavailable(const sn_topology *t, int collective, int algo,
     return sn_algo_unavailable(t, algo, dt, op);
 }
 
-/* algo="auto" of reduce_scatter, all_gather, reduce and broadcast: no
- * table is measured for their kernels yet (benchmarks/NOTES.md, 26-27), so
- * NCCL, unless SYMNCCL_ALGO names an algorithm that can run the call (as it
- * overrides all_reduce's table). */
+/* algo="auto" of reduce_scatter, all_gather, reduce and broadcast:
+ * crossovers measured with benchmarks/bench_collectives.py on 2x H200,
+ * bf16, CUDA-graph replay (benchmarks/NOTES.md section 30,
+ * results/collectives_h200x2_bfloat16.json). `bytes` is the call's larger
+ * buffer: a reduce-scatter's input, an all-gather's output, a reduce's or
+ * broadcast's tensor. A message takes the first algorithm whose limit it is
+ * within, else `above`; a row serves world sizes up to max_ranks, and no
+ * row (3 ranks and more: not measured yet) means NCCL.
+ *
+ * reduce_scatter: ll128 3.3-3.9 us up to 512 KiB (ll within 0.2 us of it),
+ * 6.2 at 1 MiB, 7.7 at 2 MiB (push 10.3), then push: 4 MiB 14.1 (ll128
+ * 15.8), 16 MiB 48 (NCCL 53), 64 MiB 153 (NCCL 176). all_gather: ll 2.8-3.3
+ * us up to 64 KiB (ll128 0.1 us behind), ll128 to 4 MiB (13.1, push 13.9),
+ * then push: 16 MiB 40 (NCCL 57), 64 MiB 128 (NCCL 162). reduce and
+ * broadcast: one_shot 5.9-6.6 us up to 64 KiB (NCCL 8-10), 22.7 / 29.3 at
+ * 4 MiB (NCCL 26.6 / 29.8), NCCL from 16 MiB (one_shot reads the root's
+ * whole tensor on every rank: 86-110 us against NCCL's 63-66). */
+typedef struct {
+    int collective, max_ranks;
+    size_t ll, ll128, one_shot;
+    int above;
+} coll_auto_row;
+
+static const coll_auto_row coll_auto_table[] = {
+    {SYMNCCL_COLL_REDUCE_SCATTER, 2, 0, 2 * MIB, 0, SN_ALGO_PUSH},
+    {SYMNCCL_COLL_ALL_GATHER, 2, 64 * KIB, 4 * MIB, 0, SN_ALGO_PUSH},
+    {SYMNCCL_COLL_REDUCE, 2, 0, 0, 4 * MIB, SN_ALGO_NCCL},
+    {SYMNCCL_COLL_BROADCAST, 2, 0, 0, 4 * MIB, SN_ALGO_NCCL},
+};
+#define N_COLL_AUTO (sizeof(coll_auto_table) / sizeof(coll_auto_table[0]))
+
 int
 sn_collective_auto(const sn_topology *t, const sn_knobs *k, int collective,
-                   const sn_dtype *dt, const sn_op *op)
+                   size_t bytes, const sn_dtype *dt, const sn_op *op)
 {
-    if (k->algo >= 0 && k->algo != SN_ALGO_NCCL &&
-        sn_collective_unavailable(t, collective, k->algo, dt, op) == NULL)
+    /* SYMNCCL_ALGO overrides the table wherever that algorithm can run the
+     * call, as it overrides all_reduce's ("nccl": every call) */
+    if (k->algo == SN_ALGO_NCCL ||
+        (k->algo >= 0 &&
+         sn_collective_unavailable(t, collective, k->algo, dt, op) == NULL))
         return k->algo;
-    return SN_ALGO_NCCL;
+    const coll_auto_row *r = NULL;
+    for (size_t i = 0; i < N_COLL_AUTO && r == NULL; i++)
+        if (coll_auto_table[i].collective == collective &&
+            t->nranks <= coll_auto_table[i].max_ranks)
+            r = &coll_auto_table[i];
+    if (r == NULL)
+        return SN_ALGO_NCCL;
+    const int algo = bytes <= r->ll         ? SN_ALGO_LL
+                     : bytes <= r->ll128    ? SN_ALGO_LL128
+                     : bytes <= r->one_shot ? SN_ALGO_ONE_SHOT
+                                            : r->above;
+    /* a dtype, op or communicator its kernel cannot take: NCCL */
+    if (algo != SN_ALGO_NCCL &&
+        sn_collective_unavailable(t, collective, algo, dt, op) != NULL)
+        return SN_ALGO_NCCL;
+    return algo;
 }
 
 int
@@ -701,6 +746,22 @@ sn_registry_export(PyObject *module)
             PyTuple_SetItem(rows, (Py_ssize_t)i, d);
     }
     if (add(module, "AUTO_TABLE", rows) < 0)
+        return -1;
+
+    PyObject *crows = PyTuple_New((Py_ssize_t)N_COLL_AUTO);
+    for (size_t i = 0; crows != NULL && i < N_COLL_AUTO; i++) {
+        const coll_auto_row *r = &coll_auto_table[i];
+        PyObject *d = Py_BuildValue(
+            "{s:s,s:i,s:n,s:n,s:n,s:s}", "collective",
+            collective_names[r->collective], "max_ranks", r->max_ranks, "ll",
+            (Py_ssize_t)r->ll, "ll128", (Py_ssize_t)r->ll128, "one_shot",
+            (Py_ssize_t)r->one_shot, "above", sn_algos[r->above].name);
+        if (d == NULL)
+            Py_CLEAR(crows);
+        else
+            PyTuple_SetItem(crows, (Py_ssize_t)i, d);
+    }
+    if (add(module, "COLLECTIVE_AUTO_TABLE", crows) < 0)
         return -1;
 
     PyObject *kn = PyDict_New();

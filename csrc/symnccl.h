@@ -175,9 +175,11 @@ const char *sn_collective_unavailable(const sn_topology *t, int collective,
 const char *sn_kernel_name(int kernel);
 const char *sn_collective_name(int collective);
 /* algo="auto" of reduce_scatter, all_gather, reduce or broadcast
- * (SYMNCCL_COLL_*): NCCL, or SYMNCCL_ALGO where that can run the call. */
+ * (SYMNCCL_COLL_*) for a call whose larger buffer is `bytes`: the measured
+ * table (registry.c), or SYMNCCL_ALGO where that can run the call. */
 int sn_collective_auto(const sn_topology *t, const sn_knobs *k,
-                       int collective, const sn_dtype *dt, const sn_op *op);
+                       int collective, size_t bytes, const sn_dtype *dt,
+                       const sn_op *op);
 /* SYMNCCL_COLL_* of a collective with kernels ("all_reduce", ...); -1
  * with ValueError for another name. */
 int sn_collective_by_name(const char *cname);

@@ -347,7 +347,10 @@ slice_collective(const XLA_FFI_Api *api, XLA_FFI_CallFrame *call,
     }
     const sn_topology topo = sn_topology_of(c);
     if (algo == SN_ALGO_AUTO)
-        algo = sn_collective_auto(&topo, &c->knobs, collective, dt, op);
+        algo = sn_collective_auto(&topo, &c->knobs, collective,
+                                  (count > ycount ? count : ycount) *
+                                      (size_t)dt->itemsize,
+                                  dt, op);
     else if (algo != SN_ALGO_NCCL) {
         const char *why = sn_collective_unavailable(&topo, collective, algo,
                                                     dt, op);

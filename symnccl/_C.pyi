@@ -24,6 +24,7 @@ COLLECTIVE_KERNELS: dict[str, dict[str, str]]
 KERNELS: tuple[str, ...]
 MULTIMEM_OPS: dict[str, tuple[str, ...]]
 AUTO_TABLE: tuple[dict[str, Any], ...]
+COLLECTIVE_AUTO_TABLE: tuple[dict[str, Any], ...]
 KNOBS: dict[str, tuple[Any, ...]]
 
 

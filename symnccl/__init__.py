@@ -46,7 +46,7 @@ __all__ = [
     "CudaError", "PeerTimeoutError", "CallMismatchError", "get_unique_id",
     "group", "close_all", "abort_on_signal", "versions",
     "ALGORITHMS", "OPS", "DTYPES", "LSA_DTYPES", "LSA_OPS", "MULTIMEM_OPS",
-    "AUTO_TABLE", "algo_supported",
+    "AUTO_TABLE", "COLLECTIVE_AUTO_TABLE", "algo_supported",
 ]
 
 # What symnccl knows is declared once, in the C registry (csrc/registry.c);
@@ -67,6 +67,9 @@ LSA_OPS = _C.KERNEL_OPS
 MULTIMEM_OPS = _C.MULTIMEM_OPS
 #: which algorithm algo="auto" picks, by world size and message size.
 AUTO_TABLE = _C.AUTO_TABLE
+#: the same for reduce_scatter, all_gather, reduce and broadcast, by the
+#: call's larger buffer (no row for a world size: NCCL).
+COLLECTIVE_AUTO_TABLE = _C.COLLECTIVE_AUTO_TABLE
 
 
 def algo_supported(comm, algo: str, dtype: str, op: str = "sum",

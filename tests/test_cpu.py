@@ -705,20 +705,82 @@ def test_symnccl_algo_overrides_auto_where_it_can_run(monkeypatch):
         _C._auto_algo_for(TOPO_2, 4096, "bfloat16", "sum", True)
 
 
+def test_auto_of_the_other_collectives_walks_their_measured_table(
+        monkeypatch):
+    """reduce_scatter, all_gather, reduce and broadcast: "auto" takes the
+    first algorithm of COLLECTIVE_AUTO_TABLE's row whose limit the call's
+    larger buffer is within, else the row's `above`; NCCL where no row
+    serves the world size or the kernel cannot take the dtype/op."""
+    monkeypatch.delenv("SYMNCCL_ALGO", raising=False)
+    auto = _C._auto_algo_for
+    rows = symnccl.COLLECTIVE_AUTO_TABLE
+    assert {r["collective"] for r in rows} == set(_C.COLLECTIVE_KERNELS)
+    for r in rows:
+        coll = r["collective"]
+        topo = dict(TOPO_2, nranks=r["max_ranks"], lsa_size=r["max_ranks"])
+        limits = [(a, r[a]) for a in ("ll", "ll128", "one_shot") if r[a]]
+        assert [v for _, v in limits] == sorted(v for _, v in limits), r
+        for algo, limit in limits:
+            assert algo in _C.COLLECTIVE_KERNELS[coll], r
+            for nbytes in (limit // 2, limit):
+                assert auto(topo, nbytes, "bfloat16", "sum", False,
+                            coll) == algo, (r, nbytes)
+        above = limits[-1][1] + 1
+        assert auto(topo, above, "bfloat16", "sum", False, coll) == \
+            r["above"], r
+        assert auto(topo, 1 << 30, "float32", "max", True, coll) == \
+            r["above"], r
+        # a world size no row serves runs on NCCL
+        big = dict(TOPO_2, nranks=r["max_ranks"] + 1,
+                   lsa_size=r["max_ranks"] + 1)
+        assert auto(big, 4096, "bfloat16", "sum", False, coll) == "nccl"
+        # ranks out of NVLink reach, or no staging window: NCCL
+        assert auto(dict(topo, lsa_size=1), 4096, "bfloat16", "sum", False,
+                    coll) == "nccl"
+        assert auto(dict(topo, staging=0), 4096, "bfloat16", "sum", False,
+                    coll) == "nccl"
+    # the measured choices on 2 GPUs (benchmarks/NOTES.md section 30)
+    assert auto(TOPO_2, 8 << 10, "bfloat16", "sum", False,
+                "reduce_scatter") == "ll128"
+    assert auto(TOPO_2, 16 << 20, "bfloat16", "sum", False,
+                "reduce_scatter") == "push"
+    assert auto(TOPO_2, 8 << 10, "bfloat16", "sum", False,
+                "all_gather") == "ll"
+    assert auto(TOPO_2, 1 << 20, "bfloat16", "sum", False,
+                "all_gather") == "ll128"
+    assert auto(TOPO_2, 64 << 20, "bfloat16", "sum", False,
+                "all_gather") == "push"
+    for coll in ("reduce", "broadcast"):
+        assert auto(TOPO_2, 1 << 20, "bfloat16", "sum", False, coll) == \
+            "one_shot"
+        assert auto(TOPO_2, 16 << 20, "bfloat16", "sum", False, coll) == \
+            "nccl"
+    # the kernels' gates: all_gather and broadcast move any dtype as bytes,
+    # a reduction needs a dtype and op of the kernels; push needs its region
+    assert auto(TOPO_2, 64, "uint8", "sum", False, "all_gather") == "ll"
+    assert auto(TOPO_2, 64, "uint8", "sum", False, "broadcast") == \
+        "one_shot"
+    assert auto(TOPO_2, 64, "uint8", "sum", False, "reduce_scatter") == \
+        "nccl"
+    assert auto(TOPO_2, 64, "float32", "prod", False, "reduce") == "nccl"
+    assert auto(dict(TOPO_2, push=0), 64 << 20, "bfloat16", "sum", False,
+                "all_gather") == "nccl"
+
+
 def test_symnccl_algo_sets_the_auto_of_every_collective_it_can_run(
         monkeypatch):
-    """reduce_scatter, all_gather, reduce and broadcast: "auto" is NCCL (no
-    table is measured for their kernels yet), or SYMNCCL_ALGO where that
-    algorithm has a kernel for the call."""
+    """SYMNCCL_ALGO overrides every collective's table wherever that
+    algorithm has a kernel for the call; elsewhere the table decides."""
     auto = _C._auto_algo_for
     others = ("reduce_scatter", "all_gather", "reduce", "broadcast")
-    monkeypatch.delenv("SYMNCCL_ALGO", raising=False)
-    for coll in others:
-        assert auto(TOPO_2, 4096, "bfloat16", "sum", False, coll) == "nccl"
     for knob in _C.ALGORITHMS:
         monkeypatch.setenv("SYMNCCL_ALGO", knob)
         for coll in others:
-            want = knob if knob in _C.COLLECTIVE_KERNELS[coll] else "nccl"
+            monkeypatch.delenv("SYMNCCL_ALGO")
+            table = auto(TOPO_2, 1 << 20, "float32", "sum", True, coll)
+            monkeypatch.setenv("SYMNCCL_ALGO", knob)
+            want = knob if knob in _C.COLLECTIVE_KERNELS[coll] else (
+                "nccl" if knob == "nccl" else table)
             assert auto(TOPO_2, 1 << 20, "float32", "sum", True, coll) == \
                 want, (knob, coll)
     monkeypatch.setenv("SYMNCCL_ALGO", "ll")

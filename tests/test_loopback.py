@@ -505,8 +505,9 @@ def test_reduce_scatter_and_all_gather_graph_replays(monkeypatch):
 
 def test_symnccl_algo_sets_the_auto_of_the_collectives(monkeypatch):
     """SYMNCCL_ALGO=push: reduce_scatter's and all_gather's "auto" run the
-    push kernels; reduce has none, so its auto stays NCCL (which a loopback
-    team refuses)."""
+    push kernels, though their table picks ll128 / ll for these sizes;
+    reduce has no push kernel, so its auto follows its own table (one_shot
+    at 2 ranks, symnccl.COLLECTIVE_AUTO_TABLE)."""
     torch = _torch()
     n, m = 2, 5003
     team = _team(monkeypatch, n, {"SYMNCCL_ALGO": "push"})
@@ -531,8 +532,14 @@ def test_symnccl_algo_sets_the_auto_of_the_collectives(monkeypatch):
                 np.concatenate(blocks).tobytes()
         assert all(r == {"push_reduce_scatter", "push_all_gather"}
                    for r in _kernels_ran(team)), _kernels_ran(team)
-        with pytest.raises(RuntimeError, match="needs NCCL"):
-            team[0].reduce(xs[0], stream=streams[0])
+        outs = [c.reduce(x, root=0, stream=s)
+                for c, s, x in zip(team, streams, xs)]
+        torch.cuda.synchronize()
+        assert _check.count_wrong(outs[0].cpu().numpy(), "sum", hs,
+                                  "float32") == 0
+        assert all(r == {"push_reduce_scatter", "push_all_gather",
+                         "one_shot_reduce"}
+                   for r in _kernels_ran(team)), _kernels_ran(team)
     finally:
         _close(team)
 

@@ -18,10 +18,10 @@ def _call(comm, x, collective, algo):
     if collective == "all_reduce":
         return comm.all_reduce(x, algo=algo)
     if collective == "reduce_scatter":
-        return comm.reduce_scatter(x)
+        return comm.reduce_scatter(x, algo=algo)
     if collective == "all_gather":
-        return comm.all_gather(x)
-    return comm.broadcast(x, root=0)
+        return comm.all_gather(x, algo=algo)
+    return comm.broadcast(x, root=0, algo=algo)
 
 
 def _free_bytes(torch):
