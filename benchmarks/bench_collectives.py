@@ -184,6 +184,40 @@ def print_table(doc):
         print(f"skipped {k}: {v}")
 
 
+def plot(doc, path):
+    """Latency per collective (one panel each), every method."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    colls = [c for c in COLLECTIVES
+             if any(r["collective"] == c for r in doc["rows"])]
+    fig, axes = plt.subplots(1, len(colls), figsize=(5 * len(colls), 4.5),
+                             squeeze=False)
+    for ax, coll in zip(axes[0], colls):
+        rows = [r for r in doc["rows"] if r["collective"] == coll]
+        for m in METHODS:
+            pts = [(r["bytes"], r[m]["us"]) for r in rows if m in r]
+            if pts:
+                xs, ys = zip(*pts)
+                ax.loglog(xs, ys, "-o" if m.startswith("symnccl") else "--s",
+                          label=m, ms=3)
+        ax.set_title(f"{coll}, {doc['gpu']} x{doc['nranks']}, "
+                     f"{'eager' if doc['eager'] else 'graph'}", fontsize=9)
+        ax.set_xlabel("bytes (RS input, AG output, tensor)")
+        ax.set_ylabel("us (median)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def _plot(doc, json_path):
+    try:
+        plot(doc, os.path.splitext(json_path)[0] + ".png")
+    except ImportError as e:
+        print(f"no plot: {e}")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--nranks", type=int, default=None)
@@ -197,7 +231,9 @@ def main(argv=None):
                    help="no CUDA graph: include the host path")
     add_results_args(p)
     args = p.parse_args(argv)
-    if report(args, print_table) is not None:
+    doc = report(args, print_table)
+    if doc is not None:
+        _plot(doc, args.report)
         return 0
     colls = [c for c in args.collectives.split(",") if c]
     bad = [c for c in colls if c not in COLLECTIVES]
@@ -217,7 +253,7 @@ def main(argv=None):
         dtype=args.dtype, eager=args.eager, iters=args.iters, reps=args.reps,
         rows=res[0]["rows"],
         skipped={k: v for r in res for k, v in r["skipped"].items()})
-    write_results(doc, "collectives_", args.out)
+    _plot(doc, write_results(doc, "collectives_", args.out))
     print_table(doc)
     return 0
 

@@ -55,7 +55,8 @@ check)
 v = symnccl.versions(); print(v['nccl_runtime'], v['nccl_library'], \
 C.nccl_device_api())"
     NCCL_HOME=$home timeout 300 python3 -m symnccl ${SELFTEST_ARGS:---quick} \
-      2>&1 | tail -3
+      2>&1 | tee "${OUT:-/tmp}/selftest_nccl2.$v.log" |
+      grep -E "^wrong|checks over|Error"
     [ "${LOOPBACK:-1}" = 1 ] || continue
     LD_PRELOAD=$home/lib/libnccl.so.2 NCCL_HOME=$home timeout 200 \
       python3 -m pytest -q -p no:cacheprovider tests/test_loopback.py 2>&1 |

@@ -7,13 +7,16 @@
 #   here:   SYMNCCL_CUDA_ARCHS=90 python3 setup.py build_ext --inplace
 #           bash scripts/two_gpu_session.sh prep   # old and prefault built
 #                                                  # here too (~6 min)
-#   device: STAGE="tests collectives" bash scripts/two_gpu_session.sh
-#     stages: tests        GPU tier + self-check            (~6 min)
-#             collectives  RS/AG/bcast/reduce, graph and eager (~4 min)
-#             ab           old / prefault / new all-reduce    (~4 min)
-#             bench        all-reduce anchors, TP steps       (~6 min)
-#             examples     training examples, auto and ll128  (~3 min)
+#   device: STAGE="collectives ab bench" bash scripts/two_gpu_session.sh
+#     stages (wall times on 2x H200, 2026-11-23):
+#             collectives  RS/AG/bcast/reduce, graph and eager   (40 s)
+#             ab           old / new all-reduce, 2 rounds        (60 s)
+#             bench        all-reduce anchors, TP steps          (80 s)
+#             tests        GPU tier less faults and examples (~5-7 min)
+#             faults       failure scenarios            (~20-60 s a test)
+#             examples     the examples' tests, then each example (~6 min)
 #             build        build on the device instead (~1 min + old trees)
+# A fresh machine takes 60-80 s of device time to start.
 # The machine keeps its files only while warm (30 s): run the calls back to
 # back. NCCL 2.29 and 2.30 on 2 GPUs (issue 18): scripts/other_nccl.sh.
 set -uo pipefail
@@ -57,19 +60,28 @@ build)
   tar --exclude=__pycache__ -cJf out/ab/new.tar.xz symnccl
   build_tree old & build_tree prefault & wait
   ls -la out/ab ;;
-tests)   # the loopback tier runs on one GPU (LOOPBACK=all: here too)
+tests)   # the GPU tier less the failure tests (stage faults) and the
+         # loopback file (one GPU; LOOPBACK=all: here too). -rfE: the
+         # failures' messages come first in the summary, which a time
+         # limit would otherwise cut (NOTES 30)
   env | grep -E 'NCCL_NVLS_ENABLE|TORCH_SYMM_MEM_DISABLE_MULTICAST|NVSHMEM_DISABLE_NVLS' | tee "$OUT/env.txt"
   nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader | tee -a "$OUT/env.txt"
   python3 -c "import symnccl; print(symnccl.versions())" | tee -a "$OUT/env.txt"
-  timeout 480 python3 -m pytest -q -rs --durations=15 tests \
-    --ignore=tests/test_loopback.py 2>&1 | tee "$OUT/pytest.log" | tail -40
+  timeout 450 python3 -m pytest -q -rfE --tb=line --durations=15 tests \
+    --ignore=tests/test_loopback.py --ignore=tests/test_faults.py \
+    --ignore=tests/test_examples.py 2>&1 |
+    tee "$OUT/pytest.log" | tail -40
   if [ "${LOOPBACK:-some}" = all ]; then k=""; else k="symnccl_algo"; fi
   timeout 200 python3 -m pytest -q tests/test_loopback.py ${k:+-k "$k"} 2>&1 |
     tee "$OUT/pytest_loopback.log" | tail -3
   timeout 60 python3 -m symnccl --quick 2>&1 | tee "$OUT/selftest.log" |
     tail -3 ;;
+faults)  # 2-GPU failure scenarios: ~20-60 s each (a rehearsal
+         # communicator, the timeout, a fresh one); -x off, every failure
+  timeout 560 python3 -m pytest -q -rfE --tb=line --durations=50 \
+    tests/test_faults.py 2>&1 | tee "$OUT/pytest_faults.log" | tail -30 ;;
 ab)
-  BUILDS="old prefault new" ROUNDS=2 BENCH_TIMEOUT=150 BENCH_ARGS="--nranks 2 \
+  BUILDS=${BUILDS:-"old new"} ROUNDS=2 BENCH_TIMEOUT=150 BENCH_ARGS="--nranks 2 \
     --dtype bfloat16 --reps 7 --sizes 4K,64K,256K,1M,4M,16M,64M,256M \
     --methods symnccl:" bash scripts/ab_builds.sh 2>&1 | tee "$OUT/ab.log" |
     tail -60 ;;
@@ -87,14 +99,14 @@ collectives)
       --out "$OUT/collectives_h200x2_bfloat16${mode:+_eager}.json" 2>&1 |
       tail -24
   done ;;
-examples)
-  for algo in auto ll128; do
-    timeout 100 torchrun --standalone --nproc-per-node 2 \
-      examples/train_tp_torch.py --algo $algo 2>&1 | tail -8
-    timeout 80 python3 examples/train_tp_jax.py --algo $algo 2>&1 | tail -6
-  done ;;
+examples)   # the examples' tests (2 ranks), then each example as is
+  timeout 300 python3 -m pytest -q -rfE --tb=line tests/test_examples.py \
+    2>&1 | tee "$OUT/pytest_examples.log" | tail -8
+  timeout 100 torchrun --standalone --nproc-per-node 2 \
+    examples/train_tp_torch.py 2>&1 | tail -8
+  timeout 80 python3 examples/train_tp_jax.py 2>&1 | tail -6 ;;
 *)
-  echo "usage: $0 prep | STAGE=\"build|tests|ab|bench|collectives|examples" \
+  echo "usage: $0 prep | STAGE=\"build|tests|faults|ab|bench|collectives|examples" \
     "...\" $0"; exit 2 ;;
 esac
 }

@@ -41,6 +41,16 @@ def _report(results, nranks):
     for dtype, why in results[0]["skipped"]:
         print(f"skipped {dtype}: {why}")
     checks = sum(n for n, _ in agg.values())
+    # the failing cells again, last, where a log's tail shows them: each
+    # (rank, op, count) that had wrong elements
+    bad = [(coll, algo, dtype, op, count, rank, wrong)
+           for rank, r in enumerate(results)
+           for coll, algo, dtype, op, count, wrong in r["rows"] if wrong]
+    for coll, algo, dtype, op, count, rank, wrong in bad[:20]:
+        print(f"wrong: {coll} algo {algo} {dtype} op {op} count {count} "
+              f"rank {rank}: {wrong}")
+    if len(bad) > 20:
+        print(f"wrong: ... and {len(bad) - 20} more cells")
     print(f"\n{checks} checks over {nranks} ranks, {total_wrong} wrong "
           f"elements: {'PASS' if total_wrong == 0 else 'FAIL'}")
     return total_wrong == 0

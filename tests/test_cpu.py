@@ -957,3 +957,23 @@ def test_loopback_arguments_are_checked_before_any_gpu_work():
                        ({"nranks": 2, "timeout": 0}, "timeout must be > 0")):
         with pytest.raises(ValueError, match=match):
             symnccl.Communicator._loopback(**bad)
+
+
+def test_self_check_report_names_the_failing_cells_last(capsys):
+    """`python -m symnccl`'s report ends with every cell that had wrong
+    elements (collective, algo, dtype, op, count, rank), so the tail of a
+    log says what broke; a clean run says PASS."""
+    from symnccl.__main__ import _report
+    info = dict(rank=0, device=0, lsa_size=2, symmetric=True,
+                multicast=False, multicast_reason="off")
+    rows = [("all_reduce", "ll", "float32", "sum", 4099, 0),
+            ("reduce_scatter", "push", "bfloat16", "max", 1 << 20, 17)]
+    results = [dict(info=dict(info, rank=q), rows=rows[:1 + q], skipped=[])
+               for q in range(2)]
+    assert not _report(results, 2)
+    out = capsys.readouterr().out.splitlines()
+    assert out[-3] == ("wrong: reduce_scatter algo push bfloat16 op max "
+                       "count 1048576 rank 1: 17")
+    assert out[-1].endswith("17 wrong elements: FAIL")
+    assert _report([dict(results[0])], 1)
+    assert capsys.readouterr().out.splitlines()[-1].endswith(": PASS")
