@@ -357,8 +357,9 @@ def reduce_scatter(x, op: str = "sum", algo: str = "auto"):
     rank's block (m, ...) of the reduction, as jax.lax.psum_scatter(x, axis,
     scatter_dimension=0, tiled=True). Differentiable (its transpose is an
     all-gather, on the same algo). algo: "ll", "ll128" or "push" run
-    symnccl's kernels (the same bits as block r of all_reduce), "nccl" and
-    "auto" NCCL; an algo that cannot run the call fails the computation
+    symnccl's kernels (the same bits as block r of all_reduce), "nccl"
+    NCCL, "auto" the measured table (symnccl.COLLECTIVE_AUTO_TABLE, by the
+    input's bytes); an algo that cannot run the call fails the computation
     naming why.
 
     Example::
@@ -374,7 +375,8 @@ def all_gather(x, algo: str = "auto"):
     """All-gather along axis 0: x of shape (m, ...) gives (nranks * m, ...),
     as jax.lax.all_gather(x, axis, tiled=True). Differentiable (its
     transpose is a reduce-scatter, on the same algo). algo: "ll", "ll128"
-    or "push" run symnccl's kernels (any dtype), "nccl" and "auto" NCCL.
+    or "push" run symnccl's kernels (any dtype), "nccl" NCCL, "auto" the
+    measured table (symnccl.COLLECTIVE_AUTO_TABLE, by the output's bytes).
 
     Example::
 

@@ -473,8 +473,8 @@ def broadcast(x: torch.Tensor, comm, root: int = 0,
               algo: str = "auto") -> torch.Tensor:
     """Root's x on every rank, as a new tensor. Backward: the sum of the
     gradients reaches the root's x (a reduce on the same algo); other
-    ranks' x get zeros. algo: "one_shot" runs symnccl's kernel, "auto" and
-    "nccl" NCCL.
+    ranks' x get zeros. algo: "one_shot" runs symnccl's kernel, "nccl"
+    NCCL, "auto" the measured table (symnccl.COLLECTIVE_AUTO_TABLE).
 
     Example::
 
@@ -489,7 +489,8 @@ def reduce(x: torch.Tensor, comm, root: int = 0, op: str = "sum",
     ranks its contents are unspecified, as torch.distributed.reduce
     leaves them). Backward (sum, avg): the root's gradient, broadcast on
     the same algo. algo: "one_shot" runs symnccl's kernel (the bits of
-    all_reduce), "auto" and "nccl" NCCL.
+    all_reduce), "nccl" NCCL, "auto" the measured table
+    (symnccl.COLLECTIVE_AUTO_TABLE).
 
     Example::
 
