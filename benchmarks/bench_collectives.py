@@ -8,10 +8,15 @@ Methods (each skipped with a printed reason where unavailable):
                    (symnccl._C.COLLECTIVE_KERNELS): ll, ll128 and push
                    for reduce_scatter and all_gather, one_shot for
                    reduce and broadcast; torch tensors
-  symnccl:window   the same as symnccl on SymmetricBuffers (NCCL's
-                   symmetric kernels)
+  nccl:plain       the Communicator method with algo="nccl" on torch
+                   tensors (symnccl's NCCL path: its host cost, eager)
+  nccl:window      ... on SymmetricBuffers (NCCL's symmetric kernels;
+                   runs before 2026-11-23 evening recorded this, with
+                   "auto" then NCCL, as symnccl:window)
   torch.dist       reduce_scatter_tensor / all_gather_into_tensor /
                    broadcast / reduce
+(PyTorch's symm_mem has none of the four without multicast: its
+multimem_all_gather_out needs NVLS, which these machines keep off.)
 
 Sizes are the issue's: a reduce-scatter's input per rank, an all-gather's
 output per rank, a broadcast's or reduce's tensor. Timing as
@@ -128,7 +133,8 @@ def worker(rank, nranks, uid, opts):
                   for _ in range(NBUF)]
             py = [torch.empty(cout, dtype=dtype, device="cuda")
                   for _ in range(NBUF)]
-            sym_w, _ = _calls(coll, comm, dist, n, rank, wx, wy)
+            nccl_w, _ = _calls(coll, comm, dist, n, rank, wx, wy, "nccl")
+            nccl_p, _ = _calls(coll, comm, dist, n, rank, px, py, "nccl")
             sym_p, td = _calls(coll, comm, dist, n, rank, px, py)
             # name -> (inputs, outputs, fn, output starts as the input)
             in_place = coll in ("broadcast", "reduce")
@@ -136,7 +142,8 @@ def worker(rank, nranks, uid, opts):
             for algo in symnccl._C.COLLECTIVE_KERNELS[coll]:
                 fn, _ = _calls(coll, comm, dist, n, rank, px, py, algo)
                 methods["symnccl:" + algo] = (px, py, fn, False)
-            methods.update({"symnccl:window": (wx, wy, sym_w, False),
+            methods.update({"nccl:plain": (px, py, nccl_p, False),
+                            "nccl:window": (wx, wy, nccl_w, False),
                             "torch.dist": (px, py, td, in_place)})
             row = {"collective": coll, "bytes": nbytes, "count_in": cin,
                    "count_out": cout, "iters": iters}
@@ -164,18 +171,25 @@ def worker(rank, nranks, uid, opts):
 
 
 METHODS = ("symnccl", "symnccl:ll", "symnccl:ll128", "symnccl:push",
-           "symnccl:one_shot", "symnccl:window", "torch.dist")
+           "symnccl:one_shot", "nccl:plain", "nccl:window", "symnccl:window",
+           "torch.dist")
+
+
+def _methods(doc):
+    """METHODS that doc's rows have, in order."""
+    return [m for m in METHODS if any(m in r for r in doc["rows"])]
 
 
 def print_table(doc):
     print(f"# {doc['gpu']} x{doc['nranks']}, {doc['dtype']}, "
           f"{'eager' if doc['eager'] else 'CUDA graph'}, median us per call "
           "(#wrong)")
+    methods = _methods(doc)
     print(f"{'collective':>15} {'size':>8} " +
-          " ".join(f"{m:>16}" for m in METHODS))
+          " ".join(f"{m:>16}" for m in methods))
     for r in doc["rows"]:
         cells = []
-        for m in METHODS:
+        for m in methods:
             v = r.get(m)
             cells.append(f"{v['us']:9.2f} ({v['wrong']})" if v else "-")
         print(f"{r['collective']:>15} {_fmt_size(r['bytes']):>8} " +
@@ -195,7 +209,7 @@ def plot(doc, path):
                              squeeze=False)
     for ax, coll in zip(axes[0], colls):
         rows = [r for r in doc["rows"] if r["collective"] == coll]
-        for m in METHODS:
+        for m in _methods(doc):
             pts = [(r["bytes"], r[m]["us"]) for r in rows if m in r]
             if pts:
                 xs, ys = zip(*pts)
