@@ -2,16 +2,18 @@
 # Run symnccl on the device machines with NCCL 2.29 and 2.30 (issue 18),
 # which have only the 2.28.9 of the torch venv installed. The libraries
 # come from setup.py's cache of the wheels it fetched for their headers
-# (~/.cache/symnccl/nccl/2.<minor>), gzipped and split into pieces of
-# PIECE_MB (default 40) so that one fits a device call's carry (64 MiB in
-# all) beside the module and the session's out/.
+# (~/.cache/symnccl/nccl/2.<minor>), gzipped (xz gains nothing: NCCL's
+# fatbins are compressed) and split into pieces of PIECE_MB (default 28),
+# so that two fit a device call's carry (64 MiB with the tracked tree,
+# ~6 MiB): 7 pieces a minor.
 #
 #   here:   SYMNCCL_CUDA_ARCHS=90 python3 setup.py build_ext --inplace
 #           bash scripts/other_nccl.sh prep          # out-nccl/p1 .. p8
 #   device (back to back: the machine keeps /tmp only while warm, 30 s):
 #           run carry ["symnccl/_C.abi3.so", "out-nccl/p1"]:
 #               bash scripts/other_nccl.sh take 1
-#           run carry ["out-nccl/p2"]: bash scripts/other_nccl.sh take 2
+#           run carry ["out-nccl/p2", "out-nccl/p3"]:
+#               bash scripts/other_nccl.sh take 2 3
 #           ... up to the last piece (prep prints them), then
 #           run: bash scripts/other_nccl.sh check    # ~3 min on 1 GPU
 # `check` runs, for each minor, in a process that does not import torch:
@@ -34,15 +36,18 @@ prep)
                             "including $v first"; exit 1; }
     sha256sum "$lib" | sed "s|$CACHE/||"
     gzip -1 -c "$lib" > "/tmp/n$v.gz" &&
-      split -b "${PIECE_MB:-40}M" -d "/tmp/n$v.gz" "/tmp/n$v.part." &&
+      split -b "${PIECE_MB:-28}M" -d "/tmp/n$v.gz" "/tmp/n$v.part." &&
       rm "/tmp/n$v.gz"
     for f in /tmp/n$v.part.*; do
       k=$((k + 1)); mkdir -p "out-nccl/p$k"; mv "$f" "out-nccl/p$k/"
     done
   done
   du -sh out-nccl/p* ;;
-take)
-  mkdir -p "$ACC" && cp "out-nccl/p$2"/* "$ACC"/ && ls "$ACC" ;;
+take)   # take K [K ...]
+  shift
+  mkdir -p "$ACC" || exit 1
+  for k in "$@"; do cp "out-nccl/p$k"/* "$ACC"/ || exit 1; done
+  ls "$ACC" ;;
 check)
   export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
   for v in $MINORS; do
@@ -63,5 +68,5 @@ C.nccl_device_api())"
       tail -1
   done ;;
 *)
-  echo "usage: $0 prep | take K | check" >&2; exit 2 ;;
+  echo "usage: $0 prep | take K [K ...] | check" >&2; exit 2 ;;
 esac
