@@ -11,7 +11,9 @@
 #   BUILDS="old new" ROUNDS=3 \
 #   BENCH_ARGS="--nranks 2 --dtype bfloat16 --reps 7 --sizes 16M,256M --methods symnccl:push" \
 #   RACE_SEEDS="1 2" RACE_ITERS=5000 bash scripts/ab_builds.sh
-# The benchmark script and the tests' workers are this tree's.
+# BENCH=bench_collectives.py (BENCH_ARGS then its own, e.g. --collectives
+# reduce_scatter --sizes 4M,16M) compares the other collectives. The
+# benchmark script and the tests' workers are this tree's.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 BUILDS=${BUILDS:?list of build names under out/ab}
@@ -24,7 +26,8 @@ for i in $(seq 1 "${ROUNDS:-3}"); do
   for b in $BUILDS; do
     echo "== round $i: $b"
     PYTHONPATH=/tmp/ab/$b timeout "${BENCH_TIMEOUT:-90}" python3 \
-      benchmarks/bench_allreduce.py ${BENCH_ARGS:-} --out "/tmp/ab/$b.json" \
+      "benchmarks/${BENCH:-bench_allreduce.py}" ${BENCH_ARGS:-} \
+      --out "/tmp/ab/$b.json" \
       2>&1 | tail -n +3
   done
 done
