@@ -18,6 +18,7 @@ import queue
 import socket
 import time
 import traceback
+import warnings
 
 from . import _C
 
@@ -70,12 +71,20 @@ def _child(target, rank, nranks, uid, args, q):
                             f"{traceback.format_exc()}"))
 
 
-def spawn(target, nranks: int, args: tuple = (), timeout: float = 900.0):
+class SlowExitWarning(RuntimeWarning):
+    """A spawned rank returned its result but its process did not end
+    within spawn's exit_timeout (it was terminated)."""
+
+
+def spawn(target, nranks: int, args: tuple = (), timeout: float = 900.0,
+          exit_timeout: float = 60.0):
     """Run target(rank, nranks, unique_id, *args) in nranks fresh processes
     (multiprocessing 'spawn'; children inherit this environment unchanged)
     and return their results in rank order. Raises RuntimeError naming the
     rank that failed, and TimeoutError if the ranks do not finish in time;
-    no child outlives the call."""
+    no child outlives the call: one still running exit_timeout seconds
+    after the results came is terminated, with a SlowExitWarning naming
+    it."""
     ctx = mp.get_context("spawn")
     uid = _C.get_unique_id()
     q = ctx.Queue()
@@ -110,8 +119,14 @@ def spawn(target, nranks: int, args: tuple = (), timeout: float = 900.0):
         if errors:
             r = min(errors)
             raise RuntimeError(f"rank {r} of {nranks} failed: {errors[r]}")
-        for p in procs:
-            p.join(timeout=60)
+        exit_deadline = time.monotonic() + exit_timeout
+        for r, p in enumerate(procs):
+            p.join(timeout=max(0.0, exit_deadline - time.monotonic()))
+            if p.is_alive():
+                warnings.warn(f"rank {r} of {nranks} was still running "
+                              f"{exit_timeout:.0f} s after the ranks "
+                              "returned (terminated)", SlowExitWarning,
+                              stacklevel=2)
         return [results[r] for r in range(nranks)]
     finally:
         for p in procs:

@@ -3,6 +3,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -386,8 +387,30 @@ def _fail_on_one(rank, nranks, uid):
     return rank
 
 
+def _linger_on_one(rank, nranks, uid):
+    """Rank 1 returns, then its process cannot end for a minute (a thread
+    that is not a daemon), as a process stuck in its exit would."""
+    if rank == 1:
+        import threading
+        threading.Thread(target=time.sleep, args=(60,)).start()
+    return rank
+
+
 def test_spawn_returns_results_in_rank_order():
     assert spawn(_double, 3, args=(10,), timeout=120) == [0, 10, 20]
+
+
+def test_spawn_names_a_rank_whose_process_does_not_end():
+    """A rank that returned but whose process does not end is terminated
+    after exit_timeout, with a SlowExitWarning naming it (the failure tests
+    fail on it)."""
+    from symnccl.bootstrap import SlowExitWarning
+    t0 = time.monotonic()
+    with pytest.warns(SlowExitWarning, match="rank 1 of 2 was still "
+                      "running 2 s after the ranks returned"):
+        assert spawn(_linger_on_one, 2, timeout=120,
+                     exit_timeout=2.0) == [0, 1]
+    assert time.monotonic() - t0 < 50
 
 
 def test_spawn_names_the_failing_rank():

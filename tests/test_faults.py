@@ -15,11 +15,12 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 
 import pytest
 
 import symnccl
-from symnccl.bootstrap import spawn
+from symnccl.bootstrap import SlowExitWarning, spawn
 
 from _workers import faults as W
 from conftest import ranks_param
@@ -32,12 +33,24 @@ ALGOS = ["ll", "ll128", "one_shot", "two_shot", "push", "nccl"]
 
 # ------------------------------------------------------------- 2 GPUs
 
+EXIT = 20.0   # a rank's process ends within this of returning its result
+
+
 def peer_failure(nranks, scenario, collective, algo, timeout):
     """W.peer_failure on every rank, with a second unique id for its
-    rehearsal communicator (see there)."""
-    return spawn(W.peer_failure, nranks,
-                 args=(scenario, collective, algo, timeout,
-                       symnccl.get_unique_id()), timeout=300)
+    rehearsal communicator (see there). Every process, the survivor's
+    too, must also end on its own within EXIT seconds of returning: a
+    failure may not leave a process that cannot exit."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", SlowExitWarning)
+        res = spawn(W.peer_failure, nranks,
+                    args=(scenario, collective, algo, timeout,
+                          symnccl.get_unique_id()), timeout=300,
+                    exit_timeout=EXIT)
+    slow = [str(w.message) for w in caught
+            if issubclass(w.category, SlowExitWarning)]
+    assert not slow, slow
+    return res
 
 
 def _survivor(res, algo, collective="all_reduce"):
