@@ -76,10 +76,12 @@ tests)   # the GPU tier less the failure tests (stage faults) and the
     tee "$OUT/pytest_loopback.log" | tail -3
   timeout 60 python3 -m symnccl --quick 2>&1 | tee "$OUT/selftest.log" |
     tail -3 ;;
-faults)  # 2-GPU failure scenarios: ~20-60 s each (a rehearsal
-         # communicator, the timeout, a fresh one); -x off, every failure
+faults)  # 2-GPU failure scenarios, ~20-65 s each (a rehearsal
+         # communicator, the timeout, a fresh one): over two calls, e.g.
+         # FAULTS_K="exits or sleeps" then FAULTS_K="not (exits or sleeps)"
   timeout 560 python3 -m pytest -q -rfE --tb=line --durations=50 \
-    tests/test_faults.py 2>&1 | tee "$OUT/pytest_faults.log" | tail -30 ;;
+    tests/test_faults.py ${FAULTS_K:+-k "$FAULTS_K"} 2>&1 |
+    tee "$OUT/pytest_faults.log" | tail -30 ;;
 ab)
   BUILDS=${BUILDS:-"old new"} ROUNDS=2 BENCH_TIMEOUT=150 BENCH_ARGS="--nranks 2 \
     --dtype bfloat16 --reps 7 --sizes 4K,64K,256K,1M,4M,16M,64M,256M \
