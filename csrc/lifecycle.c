@@ -354,6 +354,14 @@ error:
 int
 sn_comms_connect(SNState *st, CommObject **cs, int n, const ncclUniqueId *id)
 {
+    /* once per process: a minor that has not passed on two GPUs */
+    static int warned;
+    const char *caveat = sn_abi_multi_gpu_caveat(sn_abi_minor());
+    if (caveat != NULL && cs[0]->nranks > 1 && !warned) {
+        warned = 1;
+        if (PyErr_WarnEx(PyExc_RuntimeWarning, caveat, 1) < 0)
+            return -1;
+    }
     ncclComm_t *raw = PyMem_Calloc((size_t)n, sizeof(ncclComm_t));
     if (raw == NULL) {
         PyErr_NoMemory();

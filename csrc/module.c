@@ -70,6 +70,19 @@ py_nccl_runtime_version(PyObject *module, PyObject *unused)
     return PyLong_FromLong(v);
 }
 
+/* _multi_gpu_caveat(minor) -> None, or what a communicator of 2+ ranks
+ * warns about NCCL 2.<minor> (abi.c). */
+static PyObject *
+py_multi_gpu_caveat(PyObject *module, PyObject *arg)
+{
+    const int minor = PyLong_AsLong(arg);
+    if (minor == -1 && PyErr_Occurred())
+        return NULL;
+    const char *caveat = sn_abi_multi_gpu_caveat(minor);
+    return caveat == NULL ? Py_NewRef(Py_None)
+                          : PyUnicode_FromString(caveat);
+}
+
 static PyObject *
 py_cuda_versions(PyObject *module, PyObject *unused)
 {
@@ -342,6 +355,10 @@ static PyMethodDef sn_methods[] = {
     {"nccl_device_api", py_nccl_device_api, METH_NOARGS,
      "nccl_device_api($module, /)\n--\n\n-> (2, minor) of the NCCL device API symnccl's "
      "kernels use in this process (the loaded libnccl's), or None."},
+    {"_multi_gpu_caveat", py_multi_gpu_caveat, METH_O,
+     "_multi_gpu_caveat($module, minor, /)\n--\n\n"
+     "None, or the RuntimeWarning a communicator of 2+ ranks gives with "
+     "NCCL 2.<minor> (it has not passed the self-check on two GPUs)."},
     {"nccl_runtime_version", py_nccl_runtime_version, METH_NOARGS,
      "nccl_runtime_version($module, /)\n--\n\n"
      "Version code of the loaded libnccl (ncclGetVersion), e.g. 22809."},

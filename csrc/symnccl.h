@@ -89,6 +89,9 @@ sn_state_from_type(PyTypeObject *tp)
 /* Chooses the build for ncclGetVersion's code; -1 when none matches. */
 int sn_abi_select(int nccl_version_code);
 int sn_abi_minor(void);                /* -1 before a successful select */
+/* NULL when NCCL 2.<minor> has passed `python -m symnccl` on two GPUs,
+ * else what was seen (communicators of 2+ ranks warn with it). */
+const char *sn_abi_multi_gpu_caveat(int minor);
 PyObject *sn_abi_builds(void);         /* ((2, minor), ...) built */
 
 /* ------------------------------------------------------------------ */

@@ -1000,3 +1000,16 @@ def test_self_check_report_names_the_failing_cells_last(capsys):
     assert out[-1].endswith("17 wrong elements: FAIL")
     assert _report([dict(results[0])], 1)
     assert capsys.readouterr().out.splitlines()[-1].endswith(": PASS")
+
+
+def test_minors_not_yet_passed_on_two_gpus_warn_with_what_was_seen():
+    """A communicator of 2+ ranks on NCCL 2.29 or 2.30 warns (once per
+    process) with what the 2-GPU self-check saw (benchmarks/NOTES.md 30);
+    2.28, which passed, does not."""
+    assert _C._multi_gpu_caveat(28) is None
+    assert "2.29.7" in _C._multi_gpu_caveat(29)
+    assert "5122 wrong elements" in _C._multi_gpu_caveat(29)
+    assert "2.30.7" in _C._multi_gpu_caveat(30)
+    assert "invalid device function" in _C._multi_gpu_caveat(30)
+    for minor in (29, 30):
+        assert "python -m symnccl" in _C._multi_gpu_caveat(minor)
