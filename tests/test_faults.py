@@ -33,7 +33,9 @@ ALGOS = ["ll", "ll128", "one_shot", "two_shot", "push", "nccl"]
 
 # ------------------------------------------------------------- 2 GPUs
 
-EXIT = 20.0   # a rank's process ends within this of returning its result
+# a rank's process ends within this of returning its result: its exit's
+# close (SYMNCCL_EXIT_TIMEOUT, 3 s in the worker) and abort's bounded waits
+EXIT = 20.0
 
 
 def peer_failure(nranks, scenario, collective, algo, timeout):

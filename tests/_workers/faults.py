@@ -76,6 +76,10 @@ def peer_failure(rank, nranks, uid, scenario, collective, algo, timeout,
     torch.cuda.set_device(rank)
     if scenario == "mismatch_checked":
         os.environ["SYMNCCL_CHECK"] = "1"
+    # a rank that "exits" returns, and its interpreter's exit then closes
+    # its communicator, bounded by SYMNCCL_EXIT_TIMEOUT (default 30 s): 3 s
+    # here, so that the test's bound on every process's exit is short
+    os.environ["SYMNCCL_EXIT_TIMEOUT"] = "3"
     x = torch.randn(COUNT * nranks, device="cuda")
     with symnccl.Communicator(rehearsal_uid, rank, nranks, device=rank,
                               timeout=timeout) as rehearsal:
