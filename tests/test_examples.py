@@ -37,15 +37,13 @@ def _check_kernels(res, algo):
     """algo's reduce_scatter and all_gather kernels ran (both directions
     of every layer: the forward's and the other's backward); with "auto"
     the kernels symnccl.COLLECTIVE_AUTO_TABLE picks for the example's
-    sizes (1 and 2 ranks: a row serves both), and no NCCL call."""
+    sizes (1 and 2 ranks: a row serves both; before the table, NCCL)."""
     from symnccl import _C
     ran = res["kernels"]
     for coll in ("reduce_scatter", "all_gather"):
         names = (_C.COLLECTIVE_KERNELS[coll].values() if algo == "auto"
                  else [_C.COLLECTIVE_KERNELS[coll][algo]])
         assert sum(ran.get(name, 0) for name in names) > 0, (coll, ran)
-    if algo == "auto":
-        assert not ran.get("nccl"), ran
 
 
 @ranks_param(1, 2)
