@@ -5,10 +5,10 @@
 # (~/.cache/symnccl/nccl/2.<minor>), gzipped (xz gains nothing: NCCL's
 # fatbins are compressed) and split into pieces of PIECE_MB (default 28),
 # so that two fit a device call's carry (64 MiB with the tracked tree,
-# ~6 MiB): 7 pieces a minor.
+# ~6 MiB): 8 pieces a minor (the last one small).
 #
 #   here:   SYMNCCL_CUDA_ARCHS=90 python3 setup.py build_ext --inplace
-#           bash scripts/other_nccl.sh prep          # out-nccl/p1 .. p8
+#           bash scripts/other_nccl.sh prep          # out-nccl/p1 .. p16
 #   device (back to back: the machine keeps /tmp only while warm, 30 s):
 #           run carry ["symnccl/_C.abi3.so", "out-nccl/p1"]:
 #               bash scripts/other_nccl.sh take 1
@@ -18,8 +18,9 @@
 #           run: bash scripts/other_nccl.sh check    # ~3 min on 1 GPU
 # `check` runs, for each minor, in a process that does not import torch:
 # the versions import reports and `python -m symnccl` (every rank the
-# machine has); then (LOOPBACK=0: not) the loopback tier (tests/test_loopback.py, torch
-# loaded after symnccl, LD_PRELOAD making that NCCL torch's as well).
+# machine has, its whole log kept under $OUT); then, unless LOOPBACK=0, the
+# loopback tier (tests/test_loopback.py, torch loaded after symnccl,
+# LD_PRELOAD making that NCCL torch's as well).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 MINORS=${MINORS:-"29 30"}
