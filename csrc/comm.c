@@ -491,7 +491,8 @@ get_knobs(CommObject *s, void *c)
 {
     const sn_knobs *k = &s->knobs;
     return Py_BuildValue(
-        "{s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i}", "SYMNCCL_ALGO",
+        "{s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i}",
+        "SYMNCCL_ALGO",
         k->algo >= 0 ? sn_algos[k->algo].name : "auto", "SYMNCCL_THREADS",
         k->lsa_threads, "SYMNCCL_ONE_SHOT_CTAS", k->one_shot_ctas,
         "SYMNCCL_TWO_SHOT_CTAS", k->two_shot_ctas, "SYMNCCL_LL_CTAS",
@@ -500,6 +501,7 @@ get_knobs(CommObject *s, void *c)
         "SYMNCCL_LL128_TWO_SHOT_KIB", k->ll128_two_shot_kib,
         "SYMNCCL_PUSH_CTAS", k->push_ctas, "SYMNCCL_PUSH_THREADS",
         k->push_threads, "SYMNCCL_PUSH_REGION_MIB", k->push_region_mib,
+        "SYMNCCL_PUSH_CHUNK_KIB", k->push_chunk_kib,
         "SYMNCCL_CHECK", k->check, "SYMNCCL_PDL", k->pdl,
         "SYMNCCL_NCCL_BLOCKING", k->nccl_blocking);
 }
@@ -647,6 +649,37 @@ comm_staging_layout(CommObject *self, PyObject *unused)
     return sn_layout_dict(self);
 }
 
+/* CTA 0's call counter of a kernel's counters (testing: the push
+ * reduce-scatter and all-gather advance it once per pipelined step). */
+static PyObject *
+comm_epoch(CommObject *self, PyObject *arg)
+{
+    SNState *st = comm_state(self);
+    const char *name = PyUnicode_AsUTF8(arg);
+    if (name == NULL || sn_comm_check_usable(st, self) < 0)
+        return NULL;
+    int k = 0;
+    while (k < SYMNCCL_K_COUNT && strcmp(sn_kernel_name(k), name) != 0)
+        k++;
+    if (k == SYMNCCL_K_COUNT || self->scratch == NULL) {
+        PyErr_Format(PyExc_ValueError, "_epoch: no counters for kernel "
+                     "'%s' on this communicator", name);
+        return NULL;
+    }
+    int prev;
+    if (sn_device_push(st, self->device, &prev) < 0)
+        return NULL;
+    uint64_t v = 0;
+    cudaError_t e;
+    Py_BEGIN_ALLOW_THREADS
+    e = cudaMemcpy(&v, sn_epochs(self, k), sizeof(v), cudaMemcpyDeviceToHost);
+    Py_END_ALLOW_THREADS
+    sn_device_pop(prev);
+    if (e != cudaSuccess)
+        return (sn_set_cuda_error(st, e, "reading a call counter"), NULL);
+    return PyLong_FromUnsignedLongLong(v);
+}
+
 /* Parses (algo, dtype, op) names for the registry hooks below. */
 static int
 registry_args(PyObject *args, const char *fmt, int *algo,
@@ -705,6 +738,8 @@ static PyMethodDef comm_methods[] = {
      "collectives} (testing)"},
     {"_staging_layout", (PyCFunction)comm_staging_layout, METH_NOARGS,
      "_staging_layout() -> dict: offsets and sizes in the staging window"},
+    {"_epoch", (PyCFunction)comm_epoch, METH_O,
+     "_epoch(kernel) -> CTA 0's call counter of that kernel (testing)"},
     {"_algo_unavailable", (PyCFunction)comm_algo_unavailable, METH_VARARGS,
      "_algo_unavailable(algo, dtype, op='sum', collective='all_reduce') "
      "-> why algo cannot run, or None"},

@@ -6,8 +6,9 @@
  * reduce_scatter, all_gather
  *   ll, ll128   one launch per row's worth of each slice, straight from x
  *               into out; all_gather on bytes
- *   push        one launch (the kernel walks the slot-sized chunks of every
- *               slice), straight from x into out; all_gather on bytes
+ *   push        one launch (the kernel walks every slice in pipelined
+ *               chunks of SYMNCCL_PUSH_CHUNK_KIB, at most a slot), straight
+ *               from x into out; all_gather on bytes
  * reduce, broadcast (one_shot): one launch per staging area, x copied into
  *               the staging window first; broadcast on bytes
  *
@@ -249,6 +250,9 @@ push_launch(const sn_ar *r, sn_err *err)
         a.count = r->count * r->dtype->itemsize;
     }
     a.slice_stride = a.count;
+    /* reduce_scatter and all_gather pipeline chunks of a slice (push.cuh) */
+    const size_t kib = (size_t)c->knobs.push_chunk_kib << 10;
+    a.chunk_bytes = kib == 0 || kib > a.row_bytes ? a.row_bytes : kib;
     if (r->collective == SYMNCCL_COLL_ALL_REDUCE && r->win != NULL &&
         r->out == r->x && (size_t)(r->x - r->win->base) % 16 == 0) {
         a.out_win = r->win->win;

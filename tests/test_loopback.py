@@ -322,8 +322,9 @@ def test_loopback_ranks_run_kernels_only(monkeypatch):
 RS_SIZES = [1, 1031, 50_001]   # elements per rank's block of the output
 SLICE_ALGOS = ["ll", "ll128", "push"]
 # a 1 MiB push region: slots of 128 KiB at 2 ranks, 32 KiB at 8, so the
-# larger slices take several chunks of the push kernels, and a short last one
-SMALL_PUSH = {"SYMNCCL_PUSH_REGION_MIB": "1"}
+# larger slices take several chunks of the push kernels, and a short last
+# one; the reduce-scatter and all-gather pipeline them in steps of 16 KiB
+SMALL_PUSH = {"SYMNCCL_PUSH_REGION_MIB": "1", "SYMNCCL_PUSH_CHUNK_KIB": "16"}
 
 
 def _slices(torch, nranks, dtype, m, op, seed, pad, per_rank):
@@ -460,6 +461,59 @@ def test_reduce_scatter_and_all_gather_in_place(monkeypatch, algo):
                 np.concatenate(blocks).tobytes()
     finally:
         _close(team)
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+@pytest.mark.parametrize("chunk_kib", [0, 16, 40])
+def test_push_slices_take_one_pipelined_step_per_chunk(monkeypatch, nranks,
+                                                       chunk_kib):
+    """The push reduce_scatter and all_gather walk every slice in steps of
+    SYMNCCL_PUSH_CHUNK_KIB (0: a whole slot), posting step j + 1's stores
+    before consuming step j: right at every step size, a short last step
+    and unaligned views included, and the call counter advances once per
+    step (so the pipeline ran with the step the knob asked for)."""
+    torch = _torch()
+    team = _team(monkeypatch, nranks, {"SYMNCCL_PUSH_REGION_MIB": "1",
+                                       "SYMNCCL_PUSH_CHUNK_KIB":
+                                       str(chunk_kib)})
+    streams = [torch.cuda.Stream() for _ in team]
+    slot = team[0]._staging_layout()["push_slot"]
+    step = slot if chunk_kib == 0 else min(slot, chunk_kib << 10)
+    m = 100_003                      # float32: 400 KB per slice
+    steps = -(-m * 4 // step)
+    assert steps >= 3
+    try:
+        for seed, op in enumerate(("sum", "max")):
+            hs, xs, outs = _slices(torch, nranks, "float32", m, op, seed=seed,
+                                   pad=1, per_rank=nranks * m)
+            before = [c._epoch("push_reduce_scatter") for c in team]
+            torch.cuda.synchronize()
+            for c, s, x, o in zip(team, streams, xs, outs):
+                c.reduce_scatter(x, out=o, op=op, algo="push", stream=s)
+            torch.cuda.synchronize()
+            for q in range(nranks):
+                assert _check.count_wrong(
+                    _host(outs[q], np.float32), op,
+                    [h[q * m:(q + 1) * m] for h in hs], "float32") == 0, \
+                    (op, q)
+            assert [c._epoch("push_reduce_scatter") - b
+                    for c, b in zip(team, before)] == [steps] * nranks
+            gathered = [torch.full((nranks * m + 1,), float("nan"),
+                                   device="cuda")[1:] for _ in team]
+            before = [c._epoch("push_all_gather") for c in team]
+            for c, s, o, g in zip(team, streams, outs, gathered):
+                c.all_gather(o, out=g, algo="push", stream=s)
+            torch.cuda.synchronize()
+            want = np.concatenate([_host(o, np.float32) for o in outs])
+            for g in gathered:
+                assert _host(g, np.float32).tobytes() == want.tobytes()
+            assert [c._epoch("push_all_gather") - b
+                    for c, b in zip(team, before)] == [steps] * nranks
+        ran = _kernels_ran(team)
+    finally:
+        _close(team)
+    assert all(r == {"push_reduce_scatter", "push_all_gather"}
+               for r in ran), ran
 
 
 def test_reduce_scatter_and_all_gather_graph_replays(monkeypatch):
@@ -638,6 +692,69 @@ def test_every_collective_raises_when_a_rank_never_calls(
                for e in errors), [str(e) for e in errors]
     for c in team:
         c.abort()
+    assert torch.arange(8, device="cuda", dtype=torch.float32).sum() == 28
+
+
+LATE_CALLS = [("all_reduce", a) for a in ("one_shot", "two_shot", "ll",
+                                           "ll128", "push")] + \
+    [(c, a) for c in ("reduce_scatter", "all_gather") for a in SLICE_ALGOS] + \
+    [("reduce", "one_shot"), ("broadcast", "one_shot")]
+
+
+@pytest.mark.parametrize("collective,algo", LATE_CALLS)
+def test_a_rank_that_calls_after_the_timeout_gets_an_error_not_data(
+        monkeypatch, collective, algo):
+    """Rank 1 of 2 makes its call only after rank 0 gave up on it: rank 0
+    raises PeerTimeoutError naming rank 1 after the timeout; rank 1's
+    kernel finds its fault word set (rank 0's give_up), leaves before it
+    touches any memory, and its check raises PeerTimeoutError with reason
+    "peer" naming rank 0, at once; its output keeps its poison; both
+    communicators refuse further calls until aborted; the GPU stays
+    usable."""
+    torch = _torch()
+    team = _team(monkeypatch, 2, timeout=2.0)
+    streams = [torch.cuda.Stream() for _ in team]
+    m = 3001
+    per_rank = 2 * m if collective == "reduce_scatter" else m
+    kw = {"root": 1} if collective in ("reduce", "broadcast") else {}
+    if collective == "all_reduce" or kw:
+        _, xs, outs = _inputs(torch, 2, "float32", m, "sum", seed=5, pad=0)
+    else:
+        _, xs, outs = _slices(torch, 2, "float32", m, "sum", seed=5, pad=0,
+                              per_rank=per_rank)
+    poison = _host(outs[1], np.float32).tobytes()
+    kernel = (symnccl._C.ALGO_KERNELS[algo][0] if collective == "all_reduce"
+              else symnccl._C.COLLECTIVE_KERNELS[collective][algo])
+    try:
+        torch.cuda.synchronize()
+        t0 = time.monotonic()
+        getattr(team[0], collective)(xs[0], out=outs[0], algo=algo,
+                                     stream=streams[0], **kw)
+        streams[0].synchronize()
+        took0 = time.monotonic() - t0
+        with pytest.raises(symnccl.PeerTimeoutError) as e0:
+            team[0].check()
+        t1 = time.monotonic()
+        getattr(team[1], collective)(xs[1], out=outs[1], algo=algo,
+                                     stream=streams[1], **kw)
+        streams[1].synchronize()
+        took1 = time.monotonic() - t1
+        with pytest.raises(symnccl.PeerTimeoutError) as e1:
+            team[1].check()
+        late_out = _host(outs[1], np.float32).tobytes()
+        for c, x in zip(team, xs):
+            with pytest.raises(symnccl.PeerTimeoutError):
+                getattr(c, collective)(x, algo=algo, **kw)
+    finally:
+        for c in team:
+            c.abort()
+    assert 2.0 <= took0 < 7.0, took0
+    assert took1 < 1.0, took1
+    assert (e0.value.reason, e0.value.rank) == ("timeout", 1), str(e0.value)
+    assert (e1.value.reason, e1.value.rank) == ("peer", 0), str(e1.value)
+    for e in (e0.value, e1.value):
+        assert (e.collective, e.kernel) == (collective, kernel), str(e)
+    assert late_out == poison
     assert torch.arange(8, device="cuda", dtype=torch.float32).sum() == 28
 
 

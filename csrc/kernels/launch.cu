@@ -138,6 +138,11 @@ cudaError_t launch(const symnccl_kargs* a, cudaStream_t stream) {
        a->row_bytes % 16 != 0 ||
        (a->out_win != nullptr && a->out_offset % 16 != 0)))
     return cudaErrorInvalidValue;
+  if ((a->kernel == SYMNCCL_K_PUSH_REDUCE_SCATTER ||
+       a->kernel == SYMNCCL_K_PUSH_ALL_GATHER) &&
+      (a->chunk_bytes == 0 || a->chunk_bytes % 16 != 0 ||
+       a->chunk_bytes > a->row_bytes))
+    return cudaErrorInvalidValue;
   if ((a->kernel == SYMNCCL_K_LL_ALL_GATHER ||
        a->kernel == SYMNCCL_K_LL128_ALL_GATHER ||
        a->kernel == SYMNCCL_K_PUSH_ALL_GATHER ||

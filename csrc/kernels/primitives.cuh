@@ -435,15 +435,24 @@ __device__ __forceinline__ uint64_t acquire_load(const uint64_t* p) {
 // (SYMNCCL_FLAG_LINE): CTA b of every rank signals CTA b of every peer.
 
 // Every thread's stores so far, then this CTA's flag at every peer := v, at
-// line_off into `lines` (thread q signals peer q).
+// line_off into `lines` (thread q signals peer q); with `line_off2` also
+// the flag there := v2, behind the same CTA barrier (the second release
+// finds nothing left to wait for).
+constexpr size_t kNoLine = ~(size_t)0;
+
 __device__ __forceinline__ void signal_flags(const Peers& lines,
                                              size_t line_off, int me, int n,
-                                             uint64_t v, bool ok = true) {
+                                             uint64_t v, bool ok = true,
+                                             size_t line_off2 = kNoLine,
+                                             uint64_t v2 = 0) {
   __syncthreads();
   const int q = threadIdx.x;
-  if (ok && q < n && q != me)
-    release_store(
-        reinterpret_cast<uint64_t*>(lines(q) + line_off + (size_t)me * 8), v);
+  if (ok && q < n && q != me) {
+    char* at = lines(q) + (size_t)me * 8;
+    release_store(reinterpret_cast<uint64_t*>(at + line_off), v);
+    if (line_off2 != kNoLine)
+      release_store(reinterpret_cast<uint64_t*>(at + line_off2), v2);
+  }
 }
 
 // Until every peer's flag in my `line` is >= v (thread s waits for peer

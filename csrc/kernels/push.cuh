@@ -318,26 +318,40 @@ __global__ void __launch_bounds__(512)
 // reduce_scatter and all_gather on the same region, flags and per-CTA
 // counters (the host maps them to the push epochs), so any push call may
 // follow any other. Each slice (a block of the reduce-scatter's input, a
-// rank's all-gather input) is cut into chunks of one slot; chunk j of every
-// slice is one epoch e:
-//   1. send: rank r stores its chunk for rank q (reduce-scatter: of slice
-//      q; all-gather: its own input) into q's receive slot [e & 1][r], for
-//      every q != r in rotated order, then raises flag 0 at q; the
-//      all-gather also copies its own input into its output;
-//   2. wait for flag 1 >= e from every peer: each has consumed chunk j - 1,
-//      so the slots of parity e & 1 that chunk j + 1 writes are free;
-//   3. consume: wait for flag 0 >= e + 1 from every peer, then reduce my
-//      slice's chunk in rank order 0..n-1 (my own part from my input) into
-//      my output, or copy each peer's slot into its place in my output;
-//      raise flag 1 at every peer ("your chunk j is read").
-// At the end a CTA waits for the last chunk's flag 1, so a call has left
-// the slots free (and the all-reduce's ordering arguments hold) when the
-// next begins. Flag 1 means the same in every push kernel: the peer has
-// read what I stored into its receive slots for that chunk (the all-reduce
-// raises it after its reduction). The deal of vectors to CTAs is that of
-// push<T>, so one flag per (phase, CTA, source rank) again suffices. The
-// all-gather runs on bytes (SYMNCCL_DT_BYTES); count is a slice's elements
-// and slice_stride the distance between slices (of the input for
+// rank's all-gather input) is cut into chunks of a.chunk_bytes (at most a
+// slot: SYMNCCL_PUSH_CHUNK_KIB); chunk j of every slice is one epoch
+// e = e0 + j, in the slots of parity e & 1. The chunks are pipelined: the
+// stores of chunk j + 1 are posted before chunk j is consumed, so they
+// cross NVLink while the CTA reads its own memory (with one chunk per
+// slice, 8 MiB at 16 MiB on 2 ranks, the sends and the reduction never
+// overlapped: benchmarks/NOTES.md, 30-31).
+//   send(j): rank r stores its chunk j for rank q (reduce-scatter: of
+//      slice q; all-gather: of its own input) into q's receive slot
+//      [e & 1][r], for every q != r in rotated order; the all-gather also
+//      copies its own input into its output.
+//   prologue: send(0), flag 0 := e0 + 1 at every peer.
+//   step j: if j + 1 < nch: wait for flag 1 >= e from every peer (each has
+//      consumed chunk j - 1, whose slots chunk j + 1 takes), send(j + 1).
+//      Wait for flag 0 >= e + 1 from every peer (chunk j is here), consume
+//      it: reduce my slice's chunk in rank order 0..n-1 (my own part from
+//      my input) into my output, or copy each peer's slot into its place
+//      in my output. Then, behind one CTA barrier, flag 1 := e + 1 ("your
+//      chunk j is read") and flag 0 := e + 2 ("chunk j + 1 is in your
+//      slot": its stores had the consumption of chunk j to drain) at every
+//      peer.
+// No cycle: step j on one rank waits only for the ends of steps j - 1 of
+// its peers. Two parities suffice: chunk j + 1 is stored into a slot of
+// parity (e + 1) & 1 only after every peer raised flag 1 for chunk j - 1,
+// the last reader of that slot. At the end a CTA waits for the last
+// chunk's flag 1, so a call has left the slots free (and the all-reduce's
+// ordering arguments hold) when the next begins. Flag 1 means the same in
+// every push kernel: the peer has read what I stored into its receive
+// slots for that chunk (the all-reduce raises it after its reduction), and
+// flag 0 that the stores of that chunk are in its slots. The deal of
+// vectors to CTAs is that of push<T> (by position in the chunk), so one
+// flag per (phase, CTA, source rank) again suffices. The all-gather runs
+// on bytes (SYMNCCL_DT_BYTES); count is a slice's elements and
+// slice_stride the distance between slices (of the input for
 // reduce_scatter, of the output for all_gather).
 template <typename T, bool kGather>
 __device__ __forceinline__ void push_slices(const ncclDevComm& dc,
@@ -352,17 +366,20 @@ __device__ __forceinline__ void push_slices(const ncclDevComm& dc,
   const size_t m = a.count;
   const size_t stride = a.slice_stride;
   const size_t slot_bytes = a.row_bytes;
-  const size_t chunk = slot_bytes / sizeof(T);
+  // chunk_bytes is a multiple of 16 (the host's): every chunk starts
+  // 16-byte aligned relative to its slice
+  const size_t chunk = a.chunk_bytes / sizeof(T);
   const size_t nch = (m + chunk - 1) / chunk;
   const size_t step = deal_step();
-  // slot sizes are whole pages: every chunk starts 16-byte aligned
-  // relative to its slice
   auto aligned = [](const void* p) {
     return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
   };
+  auto chunk_len = [&](size_t j) {
+    return m - j * chunk < chunk ? m - j * chunk : chunk;
+  };
 
   uint64_t e0;
-  if (!enter_cta(a, me, n, e0)) return;
+  if (!enter_cta(a, me, n, e0) || nch == 0) return;
 
   const Peers flags = Peers::of(a.region_win, a.region_offset);
   const Peers data = Peers::of(a.region_win, a.data_offset);
@@ -371,13 +388,10 @@ __device__ __forceinline__ void push_slices(const ncclDevComm& dc,
   const size_t line0 = push_line(0, blockIdx.x, n);
   const size_t line1 = push_line(1, blockIdx.x, n);
 
-  for (size_t j = 0; j < nch; j++) {
-    const uint64_t e = e0 + j;
-    const size_t par = e & 1;
+  auto send = [&](size_t j) {
+    const size_t par = (e0 + j) & 1;
     const size_t c0 = j * chunk;
-    const size_t len = m - c0 < chunk ? m - c0 : chunk;
-
-    // 1. send
+    const size_t len = chunk_len(j);
     for (int k = 1; k < n; k++) {
       const int q = (me + k) % n;
       const T* from = kGather ? src + c0 : src + q * stride + c0;
@@ -390,17 +404,30 @@ __device__ __forceinline__ void push_slices(const ncclDevComm& dc,
       push_copy<T, UC>(len, src + c0, aligned(src + c0),
                        out + me * stride + c0, aligned(out + me * stride + c0),
                        false);
-    signal_flags(flags, line0, me, n, e + 1);
+  };
 
-    // 2. the peers have read chunk j - 1
-    if (j > 0 &&
-        !wait_flags(my_flags + line1, me, n, e, a, SYMNCCL_WAIT_RESULTS))
-      return;
+  send(0);
+  signal_flags(flags, line0, me, n, e0 + 1);
 
-    // 3. consume chunk j
+  for (size_t j = 0; j < nch; j++) {
+    const uint64_t e = e0 + j;
+    const bool more = j + 1 < nch;
+    const size_t c0 = j * chunk;
+    const size_t len = chunk_len(j);
+
+    if (more) {
+      // the peers have read chunk j - 1 (the previous call's last chunk
+      // for j = 0, which its end waited for)
+      if (j > 0 &&
+          !wait_flags(my_flags + line1, me, n, e, a, SYMNCCL_WAIT_RESULTS))
+        return;
+      send(j + 1);
+    }
+
+    // consume chunk j
     if (!wait_flags(my_flags + line0, me, n, e + 1, a, SYMNCCL_WAIT_SLICES))
       return;
-    const char* slots = my_data + par * n * slot_bytes;
+    const char* slots = my_data + (e & 1) * n * slot_bytes;
     if constexpr (kGather) {
       for (int k = 1; k < n; k++) {
         const int q = (me + k) % n;
@@ -425,11 +452,12 @@ __device__ __forceinline__ void push_slices(const ncclDevComm& dc,
                                             a.op);
       }
     }
-    signal_flags(flags, line1, me, n, e + 1);
+    signal_flags(flags, line1, me, n, e + 1, true, more ? line0 : kNoLine,
+                 e + 2);
   }
 
-  if (nch > 0 && !wait_flags(my_flags + line1, me, n, e0 + nch, a,
-                             SYMNCCL_WAIT_RESULTS))
+  if (!wait_flags(my_flags + line1, me, n, e0 + nch, a,
+                  SYMNCCL_WAIT_RESULTS))
     return;
   if (threadIdx.x == 0) a.epochs[blockIdx.x] = e0 + nch;
 }
