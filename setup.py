@@ -315,7 +315,10 @@ def compile_kernels(nvcc, builds, objdir, force):
         os.makedirs(os.path.dirname(obj), exist_ok=True)
         cmd = [nvcc, "-c", src, "-o", obj, "-O3", "-std=c++17",
                "-Xcompiler", "-fPIC", "--expt-relaxed-constexpr",
-               "-Xptxas", "-warn-spills", "-Xfatbin=-compress-all",
+               "-Xptxas", "-warn-spills",
+               # fatbin compressed for size: 19% smaller than
+               # -Xfatbin=-compress-all (benchmarks/NOTES.md, 31)
+               "--compress-mode=size",
                f"--threads={threads}", f"-I{builds[minor]}", "-Icsrc"] + \
             extra + gencode_flags()
         key = hashlib.sha256(" ".join(cmd).encode()).hexdigest()
@@ -463,6 +466,9 @@ def make_extension():
         + [f"-Wl,-rpath,{p}" for p in rpaths],
         extra_compile_args=["-std=c11", "-O2", "-fvisibility=hidden",
                             "-Wall", "-Wextra",
+                            # a function outside the limited API (abi3)
+                            # is undeclared: never let it become an int
+                            "-Werror=implicit-function-declaration",
                             "-Wno-unused-parameter",
                             "-Wno-missing-field-initializers",
                             "-Wno-cast-function-type"],

@@ -655,7 +655,11 @@ static PyObject *
 comm_epoch(CommObject *self, PyObject *arg)
 {
     SNState *st = comm_state(self);
-    const char *name = PyUnicode_AsUTF8(arg);
+    if (!PyUnicode_Check(arg)) {
+        PyErr_SetString(PyExc_TypeError, "_epoch: expected a kernel name");
+        return NULL;
+    }
+    const char *name = PyUnicode_AsUTF8AndSize(arg, NULL);
     if (name == NULL || sn_comm_check_usable(st, self) < 0)
         return NULL;
     int k = 0;

@@ -6,8 +6,8 @@
  * reduce_scatter, all_gather
  *   ll, ll128   one launch per row's worth of each slice, straight from x
  *               into out; all_gather on bytes
- *   push        one launch (the kernel walks every slice in pipelined
- *               chunks of SYMNCCL_PUSH_CHUNK_KIB, at most a slot), straight
+ *   push        one launch (the kernel walks every slice in chunks of a
+ *               slot, or of SYMNCCL_PUSH_CHUNK_KIB when smaller), straight
  *               from x into out; all_gather on bytes
  * reduce, broadcast (one_shot): one launch per staging area, x copied into
  *               the staging window first; broadcast on bytes
@@ -250,7 +250,7 @@ push_launch(const sn_ar *r, sn_err *err)
         a.count = r->count * r->dtype->itemsize;
     }
     a.slice_stride = a.count;
-    /* reduce_scatter and all_gather pipeline chunks of a slice (push.cuh) */
+    /* reduce_scatter and all_gather: chunks of a slice (push.cuh) */
     const size_t kib = (size_t)c->knobs.push_chunk_kib << 10;
     a.chunk_bytes = kib == 0 || kib > a.row_bytes ? a.row_bytes : kib;
     if (r->collective == SYMNCCL_COLL_ALL_REDUCE && r->win != NULL &&

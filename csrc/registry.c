@@ -491,16 +491,19 @@ static const knob knobs[] = {
      * 132-SM GPU (README: Streams) */
     {"SYMNCCL_PUSH_CTAS", offsetof(sn_knobs, push_ctas), 64, 1,
      SYMNCCL_PUSH_MAX_CTAS, 1, "grid of push (fixed per communicator)"},
+    /* a multiple of 64: the reduce-scatter and all-gather split each CTA
+     * into two warp groups (push.cuh) */
     {"SYMNCCL_PUSH_THREADS", offsetof(sn_knobs, push_threads), 512, 64, 512,
-     32, "threads per CTA of push"},
+     64, "threads per CTA of push"},
     {"SYMNCCL_PUSH_REGION_MIB", offsetof(sn_knobs, push_region_mib), 64, 1,
      4096, 1, "size of push's region in the staging window"},
-    /* 1 MiB: ~3 us of NVLink per step on 2 ranks, against ~1 us of flag
-     * latency a step; predicted 16 MiB 28-32 us against 48 with one step
-     * (benchmarks/NOTES.md, 31) */
-    {"SYMNCCL_PUSH_CHUNK_KIB", offsetof(sn_knobs, push_chunk_kib), 1024, 0,
-     1 << 20, 1, "push reduce_scatter/all_gather: KiB of each slice per "
-     "pipelined step (0, or more than a slot: a whole slot)"},
+    /* 0 until measured on 2 GPUs: the split pipeline was designed for
+     * NVLink (predicted 16 MiB 28-32 us against 48) and only a loopback
+     * team on one GPU has run it (benchmarks/NOTES.md, 31) */
+    {"SYMNCCL_PUSH_CHUNK_KIB", offsetof(sn_knobs, push_chunk_kib), 0, 0,
+     1 << 20, 1, "push reduce_scatter/all_gather: 0 (or a slot or more): "
+     "chunks of a whole slot; less: chunks of this many KiB, each CTA split "
+     "into senders and consumers"},
     /* off by default: one all-gather and one synchronisation per call */
     {"SYMNCCL_CHECK", offsetof(sn_knobs, check), 0, 0, 1, 1,
      "1: ranks compare each eager call's collective, dtype, count, op, "

@@ -350,7 +350,7 @@ def test_call_check_compares_each_call_and_is_free_when_off(uid,
             assert c.knobs["SYMNCCL_CHECK"] == on
             before = c._launches()
             c.all_reduce(x, algo="ll")
-            c.broadcast(x)
+            c.broadcast(x, algo="nccl")
             after = c._launches()
             assert after["ll"] == before["ll"] + 1
             assert after["nccl"] == before["nccl"] + 1 + 2 * on

@@ -306,7 +306,7 @@ def test_loopback_ranks_run_kernels_only(monkeypatch):
         with pytest.raises(RuntimeError, match="loopback"):
             c.all_reduce(x, algo="nccl")
         with pytest.raises(RuntimeError, match="loopback"):
-            c.reduce_scatter(x)
+            c.reduce_scatter(x, algo="nccl")
         with pytest.raises(RuntimeError, match="loopback"):
             c.barrier()
         with pytest.raises(RuntimeError, match="loopback"):
@@ -323,7 +323,7 @@ RS_SIZES = [1, 1031, 50_001]   # elements per rank's block of the output
 SLICE_ALGOS = ["ll", "ll128", "push"]
 # a 1 MiB push region: slots of 128 KiB at 2 ranks, 32 KiB at 8, so the
 # larger slices take several chunks of the push kernels, and a short last
-# one; the reduce-scatter and all-gather pipeline them in steps of 16 KiB
+# one; the reduce-scatter and all-gather pipeline them in chunks of 16 KiB
 SMALL_PUSH = {"SYMNCCL_PUSH_REGION_MIB": "1", "SYMNCCL_PUSH_CHUNK_KIB": "16"}
 
 
@@ -467,11 +467,11 @@ def test_reduce_scatter_and_all_gather_in_place(monkeypatch, algo):
 @pytest.mark.parametrize("chunk_kib", [0, 16, 40])
 def test_push_slices_take_one_pipelined_step_per_chunk(monkeypatch, nranks,
                                                        chunk_kib):
-    """The push reduce_scatter and all_gather walk every slice in steps of
-    SYMNCCL_PUSH_CHUNK_KIB (0: a whole slot), posting step j + 1's stores
-    before consuming step j: right at every step size, a short last step
-    and unaligned views included, and the call counter advances once per
-    step (so the pipeline ran with the step the knob asked for)."""
+    """The push reduce_scatter and all_gather walk every slice in chunks of
+    SYMNCCL_PUSH_CHUNK_KIB (0: a whole slot), each CTA's senders up to two
+    chunks ahead of its consumers: right at every chunk size, a short last
+    chunk and unaligned views included, and the call counter advances once
+    per chunk (so the pipeline ran with the chunk the knob asked for)."""
     torch = _torch()
     team = _team(monkeypatch, nranks, {"SYMNCCL_PUSH_REGION_MIB": "1",
                                        "SYMNCCL_PUSH_CHUNK_KIB":

@@ -141,7 +141,8 @@ cudaError_t launch(const symnccl_kargs* a, cudaStream_t stream) {
   if ((a->kernel == SYMNCCL_K_PUSH_REDUCE_SCATTER ||
        a->kernel == SYMNCCL_K_PUSH_ALL_GATHER) &&
       (a->chunk_bytes == 0 || a->chunk_bytes % 16 != 0 ||
-       a->chunk_bytes > a->row_bytes))
+       a->chunk_bytes > a->row_bytes || a->threads % 64 != 0 ||
+       a->threads / 2 < n))
     return cudaErrorInvalidValue;
   if ((a->kernel == SYMNCCL_K_LL_ALL_GATHER ||
        a->kernel == SYMNCCL_K_LL128_ALL_GATHER ||

@@ -218,8 +218,8 @@ typedef struct {
     size_t row_bytes;
     size_t data_offset;        /* push: slots' offset in region_win */
     size_t chunk_bytes;        /* push reduce_scatter, all_gather: bytes
-                                  of a slice per pipelined step, a multiple
-                                  of 16, <= row_bytes */
+                                  of a slice per chunk, a multiple of 16,
+                                  <= row_bytes (less: the split kernels) */
     uint64_t *epochs;          /* ctas zeroed call counters, local (the
                                   barrier kernels' too) */
     /* push in place on a window: results are stored into out_win at

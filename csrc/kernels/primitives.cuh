@@ -16,6 +16,8 @@
 //                     of peers in flight at once (peers unrolled in batches)
 //   release_store /   flag stores and loads that order the data around
 //   acquire_load      them across GPUs
+//   Group             a CTA, or a warp-specialised part of it, with a
+//                     barrier of its own
 //   signal_flags /    a CTA's flags to the same CTA of every peer (push)
 //   wait_flags
 //   Barrier           the load kernels' barrier, built on them
@@ -431,45 +433,72 @@ __device__ __forceinline__ uint64_t acquire_load(const uint64_t* p) {
   return v;
 }
 
+// Threads of a CTA that synchronise among themselves: the whole CTA
+// (hardware barrier 0, __syncthreads), or a warp-specialised part of it
+// on a named barrier of its own (push_slices: senders and consumers).
+struct Group {
+  int tid;   // this thread's index in the group
+  int size;  // threads, a multiple of 32
+  int bar;   // barrier id; 0: the CTA's
+
+  __device__ __forceinline__ static Group cta() {
+    return {(int)threadIdx.x, (int)blockDim.x, 0};
+  }
+  __device__ __forceinline__ void sync() const {
+    if (bar == 0)
+      __syncthreads();
+    else
+      asm volatile("bar.sync %0, %1;" ::"r"(bar), "r"(size) : "memory");
+  }
+  // true when p holds on every thread of the group
+  __device__ __forceinline__ bool all(bool p) const {
+    if (bar == 0) return __syncthreads_and(p) != 0;
+    uint32_t r;
+    asm volatile(
+        "{\n\t.reg .pred q;\n\t"
+        "setp.ne.u32 q, %1, 0;\n\t"
+        "bar.red.and.pred q, %2, %3, q;\n\t"
+        "selp.u32 %0, 1, 0, q;\n\t}"
+        : "=r"(r)
+        : "r"((uint32_t)p), "r"(bar), "r"(size)
+        : "memory");
+    return r != 0;
+  }
+};
+
 // A CTA's flags, one line per CTA of one 8-byte flag per source rank
 // (SYMNCCL_FLAG_LINE): CTA b of every rank signals CTA b of every peer.
 
-// Every thread's stores so far, then this CTA's flag at every peer := v, at
-// line_off into `lines` (thread q signals peer q); with `line_off2` also
-// the flag there := v2, behind the same CTA barrier (the second release
-// finds nothing left to wait for).
-constexpr size_t kNoLine = ~(size_t)0;
-
+// Every store of the group's threads so far, then this CTA's flag at every
+// peer := v, at line_off into `lines` (the group's thread q signals peer
+// q; the group has at least n threads).
 __device__ __forceinline__ void signal_flags(const Peers& lines,
                                              size_t line_off, int me, int n,
                                              uint64_t v, bool ok = true,
-                                             size_t line_off2 = kNoLine,
-                                             uint64_t v2 = 0) {
-  __syncthreads();
-  const int q = threadIdx.x;
-  if (ok && q < n && q != me) {
-    char* at = lines(q) + (size_t)me * 8;
-    release_store(reinterpret_cast<uint64_t*>(at + line_off), v);
-    if (line_off2 != kNoLine)
-      release_store(reinterpret_cast<uint64_t*>(at + line_off2), v2);
-  }
+                                             const Group& g = Group::cta()) {
+  g.sync();
+  const int q = g.tid;
+  if (ok && q < n && q != me)
+    release_store(
+        reinterpret_cast<uint64_t*>(lines(q) + line_off + (size_t)me * 8), v);
 }
 
-// Until every peer's flag in my `line` is >= v (thread s waits for peer
-// s); then every thread of the CTA may read what the peers stored before
-// raising their flags. false: a wait gave up, or a thread came with ok
-// false (its Entry), and the whole CTA must leave.
+// Until every peer's flag in my `line` is >= v (the group's thread s waits
+// for peer s); then every thread of the group may read what the peers
+// stored before raising their flags. false: a wait gave up, or a thread
+// came with ok false (its Entry), and the whole group must stop.
 __device__ __forceinline__ bool wait_flags(const char* line, int me, int n,
                                            uint64_t v, const symnccl_kargs& a,
-                                           int wait, bool ok = true) {
-  const int s = threadIdx.x;
+                                           int wait, bool ok = true,
+                                           const Group& g = Group::cta()) {
+  const int s = g.tid;
   if (ok && s < n && s != me) {
     const uint64_t* f =
         reinterpret_cast<const uint64_t*>(line + (size_t)s * 8);
     ok = bounded_wait([&] { return acquire_load(f) >= v; }, a, me, n,
                       {wait, s, v});
   }
-  return __syncthreads_and(ok) != 0;
+  return g.all(ok);
 }
 
 // The barrier of the load kernels (one_shot, two_shot, multimem): CTA b of

@@ -20,7 +20,7 @@
 // j, so consecutive chunks overlap.
 //
 // Work split: the 16-byte vectors of a slice are dealt to the CTAs in tiles
-// of blockDim.x (deal_first); CTA b of every rank handles the same vectors
+// of blockDim.x (Deal); CTA b of every rank handles the same vectors
 // in every phase, every slice and every chunk, so one flag per (phase, CTA,
 // source rank) says "CTA b's vectors are there", and CTA b is the only one
 // to touch its vectors of any slot. The grid is fixed per communicator (the
@@ -40,7 +40,7 @@
 // flag 0 of that chunk, which r raises after reading them for its scatter.
 // Each of these steps orders CTA b against CTA b of the peer only, which is
 // enough because CTA b owns the same vectors of a slot whatever the chunk's
-// length (deal_first). Between calls, a rank starts call c + 1 only after
+// length (Deal). Between calls, a rank starts call c + 1 only after
 // every one of its CTAs saw every peer's matching CTA finish its last
 // reduction of call c.
 //
@@ -82,22 +82,31 @@ __device__ __forceinline__ PushChunk push_chunk(size_t j, size_t chunk_elems,
 
 // Which vectors of a slice (or slot) this thread handles: they are dealt to
 // the CTAs in tiles of blockDim.x (8 KiB at 512 threads), tile k to CTA
-// k % gridDim.x, thread i taking vector i of the tile: vectors first,
-// first + step, ... (< nv). Which CTA owns a vector depends on its position
-// only, not on the slice length, so CTA b handles the same vectors of a
-// slot in a short last chunk as in a full one: the two-parity argument
-// above orders CTA b only against CTA b of the peers and needs exactly
-// that. (Cutting each chunk into gridDim.x contiguous runs broke it: the
-// short last chunk's runs lay across other CTAs' runs of chunk nch - 3, so
-// CTA b could overwrite a receive slot that another CTA of the peer had
-// not yet reduced; benchmarks/NOTES.md, 15.)
-__device__ __forceinline__ size_t deal_first() {
-  return (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-}
+// k % gridDim.x. Which CTA owns a vector depends on its position only, not
+// on the slice length, so CTA b handles the same vectors of a slot in a
+// short last chunk as in a full one, and in every push kernel: the
+// two-parity arguments order CTA b only against CTA b of the peers and
+// need exactly that. (Cutting each chunk into gridDim.x contiguous runs
+// broke it: the short last chunk's runs lay across other CTAs' runs of
+// chunk nch - 3, so CTA b could overwrite a receive slot that another CTA
+// of the peer had not yet reduced; benchmarks/NOTES.md, 15.) Inside the
+// CTA, a group of blockDim.x / K threads (the whole CTA: K = 1) takes K
+// vectors of each tile: thread t those at t, t + blockDim.x / K, ...
+template <int K>
+struct Deal {
+  size_t first;  // my first vector
+  size_t tile;   // from one of my CTA's tiles to the next
+  size_t inner;  // from one of my vectors of a tile to the next
 
-__device__ __forceinline__ size_t deal_step() {
-  return (size_t)gridDim.x * blockDim.x;
-}
+  __device__ __forceinline__ static Deal of(const Group& g) {
+    return {(size_t)blockIdx.x * blockDim.x + g.tid,
+            (size_t)gridDim.x * blockDim.x, (size_t)g.size};
+  }
+  // the u-th of my vectors from v, the first of mine in one of my tiles
+  __device__ __forceinline__ size_t at(size_t v, int u) const {
+    return v + (size_t)(u / K) * tile + (size_t)(u % K) * inner;
+  }
+};
 
 // Elements of slice q, relative to its start, that lie before `count`.
 __device__ __forceinline__ size_t slice_len(const PushChunk& r, int q,
@@ -106,27 +115,28 @@ __device__ __forceinline__ size_t slice_len(const PushChunk& r, int q,
   return s >= count ? 0 : count - s < r.slice ? count - s : r.slice;
 }
 
-// to <- from for this CTA's vectors of one slice of `len` valid elements
-// (U vectors per thread in flight). Scatter: from = input (any alignment),
-// to = a peer's slot, written in whole vectors (`whole`). Gather: from = a
-// slot (or the input), to = the output, valid elements only.
-template <typename T, int U>
+// to <- from for this thread's vectors (d) of one slice of `len` valid
+// elements (U vectors per thread in flight). Scatter: from = input (any
+// alignment), to = a peer's slot, written in whole vectors (`whole`).
+// Gather: from = a slot (or the input), to = the output, valid elements
+// only.
+template <typename T, int U, int K>
 __device__ __forceinline__ void push_copy(size_t len, const T* from,
                                           bool from_al, T* to, bool to_al,
-                                          bool whole) {
+                                          bool whole, const Deal<K>& d) {
+  static_assert(U % K == 0, "whole tiles per step");
   constexpr int E = Pack<T, 16>::kElems;
-  const size_t step = deal_step();
   const size_t nv = (len + E - 1) / E;
-  for (size_t v = deal_first(); v < nv; v += U * step) {
+  for (size_t v = d.first; v < nv; v += U / K * d.tile) {
     uint4 x[U];
 #pragma unroll
     for (int u = 0; u < U; u++)
-      if (v + u * step < nv)
-        x[u] = load_pack<16, true>(from, v + u * step, len, from_al);
+      if (d.at(v, u) < nv)
+        x[u] = load_pack<16, true>(from, d.at(v, u), len, from_al);
 #pragma unroll
     for (int u = 0; u < U; u++)
-      if (v + u * step < nv)
-        store_pack<16>(to, v + u * step, whole ? (v + u * step + 1) * E : len,
+      if (d.at(v, u) < nv)
+        store_pack<16>(to, d.at(v, u), whole ? (d.at(v, u) + 1) * E : len,
                        to_al, x[u]);
   }
 }
@@ -230,7 +240,8 @@ __global__ void __launch_bounds__(512)
   const bool src_al = (reinterpret_cast<uintptr_t>(src) & 15) == 0;
   const bool out_al = (reinterpret_cast<uintptr_t>(out) & 15) == 0;
   const bool to_window = a.out_win != nullptr;
-  const size_t step = deal_step();
+  const Deal<1> d = Deal<1>::of(Group::cta());
+  const size_t step = d.tile;
 
   uint64_t e0;
   if (!enter_cta(a, me, n, e0)) return;
@@ -260,7 +271,7 @@ __global__ void __launch_bounds__(512)
         push_copy<T, UC>(slice_len(rp, q, count),
                          reinterpret_cast<const T*>(
                              my_data + res_rel + (pp * n + q) * slot_bytes),
-                         true, out + rp.c0 + q * rp.slice, out_al, false);
+                         true, out + rp.c0 + q * rp.slice, out_al, false, d);
     return true;
   };
 
@@ -275,7 +286,7 @@ __global__ void __launch_bounds__(512)
       push_copy<T, UC>(
           slice_len(r, q, count), src + r.c0 + q * r.slice, src_al,
           reinterpret_cast<T*>(data(q) + (par * n + me) * slot_bytes), true,
-          true);
+          true, d);
     }
     signal_flags(flags, push_line(0, blockIdx.x, n), me, n, e + 1);
 
@@ -300,7 +311,7 @@ __global__ void __launch_bounds__(512)
                            out_al};
     const size_t nv = (pr.len + E - 1) / E;
     const size_t nwhole = src_al && (to_window || out_al) ? pr.len / E : 0;
-    for (size_t v = deal_first(); v < nv; v += U * step) {
+    for (size_t v = d.first; v < nv; v += U * step) {
       if (v + (U - 1) * step < nwhole)
         push_reduce<T, U, true>(pr, v, step, me, n, a.op);
       else
@@ -318,47 +329,47 @@ __global__ void __launch_bounds__(512)
 // reduce_scatter and all_gather on the same region, flags and per-CTA
 // counters (the host maps them to the push epochs), so any push call may
 // follow any other. Each slice (a block of the reduce-scatter's input, a
-// rank's all-gather input) is cut into chunks of a.chunk_bytes (at most a
-// slot: SYMNCCL_PUSH_CHUNK_KIB); chunk j of every slice is one epoch
-// e = e0 + j, in the slots of parity e & 1. The chunks are pipelined: the
-// stores of chunk j + 1 are posted before chunk j is consumed, so they
-// cross NVLink while the CTA reads its own memory (with one chunk per
-// slice, 8 MiB at 16 MiB on 2 ranks, the sends and the reduction never
-// overlapped: benchmarks/NOTES.md, 30-31).
-//   send(j): rank r stores its chunk j for rank q (reduce-scatter: of
-//      slice q; all-gather: of its own input) into q's receive slot
-//      [e & 1][r], for every q != r in rotated order; the all-gather also
-//      copies its own input into its output.
-//   prologue: send(0), flag 0 := e0 + 1 at every peer.
-//   step j: if j + 1 < nch: wait for flag 1 >= e from every peer (each has
-//      consumed chunk j - 1, whose slots chunk j + 1 takes), send(j + 1).
-//      Wait for flag 0 >= e + 1 from every peer (chunk j is here), consume
-//      it: reduce my slice's chunk in rank order 0..n-1 (my own part from
-//      my input) into my output, or copy each peer's slot into its place
-//      in my output. Then, behind one CTA barrier, flag 1 := e + 1 ("your
-//      chunk j is read") and flag 0 := e + 2 ("chunk j + 1 is in your
-//      slot": its stores had the consumption of chunk j to drain) at every
-//      peer.
-// No cycle: step j on one rank waits only for the ends of steps j - 1 of
-// its peers. Two parities suffice: chunk j + 1 is stored into a slot of
-// parity (e + 1) & 1 only after every peer raised flag 1 for chunk j - 1,
-// the last reader of that slot. At the end a CTA waits for the last
-// chunk's flag 1, so a call has left the slots free (and the all-reduce's
-// ordering arguments hold) when the next begins. Flag 1 means the same in
-// every push kernel: the peer has read what I stored into its receive
-// slots for that chunk (the all-reduce raises it after its reduction), and
-// flag 0 that the stores of that chunk are in its slots. The deal of
-// vectors to CTAs is that of push<T> (by position in the chunk), so one
-// flag per (phase, CTA, source rank) again suffices. The all-gather runs
-// on bytes (SYMNCCL_DT_BYTES); count is a slice's elements and
-// slice_stride the distance between slices (of the input for
+// rank's all-gather input) is cut into chunks of a.chunk_bytes (a slot, or
+// less: SYMNCCL_PUSH_CHUNK_KIB); chunk j of every slice is one epoch
+// e = e0 + j, in the slots of parity e & 1. Two roles per chunk:
+//   send: once every peer has read chunk j - 2 (flag 1 >= e - 1: the last
+//      reader of the slots of parity e & 1; chunks 0 and 1 find them free,
+//      the previous call's end waited for that), store my chunk j for rank
+//      q (reduce-scatter: of slice q; all-gather: of my own input) into
+//      q's receive slot [e & 1][me], for every q != me in rotated order,
+//      the all-gather also into my own output; then flag 0 := e + 1 at
+//      every peer;
+//   consume: once flag 0 >= e + 1 from every peer, reduce my slice's chunk
+//      in rank order 0..n-1 (my own part from my input) into my output, or
+//      copy each peer's slot into its place in my output; then flag 1 :=
+//      e + 1 at every peer ("your chunk j is read").
+// kSplit false (chunks of a whole slot, the default): every thread sends,
+// then consumes, chunk after chunk (the order measured on 2 GPUs in
+// benchmarks/NOTES.md, 30). kSplit true (smaller chunks): each CTA is two
+// warp groups with barriers of their own, the senders (first half) up to
+// two chunks ahead of the consumers (second half), so that NVLink and local
+// memory work at once; with one group the threads that store a chunk are
+// the ones that reduce it, and the two never overlap (NOTES.md, 31).
+// No cycle: a send waits for the peers' consumption of chunk j - 2, which
+// waits only for sends of chunks <= j - 2. At the end the consumers wait
+// for the last chunk's flag 1, so a call leaves the slots free (and the
+// all-reduce's ordering arguments hold) when the next begins. Flag 0 means
+// the same in every push kernel (the stores of that chunk are in your
+// slots), and so does flag 1 (the peer has read them; the all-reduce
+// raises it after its reduction). Which CTA handles a vector is push<T>'s
+// deal (by position in the chunk), so one flag per (phase, CTA, source
+// rank) again suffices; split, each group takes half of its CTA's vectors
+// of each tile (Deal<2>). A group that gives up stops its loop; the other
+// one's next wait finds this rank's fault word set; both meet at the end.
+// The all-gather runs on bytes (SYMNCCL_DT_BYTES); count is a slice's
+// elements and slice_stride the distance between slices (of the input for
 // reduce_scatter, of the output for all_gather).
-template <typename T, bool kGather>
+template <typename T, bool kGather, bool kSplit>
 __device__ __forceinline__ void push_slices(const ncclDevComm& dc,
                                             const symnccl_kargs& a) {
   constexpr int E = Pack<T, 16>::kElems;
-  constexpr int U = PushUnroll<T>::kReduce;
   constexpr int UC = PushUnroll<T>::kCopy;
+  constexpr int K = kSplit ? 2 : 1;   // my vectors per tile
   const int n = dc.lsaSize;
   const int me = dc.lsaRank;
   const T* src = static_cast<const T*>(a.src);
@@ -370,71 +381,63 @@ __device__ __forceinline__ void push_slices(const ncclDevComm& dc,
   // 16-byte aligned relative to its slice
   const size_t chunk = a.chunk_bytes / sizeof(T);
   const size_t nch = (m + chunk - 1) / chunk;
-  const size_t step = deal_step();
   auto aligned = [](const void* p) {
     return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
   };
-  auto chunk_len = [&](size_t j) {
-    return m - j * chunk < chunk ? m - j * chunk : chunk;
-  };
 
   uint64_t e0;
-  if (!enter_cta(a, me, n, e0) || nch == 0) return;
+  if (!enter_cta(a, me, n, e0)) return;
 
   const Peers flags = Peers::of(a.region_win, a.region_offset);
   const Peers data = Peers::of(a.region_win, a.data_offset);
   const char* my_flags = flags(me);
-  const char* my_data = data(me);
   const size_t line0 = push_line(0, blockIdx.x, n);
   const size_t line1 = push_line(1, blockIdx.x, n);
+  // split: blockDim.x is a multiple of 64 and half of it >= n (the host's)
+  const int half = (int)blockDim.x / 2;
+  const bool sends = !kSplit || (int)threadIdx.x < half;
+  const bool consumes = !kSplit || (int)threadIdx.x >= half;
+  const Group g = !kSplit ? Group::cta()
+                  : sends ? Group{(int)threadIdx.x, half, 1}
+                          : Group{(int)threadIdx.x - half, half, 2};
+  const Deal<K> d = Deal<K>::of(g);
+  bool ok = true;
 
-  auto send = [&](size_t j) {
-    const size_t par = (e0 + j) & 1;
-    const size_t c0 = j * chunk;
-    const size_t len = chunk_len(j);
-    for (int k = 1; k < n; k++) {
-      const int q = (me + k) % n;
-      const T* from = kGather ? src + c0 : src + q * stride + c0;
-      push_copy<T, UC>(len, from, aligned(from),
-                       reinterpret_cast<T*>(data(q) +
-                                            (par * n + me) * slot_bytes),
-                       true, true);
-    }
-    if (kGather && out + me * stride != src)  // not in place
-      push_copy<T, UC>(len, src + c0, aligned(src + c0),
-                       out + me * stride + c0, aligned(out + me * stride + c0),
-                       false);
-  };
-
-  send(0);
-  signal_flags(flags, line0, me, n, e0 + 1);
-
-  for (size_t j = 0; j < nch; j++) {
+  for (size_t j = 0; j < nch && ok; j++) {
     const uint64_t e = e0 + j;
-    const bool more = j + 1 < nch;
     const size_t c0 = j * chunk;
-    const size_t len = chunk_len(j);
-
-    if (more) {
-      // the peers have read chunk j - 1 (the previous call's last chunk
-      // for j = 0, which its end waited for)
-      if (j > 0 &&
-          !wait_flags(my_flags + line1, me, n, e, a, SYMNCCL_WAIT_RESULTS))
-        return;
-      send(j + 1);
+    const size_t len = m - c0 < chunk ? m - c0 : chunk;
+    const size_t par = e & 1;
+    if (sends) {
+      if (j >= 2 && !(ok = wait_flags(my_flags + line1, me, n, e - 1, a,
+                                      SYMNCCL_WAIT_RESULTS, true, g)))
+        break;
+      for (int k = 1; k < n; k++) {
+        const int q = (me + k) % n;
+        const T* from = kGather ? src + c0 : src + q * stride + c0;
+        push_copy<T, UC>(len, from, aligned(from),
+                         reinterpret_cast<T*>(data(q) +
+                                              (par * n + me) * slot_bytes),
+                         true, true, d);
+      }
+      T* own = out + me * stride + c0;
+      if (kGather && own != src + c0)  // not in place
+        push_copy<T, UC>(len, src + c0, aligned(src + c0), own, aligned(own),
+                         false, d);
+      signal_flags(flags, line0, me, n, e + 1, true, g);
     }
-
-    // consume chunk j
-    if (!wait_flags(my_flags + line0, me, n, e + 1, a, SYMNCCL_WAIT_SLICES))
-      return;
-    const char* slots = my_data + (e & 1) * n * slot_bytes;
+    if (!consumes) continue;
+    if (!(ok = wait_flags(my_flags + line0, me, n, e + 1, a,
+                          SYMNCCL_WAIT_SLICES, true, g)))
+      break;
+    const char* slots = data(me) + par * n * slot_bytes;
     if constexpr (kGather) {
       for (int k = 1; k < n; k++) {
         const int q = (me + k) % n;
         T* to = out + q * stride + c0;
         push_copy<T, UC>(len,
                          reinterpret_cast<const T*>(slots + q * slot_bytes),
-                         true, to, aligned(to), false);
+                         true, to, aligned(to), false, d);
       }
     } else {
       const T* own = src + me * stride + c0;
@@ -443,40 +446,59 @@ __device__ __forceinline__ void push_slices(const ncclDevComm& dc,
                              out + c0,   aligned(out + c0)};
       const size_t nv = (len + E - 1) / E;
       const size_t nwhole = pr.own_al && pr.out_al ? len / E : 0;
-      for (size_t v = deal_first(); v < nv; v += U * step) {
-        if (v + (U - 1) * step < nwhole)
-          push_reduce<T, U, true, false>(pr, v, step, me, n, a.op);
-        else
-          for (int u = 0; u < U; u++)
-            push_reduce<T, 1, false, false>(pr, v + u * step, step, me, n,
-                                            a.op);
+      // two of my vectors at a time, v and d.at(v, 1): one reduction of
+      // both where the accumulators allow (PushUnroll)
+      for (size_t v = d.first; v < nv; v += 2 / K * d.tile) {
+        const size_t v1 = d.at(v, 1);
+        if constexpr (PushUnroll<T>::kReduce == 2) {
+          if (v1 < nwhole) {
+            push_reduce<T, 2, true, false>(pr, v, v1 - v, me, n, a.op);
+            continue;
+          }
+        }
+        for (int h = 0; h < 2; h++) {
+          const size_t vv = h == 0 ? v : v1;
+          if (vv < nwhole)
+            push_reduce<T, 1, true, false>(pr, vv, 0, me, n, a.op);
+          else
+            push_reduce<T, 1, false, false>(pr, vv, 0, me, n, a.op);
+        }
       }
     }
-    signal_flags(flags, line1, me, n, e + 1, true, more ? line0 : kNoLine,
-                 e + 2);
+    signal_flags(flags, line1, me, n, e + 1, true, g);
   }
 
-  if (!wait_flags(my_flags + line1, me, n, e0 + nch, a,
-                  SYMNCCL_WAIT_RESULTS))
-    return;
-  if (threadIdx.x == 0) a.epochs[blockIdx.x] = e0 + nch;
+  // every peer has read my last chunk: the slots are free for the next call
+  if (consumes && ok)
+    ok = wait_flags(my_flags + line1, me, n, e0 + nch, a,
+                    SYMNCCL_WAIT_RESULTS, true, g);
+  if (__syncthreads_and(ok) && threadIdx.x == 0)
+    a.epochs[blockIdx.x] = e0 + nch;
 }
 
 // (512, 1): with the bare 512 ptxas gave the fp8 reduce-scatter 64
 // registers and 136 bytes of spills; with one CTA per SM declared the
 // minimum it takes 96 and spills none (the grid is 64 CTAs: occupancy is
 // not what limits these kernels).
-template <typename T>
+// kSplit: a kernel of its own (both bodies in one kernel spilled 16-40
+// bytes in the 16-bit and fp8 reduce-scatter); launch: push_split.
+template <typename T, bool kSplit>
 __global__ void __launch_bounds__(512, 1)
     push_reduce_scatter(ncclDevComm dc,
                         const __grid_constant__ symnccl_kargs a) {
-  push_slices<T, false>(dc, a);
+  push_slices<T, false, kSplit>(dc, a);
 }
 
-template <typename T>
+template <typename T, bool kSplit>
 __global__ void __launch_bounds__(512, 1)
     push_all_gather(ncclDevComm dc, const __grid_constant__ symnccl_kargs a) {
-  push_slices<T, true>(dc, a);
+  push_slices<T, true, kSplit>(dc, a);
+}
+
+// Whether a push reduce_scatter/all_gather launch runs the split kernels:
+// chunks smaller than a slot.
+__host__ __forceinline__ bool push_split(const symnccl_kargs& a) {
+  return a.chunk_bytes < a.row_bytes;
 }
 
 SYMNCCL_END

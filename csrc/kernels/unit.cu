@@ -15,13 +15,16 @@ SYMNCCL_BEGIN
 // The kernels that move bytes (all_gather, broadcast), in the unit of
 // SYMNCCL_DT_BYTES only; nullptr elsewhere.
 template <typename T>
-void (*bytes_kernel(int kernel))(ncclDevComm, const symnccl_kargs) {
+void (*bytes_kernel(const symnccl_kargs& a))(ncclDevComm,
+                                             const symnccl_kargs) {
   if constexpr (std::is_same<T, DType<SYMNCCL_DT_BYTES>::type>::value) {
-    switch (kernel) {
+    switch (a.kernel) {
+      case SYMNCCL_K_PUSH_ALL_GATHER:
+        return push_split(a) ? push_all_gather<T, true>
+                             : push_all_gather<T, false>;
       case SYMNCCL_K_LL_ALL_GATHER: return packet_all_gather<T, LL>;
       case SYMNCCL_K_LL128_ALL_GATHER: return packet_all_gather<T, LL128>;
       case SYMNCCL_K_ONE_SHOT_BROADCAST: return one_shot_broadcast<T>;
-      case SYMNCCL_K_PUSH_ALL_GATHER: return push_all_gather<T>;
     }
   }
   return nullptr;
@@ -52,12 +55,15 @@ cudaError_t SYMNCCL_CAT(symnccl_launch_, SYMNCCL_UNIT_DT)(
       kernel = packet_reduce_scatter<T, LL128>;
       break;
     case SYMNCCL_K_ONE_SHOT_REDUCE: kernel = one_shot_reduce<T>; break;
-    case SYMNCCL_K_PUSH_REDUCE_SCATTER: kernel = push_reduce_scatter<T>; break;
+    case SYMNCCL_K_PUSH_REDUCE_SCATTER:
+      kernel = push_split(*a) ? push_reduce_scatter<T, true>
+                              : push_reduce_scatter<T, false>;
+      break;
     case SYMNCCL_K_LL_ALL_GATHER:
     case SYMNCCL_K_LL128_ALL_GATHER:
     case SYMNCCL_K_ONE_SHOT_BROADCAST:
     case SYMNCCL_K_PUSH_ALL_GATHER:
-      kernel = bytes_kernel<T>(a->kernel);
+      kernel = bytes_kernel<T>(*a);
       if (kernel == nullptr) return cudaErrorInvalidValue;
       break;
     default: return cudaErrorInvalidValue;
