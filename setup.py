@@ -25,10 +25,6 @@ Environment:
                       of the nvidia-nccl-cu13 wheel
   CUDA_HOME           CUDA toolkit root (default: from nvcc on PATH)
   NVCC                nvcc to use
-  SYMNCCL_JAXLIB_INCLUDE  jaxlib's include/ (with xla/ffi/api/c_api.h) for
-                      the XLA FFI handler; default: the installed jaxlib's.
-                      Without it the handler is not built (symnccl.jax then
-                      says why).
 """
 import concurrent.futures
 import glob
@@ -217,24 +213,6 @@ def find_nccl():
     if not builds:
         _fail("no NCCL headers to build the kernels against")
     return builds, inc, libdir, "NCCL_HOME" in os.environ
-
-
-def find_xla_ffi():
-    """jaxlib's include dir holding xla/ffi/api/c_api.h, or None. Found
-    without importing jaxlib (a build environment may lack a GPU)."""
-    inc = os.environ.get("SYMNCCL_JAXLIB_INCLUDE")
-    if inc is None:
-        import importlib.util
-        spec = importlib.util.find_spec("jaxlib")
-        roots = list(spec.submodule_search_locations or []) if spec else []
-        inc = next((os.path.join(r, "include") for r in roots
-                    if os.path.exists(os.path.join(r, "include"))), None)
-    if inc and os.path.exists(os.path.join(inc, "xla", "ffi", "api",
-                                           "c_api.h")):
-        return inc
-    if os.environ.get("SYMNCCL_JAXLIB_INCLUDE"):
-        _fail(f"SYMNCCL_JAXLIB_INCLUDE={inc} has no xla/ffi/api/c_api.h")
-    return None
 
 
 def cuda_archs():
@@ -441,16 +419,9 @@ def _sources():
 def make_extension():
     nvcc, cuda_inc, cuda_lib = CUDA
     _, nccl_inc, nccl_lib, nccl_home = NCCL
-    xla_inc = find_xla_ffi()
     macros = [("Py_LIMITED_API", "0x030B0000")]
+    # the XLA FFI handlers need no jaxlib here: csrc/xla_ffi_abi.h
     include_dirs = ["csrc", nccl_inc, cuda_inc]
-    if xla_inc is not None:
-        print(f"symnccl: building the XLA FFI handler against {xla_inc}")
-        macros.append(("SYMNCCL_HAVE_XLA_FFI", "1"))
-        include_dirs.append(xla_inc)
-    else:
-        print("symnccl: jaxlib's headers not found: building without the "
-              "XLA FFI handler")
     # $ORIGIN/../nvidia/nccl/lib is the wheel's libnccl beside an installed
     # symnccl; symnccl/_loader.py preloads it explicitly in any case.
     rpaths = ["$ORIGIN/../nvidia/nccl/lib"]

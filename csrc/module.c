@@ -391,8 +391,7 @@ static PyMethodDef sn_methods[] = {
     {"_xla_handler", sn_py_xla_handler, METH_VARARGS,
      "_xla_handler(collective='all_reduce') -> PyCapsule: the XLA FFI "
      "handler symnccl_<collective> for all_reduce, reduce_scatter or "
-     "all_gather (for jax.ffi.register_ffi_target; raises if built without "
-     "jaxlib)."},
+     "all_gather (for jax.ffi.register_ffi_target)."},
     {"_xla_register", sn_py_xla_register, METH_O,
      "_xla_register(comm): the XLA handler uses comm on comm.device."},
     {"_xla_stats", sn_py_xla_stats, METH_O,

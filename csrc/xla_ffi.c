@@ -3,16 +3,16 @@
  * jax.jit / shard_map (symnccl/jax.py registers and calls them, and gives
  * them their gradients).
  *
- * Written against jaxlib's xla/ffi/api/c_api.h, found at build time
- * (setup.py defines SYMNCCL_HAVE_XLA_FFI); without it the module functions
- * below raise and symnccl.jax reports why.
+ * Written against XLA's stable FFI C ABI, as symnccl declares it itself
+ * (xla_ffi_abi.h), so every build has the handlers: jaxlib is needed only
+ * where JAX runs them.
  *
  * The handler runs on XLA's threads without the GIL and never calls the
  * Python API. It
  *   - answers XLA's metadata query (call frame carrying the metadata
  *     extension, ctx NULL) with the API version it was built against;
- *   - takes the stream from XLA_FFI_Stream_Get and the device from
- *     XLA_FFI_DeviceOrdinal_Get, and picks the communicator registered for
+ *   - takes the stream from XLA's Stream_Get and the device from its
+ *     DeviceOrdinal_Get, and picks the communicator registered for
  *     that device (symnccl.jax.communicator() registers them; the table is
  *     process-wide because the handler has no module to look in);
  *   - never initialises a communicator or talks to a key-value store;
@@ -98,35 +98,34 @@ sn_xla_init(SNState *st)
     st->on_close = on_close;
 }
 
-#ifdef SYMNCCL_HAVE_XLA_FFI
-
 #include <cuda.h>
-#include "xla/ffi/api/c_api.h"
 
-static XLA_FFI_Error *
-ffi_error(const XLA_FFI_Api *api, XLA_FFI_Error_Code code, const char *msg)
+#include "xla_ffi_abi.h"
+
+static snx_error *
+ffi_error(const snx_api *api, snx_error_code code, const char *msg)
 {
-    XLA_FFI_Error_Create_Args a;
+    snx_error_create_args a;
     memset(&a, 0, sizeof(a));
-    a.struct_size = XLA_FFI_Error_Create_Args_STRUCT_SIZE;
+    a.struct_size = SNX_STRUCT_SIZE(snx_error_create_args, errc);
     a.message = msg;
     a.errc = code;
-    return api->XLA_FFI_Error_Create(&a);
+    return api->error_create(&a);
 }
 
 /* XLA's element types, by the registry's name (which holds the rest). */
-static const struct { XLA_FFI_DataType xla; const char *name; } xla_types[] = {
-    {XLA_FFI_DataType_F32, "float32"},   {XLA_FFI_DataType_F64, "float64"},
-    {XLA_FFI_DataType_F16, "float16"},   {XLA_FFI_DataType_BF16, "bfloat16"},
-    {XLA_FFI_DataType_F8E4M3FN, "float8_e4m3fn"},
-    {XLA_FFI_DataType_F8E5M2, "float8_e5m2"},
-    {XLA_FFI_DataType_S8, "int8"},       {XLA_FFI_DataType_U8, "uint8"},
-    {XLA_FFI_DataType_S32, "int32"},     {XLA_FFI_DataType_U32, "uint32"},
-    {XLA_FFI_DataType_S64, "int64"},     {XLA_FFI_DataType_U64, "uint64"},
+static const struct { int xla; const char *name; } xla_types[] = {
+    {SNX_F32, "float32"},   {SNX_F64, "float64"},
+    {SNX_F16, "float16"},   {SNX_BF16, "bfloat16"},
+    {SNX_F8E4M3FN, "float8_e4m3fn"},
+    {SNX_F8E5M2, "float8_e5m2"},
+    {SNX_S8, "int8"},       {SNX_U8, "uint8"},
+    {SNX_S32, "int32"},     {SNX_U32, "uint32"},
+    {SNX_S64, "int64"},     {SNX_U64, "uint64"},
 };
 
 static const sn_dtype *
-xla_dtype(XLA_FFI_DataType t)
+xla_dtype(int t)
 {
     for (size_t i = 0; i < sizeof(xla_types) / sizeof(xla_types[0]); i++)
         if (xla_types[i].xla == t)
@@ -136,19 +135,19 @@ xla_dtype(XLA_FFI_DataType t)
 
 /* Integer attribute `name` (an int32 scalar), or dflt when absent. */
 static int
-attr_int(const XLA_FFI_CallFrame *call, const char *name, int dflt)
+attr_int(const snx_call_frame *call, const char *name, int dflt)
 {
     size_t len = strlen(name);
     for (int64_t i = 0; i < call->attrs.size; i++) {
-        const XLA_FFI_ByteSpan *n = call->attrs.names[i];
+        const snx_bytes *n = call->attrs.names[i];
         if (n->len != len || memcmp(n->ptr, name, len) != 0)
             continue;
-        if (call->attrs.types[i] != XLA_FFI_AttrType_SCALAR)
+        if (call->attrs.types[i] != SNX_ATTR_SCALAR)
             return dflt;
-        const XLA_FFI_Scalar *s = call->attrs.attrs[i];
-        if (s->dtype == XLA_FFI_DataType_S32)
+        const snx_scalar *s = call->attrs.attrs[i];
+        if (s->dtype == SNX_S32)
             return *(const int32_t *)s->value;
-        if (s->dtype == XLA_FFI_DataType_S64)
+        if (s->dtype == SNX_S64)
             return (int)*(const int64_t *)s->value;
         return dflt;
     }
@@ -232,10 +231,10 @@ xla_window(CommObject *c, const char *p, size_t bytes, int device,
 }
 
 /* The all-reduce of one call, on c (entered: c->busy counts it). */
-static XLA_FFI_Error *
-all_reduce(const XLA_FFI_Api *api, XLA_FFI_CallFrame *call, CommObject *c,
-           int dev, const sn_dtype *dt, size_t count, const XLA_FFI_Buffer *x,
-           const XLA_FFI_Buffer *y, cudaStream_t stream)
+static snx_error *
+all_reduce(const snx_api *api, snx_call_frame *call, CommObject *c,
+           int dev, const sn_dtype *dt, size_t count, const snx_buffer *x,
+           const snx_buffer *y, cudaStream_t stream)
 {
     char msg[320];
     /* op: an ncclRedOp_t (symnccl._C.OP_CODES); algo: SN_ALGO_* */
@@ -247,7 +246,7 @@ all_reduce(const XLA_FFI_Api *api, XLA_FFI_CallFrame *call, CommObject *c,
     int algo = attr_int(call, "algo", SN_ALGO_AUTO);
     int may_register = attr_int(call, "register", 0);
     if (op == NULL || algo < SN_ALGO_AUTO || algo >= SN_ALGO_COUNT)
-        return ffi_error(api, XLA_FFI_Error_Code_INVALID_ARGUMENT,
+        return ffi_error(api, SNX_ERR_INVALID_ARGUMENT,
                          "symnccl_all_reduce: bad op or algo attribute");
     if (op->nccl == ncclAvg && c->nranks == 1)
         op = sn_op_by_name("sum");
@@ -262,7 +261,7 @@ all_reduce(const XLA_FFI_Api *api, XLA_FFI_CallFrame *call, CommObject *c,
         if (why != NULL) {
             snprintf(msg, sizeof(msg), "symnccl_all_reduce: algo '%s' "
                      "cannot run here: %s", sn_algos[algo].name, why);
-            return ffi_error(api, XLA_FFI_Error_Code_INVALID_ARGUMENT, msg);
+            return ffi_error(api, SNX_ERR_INVALID_ARGUMENT, msg);
         }
     }
 
@@ -311,7 +310,7 @@ all_reduce(const XLA_FFI_Api *api, XLA_FFI_CallFrame *call, CommObject *c,
     if (prev >= 0 && prev != c->device)
         cudaSetDevice(prev);
     if (failed)
-        return ffi_error(api, XLA_FFI_Error_Code_INTERNAL, msg);
+        return ffi_error(api, SNX_ERR_INTERNAL, msg);
     return NULL;
 }
 
@@ -319,11 +318,11 @@ all_reduce(const XLA_FFI_Api *api, XLA_FFI_CallFrame *call, CommObject *c,
  * symnccl's kernels for algo ll, ll128 or push (straight from XLA's operand
  * into its result), else on NCCL; "auto" as for the Communicator methods
  * (sn_collective_auto). */
-static XLA_FFI_Error *
-slice_collective(const XLA_FFI_Api *api, XLA_FFI_CallFrame *call,
+static snx_error *
+slice_collective(const snx_api *api, snx_call_frame *call,
                  CommObject *c, int collective, const sn_dtype *dt,
-                 size_t count, size_t ycount, const XLA_FFI_Buffer *x,
-                 const XLA_FFI_Buffer *y, cudaStream_t stream)
+                 size_t count, size_t ycount, const snx_buffer *x,
+                 const snx_buffer *y, cudaStream_t stream)
 {
     char msg[320];
     const char *name = sn_collective_name(collective);
@@ -336,14 +335,14 @@ slice_collective(const XLA_FFI_Api *api, XLA_FFI_CallFrame *call,
         if (op == NULL) {
             snprintf(msg, sizeof(msg), "symnccl_%s: bad op attribute %d",
                      name, op_code);
-            return ffi_error(api, XLA_FFI_Error_Code_INVALID_ARGUMENT, msg);
+            return ffi_error(api, SNX_ERR_INVALID_ARGUMENT, msg);
         }
     }
     int algo = attr_int(call, "algo", SN_ALGO_AUTO);
     if (algo < SN_ALGO_AUTO || algo >= SN_ALGO_COUNT) {
         snprintf(msg, sizeof(msg), "symnccl_%s: bad algo attribute %d", name,
                  algo);
-        return ffi_error(api, XLA_FFI_Error_Code_INVALID_ARGUMENT, msg);
+        return ffi_error(api, SNX_ERR_INVALID_ARGUMENT, msg);
     }
     const sn_topology topo = sn_topology_of(c);
     if (algo == SN_ALGO_AUTO)
@@ -357,7 +356,7 @@ slice_collective(const XLA_FFI_Api *api, XLA_FFI_CallFrame *call,
         if (why != NULL) {
             snprintf(msg, sizeof(msg), "symnccl_%s: algo '%s' cannot run "
                      "here: %s", name, sn_algos[algo].name, why);
-            return ffi_error(api, XLA_FFI_Error_Code_INVALID_ARGUMENT, msg);
+            return ffi_error(api, SNX_ERR_INVALID_ARGUMENT, msg);
         }
     }
     int prev = -1;
@@ -400,45 +399,45 @@ slice_collective(const XLA_FFI_Api *api, XLA_FFI_CallFrame *call,
     if (prev >= 0 && prev != c->device)
         cudaSetDevice(prev);
     if (failed)
-        return ffi_error(api, XLA_FFI_Error_Code_INTERNAL, msg);
+        return ffi_error(api, SNX_ERR_INTERNAL, msg);
     return NULL;
 }
 
-static XLA_FFI_Error *
-handle(XLA_FFI_CallFrame *call, int collective)
+static snx_error *
+handle(snx_call_frame *call, int collective)
 {
-    const XLA_FFI_Api *api = call->api;
+    const snx_api *api = call->api;
     /* Metadata query at registration: report the API version we speak. */
     if (call->extension_start != NULL &&
-        call->extension_start->type == XLA_FFI_Extension_Metadata) {
-        XLA_FFI_Metadata_Extension *ext =
-            (XLA_FFI_Metadata_Extension *)call->extension_start;
-        ext->metadata->api_version.major_version = XLA_FFI_API_MAJOR;
-        ext->metadata->api_version.minor_version = XLA_FFI_API_MINOR;
+        call->extension_start->type == SNX_EXTENSION_METADATA) {
+        snx_metadata_extension *ext =
+            (snx_metadata_extension *)call->extension_start;
+        ext->metadata->api_version.major_version = SNX_API_MAJOR;
+        ext->metadata->api_version.minor_version = SNX_API_MINOR;
         ext->metadata->traits = 0;   /* not command-buffer compatible */
         return NULL;
     }
     if (call->ctx == NULL)
         return NULL;
-    if (call->stage != XLA_FFI_ExecutionStage_EXECUTE)
+    if (call->stage != SNX_STAGE_EXECUTE)
         return NULL;
     char msg[320];
     const char *name = sn_collective_name(collective);
     if (call->args.size != 1 || call->rets.size != 1 ||
-        call->args.types[0] != XLA_FFI_ArgType_BUFFER ||
-        call->rets.types[0] != XLA_FFI_RetType_BUFFER) {
+        call->args.types[0] != SNX_ARG_BUFFER ||
+        call->rets.types[0] != SNX_RET_BUFFER) {
         snprintf(msg, sizeof(msg), "symnccl_%s: expected one buffer operand "
                  "and one buffer result", name);
-        return ffi_error(api, XLA_FFI_Error_Code_INVALID_ARGUMENT, msg);
+        return ffi_error(api, SNX_ERR_INVALID_ARGUMENT, msg);
     }
-    const XLA_FFI_Buffer *x = call->args.args[0];
-    const XLA_FFI_Buffer *y = call->rets.rets[0];
+    const snx_buffer *x = call->args.args[0];
+    const snx_buffer *y = call->rets.rets[0];
     const sn_dtype *dt = xla_dtype(x->dtype);
     if (dt == NULL || x->dtype != y->dtype) {
         snprintf(msg, sizeof(msg), "symnccl_%s: XLA dtype %d is not "
                  "supported (or differs from the result's, %d)", name,
                  (int)x->dtype, (int)y->dtype);
-        return ffi_error(api, XLA_FFI_Error_Code_INVALID_ARGUMENT, msg);
+        return ffi_error(api, SNX_ERR_INVALID_ARGUMENT, msg);
     }
     size_t count = 1, ycount = 1;
     for (int64_t i = 0; i < x->rank; i++)
@@ -446,18 +445,27 @@ handle(XLA_FFI_CallFrame *call, int collective)
     for (int64_t i = 0; i < y->rank; i++)
         ycount *= (size_t)y->dims[i];
 
-    XLA_FFI_Stream_Get_Args sa;
+    snx_stream_get_args sa;
     memset(&sa, 0, sizeof(sa));
-    sa.struct_size = XLA_FFI_Stream_Get_Args_STRUCT_SIZE;
+    sa.struct_size = SNX_STRUCT_SIZE(snx_stream_get_args, stream);
     sa.ctx = call->ctx;
-    XLA_FFI_Error *e = api->XLA_FFI_Stream_Get(&sa);
+    snx_error *e = api->stream_get(&sa);
     if (e != NULL)
         return e;
-    XLA_FFI_DeviceOrdinal_Get_Args da;
+    /* the table grows at its end: an XLA without DeviceOrdinal_Get has a
+     * shorter one (jaxlib 0.10 and 0.11 have it) */
+    if (api->struct_size < SNX_STRUCT_SIZE(snx_api, device_ordinal_get)) {
+        snprintf(msg, sizeof(msg), "symnccl_%s: this XLA's FFI API (%zu "
+                 "bytes) has no DeviceOrdinal_Get: update jaxlib", name,
+                 api->struct_size);
+        return ffi_error(api, SNX_ERR_FAILED_PRECONDITION, msg);
+    }
+    snx_device_ordinal_get_args da;
     memset(&da, 0, sizeof(da));
-    da.struct_size = XLA_FFI_DeviceOrdinal_Get_Args_STRUCT_SIZE;
+    da.struct_size =
+        SNX_STRUCT_SIZE(snx_device_ordinal_get_args, device_ordinal);
     da.ctx = call->ctx;
-    if ((e = api->XLA_FFI_DeviceOrdinal_Get(&da)) != NULL)
+    if ((e = api->device_ordinal_get(&da)) != NULL)
         return e;
     int dev = da.device_ordinal;
     pthread_mutex_lock(&registry_lock);
@@ -469,7 +477,7 @@ handle(XLA_FFI_CallFrame *call, int collective)
                  "communicator is registered for device %d: create it with "
                  "symnccl.jax.communicator() before running the computation",
                  name, dev);
-        return ffi_error(api, XLA_FFI_Error_Code_FAILED_PRECONDITION, msg);
+        return ffi_error(api, SNX_ERR_FAILED_PRECONDITION, msg);
     }
     /* operand and result sizes: equal, or nranks times the other */
     const size_t n = (size_t)c->nranks;
@@ -485,7 +493,7 @@ handle(XLA_FFI_CallFrame *call, int collective)
                          : collective == SYMNCCL_COLL_REDUCE_SCATTER
                              ? "the operand nranks times the result"
                              : "the result nranks times the operand", n);
-        return ffi_error(api, XLA_FFI_Error_Code_INVALID_ARGUMENT, msg);
+        return ffi_error(api, SNX_ERR_INVALID_ARGUMENT, msg);
     }
     /* a failed communicator answers with its failure; else this thread
      * counts in c->busy, so the watchdog leaves c alone meanwhile */
@@ -498,12 +506,12 @@ handle(XLA_FFI_CallFrame *call, int collective)
     if (failed) {
         char why[700];
         sn_fault_describe(c, why, sizeof(why));
-        return ffi_error(api, XLA_FFI_Error_Code_ABORTED, why);
+        return ffi_error(api, SNX_ERR_ABORTED, why);
     }
     if (closed) {
         snprintf(msg, sizeof(msg), "symnccl_%s: the communicator registered "
                  "for this device was closed or aborted", name);
-        return ffi_error(api, XLA_FFI_Error_Code_FAILED_PRECONDITION, msg);
+        return ffi_error(api, SNX_ERR_FAILED_PRECONDITION, msg);
     }
     if (count == 0)
         e = NULL;
@@ -519,20 +527,20 @@ handle(XLA_FFI_CallFrame *call, int collective)
     return e;
 }
 
-static XLA_FFI_Error *
-handle_all_reduce(XLA_FFI_CallFrame *call)
+static snx_error *
+handle_all_reduce(snx_call_frame *call)
 {
     return handle(call, SYMNCCL_COLL_ALL_REDUCE);
 }
 
-static XLA_FFI_Error *
-handle_reduce_scatter(XLA_FFI_CallFrame *call)
+static snx_error *
+handle_reduce_scatter(snx_call_frame *call)
 {
     return handle(call, SYMNCCL_COLL_REDUCE_SCATTER);
 }
 
-static XLA_FFI_Error *
-handle_all_gather(XLA_FFI_CallFrame *call)
+static snx_error *
+handle_all_gather(snx_call_frame *call)
 {
     return handle(call, SYMNCCL_COLL_ALL_GATHER);
 }
@@ -545,7 +553,7 @@ sn_py_xla_handler(PyObject *module, PyObject *args)
     const char *which = "all_reduce";
     if (!PyArg_ParseTuple(args, "|s:_xla_handler", &which))
         return NULL;
-    XLA_FFI_Error *(*fn)(XLA_FFI_CallFrame *) =
+    snx_error *(*fn)(snx_call_frame *) =
         strcmp(which, "all_reduce") == 0       ? handle_all_reduce
         : strcmp(which, "reduce_scatter") == 0 ? handle_reduce_scatter
         : strcmp(which, "all_gather") == 0     ? handle_all_gather
@@ -559,18 +567,6 @@ sn_py_xla_handler(PyObject *module, PyObject *args)
     return PyCapsule_New((void *)fn, NULL, NULL);
 }
 
-#else   /* !SYMNCCL_HAVE_XLA_FFI */
-
-PyObject *
-sn_py_xla_handler(PyObject *module, PyObject *args)
-{
-    PyErr_SetString(PyExc_RuntimeError, "symnccl was built without jaxlib's "
-                    "XLA FFI headers (xla/ffi/api/c_api.h): reinstall it in "
-                    "an environment where jaxlib is installed");
-    return NULL;
-}
-
-#endif
 
 /* _xla_register(comm): the handler uses comm for comm.device. */
 PyObject *

@@ -856,6 +856,149 @@ def test_python_views_of_the_registry_agree_with_c():
     assert sj._ALGO_CODES == dict(_C.ALGO_CODES)
 
 
+# csrc/xla_ffi_abi.h against jaxlib's xla/ffi/api/c_api.h: every size,
+# offset and constant the handlers rely on, as static assertions.
+XLA_ABI_CHECK = r"""
+#include <stddef.h>
+#include "xla/ffi/api/c_api.h"
+#include "xla_ffi_abi.h"
+#if XLA_FFI_API_MINOR >= 4
+typedef XLA_FFI_InternalExtension xla_ext;
+#else
+typedef XLA_FFI_Extension_Base xla_ext;
+#endif
+#define SAME(x, y) _Static_assert((x) == (y), #x " != " #y)
+#define FIELD(s, f, t, g) SAME(offsetof(s, f), offsetof(t, g)); \
+    SAME(sizeof(((s *)0)->f), sizeof(((t *)0)->g))
+#define HEAD(s, t) SAME(sizeof(s) <= sizeof(t), 1); \
+    FIELD(s, struct_size, t, struct_size); \
+    FIELD(s, extension_start, t, extension_start)
+FIELD(snx_extension, struct_size, xla_ext, struct_size);
+FIELD(snx_extension, type, xla_ext, type);
+FIELD(snx_extension, next, xla_ext, next);
+HEAD(snx_error_create_args, XLA_FFI_Error_Create_Args);
+FIELD(snx_error_create_args, message, XLA_FFI_Error_Create_Args, message);
+FIELD(snx_error_create_args, errc, XLA_FFI_Error_Create_Args, errc);
+SAME(SNX_STRUCT_SIZE(snx_error_create_args, errc),
+     XLA_FFI_Error_Create_Args_STRUCT_SIZE);
+HEAD(snx_buffer, XLA_FFI_Buffer);
+FIELD(snx_buffer, dtype, XLA_FFI_Buffer, dtype);
+FIELD(snx_buffer, data, XLA_FFI_Buffer, data);
+FIELD(snx_buffer, rank, XLA_FFI_Buffer, rank);
+FIELD(snx_buffer, dims, XLA_FFI_Buffer, dims);
+FIELD(snx_bytes, ptr, XLA_FFI_ByteSpan, ptr);
+FIELD(snx_bytes, len, XLA_FFI_ByteSpan, len);
+FIELD(snx_scalar, dtype, XLA_FFI_Scalar, dtype);
+FIELD(snx_scalar, value, XLA_FFI_Scalar, value);
+HEAD(snx_args, XLA_FFI_Args);
+FIELD(snx_args, size, XLA_FFI_Args, size);
+FIELD(snx_args, types, XLA_FFI_Args, types);
+FIELD(snx_args, args, XLA_FFI_Args, args);
+HEAD(snx_rets, XLA_FFI_Rets);
+FIELD(snx_rets, size, XLA_FFI_Rets, size);
+FIELD(snx_rets, types, XLA_FFI_Rets, types);
+FIELD(snx_rets, rets, XLA_FFI_Rets, rets);
+HEAD(snx_attrs, XLA_FFI_Attrs);
+FIELD(snx_attrs, size, XLA_FFI_Attrs, size);
+FIELD(snx_attrs, types, XLA_FFI_Attrs, types);
+FIELD(snx_attrs, names, XLA_FFI_Attrs, names);
+FIELD(snx_attrs, attrs, XLA_FFI_Attrs, attrs);
+HEAD(snx_call_frame, XLA_FFI_CallFrame);
+FIELD(snx_call_frame, api, XLA_FFI_CallFrame, api);
+FIELD(snx_call_frame, ctx, XLA_FFI_CallFrame, ctx);
+FIELD(snx_call_frame, stage, XLA_FFI_CallFrame, stage);
+FIELD(snx_call_frame, args, XLA_FFI_CallFrame, args);
+FIELD(snx_call_frame, rets, XLA_FFI_CallFrame, rets);
+FIELD(snx_call_frame, attrs, XLA_FFI_CallFrame, attrs);
+HEAD(snx_stream_get_args, XLA_FFI_Stream_Get_Args);
+FIELD(snx_stream_get_args, ctx, XLA_FFI_Stream_Get_Args, ctx);
+FIELD(snx_stream_get_args, stream, XLA_FFI_Stream_Get_Args, stream);
+SAME(SNX_STRUCT_SIZE(snx_stream_get_args, stream),
+     XLA_FFI_Stream_Get_Args_STRUCT_SIZE);
+HEAD(snx_device_ordinal_get_args, XLA_FFI_DeviceOrdinal_Get_Args);
+FIELD(snx_device_ordinal_get_args, ctx, XLA_FFI_DeviceOrdinal_Get_Args, ctx);
+FIELD(snx_device_ordinal_get_args, device_ordinal,
+      XLA_FFI_DeviceOrdinal_Get_Args, device_ordinal);
+SAME(SNX_STRUCT_SIZE(snx_device_ordinal_get_args, device_ordinal),
+     XLA_FFI_DeviceOrdinal_Get_Args_STRUCT_SIZE);
+HEAD(snx_api_version, XLA_FFI_Api_Version);
+FIELD(snx_api_version, major_version, XLA_FFI_Api_Version, major_version);
+FIELD(snx_api_version, minor_version, XLA_FFI_Api_Version, minor_version);
+FIELD(snx_metadata, struct_size, XLA_FFI_Metadata, struct_size);
+FIELD(snx_metadata, api_version, XLA_FFI_Metadata, api_version);
+FIELD(snx_metadata, traits, XLA_FFI_Metadata, traits);
+FIELD(snx_metadata_extension, extension_base, XLA_FFI_Metadata_Extension,
+      extension_base);
+FIELD(snx_metadata_extension, metadata, XLA_FFI_Metadata_Extension,
+      metadata);
+HEAD(snx_api, XLA_FFI_Api);
+FIELD(snx_api, api_version, XLA_FFI_Api, api_version);
+FIELD(snx_api, internal_api, XLA_FFI_Api, internal_api);
+FIELD(snx_api, error_create, XLA_FFI_Api, XLA_FFI_Error_Create);
+FIELD(snx_api, stream_get, XLA_FFI_Api, XLA_FFI_Stream_Get);
+FIELD(snx_api, run_id_get, XLA_FFI_Api, XLA_FFI_RunId_Get);
+FIELD(snx_api, device_ordinal_get, XLA_FFI_Api, XLA_FFI_DeviceOrdinal_Get);
+SAME(SNX_API_MAJOR, XLA_FFI_API_MAJOR);
+SAME(SNX_API_MINOR <= XLA_FFI_API_MINOR, 1);
+SAME(SNX_EXTENSION_METADATA, XLA_FFI_Extension_Metadata);
+SAME(SNX_ERR_INVALID_ARGUMENT, XLA_FFI_Error_Code_INVALID_ARGUMENT);
+SAME(SNX_ERR_FAILED_PRECONDITION, XLA_FFI_Error_Code_FAILED_PRECONDITION);
+SAME(SNX_ERR_ABORTED, XLA_FFI_Error_Code_ABORTED);
+SAME(SNX_ERR_INTERNAL, XLA_FFI_Error_Code_INTERNAL);
+SAME(SNX_ARG_BUFFER, XLA_FFI_ArgType_BUFFER);
+SAME(SNX_RET_BUFFER, XLA_FFI_RetType_BUFFER);
+SAME(SNX_ATTR_SCALAR, XLA_FFI_AttrType_SCALAR);
+SAME(SNX_STAGE_EXECUTE, XLA_FFI_ExecutionStage_EXECUTE);
+SAME(SNX_S8, XLA_FFI_DataType_S8); SAME(SNX_S32, XLA_FFI_DataType_S32);
+SAME(SNX_S64, XLA_FFI_DataType_S64); SAME(SNX_U8, XLA_FFI_DataType_U8);
+SAME(SNX_U32, XLA_FFI_DataType_U32); SAME(SNX_U64, XLA_FFI_DataType_U64);
+SAME(SNX_F16, XLA_FFI_DataType_F16); SAME(SNX_F32, XLA_FFI_DataType_F32);
+SAME(SNX_F64, XLA_FFI_DataType_F64); SAME(SNX_BF16, XLA_FFI_DataType_BF16);
+SAME(SNX_F8E5M2, XLA_FFI_DataType_F8E5M2);
+SAME(SNX_F8E4M3FN, XLA_FFI_DataType_F8E4M3FN);
+"""
+
+
+def _xla_include():
+    """jaxlib's include dir with xla/ffi/api/c_api.h: SYMNCCL_TEST_XLA_INCLUDE
+    (.ci/run unpacks one there), else the installed jaxlib's."""
+    inc = os.environ.get("SYMNCCL_TEST_XLA_INCLUDE")
+    if inc is None:
+        import importlib.util
+        spec = importlib.util.find_spec("jaxlib")
+        roots = list(spec.submodule_search_locations or []) if spec else []
+        inc = next((os.path.join(r, "include") for r in roots), None)
+    if inc and os.path.exists(os.path.join(inc, "xla/ffi/api/c_api.h")):
+        return inc
+    return None
+
+
+def test_own_xla_ffi_declarations_match_jaxlib_s_header(tmp_path):
+    """The handlers are built on csrc/xla_ffi_abi.h in every build: its
+    layout must be XLA's, field by field."""
+    import shutil
+    inc = _xla_include()
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if inc is None or cc is None:
+        pytest.skip("needs jaxlib's xla/ffi/api/c_api.h (jaxlib installed, "
+                    "or SYMNCCL_TEST_XLA_INCLUDE) and a C compiler")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    src = tmp_path / "abi_check.c"
+    src.write_text(XLA_ABI_CHECK)
+    r = subprocess.run([cc, "-std=c11", "-fsyntax-only", f"-I{inc}",
+                        f"-I{os.path.join(root, 'csrc')}", str(src)],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
+def test_xla_handlers_are_in_every_build():
+    for name in ("all_reduce", "reduce_scatter", "all_gather"):
+        cap = _C._xla_handler(name)
+        assert type(cap).__name__ == "PyCapsule"
+    with pytest.raises(ValueError, match="all_reduce"):
+        _C._xla_handler("broadcast")
+
+
 def test_readme_names_every_algorithm_and_knob():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     readme = open(os.path.join(root, "README.md")).read()
