@@ -650,7 +650,7 @@ comm_staging_layout(CommObject *self, PyObject *unused)
 }
 
 /* CTA 0's call counter of a kernel's counters (testing: the push
- * reduce-scatter and all-gather advance it once per pipelined step). */
+ * reduce-scatter and all-gather advance it once per chunk). */
 static PyObject *
 comm_epoch(CommObject *self, PyObject *arg)
 {

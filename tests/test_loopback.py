@@ -465,8 +465,8 @@ def test_reduce_scatter_and_all_gather_in_place(monkeypatch, algo):
 
 @pytest.mark.parametrize("nranks", [2, 3])
 @pytest.mark.parametrize("chunk_kib", [0, 16, 40])
-def test_push_slices_take_one_pipelined_step_per_chunk(monkeypatch, nranks,
-                                                       chunk_kib):
+def test_push_slices_take_one_epoch_per_chunk(monkeypatch, nranks,
+                                              chunk_kib):
     """The push reduce_scatter and all_gather walk every slice in chunks of
     SYMNCCL_PUSH_CHUNK_KIB (0: a whole slot), each CTA's senders up to two
     chunks ahead of its consumers: right at every chunk size, a short last
