@@ -725,22 +725,22 @@ def test_a_rank_that_calls_after_the_timeout_gets_an_error_not_data(
     poison = _host(outs[1], np.float32).tobytes()
     kernel = (symnccl._C.ALGO_KERNELS[algo][0] if collective == "all_reduce"
               else symnccl._C.COLLECTIVE_KERNELS[collective][algo])
+    def call(q):
+        """Rank q's call alone: (seconds until its stream drained, the
+        error its check raises)."""
+        t = time.monotonic()
+        getattr(team[q], collective)(xs[q], out=outs[q], algo=algo,
+                                     stream=streams[q], **kw)
+        streams[q].synchronize()
+        took = time.monotonic() - t
+        with pytest.raises(symnccl.PeerTimeoutError) as e:
+            team[q].check()
+        return took, e
+
     try:
         torch.cuda.synchronize()
-        t0 = time.monotonic()
-        getattr(team[0], collective)(xs[0], out=outs[0], algo=algo,
-                                     stream=streams[0], **kw)
-        streams[0].synchronize()
-        took0 = time.monotonic() - t0
-        with pytest.raises(symnccl.PeerTimeoutError) as e0:
-            team[0].check()
-        t1 = time.monotonic()
-        getattr(team[1], collective)(xs[1], out=outs[1], algo=algo,
-                                     stream=streams[1], **kw)
-        streams[1].synchronize()
-        took1 = time.monotonic() - t1
-        with pytest.raises(symnccl.PeerTimeoutError) as e1:
-            team[1].check()
+        took0, e0 = call(0)     # rank 1 has not called: rank 0 gives up
+        took1, e1 = call(1)     # then rank 1 calls
         late_out = _host(outs[1], np.float32).tobytes()
         for c, x in zip(team, xs):
             with pytest.raises(symnccl.PeerTimeoutError):
