@@ -10,6 +10,7 @@
 #   device: STAGE="collectives ab bench" bash scripts/two_gpu_session.sh
 #     stages (wall times on 2x H200, 2026-11-23):
 #             collectives  RS/AG/bcast/reduce, graph and eager   (40 s)
+#             push         push RS/AG by SYMNCCL_PUSH_CHUNK_KIB     (~3 min)
 #             ab           old / new all-reduce, 2 rounds        (60 s)
 #             bench        all-reduce anchors, TP steps          (80 s)
 #             tests        GPU tier less faults and examples (~5-7 min)
@@ -101,6 +102,16 @@ collectives)
       --out "$OUT/collectives_h200x2_bfloat16${mode:+_eager}.json" 2>&1 |
       tail -24
   done ;;
+push)    # push reduce_scatter/all_gather by SYMNCCL_PUSH_CHUNK_KIB (NOTES
+         # 31): 0 (whole slot, unsplit: the default) against the split
+         # kernels, whose default is chosen from this run (~40 s each)
+  for kib in ${CHUNKS:-0 1024 2048 4096}; do
+    echo "== SYMNCCL_PUSH_CHUNK_KIB=$kib"
+    SYMNCCL_PUSH_CHUNK_KIB=$kib timeout 150 python3 \
+      benchmarks/bench_collectives.py --nranks 2 \
+      --collectives reduce_scatter,all_gather --sizes 1M,4M,16M,64M \
+      --out "$OUT/collectives_h200x2_push_chunk$kib.json" 2>&1 | tail -12
+  done ;;
 examples)   # the examples' tests (2 ranks), then each example as is
   timeout 300 python3 -m pytest -q -rfE --tb=line tests/test_examples.py \
     2>&1 | tee "$OUT/pytest_examples.log" | tail -8
@@ -108,7 +119,7 @@ examples)   # the examples' tests (2 ranks), then each example as is
     examples/train_tp_torch.py 2>&1 | tail -8
   timeout 80 python3 examples/train_tp_jax.py 2>&1 | tail -6 ;;
 *)
-  echo "usage: $0 prep | STAGE=\"build|tests|faults|ab|bench|collectives|examples" \
+  echo "usage: $0 prep | STAGE=\"build|tests|faults|ab|bench|collectives|push|examples" \
     "...\" $0"; exit 2 ;;
 esac
 }
