@@ -323,7 +323,8 @@ RS_SIZES = [1, 1031, 50_001]   # elements per rank's block of the output
 SLICE_ALGOS = ["ll", "ll128", "push"]
 # a 1 MiB push region: slots of 128 KiB at 2 ranks, 32 KiB at 8, so the
 # larger slices take several chunks of the push kernels, and a short last
-# one; the reduce-scatter and all-gather pipeline them in chunks of 16 KiB
+# one; the reduce-scatter and all-gather take 16 KiB chunks, each CTA split
+# into senders and consumers
 SMALL_PUSH = {"SYMNCCL_PUSH_REGION_MIB": "1", "SYMNCCL_PUSH_CHUNK_KIB": "16"}
 
 
@@ -468,10 +469,11 @@ def test_reduce_scatter_and_all_gather_in_place(monkeypatch, algo):
 def test_push_slices_take_one_epoch_per_chunk(monkeypatch, nranks,
                                               chunk_kib):
     """The push reduce_scatter and all_gather walk every slice in chunks of
-    SYMNCCL_PUSH_CHUNK_KIB (0: a whole slot), each CTA's senders up to two
-    chunks ahead of its consumers: right at every chunk size, a short last
-    chunk and unaligned views included, and the call counter advances once
-    per chunk (so the pipeline ran with the chunk the knob asked for)."""
+    SYMNCCL_PUSH_CHUNK_KIB (0: a whole slot, unsplit; smaller: each CTA's
+    senders up to two chunks ahead of its consumers): right at every chunk
+    size, a short last chunk and unaligned views included, and the call
+    counter advances once per chunk (so the kernel took the chunk the knob
+    asked for)."""
     torch = _torch()
     team = _team(monkeypatch, nranks, {"SYMNCCL_PUSH_REGION_MIB": "1",
                                        "SYMNCCL_PUSH_CHUNK_KIB":
@@ -725,6 +727,7 @@ def test_a_rank_that_calls_after_the_timeout_gets_an_error_not_data(
     poison = _host(outs[1], np.float32).tobytes()
     kernel = (symnccl._C.ALGO_KERNELS[algo][0] if collective == "all_reduce"
               else symnccl._C.COLLECTIVE_KERNELS[collective][algo])
+
     def call(q):
         """Rank q's call alone: (seconds until its stream drained, the
         error its check raises)."""
