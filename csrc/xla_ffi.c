@@ -10,7 +10,8 @@
  * The handler runs on XLA's threads without the GIL and never calls the
  * Python API. It
  *   - answers XLA's metadata query (call frame carrying the metadata
- *     extension, ctx NULL) with the API version it was built against;
+ *     extension, ctx NULL) with the API version whose layout it uses
+ *     (SNX_API_*: 0.3, which jaxlib 0.11's XLA, at 0.4, accepts);
  *   - takes the stream from XLA's Stream_Get and the device from its
  *     DeviceOrdinal_Get, and picks the communicator registered for
  *     that device (symnccl.jax.communicator() registers them; the table is
