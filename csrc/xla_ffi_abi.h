@@ -12,7 +12,7 @@
  * (snx_ for types, SNX_ for constants); the XLA names are in the comments.
  * tests/test_cpu.py compiles a program that includes jaxlib's header next
  * to this one and compares every size, offset and constant, wherever
- * jaxlib is installed (.ci/run installs it).
+ * that header is found (.ci/run unpacks it from the jaxlib wheel).
  */
 #ifndef SYMNCCL_XLA_FFI_ABI_H
 #define SYMNCCL_XLA_FFI_ABI_H
