@@ -174,6 +174,7 @@ static_assert(NCCL_MAJOR == 2 && NCCL_MINOR == SYMNCCL_NCCL_MINOR,
 extern "C" const symnccl_kernels SYMNCCL_CAT2(symnccl_kernels_2_,
                                               SYMNCCL_NCCL_MINOR) = {
     SYMNCCL_NCCL_MINOR,
+    NCCL_VERSION_CODE,
     symnccl::launch,
     symnccl::packet_max_count,
     symnccl::push_region_bytes,

@@ -247,6 +247,9 @@ typedef struct {
 /* The entry points of one build of the kernels (one NCCL minor). */
 typedef struct {
     int nccl_minor;            /* 2.<nccl_minor> */
+    int nccl_headers;          /* NCCL_VERSION_CODE of the headers this
+                                  build was compiled against (a library
+                                  older than them refuses the device API) */
     cudaError_t (*launch)(const symnccl_kargs *, cudaStream_t);
     size_t (*packet_max_count)(int, size_t, size_t, int);
     size_t (*push_region_bytes)(int, size_t, size_t *);
