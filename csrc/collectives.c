@@ -256,8 +256,9 @@ check_call(sn_call *k, int collective, size_t count, const sn_op *op,
 {
     CommObject *c = k->c;
     unsigned long long capture = 0;
-    /* every NCCL call passes here first */
-    if ((algo == SN_ALGO_NCCL || c->knobs.check) && no_nccl(k, collective) < 0)
+    /* the check itself runs on NCCL (the resolver refused NCCL calls on
+     * loopback ranks already) */
+    if (c->knobs.check && no_nccl(k, collective) < 0)
         return -1;
     if (!c->knobs.check || k->st->group_depth > 0 ||
         sn_capture_id(k->stream, &capture) != cudaSuccess || capture != 0)
@@ -309,39 +310,24 @@ check_call(sn_call *k, int collective, size_t count, const sn_op *op,
 
 /* ------------------------------------------------------------------ */
 
-/* reduce_scatter, all_gather, reduce, broadcast: the algorithm of a call,
- * or SN_ALGO_UNKNOWN with the exception set. "auto": sn_collective_auto on
- * the call's larger buffer (an all-gather's output, else the input). */
+/* The algorithm of a call (sn_resolve), or SN_ALGO_UNKNOWN with the
+ * exception set. `bytes`: the call's larger buffer (an all-gather's
+ * output, else x); in_window: x lies in one of c's windows. */
 static int
-collective_algo(sn_call *k, int collective, int algo, const sn_op *op)
+call_algo(sn_call *k, int collective, int algo, const sn_op *op,
+          size_t bytes, int in_window)
 {
     const sn_topology topo = sn_topology_of(k->c);
-    const size_t bytes =
-        k->x.count * (size_t)k->x.dtype->itemsize *
-        (collective == SYMNCCL_COLL_ALL_GATHER ? (size_t)k->c->nranks : 1);
-    if (algo == SN_ALGO_AUTO)   /* inside a group: NCCL's grouping */
-        return k->st->group_depth > 0
-                   ? SN_ALGO_NCCL
-                   : sn_collective_auto(&topo, &k->c->knobs, collective,
-                                        bytes, k->x.dtype, op);
-    if (algo == SN_ALGO_NCCL)
-        return SN_ALGO_NCCL;
-    const char *why = sn_collective_unavailable(&topo, collective, algo,
-                                                k->x.dtype, op);
-    if (why != NULL) {
-        PyErr_Format(PyExc_ValueError, "algo '%s' cannot run this %s (%s%s%s"
-                     "): %s", sn_algos[algo].name,
-                     sn_collective_name(collective), k->x.dtype->name,
-                     op != NULL ? ", op " : "", op != NULL ? op->name : "",
-                     why);
-        return SN_ALGO_UNKNOWN;
-    }
-    if (k->st->group_depth > 0) {
-        PyErr_Format(PyExc_ValueError, "algo '%s' cannot run inside "
-                     "symnccl.group(); use algo='nccl'", sn_algos[algo].name);
-        return SN_ALGO_UNKNOWN;
-    }
-    return algo;
+    const sn_call_desc d = {collective, algo, bytes, k->x.dtype, op,
+                            in_window, k->st->group_depth > 0};
+    char why[320];
+    const int got = sn_resolve(&topo, &k->c->knobs, &d, why, sizeof(why));
+    if (got == SN_ALGO_UNKNOWN)
+        PyErr_SetString(algo == SN_ALGO_AUTO || algo == SN_ALGO_NCCL
+                            ? PyExc_RuntimeError
+                            : PyExc_ValueError,
+                        why);
+    return got;
 }
 
 /* 1 if p lies in one of c's windows at an offset that is not a multiple
@@ -422,27 +408,9 @@ sn_all_reduce(CommObject *c, PyObject *args, PyObject *kw)
         return call_end(&k, 0);
     const size_t bytes = k.x.count * (size_t)k.x.dtype->itemsize;
     const sn_window *win = sn_window_find(c, k.x.ptr, bytes);
-    const sn_topology topo = sn_topology_of(c);
-    if (algo == SN_ALGO_AUTO)
-        algo = sn_auto_algo(&topo, &c->knobs, bytes, k.x.dtype, op,
-                            win != NULL);
-    else if (algo != SN_ALGO_NCCL) {
-        const char *why = sn_algo_unavailable(&topo, algo, k.x.dtype, op);
-        if (why != NULL) {
-            PyErr_Format(PyExc_ValueError, "algo '%s' cannot run this "
-                         "all_reduce (%s, op '%s'): %s", sn_algos[algo].name,
-                         k.x.dtype->name, op->name, why);
-            return call_end(&k, 0);
-        }
-        if (k.st->group_depth > 0) {
-            PyErr_Format(PyExc_ValueError, "algo '%s' cannot run inside "
-                         "symnccl.group(); use algo='nccl'",
-                         sn_algos[algo].name);
-            return call_end(&k, 0);
-        }
-    }
-    if (algo != SN_ALGO_NCCL && k.st->group_depth > 0)
-        algo = SN_ALGO_NCCL;   /* auto inside a group: NCCL's grouping */
+    if ((algo = call_algo(&k, SYMNCCL_COLL_ALL_REDUCE, algo, op, bytes,
+                          win != NULL)) == SN_ALGO_UNKNOWN)
+        return call_end(&k, 0);
     if (check_call(&k, SYMNCCL_COLL_ALL_REDUCE, k.x.count, op, algo, -1) < 0)
         return call_end(&k, 0);
     if (algo != SN_ALGO_NCCL)
@@ -492,7 +460,8 @@ sn_reduce_scatter(CommObject *c, PyObject *args, PyObject *kw)
         shape[0] = (int64_t)(k.x.count / n);
     }
     if (call_output(&k, x, out, k.x.count / n, ndim, shape, 0) < 0 ||
-        (algo = collective_algo(&k, SYMNCCL_COLL_REDUCE_SCATTER, algo, op)) ==
+        (algo = call_algo(&k, SYMNCCL_COLL_REDUCE_SCATTER, algo, op,
+                          k.x.count * (size_t)k.x.dtype->itemsize, 0)) ==
             SN_ALGO_UNKNOWN ||
         check_call(&k, SYMNCCL_COLL_REDUCE_SCATTER, k.x.count, op, algo,
                    -1) < 0)
@@ -568,7 +537,8 @@ sn_all_gather(CommObject *c, PyObject *args, PyObject *kw)
         shape[0] *= c->nranks;
     if (call_output(&k, x, out, k.x.count * (size_t)c->nranks, ndim, shape,
                     0) < 0 ||
-        (algo = collective_algo(&k, SYMNCCL_COLL_ALL_GATHER, algo, NULL)) ==
+        (algo = call_algo(&k, SYMNCCL_COLL_ALL_GATHER, algo, NULL,
+                          k.out.count * (size_t)k.x.dtype->itemsize, 0)) ==
             SN_ALGO_UNKNOWN ||
         check_call(&k, SYMNCCL_COLL_ALL_GATHER, k.x.count, NULL, algo,
                    -1) < 0)
@@ -614,7 +584,8 @@ rooted(CommObject *c, PyObject *args, PyObject *kw, int collective)
     sn_call k;
     if (call_begin(&k, c, x, stream) < 0 ||
         call_output(&k, x, out, k.x.count, k.x.ndim, k.x.shape, 1) < 0 ||
-        (algo = collective_algo(&k, collective, algo, rop)) ==
+        (algo = call_algo(&k, collective, algo, rop,
+                          k.x.count * (size_t)k.x.dtype->itemsize, 0)) ==
             SN_ALGO_UNKNOWN ||
         check_call(&k, collective, k.x.count, rop, algo, root) < 0)
         return call_end(&k, 0);

@@ -684,22 +684,6 @@ comm_epoch(CommObject *self, PyObject *arg)
     return PyLong_FromUnsignedLongLong(v);
 }
 
-/* Parses (algo, dtype, op) names for the registry hooks below. */
-static int
-registry_args(PyObject *args, const char *fmt, int *algo,
-              const sn_dtype **dt, const sn_op **op, Py_ssize_t *bytes,
-              int *in_window)
-{
-    const char *a = "auto", *d, *o = "sum";
-    if (bytes != NULL) {
-        if (!PyArg_ParseTuple(args, fmt, bytes, &d, &o, in_window))
-            return -1;
-    }
-    else if (!PyArg_ParseTuple(args, fmt, &a, &d, &o))
-        return -1;
-    return sn_registry_lookup(a, d, o, algo, dt, op);
-}
-
 /* _algo_unavailable(algo, dtype, op="sum", collective="all_reduce") -> why
  * not, or None */
 static PyObject *
@@ -719,21 +703,31 @@ comm_algo_unavailable(CommObject *self, PyObject *args)
     return why == NULL ? Py_NewRef(Py_None) : PyUnicode_FromString(why);
 }
 
-/* _auto_algo(nbytes, dtype, op, in_window) -> what algo="auto" runs */
+/* _auto_algo(nbytes, dtype, op, in_window, collective="all_reduce") ->
+ * what algo="auto" runs (sn_resolve) */
 static PyObject *
 comm_auto_algo(CommObject *self, PyObject *args)
 {
-    int algo, in_window;
+    int algo, in_window, coll;
     const sn_dtype *dt;
     const sn_op *op;
     Py_ssize_t bytes;
-    if (registry_args(args, "nssp:_auto_algo", &algo, &dt, &op, &bytes,
-                      &in_window) < 0)
+    const char *d, *o, *cname = "all_reduce";
+    if (!PyArg_ParseTuple(args, "nssp|s:_auto_algo", &bytes, &d, &o,
+                          &in_window, &cname) ||
+        sn_registry_lookup("auto", d, o, &algo, &dt, &op) < 0 ||
+        (coll = sn_collective_by_name(cname)) < 0)
         return NULL;
     const sn_topology t = sn_topology_of(self);
-    return PyUnicode_FromString(
-        sn_algos[sn_auto_algo(&t, &self->knobs, (size_t)bytes, dt, op,
-                              in_window)].name);
+    const sn_call_desc desc = {coll, SN_ALGO_AUTO, (size_t)bytes, dt, op,
+                               in_window, 0};
+    char why[320];
+    algo = sn_resolve(&t, &self->knobs, &desc, why, sizeof(why));
+    if (algo == SN_ALGO_UNKNOWN) {
+        PyErr_SetString(PyExc_RuntimeError, why);
+        return NULL;
+    }
+    return PyUnicode_FromString(sn_algos[algo].name);
 }
 
 static PyMethodDef comm_methods[] = {
@@ -748,8 +742,8 @@ static PyMethodDef comm_methods[] = {
      "_algo_unavailable(algo, dtype, op='sum', collective='all_reduce') "
      "-> why algo cannot run, or None"},
     {"_auto_algo", (PyCFunction)comm_auto_algo, METH_VARARGS,
-     "_auto_algo(nbytes, dtype, op, in_window) -> the algorithm "
-     "algo='auto' runs"},
+     "_auto_algo(nbytes, dtype, op, in_window, collective='all_reduce') "
+     "-> the algorithm algo='auto' runs"},
     {"_lsa_pointer", (PyCFunction)comm_lsa_pointer, METH_VARARGS,
      "_lsa_pointer(buf, peer) -> int (benchmark hook)"},
     {"_copy", (PyCFunction)comm_copy, METH_VARARGS,

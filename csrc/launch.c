@@ -1,30 +1,29 @@
 /* Collectives on symnccl's kernels (csrc/kernels/): how a call becomes
  * launches. Free of the Python API, so that both the Python methods
  * (collectives.c) and the XLA FFI handler (xla_ffi.c, on XLA's threads
- * without the GIL) use it.
+ * without the GIL) use it. The kernel table (kernels/table.h) gives each
+ * kernel its plan, one function below:
  *
- * reduce_scatter, all_gather
- *   ll, ll128   one launch per row's worth of each slice, straight from x
- *               into out; all_gather on bytes
- *   push        one launch (the kernel walks every slice in chunks of a
- *               slot, or of SYMNCCL_PUSH_CHUNK_KIB when smaller), straight
- *               from x into out; all_gather on bytes
- * reduce, broadcast (one_shot): one launch per staging area, x copied into
- *               the staging window first; broadcast on bytes
+ *   LOADS    one_shot, two_shot, multimem (all_reduce): peers load from
+ *            the window holding x, or from the staging window x is copied
+ *            into first, one staging area per launch
+ *   PACKETS  ll, ll128 (all_reduce): one launch per row's worth of
+ *            elements (the two-shot kernel on 3+ ranks from the knob's
+ *            size, decided on the size of the whole call so every rank
+ *            decides alike), straight from wherever x is
+ *   SLICES   ll, ll128 (reduce_scatter, all_gather): one launch per row's
+ *            worth of each slice, straight from x into out
+ *   ROOTED   one_shot (reduce, broadcast): one launch per staging area, x
+ *            copied into the staging window first
+ *   PUSH     push (every collective it runs): one launch for any size
+ *            (the kernel walks every slice in chunks of a slot, or of
+ *            SYMNCCL_PUSH_CHUNK_KIB when smaller), straight from x; an
+ *            all_reduce in place on a window at a 16-byte aligned offset
+ *            stores its results into the peers' output, else into their
+ *            result slots
  *
- * all_reduce:
- *
- *   ll, ll128   one launch per row's worth of elements (the two-shot kernel
- *               on 3+ ranks from the knob's size, decided on the size of the
- *               whole call so every rank decides alike), straight from
- *               wherever x is
- *   push        one launch for any size (the kernel walks the chunks
- *               itself), straight from wherever x is; results go into the
- *               peers' output when the call is in place on a window at a
- *               16-byte aligned offset, else into their result slots
- *   one_shot,   peers load from the window holding x, or from the staging
- *   two_shot,   window x is copied into first, one staging area per launch
- *   multimem
+ * A kernel that moves bytes (the table's `bytes`: all_gather, broadcast)
+ * runs in the unit of SYMNCCL_DT_BYTES with counts in bytes.
  */
 #include "symnccl.h"
 
@@ -124,7 +123,8 @@ packet_kargs(const sn_ar *r, int kernel)
 {
     CommObject *c = r->c;
     const sn_layout *l = &c->layout;
-    const int ll128 = r->algo == SN_ALGO_LL128;
+    const int ll128 =
+        symnccl_kernel_row_of(kernel).family == SYMNCCL_FAMILY_LL128;
     symnccl_kargs a = kargs(r, kernel);
     a.region_win = c->staging_win->win;
     a.region_offset = ll128 ? l->ll128_offset : l->ll_offset;
@@ -134,6 +134,7 @@ packet_kargs(const sn_ar *r, int kernel)
     return a;
 }
 
+/* all_reduce's packet kernels: one launch per row's worth. */
 static int
 packet_launches(const sn_ar *r, sn_err *err)
 {
@@ -148,7 +149,8 @@ packet_launches(const sn_ar *r, sn_err *err)
     const int two_shot = (c->nranks >= 3 || (two_shot_min == 0 &&
                                              c->nranks == 2)) &&
                          r->count * is >= two_shot_min;
-    symnccl_kargs a = packet_kargs(r, sn_algo_kernel(r->algo, two_shot));
+    symnccl_kargs a =
+        packet_kargs(r, sn_kernel_for(r->collective, r->algo, two_shot));
     const size_t chunk =
         symnccl_packet_max_count(a.kernel, a.row_bytes, is, c->nranks);
     for (size_t done = 0; done < r->count; done += chunk) {
@@ -163,23 +165,21 @@ packet_launches(const sn_ar *r, sn_err *err)
 
 /* reduce_scatter and all_gather: chunk k of every slice in launch k. */
 static int
-slice_launches(const sn_ar *r, sn_err *err)
+slice_launches(const sn_ar *r, int kernel, sn_err *err)
 {
     CommObject *c = r->c;
-    const int ll128 = r->algo == SN_ALGO_LL128;
-    const int gather = r->collective == SYMNCCL_COLL_ALL_GATHER;
-    /* all_gather moves bytes, in the unit of SYMNCCL_DT_BYTES */
-    const size_t is = gather ? 1 : (size_t)r->dtype->itemsize;
-    const size_t per_slice = gather ? r->count * r->dtype->itemsize
-                                    : r->count;
-    symnccl_kargs a =
-        packet_kargs(r, sn_collective_kernel(r->collective, r->algo));
-    if (gather)
+    const int bytes = symnccl_kernel_row_of(kernel).bytes;
+    /* a kernel that moves bytes runs in the unit of SYMNCCL_DT_BYTES */
+    const size_t is = bytes ? 1 : (size_t)r->dtype->itemsize;
+    const size_t per_slice = bytes ? r->count * r->dtype->itemsize
+                                   : r->count;
+    symnccl_kargs a = packet_kargs(r, kernel);
+    if (bytes)
         a.dtype = SYMNCCL_DT_BYTES;
     a.slice_stride = per_slice;
     /* a slice's chunk takes one row, as the one-shot's whole message */
-    const size_t chunk = symnccl_packet_max_count(
-        ll128 ? SYMNCCL_K_LL128 : SYMNCCL_K_LL, a.row_bytes, is, c->nranks);
+    const size_t chunk =
+        symnccl_packet_max_count(kernel, a.row_bytes, is, c->nranks);
     for (size_t done = 0; done < per_slice; done += chunk) {
         a.src = r->x + done * is;
         a.out = r->out + done * is;
@@ -192,16 +192,16 @@ slice_launches(const sn_ar *r, sn_err *err)
 
 /* reduce and broadcast: one_shot's staging chunks and grid. */
 static int
-rooted_launches(const sn_ar *r, sn_err *err)
+rooted_launches(const sn_ar *r, int kernel, sn_err *err)
 {
     CommObject *c = r->c;
-    const int bcast = r->collective == SYMNCCL_COLL_BROADCAST;
-    /* broadcast moves bytes, in the unit of SYMNCCL_DT_BYTES */
-    const size_t is = bcast ? 1 : (size_t)r->dtype->itemsize;
-    const size_t total = bcast ? r->count * r->dtype->itemsize : r->count;
+    const int bytes = symnccl_kernel_row_of(kernel).bytes;
+    /* a kernel that moves bytes runs in the unit of SYMNCCL_DT_BYTES */
+    const size_t is = bytes ? 1 : (size_t)r->dtype->itemsize;
+    const size_t total = bytes ? r->count * r->dtype->itemsize : r->count;
     const int threads = c->knobs.lsa_threads;
-    symnccl_kargs a = kargs(r, sn_collective_kernel(r->collective, r->algo));
-    if (bcast)
+    symnccl_kargs a = kargs(r, kernel);
+    if (bytes)
         a.dtype = SYMNCCL_DT_BYTES;
     a.root = r->root;
     a.threads = threads;
@@ -231,13 +231,10 @@ rooted_launches(const sn_ar *r, sn_err *err)
  * 16-byte aligned offset; reduce_scatter and all_gather whole slices
  * (all_gather on bytes). */
 static int
-push_launch(const sn_ar *r, sn_err *err)
+push_launch(const sn_ar *r, int kernel, sn_err *err)
 {
     CommObject *c = r->c;
-    symnccl_kargs a = kargs(r, r->collective == SYMNCCL_COLL_ALL_REDUCE
-                                   ? SYMNCCL_K_PUSH
-                                   : sn_collective_kernel(r->collective,
-                                                          r->algo));
+    symnccl_kargs a = kargs(r, kernel);
     a.region_win = c->staging_win->win;
     a.region_offset = c->layout.push_offset;
     a.data_offset = c->layout.push_data;
@@ -245,7 +242,7 @@ push_launch(const sn_ar *r, sn_err *err)
     a.src = r->x;
     a.out = r->out;
     a.count = r->count;
-    if (r->collective == SYMNCCL_COLL_ALL_GATHER) {
+    if (symnccl_kernel_row_of(kernel).bytes) {
         a.dtype = SYMNCCL_DT_BYTES;
         a.count = r->count * r->dtype->itemsize;
     }
@@ -263,8 +260,9 @@ push_launch(const sn_ar *r, sn_err *err)
     return launch(r, &a, err);
 }
 
+/* one_shot, two_shot, multimem: peers load from a window. */
 static int
-load_launches(const sn_ar *r, sn_err *err)
+load_launches(const sn_ar *r, int kernel, sn_err *err)
 {
     CommObject *c = r->c;
     const int algo = r->algo;
@@ -288,7 +286,7 @@ load_launches(const sn_ar *r, sn_err *err)
     const int threads = c->knobs.lsa_threads;
     const int max_ctas = algo == SN_ALGO_ONE_SHOT ? c->knobs.one_shot_ctas
                                                   : c->knobs.two_shot_ctas;
-    symnccl_kargs a = kargs(r, sn_algo_kernel(algo, 0));
+    symnccl_kargs a = kargs(r, kernel);
     a.scratch = c->staging;
     a.in_place = in_place && !staged;
     a.threads = threads;
@@ -335,17 +333,24 @@ sn_launch_kernels(const sn_ar *r, sn_err *err)
         rc = sn_fail(err, cudaErrorInvalidValue, ncclSuccess,
                      "the communicator has failed (comm.check() raises "
                      "why)");
+    const int kernel =
+        sn_kernel_for(r->collective, r->algo, SYMNCCL_SHOT_ONE);
+    if (rc == 0 && kernel < 0)
+        rc = sn_fail(err, cudaErrorInvalidValue, ncclSuccess, "no %s kernel "
+                     "of algorithm %s", sn_collective_name(r->collective),
+                     sn_algos[r->algo].name);
     if (rc == 0)
         rc = order_begin(r, err);
-    if (rc == 0)
-        rc = r->collective == SYMNCCL_COLL_REDUCE ||
-                     r->collective == SYMNCCL_COLL_BROADCAST
-                 ? rooted_launches(r, err)
-             : r->algo == SN_ALGO_PUSH ? push_launch(r, err)
-             : r->collective != SYMNCCL_COLL_ALL_REDUCE ? slice_launches(r, err)
-             : r->algo == SN_ALGO_LL || r->algo == SN_ALGO_LL128
-                 ? packet_launches(r, err)
-                 : load_launches(r, err);
+    if (rc == 0) {
+        /* the plan is the kernel's (kernels/table.h) */
+        switch (symnccl_kernel_row_of(kernel).plan) {
+        case SYMNCCL_PLAN_PACKETS: rc = packet_launches(r, err); break;
+        case SYMNCCL_PLAN_SLICES: rc = slice_launches(r, kernel, err); break;
+        case SYMNCCL_PLAN_ROOTED: rc = rooted_launches(r, kernel, err); break;
+        case SYMNCCL_PLAN_PUSH: rc = push_launch(r, kernel, err); break;
+        default: rc = load_launches(r, kernel, err);
+        }
+    }
     if (rc == 0)
         rc = order_end(r, err);
     sn_unlock(c);

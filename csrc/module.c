@@ -285,6 +285,10 @@ topology_from_dict(PyObject *d, sn_topology *t)
     int *dst[] = {&t->nranks, &t->lsa_size, &t->symmetric, &t->staging,
                   &t->push, &t->multicast};
     memset(t, 0, sizeof(*t));
+    t->nccl = 1;   /* optional: 0 for a loopback rank */
+    PyObject *nccl = PyDict_GetItemString(d, "nccl");   /* borrowed */
+    if (nccl != NULL && (t->nccl = PyObject_IsTrue(nccl)) < 0)
+        return -1;
     for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++) {
         PyObject *v = PyDict_GetItemString(d, fields[i]);   /* borrowed */
         if (v == NULL) {
@@ -323,7 +327,7 @@ py_algo_unavailable_for(PyObject *module, PyObject *args)
 /* _auto_algo_for(topology, nbytes, dtype, op, in_window, collective=
  * "all_reduce") -> what algo="auto" runs on a communicator of that
  * topology, with the knobs of this environment (testing); nbytes is the
- * call's larger buffer (sn_collective_auto). */
+ * call's larger buffer. The resolver's answer (sn_resolve). */
 static PyObject *
 py_auto_algo_for(PyObject *module, PyObject *args)
 {
@@ -341,9 +345,14 @@ py_auto_algo_for(PyObject *module, PyObject *args)
         sn_registry_lookup("auto", d, o, &algo, &dt, &op) < 0 ||
         (coll = sn_collective_by_name(cname)) < 0 || sn_knobs_read(&k) < 0)
         return NULL;
-    algo = coll == SYMNCCL_COLL_ALL_REDUCE
-               ? sn_auto_algo(&t, &k, (size_t)bytes, dt, op, in_window)
-               : sn_collective_auto(&t, &k, coll, (size_t)bytes, dt, op);
+    const sn_call_desc desc = {coll, SN_ALGO_AUTO, (size_t)bytes, dt, op,
+                               in_window, 0};
+    char why[320];
+    algo = sn_resolve(&t, &k, &desc, why, sizeof(why));
+    if (algo == SN_ALGO_UNKNOWN) {
+        PyErr_SetString(PyExc_RuntimeError, why);
+        return NULL;
+    }
     return PyUnicode_FromString(sn_algos[algo].name);
 }
 

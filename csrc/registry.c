@@ -52,71 +52,82 @@ const sn_op sn_ops[] = {
 const int sn_n_ops = (int)(sizeof(sn_ops) / sizeof(sn_ops[0]));
 
 /* ------------------------------------------------------------------ */
-/* all_reduce algorithms and the kernels each launches: the first for a
- * launch, the second (when there is one) for the two-shot that ll and
- * ll128 switch to on 3+ ranks for larger messages (launch.c). */
+/* Algorithms and kernels: views of the kernel table (kernels/table.h). */
 
-const sn_algo sn_algos[SN_ALGO_COUNT] = {
-    [SN_ALGO_NCCL] = {"nccl", "ncclAllReduce (NCCL's own symmetric kernels "
-                              "on windows)"},
-    [SN_ALGO_ONE_SHOT] = {"one_shot", "every rank loads every peer's input "
-                                      "between two LSA barriers"},
-    [SN_ALGO_TWO_SHOT] = {"two_shot", "reduce-scatter by peer loads, "
-                                      "all-gather by peer stores"},
-    [SN_ALGO_LL] = {"ll", "barrier-free LL packets: data and flag in one "
-                          "16-byte store"},
-    [SN_ALGO_LL128] = {"ll128", "ll in 128-byte lines of 120 data bytes and "
-                                "a flag word"},
-    [SN_ALGO_PUSH] = {"push", "store-only two-shot with per-CTA flags"},
-    [SN_ALGO_MULTIMEM] = {"multimem", "NVLink SHARP (multimem.ld_reduce), "
-                                      "where NCCL granted multicast"},
-};
+#define ALGO_(id, name, summary) [SN_ALGO_##id] = {name, summary},
+const sn_algo sn_algos[SN_ALGO_COUNT] = {SYMNCCL_ALGOS(ALGO_)};
+#undef ALGO_
 
-static const int algo_kernels[SN_ALGO_COUNT][2] = {
-    [SN_ALGO_NCCL] = {-1, -1},
-    [SN_ALGO_ONE_SHOT] = {SYMNCCL_K_ONE_SHOT, -1},
-    [SN_ALGO_TWO_SHOT] = {SYMNCCL_K_TWO_SHOT, -1},
-    [SN_ALGO_LL] = {SYMNCCL_K_LL, SYMNCCL_K_LL_TWO_SHOT},
-    [SN_ALGO_LL128] = {SYMNCCL_K_LL128, SYMNCCL_K_LL128_TWO_SHOT},
-    [SN_ALGO_PUSH] = {SYMNCCL_K_PUSH, -1},
-    [SN_ALGO_MULTIMEM] = {SYMNCCL_K_MULTIMEM, -1},
-};
+/* Each kernel's algorithm: the one column of the table that only the C
+ * side reads. */
+#define KALGO_(id, name, coll, algo, ...) [SYMNCCL_K_##id] = SN_ALGO_##algo,
+static const int kernel_algo[SYMNCCL_K_COUNT] = {
+    SYMNCCL_KERNEL_TABLE(KALGO_)};
+#undef KALGO_
 
-int
-sn_algo_kernel(int algo, int two_shot)
+/* kernel_of[collective][algo][shot]: the kernel, or -1; filled from the
+ * table once at import (index_kernels), read on every call. */
+static signed char kernel_of[SYMNCCL_COLL_COUNT][SN_ALGO_COUNT][2];
+/* the collectives with a kernel (the others are NCCL's only) */
+static int has_kernels[SYMNCCL_COLL_COUNT];
+/* per collective: "no kernel of this algorithm runs this collective (those
+ * that do: ll, ll128, push, nccl)", with the names read off the table */
+static char no_kernel[SYMNCCL_COLL_COUNT][192];
+/* "expected all_reduce, reduce_scatter, ..." */
+static char collective_choices[192];
+
+static void
+index_kernels(void)
 {
-    return algo_kernels[algo][two_shot && algo_kernels[algo][1] >= 0];
+    memset(kernel_of, -1, sizeof(kernel_of));
+    for (int k = 0; k < SYMNCCL_K_COUNT; k++) {
+        const symnccl_kernel_row r = symnccl_kernel_row_of(k);
+        kernel_of[r.collective][kernel_algo[k]][r.shot] = (signed char)k;
+        has_kernels[r.collective] = 1;
+    }
+    size_t n = 0;
+    for (int coll = 0; coll < SYMNCCL_COLL_COUNT; coll++) {
+        if (!has_kernels[coll])
+            continue;
+        n += (size_t)snprintf(collective_choices + n,
+                              sizeof(collective_choices) - n, "%s%s",
+                              n ? ", " : "", sn_collective_name(coll));
+        char *m = no_kernel[coll];
+        const size_t size = sizeof(no_kernel[coll]);
+        size_t len = (size_t)snprintf(m, size, "no kernel of this algorithm "
+                                      "runs this collective (those that do: ");
+        for (int algo = 0; algo < SN_ALGO_COUNT && len < size; algo++)
+            if (kernel_of[coll][algo][SYMNCCL_SHOT_ONE] >= 0)
+                len += (size_t)snprintf(m + len, size - len, "%s, ",
+                                        sn_algos[algo].name);
+        if (len < size)
+            snprintf(m + len, size - len, "nccl)");
+    }
 }
 
-/* reduce_scatter, all_gather, reduce and broadcast: the algorithms with a
- * kernel for them (NCCL runs every other call). */
-static const struct { int collective, algo, kernel; } coll_kernels[] = {
-    {SYMNCCL_COLL_REDUCE_SCATTER, SN_ALGO_LL, SYMNCCL_K_LL_REDUCE_SCATTER},
-    {SYMNCCL_COLL_REDUCE_SCATTER, SN_ALGO_LL128,
-     SYMNCCL_K_LL128_REDUCE_SCATTER},
-    {SYMNCCL_COLL_ALL_GATHER, SN_ALGO_LL, SYMNCCL_K_LL_ALL_GATHER},
-    {SYMNCCL_COLL_ALL_GATHER, SN_ALGO_LL128, SYMNCCL_K_LL128_ALL_GATHER},
-    {SYMNCCL_COLL_REDUCE_SCATTER, SN_ALGO_PUSH,
-     SYMNCCL_K_PUSH_REDUCE_SCATTER},
-    {SYMNCCL_COLL_ALL_GATHER, SN_ALGO_PUSH, SYMNCCL_K_PUSH_ALL_GATHER},
-    {SYMNCCL_COLL_REDUCE, SN_ALGO_ONE_SHOT, SYMNCCL_K_ONE_SHOT_REDUCE},
-    {SYMNCCL_COLL_BROADCAST, SN_ALGO_ONE_SHOT, SYMNCCL_K_ONE_SHOT_BROADCAST},
-};
-#define N_COLL_KERNELS (sizeof(coll_kernels) / sizeof(coll_kernels[0]))
-
 int
-sn_collective_kernel(int collective, int algo)
+sn_kernel_for(int collective, int algo, int shot)
 {
-    for (size_t i = 0; i < N_COLL_KERNELS; i++)
-        if (coll_kernels[i].collective == collective &&
-            coll_kernels[i].algo == algo)
-            return coll_kernels[i].kernel;
-    return -1;
+    if (collective < 0 || collective >= SYMNCCL_COLL_COUNT || algo < 0 ||
+        algo >= SN_ALGO_COUNT)
+        return -1;
+    const int k = kernel_of[collective][algo][shot != 0];
+    /* no two-shot of its own: the algorithm's kernel */
+    return k >= 0 || !shot ? k : kernel_of[collective][algo][0];
 }
 
-#define NAME_(id, name) name,
+int
+sn_kernel_algo(int kernel)
+{
+    return kernel >= 0 && kernel < SYMNCCL_K_COUNT ? kernel_algo[kernel]
+                                                   : SN_ALGO_NCCL;
+}
+
+#define NAME_(id, name, ...) name,
 static const char *const kernel_names[SYMNCCL_K_COUNT + 1] = {
-    SYMNCCL_KERNELS(NAME_) "nccl"};
+    SYMNCCL_KERNEL_TABLE(NAME_) "nccl"};
+#undef NAME_
+#define NAME_(id, name) name,
 static const char *const collective_names[SYMNCCL_COLL_COUNT] = {
     SYMNCCL_COLLECTIVES(NAME_)};
 #undef NAME_
@@ -157,59 +168,7 @@ multimem_takes(const sn_dtype *dt, const sn_op *op)
 }
 
 /* ------------------------------------------------------------------ */
-/* algo="auto": crossovers measured with benchmarks/bench_allreduce.py on
- * 2x, 3x and 4x H200, bf16, CUDA-graph replay (benchmarks/NOTES.md,
- * sections 10-17). A row serves world sizes up to max_ranks; a message of
- * `bytes` takes the first algorithm whose limit it is within, else `above`.
- * two_shot's limit depends on whether the input lies in a window (peers
- * load it in place) or is a plain tensor (copied through the staging
- * window first).
- *
- * On 2 ranks: ll128 256 KiB 4.1 vs ll 4.7 us, 1 MiB 7.6 vs two_shot 9.0.
- * On 3+ ranks ll128 is its two-shot from 512 KiB (SYMNCCL_LL128_TWO_SHOT_
- * KIB): 4x 1 MiB 10.1-11.2 us vs two_shot 12.6-14.1, 3x 1 MiB 8.9 vs push
- * 13.5; below that its one-shot beats ll (4x 256 KiB 6.4-7.2 vs 7.7-8.7).
- * 5-7 ranks follow the 4-rank row without having been measured; from 8
- * ranks NCCL (measured at 8 before ll, ll128 and push existed). one_shot
- * won at no size (it reads n-1 whole copies where two_shot reads one);
- * multimem is never chosen automatically. */
-
-#define KIB ((size_t)1 << 10)
-#define MIB ((size_t)1 << 20)
-
-typedef struct {
-    int max_ranks;
-    size_t ll, ll128, two_shot_window, two_shot_tensor;
-    int above;
-} auto_row;
-
-static const auto_row auto_table[] = {
-    {2, 64 * KIB, 1 * MIB, 4 * MIB, 0, SN_ALGO_PUSH},
-    {3, 0, 1536 * KIB, 0, 0, SN_ALGO_PUSH},
-    {7, 0, 1536 * KIB, 4 * MIB, 2 * MIB, SN_ALGO_PUSH},
-    {INT_MAX, 0, 0, 0, 0, SN_ALGO_NCCL},
-};
-
-int
-sn_auto_algo(const sn_topology *t, const sn_knobs *k, size_t bytes,
-             const sn_dtype *dt, const sn_op *op, int in_window)
-{
-    if (k->algo >= 0 && (k->algo == SN_ALGO_NCCL ||
-                         sn_algo_unavailable(t, k->algo, dt, op) == NULL))
-        return k->algo;
-    if (sn_algo_unavailable(t, SN_ALGO_PUSH, dt, op) != NULL)
-        return SN_ALGO_NCCL;   /* no kernel can take it */
-    const auto_row *r = auto_table;
-    while (t->nranks > r->max_ranks)
-        r++;
-    if (bytes <= r->ll)
-        return SN_ALGO_LL;
-    if (bytes <= r->ll128)
-        return SN_ALGO_LL128;
-    if (bytes <= (in_window ? r->two_shot_window : r->two_shot_tensor))
-        return SN_ALGO_TWO_SHOT;
-    return r->above;
-}
+/* Which algorithm can run where. */
 
 const char *
 sn_algo_unavailable(const sn_topology *t, int algo, const sn_dtype *dt,
@@ -236,32 +195,10 @@ sn_algo_unavailable(const sn_topology *t, int algo, const sn_dtype *dt,
             return t->multicast_reason != NULL
                        ? t->multicast_reason
                        : "multicast was not granted on this communicator";
-        if (!multimem_takes(dt, op))
+        if (dt == NULL || op == NULL || !multimem_takes(dt, op))
             return "this dtype/op has no multimem reduction in PTX";
     }
     return NULL;
-}
-
-/* Per collective: "no kernel of this algorithm runs this collective (those
- * that do: ll, ll128, push, nccl)", the names read off coll_kernels;
- * written once at import (sn_registry_export). */
-static char no_kernel[SYMNCCL_COLL_COUNT][192];
-
-static void
-write_no_kernel(void)
-{
-    for (int coll = 0; coll < SYMNCCL_COLL_COUNT; coll++) {
-        char *m = no_kernel[coll];
-        const size_t size = sizeof(no_kernel[coll]);
-        size_t len = (size_t)snprintf(m, size, "no kernel of this algorithm "
-                                      "runs this collective (those that do: ");
-        for (size_t i = 0; i < N_COLL_KERNELS && len < size; i++)
-            if (coll_kernels[i].collective == coll)
-                len += (size_t)snprintf(m + len, size - len, "%s, ",
-                                        sn_algos[coll_kernels[i].algo].name);
-        if (len < size)
-            snprintf(m + len, size - len, "nccl)");
-    }
 }
 
 const char *
@@ -270,71 +207,141 @@ sn_collective_unavailable(const sn_topology *t, int collective, int algo,
 {
     if (algo == SN_ALGO_NCCL)
         return NULL;
-    if (sn_collective_kernel(collective, algo) < 0)
+    const int k = sn_kernel_for(collective, algo, SYMNCCL_SHOT_ONE);
+    if (k < 0)
         return no_kernel[collective];
-    /* all_gather and broadcast move bytes: every dtype, no op */
-    if (collective == SYMNCCL_COLL_ALL_GATHER ||
-        collective == SYMNCCL_COLL_BROADCAST)
+    /* a kernel that moves bytes takes every dtype, and no op */
+    if (symnccl_kernel_row_of(k).bytes)
         dt = NULL, op = NULL;
     return sn_algo_unavailable(t, algo, dt, op);
 }
 
-/* algo="auto" of reduce_scatter, all_gather, reduce and broadcast:
- * crossovers measured with benchmarks/bench_collectives.py on 2x H200,
- * bf16, CUDA-graph replay (benchmarks/NOTES.md section 30,
- * results/collectives_h200x2_bfloat16.json). `bytes` is the call's larger
- * buffer: a reduce-scatter's input, an all-gather's output, a reduce's or
- * broadcast's tensor. A message takes the first algorithm whose limit it is
- * within, else `above`; a row serves world sizes up to max_ranks, and no
- * row (3 ranks and more: not measured yet) means NCCL.
+/* ------------------------------------------------------------------ */
+/* algo="auto": one table for every collective. A row serves one
+ * collective at world sizes up to max_ranks (the first row that fits);
+ * a call whose larger buffer (an all-gather's output, else the input) is
+ * `bytes` takes the first algorithm whose limit it is within, in the
+ * order ll, ll128, one_shot, two_shot, else `above`. two_shot's limit
+ * depends on whether the input lies in a window (peers load it in place)
+ * or is a plain tensor (copied through the staging window first). No row
+ * (a collective or world size not measured), or a kernel that cannot take
+ * the call: NCCL. The measurements behind each limit: docs/PERFORMANCE.md,
+ * "The auto tables".
  *
- * reduce_scatter: ll128 3.3-3.9 us up to 512 KiB (ll within 0.2 us of it),
- * 6.2 at 1 MiB, 7.7 at 2 MiB (push 10.3), then push: 4 MiB 14.1 (ll128
- * 15.8), 16 MiB 48 (NCCL 53), 64 MiB 153 (NCCL 176). all_gather: ll 2.8-3.3
- * us up to 64 KiB (ll128 0.1 us behind), ll128 to 4 MiB (13.1, push 13.9),
- * then push: 16 MiB 40 (NCCL 57), 64 MiB 128 (NCCL 162). reduce and
- * broadcast: one_shot 5.9-6.6 us up to 64 KiB (NCCL 8-10), 22.7 / 29.3 at
- * 4 MiB (NCCL 26.6 / 29.8), NCCL from 16 MiB (one_shot reads the root's
- * whole tensor on every rank: 86-110 us against NCCL's 63-66). */
+ * all_reduce, 2x/3x/4x H200, bf16, CUDA-graph replay: on 2 ranks ll128
+ * 256 KiB 4.1 vs ll 4.7 us, 1 MiB 7.6 vs two_shot 9.0. On 3+ ranks ll128
+ * is its two-shot from 512 KiB (SYMNCCL_LL128_TWO_SHOT_KIB): 4x 1 MiB
+ * 10.1-11.2 us vs two_shot 12.6-14.1, 3x 1 MiB 8.9 vs push 13.5; below
+ * that its one-shot beats ll (4x 256 KiB 6.4-7.2 vs 7.7-8.7). 5-7 ranks
+ * follow the 4-rank row without having been measured; from 8 ranks NCCL
+ * (measured at 8 before ll, ll128 and push existed). one_shot won at no
+ * size (it reads n-1 whole copies where two_shot reads one); multimem is
+ * never chosen automatically.
+ *
+ * The other four, 2x H200 (results/collectives_h200x2_bfloat16.json):
+ * reduce_scatter: ll128 3.3-3.9 us up to 512 KiB (ll within 0.2 us of
+ * it), 6.2 at 1 MiB, 7.7 at 2 MiB (push 10.3), then push: 4 MiB 14.1
+ * (ll128 15.8), 16 MiB 48 (NCCL 53), 64 MiB 153 (NCCL 176). all_gather: ll
+ * 2.8-3.3 us up to 64 KiB (ll128 0.1 us behind), ll128 to 4 MiB (13.1,
+ * push 13.9), then push: 16 MiB 40 (NCCL 57), 64 MiB 128 (NCCL 162).
+ * reduce and broadcast: one_shot 5.9-6.6 us up to 64 KiB (NCCL 8-10),
+ * 22.7 / 29.3 at 4 MiB (NCCL 26.6 / 29.8), NCCL from 16 MiB (one_shot
+ * reads the root's whole tensor on every rank: 86-110 us against NCCL's
+ * 63-66). 3+ ranks: not measured yet, NCCL. */
+
+#define KIB ((size_t)1 << 10)
+#define MIB ((size_t)1 << 20)
+
 typedef struct {
     int collective, max_ranks;
-    size_t ll, ll128, one_shot;
+    size_t ll, ll128, one_shot, two_shot_window, two_shot_tensor;
     int above;
-} coll_auto_row;
+} auto_row;
 
-static const coll_auto_row coll_auto_table[] = {
-    {SYMNCCL_COLL_REDUCE_SCATTER, 2, 0, 2 * MIB, 0, SN_ALGO_PUSH},
-    {SYMNCCL_COLL_ALL_GATHER, 2, 64 * KIB, 4 * MIB, 0, SN_ALGO_PUSH},
-    {SYMNCCL_COLL_REDUCE, 2, 0, 0, 4 * MIB, SN_ALGO_NCCL},
-    {SYMNCCL_COLL_BROADCAST, 2, 0, 0, 4 * MIB, SN_ALGO_NCCL},
+static const auto_row auto_table[] = {
+    {SYMNCCL_COLL_ALL_REDUCE, 2, 64 * KIB, 1 * MIB, 0, 4 * MIB, 0,
+     SN_ALGO_PUSH},
+    {SYMNCCL_COLL_ALL_REDUCE, 3, 0, 1536 * KIB, 0, 0, 0, SN_ALGO_PUSH},
+    {SYMNCCL_COLL_ALL_REDUCE, 7, 0, 1536 * KIB, 0, 4 * MIB, 2 * MIB,
+     SN_ALGO_PUSH},
+    {SYMNCCL_COLL_REDUCE_SCATTER, 2, 0, 2 * MIB, 0, 0, 0, SN_ALGO_PUSH},
+    {SYMNCCL_COLL_ALL_GATHER, 2, 64 * KIB, 4 * MIB, 0, 0, 0, SN_ALGO_PUSH},
+    {SYMNCCL_COLL_REDUCE, 2, 0, 0, 4 * MIB, 0, 0, SN_ALGO_NCCL},
+    {SYMNCCL_COLL_BROADCAST, 2, 0, 0, 4 * MIB, 0, 0, SN_ALGO_NCCL},
 };
-#define N_COLL_AUTO (sizeof(coll_auto_table) / sizeof(coll_auto_table[0]))
+#define N_AUTO (sizeof(auto_table) / sizeof(auto_table[0]))
 
-int
-sn_collective_auto(const sn_topology *t, const sn_knobs *k, int collective,
-                   size_t bytes, const sn_dtype *dt, const sn_op *op)
+static int
+auto_algo(const sn_topology *t, const sn_knobs *k, const sn_call_desc *d)
 {
     /* SYMNCCL_ALGO overrides the table wherever that algorithm can run the
-     * call, as it overrides all_reduce's ("nccl": every call) */
+     * call ("nccl": every call) */
     if (k->algo == SN_ALGO_NCCL ||
         (k->algo >= 0 &&
-         sn_collective_unavailable(t, collective, k->algo, dt, op) == NULL))
+         sn_collective_unavailable(t, d->collective, k->algo, d->dtype,
+                                   d->op) == NULL))
         return k->algo;
-    const coll_auto_row *r = NULL;
-    for (size_t i = 0; i < N_COLL_AUTO && r == NULL; i++)
-        if (coll_auto_table[i].collective == collective &&
-            t->nranks <= coll_auto_table[i].max_ranks)
-            r = &coll_auto_table[i];
+    const auto_row *r = NULL;
+    for (size_t i = 0; i < N_AUTO && r == NULL; i++)
+        if (auto_table[i].collective == d->collective &&
+            t->nranks <= auto_table[i].max_ranks)
+            r = &auto_table[i];
     if (r == NULL)
         return SN_ALGO_NCCL;
-    const int algo = bytes <= r->ll         ? SN_ALGO_LL
-                     : bytes <= r->ll128    ? SN_ALGO_LL128
-                     : bytes <= r->one_shot ? SN_ALGO_ONE_SHOT
-                                            : r->above;
+    const size_t b = d->bytes;
+    const int algo =
+        b <= r->ll         ? SN_ALGO_LL
+        : b <= r->ll128    ? SN_ALGO_LL128
+        : b <= r->one_shot ? SN_ALGO_ONE_SHOT
+        : b <= (d->in_window ? r->two_shot_window : r->two_shot_tensor)
+            ? SN_ALGO_TWO_SHOT
+            : r->above;
     /* a dtype, op or communicator its kernel cannot take: NCCL */
-    if (algo != SN_ALGO_NCCL &&
-        sn_collective_unavailable(t, collective, algo, dt, op) != NULL)
+    if (sn_collective_unavailable(t, d->collective, algo, d->dtype,
+                                  d->op) != NULL)
         return SN_ALGO_NCCL;
+    return algo;
+}
+
+int
+sn_resolve(const sn_topology *t, const sn_knobs *k, const sn_call_desc *d,
+           char *why, size_t len)
+{
+    const char *cname = sn_collective_name(d->collective);
+    int algo = d->algo;
+    if (d->collective < 0 || d->collective >= SYMNCCL_COLL_COUNT ||
+        !has_kernels[d->collective] || algo < SN_ALGO_AUTO ||
+        algo >= SN_ALGO_COUNT) {
+        snprintf(why, len, "no algorithm %d for collective %d", algo,
+                 d->collective);
+        return SN_ALGO_UNKNOWN;
+    }
+    if (algo == SN_ALGO_AUTO)   /* inside a group: NCCL's grouping */
+        algo = d->in_group ? SN_ALGO_NCCL : auto_algo(t, k, d);
+    else if (algo != SN_ALGO_NCCL) {
+        const char *no = sn_collective_unavailable(t, d->collective, algo,
+                                                   d->dtype, d->op);
+        if (no != NULL) {
+            snprintf(why, len, "algo '%s' cannot run this %s (%s%s%s%s): %s",
+                     sn_algos[algo].name, cname,
+                     d->dtype != NULL ? d->dtype->name : "any dtype",
+                     d->op != NULL ? ", op '" : "",
+                     d->op != NULL ? d->op->name : "",
+                     d->op != NULL ? "'" : "", no);
+            return SN_ALGO_UNKNOWN;
+        }
+        if (d->in_group) {
+            snprintf(why, len, "algo '%s' cannot run inside "
+                     "symnccl.group(); use algo='nccl'", sn_algos[algo].name);
+            return SN_ALGO_UNKNOWN;
+        }
+    }
+    if (algo == SN_ALGO_NCCL && !t->nccl) {
+        snprintf(why, len, "%s: this call needs NCCL, and a loopback "
+                 "communicator (Communicator._loopback) runs symnccl's "
+                 "kernels only", cname);
+        return SN_ALGO_UNKNOWN;
+    }
     return algo;
 }
 
@@ -342,15 +349,10 @@ int
 sn_collective_by_name(const char *cname)
 {
     for (int i = 0; i < SYMNCCL_COLL_COUNT; i++)
-        if (strcmp(cname, collective_names[i]) == 0 &&
-            (i == SYMNCCL_COLL_ALL_REDUCE ||
-             i == SYMNCCL_COLL_REDUCE_SCATTER ||
-             i == SYMNCCL_COLL_ALL_GATHER || i == SYMNCCL_COLL_REDUCE ||
-             i == SYMNCCL_COLL_BROADCAST))
+        if (has_kernels[i] && strcmp(cname, collective_names[i]) == 0)
             return i;
-    PyErr_Format(PyExc_ValueError, "unknown collective '%s': expected "
-                 "all_reduce, reduce_scatter, all_gather, reduce or "
-                 "broadcast", cname);
+    PyErr_Format(PyExc_ValueError, "unknown collective '%s': expected %s",
+                 cname, collective_choices);
     return -1;
 }
 
@@ -361,9 +363,8 @@ sn_call_unavailable(const sn_topology *t, const char *cname, int algo,
     const int coll = sn_collective_by_name(cname);
     if (coll < 0)
         return -1;
-    *why = algo == SN_ALGO_AUTO ? NULL
-           : coll == SYMNCCL_COLL_ALL_REDUCE
-               ? sn_algo_unavailable(t, algo, dt, op)
+    *why = algo == SN_ALGO_AUTO
+               ? NULL
                : sn_collective_unavailable(t, coll, algo, dt, op);
     return 0;
 }
@@ -614,12 +615,87 @@ check_kernel_dtypes(void)
     return 0;
 }
 
+/* KERNEL_TABLE: one dict per kernel, the table's columns by name. */
+static PyObject *
+kernel_table(void)
+{
+    static const char *const shots[] = {"one", "two"};
+    static const char *const families[SYMNCCL_FAMILY_COUNT] = {
+        "barrier", "ll", "ll128", "push"};
+    static const char *const plans[] = {"loads", "packets", "slices",
+                                        "rooted", "push"};
+    static const char *const units[] = {"dtype", "multimem"};
+    PyObject *t = PyTuple_New(SYMNCCL_K_COUNT);
+    for (int k = 0; t != NULL && k < SYMNCCL_K_COUNT; k++) {
+        const symnccl_kernel_row r = symnccl_kernel_row_of(k);
+        PyObject *d = Py_BuildValue(
+            "{s:i,s:s,s:s,s:s,s:s,s:s,s:s,s:O,s:s}", "id", k, "name", r.name,
+            "collective", sn_collective_name(r.collective), "algo",
+            sn_algos[kernel_algo[k]].name, "shot", shots[r.shot], "family",
+            families[r.family], "plan", plans[r.plan], "bytes",
+            r.bytes ? Py_True : Py_False, "unit", units[r.unit]);
+        if (d == NULL)
+            Py_CLEAR(t);
+        else
+            PyTuple_SetItem(t, k, d);
+    }
+    return t;
+}
+
+/* ALGO_KERNELS: {algo: all_reduce's kernels of it (the one-shot, then the
+ * two-shot where there is one)}; () for nccl. */
+static PyObject *
+algo_kernels(void)
+{
+    PyObject *d = PyDict_New();
+    for (int a = 0; d != NULL && a < SN_ALGO_COUNT; a++) {
+        const int k1 = kernel_of[SYMNCCL_COLL_ALL_REDUCE][a][0];
+        const int k2 = kernel_of[SYMNCCL_COLL_ALL_REDUCE][a][1];
+        PyObject *ks = k1 < 0   ? PyTuple_New(0)
+                       : k2 < 0 ? Py_BuildValue("(s)", kernel_names[k1])
+                                : Py_BuildValue("(ss)", kernel_names[k1],
+                                                kernel_names[k2]);
+        if (ks == NULL || PyDict_SetItemString(d, sn_algos[a].name, ks) < 0)
+            Py_CLEAR(d);
+        Py_XDECREF(ks);
+    }
+    return d;
+}
+
+/* COLLECTIVE_KERNELS: {collective: {algo: kernel}} for every collective
+ * with kernels other than all_reduce (ALGO_KERNELS has its). */
+static PyObject *
+collective_kernels(void)
+{
+    PyObject *all = PyDict_New();
+    for (int coll = 0; all != NULL && coll < SYMNCCL_COLL_COUNT; coll++) {
+        if (!has_kernels[coll] || coll == SYMNCCL_COLL_ALL_REDUCE)
+            continue;
+        PyObject *d = PyDict_New();
+        for (int a = 0; d != NULL && a < SN_ALGO_COUNT; a++) {
+            const int k = kernel_of[coll][a][0];
+            if (k < 0)
+                continue;
+            PyObject *kn = PyUnicode_FromString(kernel_names[k]);
+            if (kn == NULL || PyDict_SetItemString(d, sn_algos[a].name,
+                                                   kn) < 0)
+                Py_CLEAR(d);
+            Py_XDECREF(kn);
+        }
+        if (d == NULL ||
+            PyDict_SetItemString(all, collective_names[coll], d) < 0)
+            Py_CLEAR(all);
+        Py_XDECREF(d);
+    }
+    return all;
+}
+
 int
 sn_registry_export(PyObject *module)
 {
     if (check_kernel_dtypes() < 0)
         return -1;
-    write_no_kernel();
+    index_kernels();
     PyObject *dtypes = PyTuple_New(sn_n_dtypes);
     PyObject *kdtypes = PyList_New(0);
     if (dtypes == NULL || kdtypes == NULL)
@@ -662,60 +738,28 @@ sn_registry_export(PyObject *module)
     PyObject *algos = PyTuple_New(SN_ALGO_COUNT);
     PyObject *acodes = Py_BuildValue("{s:i}", "auto", SN_ALGO_AUTO);
     PyObject *summary = PyDict_New();
-    PyObject *akernels = PyDict_New();
-    if (algos == NULL || acodes == NULL || summary == NULL ||
-        akernels == NULL)
+    if (algos == NULL || acodes == NULL || summary == NULL)
         goto algo_error;
     for (int i = 0; i < SN_ALGO_COUNT; i++) {
         const sn_algo *a = &sn_algos[i];
         PyTuple_SetItem(algos, i, PyUnicode_FromString(a->name));
         PyObject *code = PyLong_FromLong(i);
         PyObject *sum = PyUnicode_FromString(a->summary);
-        const int *k = algo_kernels[i];
-        PyObject *ks = k[0] < 0 ? PyTuple_New(0)
-                       : k[1] < 0 ? Py_BuildValue("(s)", kernel_names[k[0]])
-                                  : Py_BuildValue("(ss)", kernel_names[k[0]],
-                                                  kernel_names[k[1]]);
-        int bad = code == NULL || sum == NULL || ks == NULL ||
+        int bad = code == NULL || sum == NULL ||
                   PyDict_SetItemString(acodes, a->name, code) < 0 ||
-                  PyDict_SetItemString(summary, a->name, sum) < 0 ||
-                  PyDict_SetItemString(akernels, a->name, ks) < 0;
+                  PyDict_SetItemString(summary, a->name, sum) < 0;
         Py_XDECREF(code);
         Py_XDECREF(sum);
-        Py_XDECREF(ks);
         if (bad)
             goto algo_error;
     }
     if (add(module, "ALGORITHMS", algos) < 0 ||
         add(module, "ALGO_CODES", acodes) < 0 ||
-        add(module, "ALGO_SUMMARY", summary) < 0 ||
-        add(module, "ALGO_KERNELS", akernels) < 0)
+        add(module, "ALGO_SUMMARY", summary) < 0)
         return -1;
-
-    /* COLLECTIVE_KERNELS: {collective: {algo: kernel}} for
-     * reduce_scatter, all_gather, reduce and broadcast */
-    PyObject *ck = PyDict_New();
-    for (size_t i = 0; ck != NULL && i < N_COLL_KERNELS; i++) {
-        const char *cname = collective_names[coll_kernels[i].collective];
-        PyObject *d = PyDict_GetItemString(ck, cname);   /* borrowed */
-        if (d == NULL) {
-            d = PyDict_New();
-            if (d == NULL || PyDict_SetItemString(ck, cname, d) < 0) {
-                Py_XDECREF(d);
-                Py_CLEAR(ck);
-                break;
-            }
-            Py_DECREF(d);   /* ck holds it */
-        }
-        PyObject *kn =
-            PyUnicode_FromString(kernel_names[coll_kernels[i].kernel]);
-        if (kn == NULL ||
-            PyDict_SetItemString(d, sn_algos[coll_kernels[i].algo].name,
-                                 kn) < 0)
-            Py_CLEAR(ck);
-        Py_XDECREF(kn);
-    }
-    if (add(module, "COLLECTIVE_KERNELS", ck) < 0)
+    if (add(module, "KERNEL_TABLE", kernel_table()) < 0 ||
+        add(module, "ALGO_KERNELS", algo_kernels()) < 0 ||
+        add(module, "COLLECTIVE_KERNELS", collective_kernels()) < 0)
         return -1;
 
     PyObject *kern = PyTuple_New(SYMNCCL_K_COUNT);
@@ -739,38 +783,22 @@ sn_registry_export(PyObject *module)
     if (add(module, "MULTIMEM_OPS", mm) < 0)
         return -1;
 
-    size_t nrows = sizeof(auto_table) / sizeof(auto_table[0]);
-    PyObject *rows = PyTuple_New((Py_ssize_t)nrows);
-    for (size_t i = 0; rows != NULL && i < nrows; i++) {
+    PyObject *rows = PyTuple_New((Py_ssize_t)N_AUTO);
+    for (size_t i = 0; rows != NULL && i < N_AUTO; i++) {
         const auto_row *r = &auto_table[i];
         PyObject *d = Py_BuildValue(
-            "{s:i,s:n,s:n,s:n,s:n,s:s}", "max_ranks", r->max_ranks, "ll",
-            (Py_ssize_t)r->ll, "ll128", (Py_ssize_t)r->ll128,
-            "two_shot_window", (Py_ssize_t)r->two_shot_window,
-            "two_shot_tensor", (Py_ssize_t)r->two_shot_tensor, "above",
-            sn_algos[r->above].name);
+            "{s:s,s:i,s:n,s:n,s:n,s:n,s:n,s:s}", "collective",
+            collective_names[r->collective], "max_ranks", r->max_ranks, "ll",
+            (Py_ssize_t)r->ll, "ll128", (Py_ssize_t)r->ll128, "one_shot",
+            (Py_ssize_t)r->one_shot, "two_shot_window",
+            (Py_ssize_t)r->two_shot_window, "two_shot_tensor",
+            (Py_ssize_t)r->two_shot_tensor, "above", sn_algos[r->above].name);
         if (d == NULL)
             Py_CLEAR(rows);
         else
             PyTuple_SetItem(rows, (Py_ssize_t)i, d);
     }
     if (add(module, "AUTO_TABLE", rows) < 0)
-        return -1;
-
-    PyObject *crows = PyTuple_New((Py_ssize_t)N_COLL_AUTO);
-    for (size_t i = 0; crows != NULL && i < N_COLL_AUTO; i++) {
-        const coll_auto_row *r = &coll_auto_table[i];
-        PyObject *d = Py_BuildValue(
-            "{s:s,s:i,s:n,s:n,s:n,s:s}", "collective",
-            collective_names[r->collective], "max_ranks", r->max_ranks, "ll",
-            (Py_ssize_t)r->ll, "ll128", (Py_ssize_t)r->ll128, "one_shot",
-            (Py_ssize_t)r->one_shot, "above", sn_algos[r->above].name);
-        if (d == NULL)
-            Py_CLEAR(crows);
-        else
-            PyTuple_SetItem(crows, (Py_ssize_t)i, d);
-    }
-    if (add(module, "COLLECTIVE_AUTO_TABLE", crows) < 0)
         return -1;
 
     PyObject *kn = PyDict_New();
@@ -796,7 +824,6 @@ algo_error:
     Py_XDECREF(algos);
     Py_XDECREF(acodes);
     Py_XDECREF(summary);
-    Py_XDECREF(akernels);
     return -1;
 error:
     Py_XDECREF(dtypes);

@@ -31,11 +31,12 @@
 #define LL128_REGION (8u << 20)
 #define PAGE ((size_t)4096)
 
-/* Scratch: the barrier word, the claim word, then the epoch arrays. */
-enum { EPOCHS_LL, EPOCHS_LL128, EPOCHS_PUSH, EPOCHS_BARRIER, N_EPOCHS };
+/* Scratch: the barrier word, the claim word, then one epoch array per
+ * kernel family (kernels/table.h). */
 #define SCRATCH_CLAIM 128
 #define SCRATCH_EPOCHS 256
-#define SCRATCH_BYTES (SCRATCH_EPOCHS + N_EPOCHS * 8 * SN_MAX_CTAS)
+#define SCRATCH_BYTES \
+    (SCRATCH_EPOCHS + SYMNCCL_FAMILY_COUNT * 8 * SN_MAX_CTAS)
 
 _Static_assert(SYMNCCL_PUSH_MAX_CTAS <= SN_MAX_CTAS,
                "push epochs live in the scratch's SN_MAX_CTAS slots");
@@ -169,25 +170,11 @@ sn_scratch_free(CommObject *c)
 uint64_t *
 sn_epochs(const CommObject *c, int kernel)
 {
-    int which;
-    switch (kernel) {
-    /* the push kernels share the push region's slots and flags */
-    case SYMNCCL_K_PUSH:
-    case SYMNCCL_K_PUSH_REDUCE_SCATTER:
-    case SYMNCCL_K_PUSH_ALL_GATHER: which = EPOCHS_PUSH; break;
-    /* the packet kernels of one format share its slots, so its counters */
-    case SYMNCCL_K_LL128:
-    case SYMNCCL_K_LL128_TWO_SHOT:
-    case SYMNCCL_K_LL128_REDUCE_SCATTER:
-    case SYMNCCL_K_LL128_ALL_GATHER: which = EPOCHS_LL128; break;
-    case SYMNCCL_K_LL:
-    case SYMNCCL_K_LL_TWO_SHOT:
-    case SYMNCCL_K_LL_REDUCE_SCATTER:
-    case SYMNCCL_K_LL_ALL_GATHER: which = EPOCHS_LL; break;
-    default: which = EPOCHS_BARRIER;   /* one_shot, two_shot, multimem */
-    }
+    /* the kernels of a family share its slots or barrier lines, so its
+     * call counters */
+    const int family = symnccl_kernel_row_of(kernel).family;
     return (uint64_t *)((char *)c->scratch + SCRATCH_EPOCHS +
-                        (size_t)which * 8 * SN_MAX_CTAS);
+                        (size_t)family * 8 * SN_MAX_CTAS);
 }
 
 int *

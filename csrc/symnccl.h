@@ -113,10 +113,12 @@ typedef struct sn_op {
     int kernel;                /* SYMNCCL_OP_*, or -1: no symnccl kernel */
 } sn_op;
 
-/* all_reduce algorithms (SN_ALGO_AUTO is algo="auto", not an algorithm) */
-enum { SN_ALGO_AUTO = -1, SN_ALGO_NCCL = 0, SN_ALGO_ONE_SHOT,
-       SN_ALGO_TWO_SHOT, SN_ALGO_LL, SN_ALGO_LL128, SN_ALGO_PUSH,
-       SN_ALGO_MULTIMEM, SN_ALGO_COUNT, SN_ALGO_UNKNOWN = -2 };
+/* Algorithms: SN_ALGO_<ID> of kernels/table.h's SYMNCCL_ALGOS
+ * (SN_ALGO_AUTO is algo="auto", not an algorithm). */
+#define SN_ALGO_ENUM_(id, name, summary) SN_ALGO_##id,
+enum { SN_ALGO_AUTO = -1, SYMNCCL_ALGOS(SN_ALGO_ENUM_) SN_ALGO_COUNT,
+       SN_ALGO_UNKNOWN = -2 };
+#undef SN_ALGO_ENUM_
 
 typedef struct {
     const char *name;
@@ -143,8 +145,21 @@ typedef struct {
     int staging;               /* the staging window exists */
     int push;                  /* it has a push region */
     int multicast;             /* NCCL granted lsaMultimem */
+    int nccl;                  /* an NCCL communicator (not loopback) */
     const char *multicast_reason;
 } sn_topology;
+
+/* One call, as the resolver sees it. */
+typedef struct {
+    int collective;            /* SYMNCCL_COLL_* with kernels */
+    int algo;                  /* asked: SN_ALGO_* or SN_ALGO_AUTO */
+    size_t bytes;              /* the call's larger buffer (an all-gather's
+                                  output, else its input) */
+    const sn_dtype *dtype;
+    const sn_op *op;           /* NULL: the collective has none */
+    int in_window;             /* x lies in a registered window */
+    int in_group;              /* inside symnccl.group() */
+} sn_call_desc;
 
 extern const sn_dtype sn_dtypes[];
 extern const int sn_n_dtypes;
@@ -162,14 +177,14 @@ int sn_registry_lookup(const char *algo, const char *dtype, const char *op,
                        int *a, const sn_dtype **dt, const sn_op **o);
 /* "'auto', 'nccl', 'one_shot', ..." for messages. */
 const char *sn_algo_choices(void);
-/* The kernel (SYMNCCL_K_*) an algorithm launches: its two-shot one when
- * two_shot and it has one; -1 for nccl. */
-int sn_algo_kernel(int algo, int two_shot);
-/* The kernel (SYMNCCL_K_*) of `algo` for reduce_scatter, all_gather,
- * reduce or broadcast (SYMNCCL_COLL_*), or -1. */
-int sn_collective_kernel(int collective, int algo);
-/* NULL when `algo` can run that collective here, else why not
- * (all_gather and broadcast move bytes: dt and op are not looked at). */
+/* The kernel (SYMNCCL_K_*) of `algo` for `collective`: its two-shot
+ * variant when `shot` (SYMNCCL_SHOT_TWO) and the table has one, else its
+ * one-shot; -1 where the table has none (nccl). */
+int sn_kernel_for(int collective, int algo, int shot);
+/* The algorithm (SN_ALGO_*) of a kernel. */
+int sn_kernel_algo(int kernel);
+/* NULL when `algo` can run that collective here, else why not (a kernel
+ * that moves bytes: dt and op are not looked at). */
 const char *sn_collective_unavailable(const sn_topology *t, int collective,
                                       int algo, const sn_dtype *dt,
                                       const sn_op *op);
@@ -177,30 +192,28 @@ const char *sn_collective_unavailable(const sn_topology *t, int collective,
  * SYMNCCL_COLL_* collective; "?" for anything else. */
 const char *sn_kernel_name(int kernel);
 const char *sn_collective_name(int collective);
-/* algo="auto" of reduce_scatter, all_gather, reduce or broadcast
- * (SYMNCCL_COLL_*) for a call whose larger buffer is `bytes`: the measured
- * table (registry.c), or SYMNCCL_ALGO where that can run the call. */
-int sn_collective_auto(const sn_topology *t, const sn_knobs *k,
-                       int collective, size_t bytes, const sn_dtype *dt,
-                       const sn_op *op);
+/* The resolver, the one place that picks the algorithm of a call, for
+ * every collective and caller (the methods, the XLA handlers, the test
+ * hooks): algo="auto" walks the auto table (or SYMNCCL_ALGO where that
+ * can run the call; NCCL inside a group); an explicit algorithm is checked
+ * against the kernel table, the dtype/op, the topology and the group.
+ * Returns SN_ALGO_*, or SN_ALGO_UNKNOWN with why[] naming what was asked
+ * and why it cannot run. */
+int sn_resolve(const sn_topology *t, const sn_knobs *k, const sn_call_desc *d,
+               char *why, size_t len);
 /* SYMNCCL_COLL_* of a collective with kernels ("all_reduce", ...); -1
  * with ValueError for another name. */
 int sn_collective_by_name(const char *cname);
 /* The answer of algo_supported(): *why = NULL when `algo` ("auto"
- * included) can run collective `cname` (all_reduce, reduce_scatter,
- * all_gather, reduce or broadcast) with dt/op on topology t, else why not;
- * -1 with ValueError for another name. */
+ * included) can run collective `cname` with dt/op on topology t, else why
+ * not; -1 with ValueError for another name. */
 int sn_call_unavailable(const sn_topology *t, const char *cname, int algo,
                         const sn_dtype *dt, const sn_op *op,
                         const char **why);
 /* Why `algo` cannot run dtype/op on a communicator of topology t, or
- * NULL. */
+ * NULL (the gates every kernel shares). */
 const char *sn_algo_unavailable(const sn_topology *t, int algo,
                                 const sn_dtype *dt, const sn_op *op);
-/* algo="auto": the measured table (or SYMNCCL_ALGO) for `bytes`; in_window:
- * the input lies in a registered window (the same on every rank). */
-int sn_auto_algo(const sn_topology *t, const sn_knobs *k, size_t bytes,
-                 const sn_dtype *dt, const sn_op *op, int in_window);
 /* The knobs from the environment; -1 with ValueError on a bad value. */
 int sn_knobs_read(sn_knobs *k);
 /* Adds DTYPES, OPS, ALGORITHMS, ... to the module. */
@@ -363,9 +376,8 @@ void sn_loopback_leave(struct CommObject *c);
 /* cudaMalloc'd, zeroed scratch and the cross-stream event. */
 int sn_scratch_alloc(SNState *st, struct CommObject *c);
 void sn_scratch_free(struct CommObject *c);
-/* The call counters of kernel SYMNCCL_K_* (one array for the ll family,
- * one for ll128, one for push, one for the barrier kernels), SN_MAX_CTAS
- * of them, in the scratch. */
+/* The call counters of kernel SYMNCCL_K_*: its family's (kernels/table.h),
+ * SN_MAX_CTAS of them, in the scratch. */
 uint64_t *sn_epochs(const struct CommObject *c, int kernel);
 /* The zeroed word the first CTA to give up takes (symnccl_kargs.claim). */
 unsigned *sn_claim_word(const struct CommObject *c);
@@ -499,7 +511,7 @@ sn_topology_of(const CommObject *c)
 {
     sn_topology t = {c->nranks, c->lsa_size, c->symmetric,
                      c->staging_win != NULL, c->layout.push_slot != 0,
-                     c->multicast, c->multicast_reason};
+                     c->multicast, c->comm != NULL, c->multicast_reason};
     return t;
 }
 
@@ -598,7 +610,7 @@ void sn_watch_shutdown(void);
 
 typedef struct {
     CommObject *c;
-    int algo;                  /* SN_ALGO_* of a kernel, already checked */
+    int algo;                  /* SN_ALGO_* of a kernel, resolved */
     const char *x;             /* input, any device memory of c's GPU */
     char *out;                 /* output; == x for in place */
     const sn_window *win;      /* window holding x, or NULL */

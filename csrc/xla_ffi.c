@@ -231,6 +231,24 @@ xla_window(CommObject *c, const char *p, size_t bytes, int device,
     return w->win != NULL ? w : NULL;
 }
 
+/* The algorithm of one call (sn_resolve, as for the Communicator
+ * methods; no group on XLA's threads), or SN_ALGO_UNKNOWN with msg[]
+ * naming the handler, what was asked and why it cannot run. */
+static int
+resolve(CommObject *c, int collective, int algo, size_t bytes,
+        const sn_dtype *dt, const sn_op *op, int in_window, char *msg,
+        size_t len)
+{
+    const sn_topology topo = sn_topology_of(c);
+    const sn_call_desc d = {collective, algo, bytes, dt, op, in_window, 0};
+    char why[256];
+    const int got = sn_resolve(&topo, &c->knobs, &d, why, sizeof(why));
+    if (got == SN_ALGO_UNKNOWN)
+        snprintf(msg, len, "symnccl_%s: %s", sn_collective_name(collective),
+                 why);
+    return got;
+}
+
 /* The all-reduce of one call, on c (entered: c->busy counts it). */
 static snx_error *
 all_reduce(const snx_api *api, snx_call_frame *call, CommObject *c,
@@ -252,19 +270,10 @@ all_reduce(const snx_api *api, snx_call_frame *call, CommObject *c,
     if (op->nccl == ncclAvg && c->nranks == 1)
         op = sn_op_by_name("sum");
     const size_t is = (size_t)dt->itemsize;
-    const sn_topology topo = sn_topology_of(c);
-    if (algo == SN_ALGO_AUTO)
-        /* may_register: the same attribute on every rank */
-        algo = sn_auto_algo(&topo, &c->knobs, count * is, dt, op,
-                            may_register);
-    else if (algo != SN_ALGO_NCCL) {
-        const char *why = sn_algo_unavailable(&topo, algo, dt, op);
-        if (why != NULL) {
-            snprintf(msg, sizeof(msg), "symnccl_all_reduce: algo '%s' "
-                     "cannot run here: %s", sn_algos[algo].name, why);
-            return ffi_error(api, SNX_ERR_INVALID_ARGUMENT, msg);
-        }
-    }
+    /* may_register: the same attribute on every rank */
+    if ((algo = resolve(c, SYMNCCL_COLL_ALL_REDUCE, algo, count * is, dt, op,
+                        may_register, msg, sizeof(msg))) == SN_ALGO_UNKNOWN)
+        return ffi_error(api, SNX_ERR_INVALID_ARGUMENT, msg);
 
     int prev = -1;
     cudaGetDevice(&prev);
@@ -286,19 +295,21 @@ all_reduce(const snx_api *api, snx_call_frame *call, CommObject *c,
         }
     }
     else {
-        sn_ar r = {c, algo, x->data, y->data, NULL, count, dt, op, stream};
+        sn_ar r = {c,      algo, x->data, y->data, NULL, count, dt, op,
+                   stream, SYMNCCL_COLL_ALL_REDUCE, -1};
         msg[0] = '\0';
         sn_lock(c);
-        const int reads_in_place = algo == SN_ALGO_LL ||
-                                   algo == SN_ALGO_LL128 ||
-                                   algo == SN_ALGO_PUSH;
-        if (algo != SN_ALGO_LL && algo != SN_ALGO_LL128 && may_register)
+        /* the load kernels read x in a window, or stage it; the packet
+         * kernels never use one; push stores into it when in place */
+        const int plan = symnccl_kernel_row_of(
+            sn_kernel_for(SYMNCCL_COLL_ALL_REDUCE, algo, SYMNCCL_SHOT_ONE))
+                             .plan;
+        if (plan != SYMNCCL_PLAN_PACKETS && may_register)
             r.win = xla_window(c, x->data, count * is, dev, msg,
                                sizeof(msg));
         if (r.win != NULL)
             stats[dev].window_calls++;
-        else if (!reads_in_place)
-            /* ll, ll128 and push read x where it is: they never stage */
+        else if (plan == SYMNCCL_PLAN_LOADS)
             stats[dev].staged_calls++;
         sn_unlock(c);
         sn_err err = {cudaSuccess, ncclSuccess, ""};
@@ -316,9 +327,8 @@ all_reduce(const snx_api *api, snx_call_frame *call, CommObject *c,
 }
 
 /* reduce-scatter and all-gather of one call, on c (entered): on
- * symnccl's kernels for algo ll, ll128 or push (straight from XLA's operand
- * into its result), else on NCCL; "auto" as for the Communicator methods
- * (sn_collective_auto). */
+ * symnccl's kernels (straight from XLA's operand into its result), else on
+ * NCCL; the algorithm as for the Communicator methods (sn_resolve). */
 static snx_error *
 slice_collective(const snx_api *api, snx_call_frame *call,
                  CommObject *c, int collective, const sn_dtype *dt,
@@ -345,21 +355,11 @@ slice_collective(const snx_api *api, snx_call_frame *call,
                  algo);
         return ffi_error(api, SNX_ERR_INVALID_ARGUMENT, msg);
     }
-    const sn_topology topo = sn_topology_of(c);
-    if (algo == SN_ALGO_AUTO)
-        algo = sn_collective_auto(&topo, &c->knobs, collective,
-                                  (count > ycount ? count : ycount) *
-                                      (size_t)dt->itemsize,
-                                  dt, op);
-    else if (algo != SN_ALGO_NCCL) {
-        const char *why = sn_collective_unavailable(&topo, collective, algo,
-                                                    dt, op);
-        if (why != NULL) {
-            snprintf(msg, sizeof(msg), "symnccl_%s: algo '%s' cannot run "
-                     "here: %s", name, sn_algos[algo].name, why);
-            return ffi_error(api, SNX_ERR_INVALID_ARGUMENT, msg);
-        }
-    }
+    if ((algo = resolve(c, collective, algo,
+                        (count > ycount ? count : ycount) *
+                            (size_t)dt->itemsize,
+                        dt, op, 0, msg, sizeof(msg))) == SN_ALGO_UNKNOWN)
+        return ffi_error(api, SNX_ERR_INVALID_ARGUMENT, msg);
     int prev = -1;
     cudaGetDevice(&prev);
     if (prev != c->device)

@@ -46,7 +46,7 @@ __all__ = [
     "CudaError", "PeerTimeoutError", "CallMismatchError", "get_unique_id",
     "group", "close_all", "abort_on_signal", "versions",
     "ALGORITHMS", "OPS", "DTYPES", "LSA_DTYPES", "LSA_OPS", "MULTIMEM_OPS",
-    "AUTO_TABLE", "COLLECTIVE_AUTO_TABLE", "algo_supported",
+    "AUTO_TABLE", "KERNEL_TABLE", "algo_supported",
 ]
 
 # What symnccl knows is declared once, in the C registry (csrc/registry.c);
@@ -65,11 +65,14 @@ LSA_DTYPES = _C.KERNEL_DTYPES
 LSA_OPS = _C.KERNEL_OPS
 #: what the multicast kernel reduces in the NVSwitch (multimem.ld_reduce).
 MULTIMEM_OPS = _C.MULTIMEM_OPS
-#: which algorithm algo="auto" picks, by world size and message size.
+#: which algorithm algo="auto" picks: one row per collective and world
+#: sizes up to max_ranks, limits on the call's larger buffer (an
+#: all-gather's output, else the input) in the order ll, ll128, one_shot,
+#: two_shot, else `above`; no row for a collective or world size: NCCL.
 AUTO_TABLE = _C.AUTO_TABLE
-#: the same for reduce_scatter, all_gather, reduce and broadcast, by the
-#: call's larger buffer (no row for a world size: NCCL).
-COLLECTIVE_AUTO_TABLE = _C.COLLECTIVE_AUTO_TABLE
+#: the kernels, one row each (csrc/kernels/table.h): name, collective,
+#: algorithm, shot, the slots they share (family), launch plan, bytes.
+KERNEL_TABLE = _C.KERNEL_TABLE
 
 
 def algo_supported(comm, algo: str, dtype: str, op: str = "sum",

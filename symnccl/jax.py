@@ -358,7 +358,7 @@ def reduce_scatter(x, op: str = "sum", algo: str = "auto"):
     scatter_dimension=0, tiled=True). Differentiable (its transpose is an
     all-gather, on the same algo). algo: "ll", "ll128" or "push" run
     symnccl's kernels (the same bits as block r of all_reduce), "nccl"
-    NCCL, "auto" the measured table (symnccl.COLLECTIVE_AUTO_TABLE, by the
+    NCCL, "auto" the measured table (symnccl.AUTO_TABLE, by the
     input's bytes); an algo that cannot run the call fails the computation
     naming why.
 
@@ -376,7 +376,7 @@ def all_gather(x, algo: str = "auto"):
     as jax.lax.all_gather(x, axis, tiled=True). Differentiable (its
     transpose is a reduce-scatter, on the same algo). algo: "ll", "ll128"
     or "push" run symnccl's kernels (any dtype), "nccl" NCCL, "auto" the
-    measured table (symnccl.COLLECTIVE_AUTO_TABLE, by the output's bytes).
+    measured table (symnccl.AUTO_TABLE, by the output's bytes).
 
     Example::
 

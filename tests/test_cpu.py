@@ -64,9 +64,11 @@ def test_check_version_names_both_versions_on_mismatch():
         _loader.check_version(((2, 28), (2, 30)), 23101, "/x/libnccl.so.2")
 
 
-def test_kernels_are_built_for_every_supported_nccl_minor():
-    """One build per minor of setup.py's NCCL_MINORS, the range pyproject
-    lets pip install, and the loaded NCCL's is the one in use."""
+def test_kernels_are_built_for_every_nccl_minor_the_build_was_asked_for():
+    """One build per minor of setup.py's NCCL_MINORS (or of the
+    SYMNCCL_NCCL_MINORS the build was given, a GPU machine's one-minor
+    build), inside the range pyproject lets pip install; the loaded NCCL's
+    is the one in use."""
     import re
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     sys.path.insert(0, root)
@@ -74,8 +76,11 @@ def test_kernels_are_built_for_every_supported_nccl_minor():
         import setup
     finally:
         sys.path.pop(0)
-    assert _C.NCCL_DEVICE_API_BUILDS == tuple((2, m)
-                                              for m in setup.NCCL_MINORS)
+    asked = os.environ.get("SYMNCCL_NCCL_MINORS")
+    minors = (tuple(sorted(int(m) for m in re.split(r"[,; ]+", asked) if m))
+              if asked else tuple(setup.NCCL_MINORS))
+    assert set(minors) <= set(setup.NCCL_MINORS), minors
+    assert _C.NCCL_DEVICE_API_BUILDS == tuple((2, m) for m in minors)
     text = open(os.path.join(root, "pyproject.toml")).read()
     lo, hi = setup.NCCL_MINORS[0], setup.NCCL_MINORS[-1] + 1
     spec = f'nvidia-nccl-cu13>=2.{lo},<2.{hi}"'
@@ -98,6 +103,9 @@ def _cached_nccl(minor):
 def test_import_with_each_supported_nccl_uses_its_build(minor):
     """With each supported NCCL loaded (the build's cache holds the ones
     setup.py fetched), import picks that minor's kernels."""
+    if (2, minor) not in _C.NCCL_DEVICE_API_BUILDS:
+        pytest.skip(f"this build has no kernels for NCCL 2.{minor} "
+                    "(SYMNCCL_NCCL_MINORS)")
     own = tuple(int(x) for x in
                 symnccl.versions()["nccl_runtime"].split(".")[:2])
     home = None if own == (2, minor) else _cached_nccl(minor)
@@ -728,41 +736,51 @@ def test_symnccl_algo_overrides_auto_where_it_can_run(monkeypatch):
         _C._auto_algo_for(TOPO_2, 4096, "bfloat16", "sum", True)
 
 
-def test_auto_of_the_other_collectives_walks_their_measured_table(
-        monkeypatch):
-    """reduce_scatter, all_gather, reduce and broadcast: "auto" takes the
-    first algorithm of COLLECTIVE_AUTO_TABLE's row whose limit the call's
-    larger buffer is within, else the row's `above`; NCCL where no row
-    serves the world size or the kernel cannot take the dtype/op."""
+def test_auto_walks_one_table_for_every_collective(monkeypatch):
+    """algo="auto" takes the first algorithm of the AUTO_TABLE row serving
+    the collective and world size whose limit the call's larger buffer is
+    within (ll, ll128, one_shot, two_shot), else the row's `above`; NCCL
+    where no row serves the world size or the kernel cannot take the
+    dtype/op. all_reduce's rows are ordinary rows of the same table."""
     monkeypatch.delenv("SYMNCCL_ALGO", raising=False)
     auto = _C._auto_algo_for
-    rows = symnccl.COLLECTIVE_AUTO_TABLE
-    assert {r["collective"] for r in rows} == set(_C.COLLECTIVE_KERNELS)
-    for r in rows:
+    rows = symnccl.AUTO_TABLE
+    assert {r["collective"] for r in rows} == \
+        {r["collective"] for r in _C.KERNEL_TABLE}
+    for i, r in enumerate(rows):
         coll = r["collective"]
+        algos = ({a for a, ks in _C.ALGO_KERNELS.items() if ks}
+                 if coll == "all_reduce" else set(_C.COLLECTIVE_KERNELS[coll]))
         topo = dict(TOPO_2, nranks=r["max_ranks"], lsa_size=r["max_ranks"])
-        limits = [(a, r[a]) for a in ("ll", "ll128", "one_shot") if r[a]]
+        limits = [(a, r[k]) for a, k in (("ll", "ll"), ("ll128", "ll128"),
+                                         ("one_shot", "one_shot"),
+                                         ("two_shot", "two_shot_tensor"))
+                  if r[k]]
         assert [v for _, v in limits] == sorted(v for _, v in limits), r
+        prev = 0
         for algo, limit in limits:
-            assert algo in _C.COLLECTIVE_KERNELS[coll], r
-            for nbytes in (limit // 2, limit):
+            assert algo in algos, r
+            # the first byte past the previous limit, and the limit itself
+            for nbytes in (prev + 1, limit):
                 assert auto(topo, nbytes, "bfloat16", "sum", False,
                             coll) == algo, (r, nbytes)
+            prev = limit
         above = limits[-1][1] + 1
         assert auto(topo, above, "bfloat16", "sum", False, coll) == \
             r["above"], r
-        assert auto(topo, 1 << 30, "float32", "max", True, coll) == \
+        assert auto(topo, 1 << 30, "float32", "max", False, coll) == \
             r["above"], r
         # a world size no row serves runs on NCCL
-        big = dict(TOPO_2, nranks=r["max_ranks"] + 1,
-                   lsa_size=r["max_ranks"] + 1)
-        assert auto(big, 4096, "bfloat16", "sum", False, coll) == "nccl"
+        if not any(o["collective"] == coll for o in rows[i + 1:]):
+            big = dict(TOPO_2, nranks=r["max_ranks"] + 1,
+                       lsa_size=r["max_ranks"] + 1)
+            assert auto(big, 4096, "bfloat16", "sum", False, coll) == "nccl"
         # ranks out of NVLink reach, or no staging window: NCCL
         assert auto(dict(topo, lsa_size=1), 4096, "bfloat16", "sum", False,
                     coll) == "nccl"
         assert auto(dict(topo, staging=0), 4096, "bfloat16", "sum", False,
                     coll) == "nccl"
-    # the measured choices on 2 GPUs (benchmarks/NOTES.md section 30)
+    # the measured choices on 2 GPUs (docs/PERFORMANCE.md, 'The auto tables')
     assert auto(TOPO_2, 8 << 10, "bfloat16", "sum", False,
                 "reduce_scatter") == "ll128"
     assert auto(TOPO_2, 16 << 20, "bfloat16", "sum", False,
@@ -818,19 +836,9 @@ def test_symnccl_algo_sets_the_auto_of_every_collective_it_can_run(
 
 
 def test_python_views_of_the_registry_agree_with_c():
-    """What Python code keeps per dtype, op or algorithm covers exactly what
-    the C registry declares."""
-    assert symnccl.ALGORITHMS == _C.ALGORITHMS
+    """What Python code keeps per dtype or op covers exactly what the C
+    registry declares."""
     assert set(_C.ALGO_CODES) == set(_C.ALGORITHMS) | {"auto"}
-    assert set(_C.ALGO_KERNELS) == set(_C.ALGORITHMS)
-    # every kernel belongs to one algorithm of one collective
-    coll = [k for d in _C.COLLECTIVE_KERNELS.values() for k in d.values()]
-    ar = [k for ks in _C.ALGO_KERNELS.values() for k in ks]
-    assert sorted(ar + coll) == sorted(_C.KERNELS)
-    assert set(_C.COLLECTIVE_KERNELS) == {"reduce_scatter", "all_gather",
-                                          "reduce", "broadcast"}
-    for d in _C.COLLECTIVE_KERNELS.values():
-        assert set(d) <= set(_C.ALGORITHMS) - {"nccl"}
     assert set(_C.KERNEL_DTYPES) <= set(_C.DTYPES)
     assert set(_C.KERNEL_OPS) <= set(_C.OPS) == set(_C.OP_CODES)
     for dtype, ops in _C.MULTIMEM_OPS.items():
@@ -848,12 +856,66 @@ def test_python_views_of_the_registry_agree_with_c():
     ins = [_check.make_input("float32", 8, r, 1) for r in range(2)]
     for op in _C.OPS:
         _check.reference(op, ins, "float32")
-    try:
-        import symnccl.jax as sj
-    except ImportError:
-        return
-    assert sj._OP_CODES == dict(_C.OP_CODES)
-    assert sj._ALGO_CODES == dict(_C.ALGO_CODES)
+
+
+def test_every_view_of_the_kernel_table_holds_every_kernel_once():
+    """The kernel table (csrc/kernels/table.h) is the one list of kernels:
+    KERNELS, ALGO_KERNELS (all_reduce), COLLECTIVE_KERNELS (the others),
+    the resolver and the launch counters each show every kernel exactly
+    once, and agree with its row. A kernel added to one view and not to the
+    table (or the reverse) fails here."""
+    table = _C.KERNEL_TABLE
+    names = [r["name"] for r in table]
+    assert tuple(names) == _C.KERNELS and len(set(names)) == len(names)
+    assert [r["id"] for r in table] == list(range(len(table)))
+    seen = []
+    for algo, kernels in _C.ALGO_KERNELS.items():
+        for shot, k in zip(("one", "two"), kernels):
+            row = table[names.index(k)]
+            assert (row["collective"], row["algo"], row["shot"]) == \
+                ("all_reduce", algo, shot), row
+            seen.append(k)
+    for coll, by_algo in _C.COLLECTIVE_KERNELS.items():
+        assert coll != "all_reduce"
+        for algo, k in by_algo.items():
+            row = table[names.index(k)]
+            assert (row["collective"], row["algo"], row["shot"]) == \
+                (coll, algo, "one"), row
+            seen.append(k)
+    assert sorted(seen) == sorted(names)
+    # every algorithm but nccl has a kernel; nccl has none
+    assert _C.ALGO_KERNELS["nccl"] == ()
+    assert {r["algo"] for r in table} == set(_C.ALGORITHMS) - {"nccl"}
+    # a two-shot row is the two-shot of an algorithm that has a one-shot
+    for r in table:
+        if r["shot"] == "two":
+            assert any(o["shot"] == "one" and o["algo"] == r["algo"] and
+                       o["collective"] == r["collective"] for o in table), r
+    # kernels that share slots share a family, and a family one layout:
+    # every packet kernel of a format, every push kernel
+    fam = {r["name"]: r["family"] for r in table}
+    for r in table:
+        if r["algo"] in ("ll", "ll128", "push"):
+            assert fam[r["name"]] == r["algo"], r
+        else:
+            assert fam[r["name"]] == "barrier", r
+    # a collective without an op moves bytes
+    for r in table:
+        assert r["bytes"] == (r["collective"] in ("all_gather",
+                                                  "broadcast")), r
+    # the collectives the resolver knows are those the table has rows for
+    colls = {r["collective"] for r in table}
+    for coll in colls:
+        assert _C._algo_unavailable_for(TOPO_2, "nccl", "float32", "sum",
+                                        coll) is None
+    for coll in ("barrier", "call check"):
+        with pytest.raises(ValueError, match="unknown collective"):
+            _C._algo_unavailable_for(TOPO_2, "nccl", "float32", "sum", coll)
+    # each row's (collective, algo) is what the resolver reports runnable
+    for r in table:
+        if r["shot"] == "one" and r["algo"] != "multimem":
+            assert _C._algo_unavailable_for(
+                TOPO_2, r["algo"], "float32", "sum", r["collective"]) is None
 
 
 # csrc/xla_ffi_abi.h against jaxlib's xla/ffi/api/c_api.h: every size,

@@ -36,7 +36,7 @@ def _check_curves(res, a, b):
 def _check_kernels(res, algo):
     """algo's reduce_scatter and all_gather kernels ran (both directions
     of every layer: the forward's and the other's backward); with "auto"
-    the kernels symnccl.COLLECTIVE_AUTO_TABLE picks for the example's
+    the kernels symnccl.AUTO_TABLE picks for the example's
     sizes (1 and 2 ranks: a row serves both; before the table, NCCL)."""
     from symnccl import _C
     ran = res["kernels"]

@@ -563,7 +563,7 @@ def test_symnccl_algo_sets_the_auto_of_the_collectives(monkeypatch):
     """SYMNCCL_ALGO=push: reduce_scatter's and all_gather's "auto" run the
     push kernels, though their table picks ll128 / ll for these sizes;
     reduce has no push kernel, so its auto follows its own table (one_shot
-    at 2 ranks, symnccl.COLLECTIVE_AUTO_TABLE)."""
+    at 2 ranks, symnccl.AUTO_TABLE)."""
     torch = _torch()
     n, m = 2, 5003
     team = _team(monkeypatch, n, {"SYMNCCL_ALGO": "push"})

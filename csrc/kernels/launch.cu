@@ -42,20 +42,14 @@ const size_t kItemsize[SYMNCCL_DT_COUNT] = {
 #undef SYMNCCL_UNIT_SIZE_
 
 // Data bytes an item of the packet kernel's format carries, and the row
-// bytes it takes; 0 for other kernels.
+// bytes it takes; 0 for kernels of other families (table.h).
 void packet_format(int kernel, size_t* data, size_t* row) {
-  switch (kernel) {
-    case SYMNCCL_K_LL:
-    case SYMNCCL_K_LL_TWO_SHOT:
-    case SYMNCCL_K_LL_REDUCE_SCATTER:
-    case SYMNCCL_K_LL_ALL_GATHER:
+  switch (symnccl_kernel_row_of(kernel).family) {
+    case SYMNCCL_FAMILY_LL:
       *data = LL::kItemData;
       *row = LL::kItemBytes;
       return;
-    case SYMNCCL_K_LL128:
-    case SYMNCCL_K_LL128_TWO_SHOT:
-    case SYMNCCL_K_LL128_REDUCE_SCATTER:
-    case SYMNCCL_K_LL128_ALL_GATHER:
+    case SYMNCCL_FAMILY_LL128:
       *data = LL128::kItemData;
       *row = LL128::kItemBytes;
       return;
@@ -75,8 +69,7 @@ __global__ void lsa_layout(ncclWindow_t win, int n, int* ok) {
 }
 
 bool two_shot_packets(int kernel) {
-  return kernel == SYMNCCL_K_LL_TWO_SHOT ||
-         kernel == SYMNCCL_K_LL128_TWO_SHOT;
+  return symnccl_kernel_row_of(kernel).shot == SYMNCCL_SHOT_TWO;
 }
 
 size_t packet_max_count(int kernel, size_t row_bytes, size_t itemsize,
@@ -130,31 +123,24 @@ cudaError_t launch(const symnccl_kargs* a, cudaStream_t stream) {
     if (per_row * row > (two ? a->row_bytes / 2 : a->row_bytes))
       return cudaErrorInvalidValue;
   }
-  const bool push = a->kernel == SYMNCCL_K_PUSH ||
-                    a->kernel == SYMNCCL_K_PUSH_REDUCE_SCATTER ||
-                    a->kernel == SYMNCCL_K_PUSH_ALL_GATHER;
+  const symnccl_kernel_row k = symnccl_kernel_row_of(a->kernel);
+  const bool push = k.family == SYMNCCL_FAMILY_PUSH;
   if (push &&
       (a->threads < n || a->ctas > SYMNCCL_PUSH_MAX_CTAS ||
        a->row_bytes % 16 != 0 ||
        (a->out_win != nullptr && a->out_offset % 16 != 0)))
     return cudaErrorInvalidValue;
-  if ((a->kernel == SYMNCCL_K_PUSH_REDUCE_SCATTER ||
-       a->kernel == SYMNCCL_K_PUSH_ALL_GATHER) &&
+  // push reduce_scatter and all_gather: chunks, and two warp groups when
+  // the chunks are smaller than a slot (push.cuh)
+  if (push && k.collective != SYMNCCL_COLL_ALL_REDUCE &&
       (a->chunk_bytes == 0 || a->chunk_bytes % 16 != 0 ||
        a->chunk_bytes > a->row_bytes || a->threads % 64 != 0 ||
        a->threads / 2 < n))
     return cudaErrorInvalidValue;
-  if ((a->kernel == SYMNCCL_K_LL_ALL_GATHER ||
-       a->kernel == SYMNCCL_K_LL128_ALL_GATHER ||
-       a->kernel == SYMNCCL_K_PUSH_ALL_GATHER ||
-       a->kernel == SYMNCCL_K_ONE_SHOT_BROADCAST) &&
-      a->dtype != SYMNCCL_DT_BYTES)
+  if (k.bytes && a->dtype != SYMNCCL_DT_BYTES) return cudaErrorInvalidValue;
+  if (k.plan == SYMNCCL_PLAN_ROOTED && (a->root < 0 || a->root >= n))
     return cudaErrorInvalidValue;
-  if ((a->kernel == SYMNCCL_K_ONE_SHOT_REDUCE ||
-       a->kernel == SYMNCCL_K_ONE_SHOT_BROADCAST) &&
-      (a->root < 0 || a->root >= n))
-    return cudaErrorInvalidValue;
-  if (a->kernel == SYMNCCL_K_MULTIMEM)
+  if (k.unit == SYMNCCL_UNIT_MULTIMEM)
     return symnccl_launch_multimem(a, stream);
   return kUnits[a->dtype](a, stream);
 }

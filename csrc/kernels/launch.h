@@ -65,30 +65,6 @@ enum { SYMNCCL_KERNEL_DTYPES(SYMNCCL_DT_ENUM_) SYMNCCL_DT_COUNT };
 enum { SYMNCCL_OP_SUM = 0, SYMNCCL_OP_MAX = 1, SYMNCCL_OP_MIN = 2,
        SYMNCCL_OP_AVG = 3 };
 
-/* The kernels: X(ID, name). The name is what Communicator._launches()
- * reports (tests read it to prove which kernel ran). */
-#define SYMNCCL_KERNELS(X)                  \
-    X(ONE_SHOT, "one_shot")                 \
-    X(TWO_SHOT, "two_shot")                 \
-    X(LL, "ll")                             \
-    X(LL_TWO_SHOT, "ll_two_shot")           \
-    X(LL128, "ll128")                       \
-    X(LL128_TWO_SHOT, "ll128_two_shot")     \
-    X(PUSH, "push")                         \
-    X(MULTIMEM, "multimem")                 \
-    X(LL_REDUCE_SCATTER, "ll_reduce_scatter")       \
-    X(LL128_REDUCE_SCATTER, "ll128_reduce_scatter") \
-    X(LL_ALL_GATHER, "ll_all_gather")               \
-    X(LL128_ALL_GATHER, "ll128_all_gather")         \
-    X(ONE_SHOT_REDUCE, "one_shot_reduce")           \
-    X(ONE_SHOT_BROADCAST, "one_shot_broadcast")     \
-    X(PUSH_REDUCE_SCATTER, "push_reduce_scatter")   \
-    X(PUSH_ALL_GATHER, "push_all_gather")
-
-#define SYMNCCL_K_ENUM_(id, name) SYMNCCL_K_##id,
-enum { SYMNCCL_KERNELS(SYMNCCL_K_ENUM_) SYMNCCL_K_COUNT };
-#undef SYMNCCL_K_ENUM_
-
 /* Largest LSA team the kernels accept (the host checks lsa_size). */
 #define SYMNCCL_MAX_RANKS 32
 /* Largest grid of any kernel: the barrier flag lines and the per-CTA call
@@ -122,6 +98,9 @@ enum { SYMNCCL_KERNELS(SYMNCCL_K_ENUM_) SYMNCCL_K_COUNT };
 #define SYMNCCL_COLL_ENUM_(id, name) SYMNCCL_COLL_##id,
 enum { SYMNCCL_COLLECTIVES(SYMNCCL_COLL_ENUM_) SYMNCCL_COLL_COUNT };
 #undef SYMNCCL_COLL_ENUM_
+
+/* The algorithms and kernels, and everything derived from them. */
+#include "table.h"
 
 /* Why a communicator failed: X(ID, name).
  *   timeout   this rank waited longer than the timeout for rank `peer`

@@ -1,7 +1,10 @@
-// One kernel unit: every kernel family (lsa.cuh, packet.cuh, push.cuh)
-// instantiated for one element type. setup.py compiles this file once per
-// entry of SYMNCCL_KERNEL_DTYPES (launch.h) with -DSYMNCCL_UNIT_DT=<ID>, so
-// the units build in parallel; launch.cu picks the unit by dtype.
+// One kernel unit: every kernel of the kernel table (table.h) whose unit is
+// DTYPE, instantiated for one element type. setup.py compiles this file
+// once per entry of SYMNCCL_KERNEL_DTYPES (launch.h) with
+// -DSYMNCCL_UNIT_DT=<ID>, so the units build in parallel; launch.cu picks
+// the unit by dtype. Nothing here names a kernel: the switch is the table's.
+#include <type_traits>
+
 #include "devcomm.cuh"
 #include "lsa.cuh"
 #include "packet.cuh"
@@ -12,20 +15,28 @@
 #endif
 
 SYMNCCL_BEGIN
-// The kernels that move bytes (all_gather, broadcast), in the unit of
-// SYMNCCL_DT_BYTES only; nullptr elsewhere.
+using Kernel = void (*)(ncclDevComm, const symnccl_kargs);
+
+// The entry of kernel a.kernel for element type T, or nullptr where the
+// table has none in this unit: a kernel that moves bytes exists only in the
+// unit of SYMNCCL_DT_BYTES, and multimem.cu holds the MULTIMEM unit's.
+// Instantiated only where the branch is taken (if constexpr), so a unit
+// carries no kernel it cannot run.
 template <typename T>
-void (*bytes_kernel(const symnccl_kargs& a))(ncclDevComm,
-                                             const symnccl_kargs) {
-  if constexpr (std::is_same<T, DType<SYMNCCL_DT_BYTES>::type>::value) {
-    switch (a.kernel) {
-      case SYMNCCL_K_PUSH_ALL_GATHER:
-        return push_split(a) ? push_all_gather<T, true>
-                             : push_all_gather<T, false>;
-      case SYMNCCL_K_LL_ALL_GATHER: return packet_all_gather<T, LL>;
-      case SYMNCCL_K_LL128_ALL_GATHER: return packet_all_gather<T, LL128>;
-      case SYMNCCL_K_ONE_SHOT_BROADCAST: return one_shot_broadcast<T>;
-    }
+Kernel entry(const symnccl_kargs& a) {
+  constexpr bool kBytesUnit =
+      std::is_same<T, DType<SYMNCCL_DT_BYTES>::type>::value;
+  switch (a.kernel) {
+#define SYMNCCL_ENTRY_(id, name, coll, algo, shot, family, plan, bytes, unit, \
+                       fn)                                                    \
+  case SYMNCCL_K_##id:                                                        \
+    if constexpr (SYMNCCL_UNIT_##unit == SYMNCCL_UNIT_DTYPE &&                \
+                  (!(bytes) || kBytesUnit))                                   \
+      return fn;                                                              \
+    else                                                                      \
+      return nullptr;
+    SYMNCCL_KERNEL_TABLE(SYMNCCL_ENTRY_)
+#undef SYMNCCL_ENTRY_
   }
   return nullptr;
 }
@@ -39,34 +50,7 @@ cudaError_t SYMNCCL_CAT(symnccl_launch_, SYMNCCL_UNIT_DT)(
     const symnccl_kargs* a, cudaStream_t stream) {
   using namespace symnccl;
   using T = DType<SYMNCCL_CAT(SYMNCCL_DT_, SYMNCCL_UNIT_DT)>::type;
-  void (*kernel)(ncclDevComm, const symnccl_kargs);
-  switch (a->kernel) {
-    case SYMNCCL_K_ONE_SHOT: kernel = one_shot<T>; break;
-    case SYMNCCL_K_TWO_SHOT: kernel = two_shot<T>; break;
-    case SYMNCCL_K_LL: kernel = packet_one_shot<T, LL>; break;
-    case SYMNCCL_K_LL_TWO_SHOT: kernel = packet_two_shot<T, LL>; break;
-    case SYMNCCL_K_LL128: kernel = packet_one_shot<T, LL128>; break;
-    case SYMNCCL_K_LL128_TWO_SHOT: kernel = packet_two_shot<T, LL128>; break;
-    case SYMNCCL_K_PUSH: kernel = push<T>; break;
-    case SYMNCCL_K_LL_REDUCE_SCATTER:
-      kernel = packet_reduce_scatter<T, LL>;
-      break;
-    case SYMNCCL_K_LL128_REDUCE_SCATTER:
-      kernel = packet_reduce_scatter<T, LL128>;
-      break;
-    case SYMNCCL_K_ONE_SHOT_REDUCE: kernel = one_shot_reduce<T>; break;
-    case SYMNCCL_K_PUSH_REDUCE_SCATTER:
-      kernel = push_split(*a) ? push_reduce_scatter<T, true>
-                              : push_reduce_scatter<T, false>;
-      break;
-    case SYMNCCL_K_LL_ALL_GATHER:
-    case SYMNCCL_K_LL128_ALL_GATHER:
-    case SYMNCCL_K_ONE_SHOT_BROADCAST:
-    case SYMNCCL_K_PUSH_ALL_GATHER:
-      kernel = bytes_kernel<T>(*a);
-      if (kernel == nullptr) return cudaErrorInvalidValue;
-      break;
-    default: return cudaErrorInvalidValue;
-  }
+  const Kernel kernel = entry<T>(*a);
+  if (kernel == nullptr) return cudaErrorInvalidValue;
   return symnccl_launch_kernel(kernel, *a, stream);
 }

@@ -1,0 +1,162 @@
+/* The kernel table: the one declaration of symnccl's algorithms and of its
+ * kernels. Everything that maps one to the other is derived from the two
+ * lists below by X-macros, as NCCL's src/device/symmetric/generate.py
+ * derives its units from one list:
+ *
+ *   the kernel ids and names        SYMNCCL_K_* (launch.h), _C.KERNELS
+ *   algorithm -> kernel per call    registry.c sn_kernel_for, the resolver
+ *   which collectives an algorithm  registry.c (refusals name them),
+ *   runs                            _C.ALGO_KERNELS, _C.COLLECTIVE_KERNELS
+ *   launch plan of a kernel         launch.c sn_launch_kernels
+ *   slots and call counters shared  staging.c sn_epochs
+ *   packet format, argument checks  launch.cu
+ *   the instantiation per dtype     unit.cu (multimem.cu for MULTIMEM)
+ *
+ * docs/ARCHITECTURE.md, "Adding things", lists what else a new kernel
+ * needs (its .cuh, a launch plan if none fits, tests, the auto table).
+ * Included by launch.h; C and C++ alike (the C++ column is expanded by the
+ * .cu files only).
+ */
+#ifndef SYMNCCL_KERNELS_TABLE_H
+#define SYMNCCL_KERNELS_TABLE_H
+
+/* Algorithms, the values of algo=: X(ID, name, summary). NCCL is the
+ * fallback of every collective and has no kernel of symnccl's. */
+#define SYMNCCL_ALGOS(X)                                                     \
+    X(NCCL, "nccl", "NCCL's own collective (its symmetric kernels on "      \
+                    "windows where the NCCL-window policy allows)")          \
+    X(ONE_SHOT, "one_shot", "every rank loads every peer's input between "  \
+                            "two barriers")                                  \
+    X(TWO_SHOT, "two_shot", "reduce-scatter by peer loads, all-gather by "  \
+                            "peer stores")                                   \
+    X(LL, "ll", "barrier-free LL packets: data and flag in one 16-byte "    \
+                "store")                                                     \
+    X(LL128, "ll128", "ll in 128-byte lines of 120 data bytes and a flag "  \
+                      "word")                                                \
+    X(PUSH, "push", "store-only two-shot with per-CTA flags")               \
+    X(MULTIMEM, "multimem", "NVLink SHARP (multimem.ld_reduce), where NCCL " \
+                            "granted multicast")
+
+/* Slots and call counters a kernel shares with the others of its family
+ * (the staging window's regions; a kernel's counters are its family's). */
+enum {
+    SYMNCCL_FAMILY_BARRIER = 0, /* the load kernels: barrier flag lines */
+    SYMNCCL_FAMILY_LL,          /* the LL packet rows */
+    SYMNCCL_FAMILY_LL128,       /* the LL128 packet rows */
+    SYMNCCL_FAMILY_PUSH,        /* the push region's slots and flags */
+    SYMNCCL_FAMILY_COUNT
+};
+
+/* How launch.c turns a call into launches of the kernel. */
+enum {
+    SYMNCCL_PLAN_LOADS = 0, /* peers load from a window (the input's, or
+                               the staging window it is copied into), one
+                               launch per staging area */
+    SYMNCCL_PLAN_PACKETS,   /* one launch per packet row's worth */
+    SYMNCCL_PLAN_SLICES,    /* chunk k of every slice in launch k */
+    SYMNCCL_PLAN_ROOTED,    /* reduce/broadcast: one_shot's staging chunks */
+    SYMNCCL_PLAN_PUSH       /* one launch, the kernel walks the chunks */
+};
+
+/* ONE: the kernel an algorithm launches; TWO: the two-shot variant of the
+ * same algorithm and collective, which ll and ll128 switch to on 3+ ranks
+ * from a size (SYMNCCL_LL_TWO_SHOT_KIB, SYMNCCL_LL128_TWO_SHOT_KIB). */
+enum { SYMNCCL_SHOT_ONE = 0, SYMNCCL_SHOT_TWO = 1 };
+
+/* Where the kernel is instantiated: DTYPE, unit.cu once per kernel dtype
+ * (only the SYMNCCL_DT_BYTES unit for a kernel that moves bytes);
+ * MULTIMEM, multimem.cu. */
+enum { SYMNCCL_UNIT_DTYPE = 0, SYMNCCL_UNIT_MULTIMEM = 1 };
+
+/* The kernels:
+ * X(ID, name, collective, algo, shot, family, plan, bytes, unit, entry)
+ *   name        what Communicator._launches() reports (tests read it to
+ *               prove which kernel ran) and a failure names
+ *   collective  SYMNCCL_COLL_<collective> it runs
+ *   algo        the algorithm (SYMNCCL_ALGOS) that selects it
+ *   shot, family, plan, unit   as above
+ *   bytes       1: moves bytes whatever the dtype (no op; runs in the unit
+ *               of SYMNCCL_DT_BYTES with counts in bytes)
+ *   entry       the kernel (C++, in parentheses): T is the unit's element
+ *               type, `a` the launch's symnccl_kargs
+ * The order is the ids' order; a failure record stores the id. */
+#define SYMNCCL_KERNEL_TABLE(X)                                              \
+    X(ONE_SHOT, "one_shot", ALL_REDUCE, ONE_SHOT, ONE, BARRIER, LOADS, 0,    \
+      DTYPE, (one_shot<T>))                                                  \
+    X(TWO_SHOT, "two_shot", ALL_REDUCE, TWO_SHOT, ONE, BARRIER, LOADS, 0,    \
+      DTYPE, (two_shot<T>))                                                  \
+    X(LL, "ll", ALL_REDUCE, LL, ONE, LL, PACKETS, 0, DTYPE,                  \
+      (packet_one_shot<T, LL>))                                              \
+    X(LL_TWO_SHOT, "ll_two_shot", ALL_REDUCE, LL, TWO, LL, PACKETS, 0,       \
+      DTYPE, (packet_two_shot<T, LL>))                                       \
+    X(LL128, "ll128", ALL_REDUCE, LL128, ONE, LL128, PACKETS, 0, DTYPE,      \
+      (packet_one_shot<T, LL128>))                                           \
+    X(LL128_TWO_SHOT, "ll128_two_shot", ALL_REDUCE, LL128, TWO, LL128,       \
+      PACKETS, 0, DTYPE, (packet_two_shot<T, LL128>))                        \
+    X(PUSH, "push", ALL_REDUCE, PUSH, ONE, PUSH, PUSH, 0, DTYPE, (push<T>))  \
+    X(MULTIMEM, "multimem", ALL_REDUCE, MULTIMEM, ONE, BARRIER, LOADS, 0,    \
+      MULTIMEM, (nullptr))                                                   \
+    X(LL_REDUCE_SCATTER, "ll_reduce_scatter", REDUCE_SCATTER, LL, ONE, LL,   \
+      SLICES, 0, DTYPE, (packet_reduce_scatter<T, LL>))                      \
+    X(LL128_REDUCE_SCATTER, "ll128_reduce_scatter", REDUCE_SCATTER, LL128,   \
+      ONE, LL128, SLICES, 0, DTYPE, (packet_reduce_scatter<T, LL128>))       \
+    X(LL_ALL_GATHER, "ll_all_gather", ALL_GATHER, LL, ONE, LL, SLICES, 1,    \
+      DTYPE, (packet_all_gather<T, LL>))                                     \
+    X(LL128_ALL_GATHER, "ll128_all_gather", ALL_GATHER, LL128, ONE, LL128,   \
+      SLICES, 1, DTYPE, (packet_all_gather<T, LL128>))                       \
+    X(ONE_SHOT_REDUCE, "one_shot_reduce", REDUCE, ONE_SHOT, ONE, BARRIER,    \
+      ROOTED, 0, DTYPE, (one_shot_reduce<T>))                                \
+    X(ONE_SHOT_BROADCAST, "one_shot_broadcast", BROADCAST, ONE_SHOT, ONE,    \
+      BARRIER, ROOTED, 1, DTYPE, (one_shot_broadcast<T>))                    \
+    X(PUSH_REDUCE_SCATTER, "push_reduce_scatter", REDUCE_SCATTER, PUSH, ONE, \
+      PUSH, PUSH, 0, DTYPE,                                                  \
+      (push_split(a) ? push_reduce_scatter<T, true>                          \
+                     : push_reduce_scatter<T, false>))                       \
+    X(PUSH_ALL_GATHER, "push_all_gather", ALL_GATHER, PUSH, ONE, PUSH, PUSH, \
+      1, DTYPE,                                                              \
+      (push_split(a) ? push_all_gather<T, true>                              \
+                     : push_all_gather<T, false>))
+
+#define SYMNCCL_K_ENUM_(id, ...) SYMNCCL_K_##id,
+enum { SYMNCCL_KERNEL_TABLE(SYMNCCL_K_ENUM_) SYMNCCL_K_COUNT };
+#undef SYMNCCL_K_ENUM_
+
+/* A kernel's row, less its algorithm and entry (registry.c adds the
+ * algorithm; the entry is C++). */
+typedef struct {
+    const char *name;
+    int collective;   /* SYMNCCL_COLL_* */
+    int shot;         /* SYMNCCL_SHOT_* */
+    int family;       /* SYMNCCL_FAMILY_* */
+    int plan;         /* SYMNCCL_PLAN_* */
+    int bytes;        /* moves bytes */
+    int unit;         /* SYMNCCL_UNIT_* */
+} symnccl_kernel_row;
+
+/* The row of kernel k (0 <= k < SYMNCCL_K_COUNT). */
+static inline symnccl_kernel_row
+symnccl_kernel_row_of(int k)
+{
+#define SYMNCCL_ROW_(id, name, coll, algo, shot, family, plan, bytes, unit, \
+                     entry)                                                 \
+    case SYMNCCL_K_##id: {                                                  \
+        symnccl_kernel_row r = {name,                                       \
+                                SYMNCCL_COLL_##coll,                        \
+                                SYMNCCL_SHOT_##shot,                        \
+                                SYMNCCL_FAMILY_##family,                    \
+                                SYMNCCL_PLAN_##plan,                        \
+                                bytes,                                      \
+                                SYMNCCL_UNIT_##unit};                       \
+        return r;                                                           \
+    }
+    switch (k) {
+        SYMNCCL_KERNEL_TABLE(SYMNCCL_ROW_)
+    }
+#undef SYMNCCL_ROW_
+    {
+        symnccl_kernel_row none = {"?", -1, -1, -1, -1, 0, -1};
+        return none;
+    }
+}
+
+#endif /* SYMNCCL_KERNELS_TABLE_H */
