@@ -492,6 +492,12 @@ sn_exec(PyObject *module)
         PyModule_AddIntConstant(module, "UNIQUE_ID_BYTES",
                                 NCCL_UNIQUE_ID_BYTES) < 0)
         return -1;
+    PyObject *timeout = PyFloat_FromDouble(SN_DEFAULT_TIMEOUT);
+    int bad = timeout == NULL ||
+              PyModule_AddObjectRef(module, "DEFAULT_TIMEOUT", timeout) < 0;
+    Py_XDECREF(timeout);
+    if (bad)
+        return -1;
 
     /* The kernels built for the loaded libnccl's minor, if any. */
     int v = 0;

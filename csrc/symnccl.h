@@ -28,13 +28,18 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
-#include "dlpack.h"
+#include "dlpack_abi.h"
 #include "kernels/launch.h"
 
 #define SN_MAX_NDIM 16
 /* The largest grid any symnccl kernel may launch. */
 #define SN_MAX_CTAS SYMNCCL_MAX_CTAS
+/* A communicator's default timeout in seconds: every wait for a peer
+ * gives up after it. The one declaration (the Python front ends read
+ * _C.DEFAULT_TIMEOUT; docstrings spell it with SN_STR). */
 #define SN_DEFAULT_TIMEOUT 600.0
+#define SN_STR_(x) #x
+#define SN_STR(x) SN_STR_(x)
 #define SN_DEFAULT_STAGING (32u << 20)
 
 struct CommObject;
@@ -263,6 +268,8 @@ int sn_raise(SNState *st, const sn_err *e);
 /* wait.c: the one bounded wait for non-blocking NCCL communicators. */
 
 double sn_now(void);           /* seconds, CLOCK_MONOTONIC */
+/* The time `seconds` from now, on sn_now's clock: every deadline. */
+double sn_deadline(double seconds);
 enum { SN_WAIT_DONE = 0, SN_WAIT_FAILED = 1, SN_WAIT_TIMEOUT = 2,
        SN_WAIT_STOPPED = 3 };
 /* Until no communicator reports ncclInProgress, the clock passes `until`,

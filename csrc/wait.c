@@ -29,6 +29,12 @@ sn_now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+double
+sn_deadline(double seconds)
+{
+    return sn_now() + seconds;
+}
+
 /* since: when the whole wait began (for the spin phase). */
 static int
 wait_nccl(ncclComm_t *comms, int n, double since, double until,
@@ -81,7 +87,7 @@ sn_wait_comms(SNState *st, ncclComm_t *comms, int n, double timeout,
     int r = wait_nccl(comms, n, start, 0.0, stop, &failed, &bad);
     double deadline = start + timeout;
     while (r == SN_WAIT_TIMEOUT) {
-        double slice = sn_now() + SLICE_SECONDS;
+        double slice = sn_deadline(SLICE_SECONDS);
         Py_BEGIN_ALLOW_THREADS
         r = wait_nccl(comms, n, start, slice < deadline ? slice : deadline,
                       stop, &failed, &bad);

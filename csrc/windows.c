@@ -79,7 +79,7 @@ sn_window_release(CommObject *c, sn_window *w)
             if (rc == ncclSuccess || rc == ncclInProgress) {
                 int failed;
                 ncclResult_t bad;
-                sn_wait_nccl(&c->comm, 1, sn_now() + c->timeout, &c->stop,
+                sn_wait_nccl(&c->comm, 1, sn_deadline(c->timeout), &c->stop,
                              &failed, &bad);
             }
             cudaSetDevice(prev);
@@ -137,7 +137,7 @@ sn_windows_detach(CommObject *c, int deregister)
             if (rc == ncclInProgress) {
                 int failed;
                 ncclResult_t bad;
-                sn_wait_nccl(&c->comm, 1, sn_now() + 1.0, NULL, &failed,
+                sn_wait_nccl(&c->comm, 1, sn_deadline(1.0), NULL, &failed,
                              &bad);
             }
         }

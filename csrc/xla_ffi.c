@@ -50,7 +50,7 @@ nccl_finish(CommObject *c, ncclResult_t rc)
         return rc;
     int failed;
     ncclResult_t bad = ncclSuccess;
-    switch (sn_wait_nccl(&c->comm, 1, sn_now() + c->timeout, &c->stop,
+    switch (sn_wait_nccl(&c->comm, 1, sn_deadline(c->timeout), &c->stop,
                          &failed, &bad)) {
     case SN_WAIT_DONE: return ncclSuccess;
     case SN_WAIT_FAILED: return bad;

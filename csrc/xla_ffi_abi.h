@@ -1,6 +1,6 @@
 /* The part of XLA's FFI C API that symnccl's handlers use (xla_ffi.c),
  * declared here so that they are built into every symnccl, whether or not
- * jaxlib was installed where symnccl was built (as dlpack.h declares the
+ * jaxlib was installed where symnccl was built (as dlpack_abi.h declares the
  * DLPack ABI).
  *
  * XLA's FFI is a stable C ABI (xla/ffi/api/c_api.h in jaxlib, API version

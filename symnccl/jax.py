@@ -83,7 +83,8 @@ def _kv_client():
     return client
 
 
-def communicator(*, name: str = "default", timeout: float = 600.0,
+def communicator(*, name: str = "default",
+                 timeout: float = _C.DEFAULT_TIMEOUT,
                  multicast=None) -> list[Communicator]:
     """Creates the communicators the XLA handler uses, one per local GPU,
     and returns them (in jax.local_devices() order).

@@ -156,8 +156,15 @@ def test_torch_cuda_graph_capture_and_replay(comm):
     comm.all_reduce(x, out=out)   # NCCL connects lazily: once eagerly
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
+    # the graph holds the call's kernel (on one rank the result is a copy
+    # of x: the launch counter proves which kernel made it)
+    kernel = symnccl._C.ALGO_KERNELS[comm._auto_algo(x.numel() * 4,
+                                                     "float32", "max",
+                                                     False)][0]
+    before = comm._launches()[kernel]
     with torch.cuda.graph(g):
         comm.all_reduce(x, out=out, op="max")
+    assert comm._launches()[kernel] == before + 1
     for _ in range(3):
         x.copy_(torch.randn(4099, device="cuda"))
         out.fill_(float("nan"))
@@ -260,14 +267,21 @@ def test_torch_fast_path_keeps_dlpack_rules(comm):
     comm.all_reduce(y, out=out, stream=side)   # must see the mul_
     side.synchronize()
     assert torch.equal(out, torch.arange(4099, device="cuda") * 2.0)
-    # the fast path proper: window view and plain tensor, every LSA algo
+    # the fast path proper: window view and plain tensor, every LSA algo.
+    # On one rank an all-reduce is the identity, so each call must also be
+    # seen to launch its algorithm's kernel (an in-place no-op would leave
+    # b as it was), and out= starts poisoned.
     b = torch.from_dlpack(comm.empty(1031, "bfloat16"))
     for algo in ("ll", "ll128", "one_shot", "two_shot", "push", "nccl"):
+        kernel = (symnccl._C.ALGO_KERNELS[algo] or ("nccl",))[0]
+        before = comm._launches()[kernel]
         b.fill_(3)
         comm.all_reduce(b, algo=algo)
         t = torch.full((1031,), 5.0, device="cuda")
-        r = comm.all_reduce(t, out=torch.empty_like(t), algo=algo)
+        r = comm.all_reduce(t, out=torch.full_like(t, float("nan")),
+                            algo=algo)
         assert bool((b == 3).all()) and bool((r == 5).all()), algo
+        assert comm._launches()[kernel] == before + 2, algo
 
 
 @pytest.mark.parametrize("multicast", [None, True])

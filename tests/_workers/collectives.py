@@ -339,7 +339,9 @@ def lsa_graph_and_stress(rank, nranks, uid, seed, iters):
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
             comm.all_reduce(x, out=out, algo=algo)
-            comm.all_reduce(out, algo=algo, op="max")   # in place, 2nd op
+            # in place, 2nd op: a sum again, so that its result (nranks
+            # times the first's) shows it ran
+            comm.all_reduce(out, algo=algo)
         for it in range(5):
             ins = [_check.make_input("bfloat16", 100003, r, seed + it)
                    for r in range(nranks)]
@@ -348,7 +350,7 @@ def lsa_graph_and_stress(rank, nranks, uid, seed, iters):
             out.fill_(float("nan"))
             g.replay()
             got = out.view(torch.uint16).cpu().numpy().view(ins[0].dtype)
-            w = _check.count_wrong(got, "sum", ins, "bfloat16")
+            w = _check.count_wrong(got, "sum", ins * nranks, "bfloat16")
             if w:
                 bad.append(("graph", algo, it, w))
     torch.cuda.synchronize()
@@ -413,13 +415,23 @@ def lsa_graph_and_stress(rank, nranks, uid, seed, iters):
                     "window_to_tensor", "tensor_inplace", "tensor_out")[place],
                     ("float32", "bfloat16")[di], "side" if sd else "main",
                     int(errors[ai, place, di, sd])))
+    # back to back, checked at the end: before each max, rank r adds r, so
+    # every call moves the value by nranks - 1 (exact in float32) and a
+    # call that did not run leaves the ranks apart
+    five = ("one_shot", "two_shot", "ll", "ll128", "push")
+    before = comm._launches()
     x = torch.full((1 << 20,), 1.0, device="cuda")
-    for it in range(200):   # back to back, checked at the end
-        comm.all_reduce(x, op="max",
-                        algo=("one_shot", "two_shot", "ll", "ll128",
-                              "push")[it % 5])
-    if int((x != 1.0).sum()):
-        bad.append(("back_to_back", "mixed", 1 << 20, int((x != 1.0).sum())))
+    for it in range(200):
+        x.add_(float(rank))
+        comm.all_reduce(x, op="max", algo=five[it % 5])
+    want = 1.0 + 200 * (nranks - 1)
+    if int((x != want).sum()):
+        bad.append(("back_to_back", "mixed", 1 << 20, int((x != want).sum())))
+    after = comm._launches()
+    for algo in five:   # its one- or two-shot kernel, per world size
+        ran = sum(after[k] - before[k] for k in symnccl._C.ALGO_KERNELS[algo])
+        if ran < 40:
+            bad.append(("back_to_back", algo, "launches", ran))
     comm.close()
     return bad
 

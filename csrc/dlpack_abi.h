@@ -5,8 +5,8 @@
  * with other libraries through PyCapsules named "dltensor" (legacy,
  * DLManagedTensor) and "dltensor_versioned" (DLManagedTensorVersioned).
  */
-#ifndef SYMNCCL_DLPACK_H
-#define SYMNCCL_DLPACK_H
+#ifndef SYMNCCL_DLPACK_ABI_H
+#define SYMNCCL_DLPACK_ABI_H
 
 #include <stdint.h>
 
@@ -89,4 +89,4 @@ typedef struct SN_DLManagedTensorVersioned {
 #define SN_DLPACK_STREAM_PER_THREAD 2
 #define SN_DLPACK_STREAM_NO_SYNC (-1)
 
-#endif /* SYMNCCL_DLPACK_H */
+#endif /* SYMNCCL_DLPACK_ABI_H */
