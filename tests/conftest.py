@@ -1,3 +1,5 @@
+import os
+
 import pytest
 
 import symnccl
@@ -6,8 +8,26 @@ from symnccl.bootstrap import local_device_count
 NGPU = local_device_count()
 
 
+def pytest_addoption(parser):
+    parser.addoption("--run-slow", action="store_true", default=False,
+                     help="also run the tests marked slow (the training "
+                     "examples and the failure scenarios that wait out "
+                     "timeouts); SYMNCCL_RUN_SLOW=1 does the same")
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "slow: minutes of GPU time (training examples, failure "
+        "scenarios that wait out timeouts); skipped unless --run-slow")
+
+
 def pytest_collection_modifyitems(config, items):
+    run_slow = config.getoption("--run-slow") or \
+        os.environ.get("SYMNCCL_RUN_SLOW") == "1"
     for item in items:
+        if "slow" in item.keywords and not run_slow:
+            item.add_marker(pytest.mark.skip(
+                reason="slow: run with --run-slow (or SYMNCCL_RUN_SLOW=1)"))
         if "gpu" in item.keywords and NGPU < 1:
             item.add_marker(pytest.mark.skip(
                 reason="needs a CUDA GPU: none is visible to this process"))
