@@ -4,11 +4,11 @@ ctypes, torch for device memory only: a ring ncclSend/ncclRecv (to itself
 on one rank, which NCCL carries out with a kernel of its own, where a
 one-rank all-reduce launches none), then ncclAllReduce on plain buffers;
 every result checked exactly. For NCCL 2.30.7, which failed on 2x H200
-with "invalid device function" at its first collective (benchmarks/
-NOTES.md, 30 and 32): run it with that libnccl preloaded.
+with "invalid device function" at its first collective (docs/PERFORMANCE.md,
+'NCCL versions'): run it with that libnccl preloaded.
 
     LD_PRELOAD=/path/to/libnccl.so.2 NCCL_DEBUG=WARN \\
-        python3 scripts/nccl_kernel_probe.py [--nranks 2]
+        python3 tools/gpu/nccl_kernel_probe.py [--nranks 2]
 """
 import argparse
 import ctypes

@@ -8,21 +8,21 @@
 # ~6 MiB): 8 pieces a minor (the last one small).
 #
 #   here:   SYMNCCL_CUDA_ARCHS=90 python3 setup.py build_ext --inplace
-#           bash scripts/other_nccl.sh prep          # out-nccl/p1 .. p16
+#           bash tools/gpu/other_nccl.sh prep          # out-nccl/p1 .. p16
 #   device (back to back: the machine keeps /tmp only while warm, 30 s):
 #           run carry ["symnccl/_C.abi3.so", "out-nccl/p1"]:
-#               bash scripts/other_nccl.sh take 1
+#               bash tools/gpu/other_nccl.sh take 1
 #           run carry ["out-nccl/p2", "out-nccl/p3"]:
-#               bash scripts/other_nccl.sh take 2 3
+#               bash tools/gpu/other_nccl.sh take 2 3
 #           ... up to the last piece (prep prints them), then
-#           run: bash scripts/other_nccl.sh check    # ~3 min on 1 GPU
+#           run: bash tools/gpu/other_nccl.sh check    # ~3 min on 1 GPU
 # `check` runs, for each minor, in a process that does not import torch:
 # the versions import reports and `python -m symnccl` (every rank the
 # machine has, its whole log kept under $OUT); then, unless LOOPBACK=0, the
 # loopback tier (tests/test_loopback.py, torch loaded after symnccl,
 # LD_PRELOAD making that NCCL torch's as well).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 MINORS=${MINORS:-"29 30"}
 CACHE=${SYMNCCL_NCCL_CACHE:-$HOME/.cache/symnccl/nccl}
 ACC=/tmp/symnccl-nccl-parts

@@ -1,8 +1,9 @@
 """What device memory a 2-rank communicator leaves in its process after
 close(), after abort(), and after abort() once the peer exited (the
-failure tests' leak check, benchmarks/NOTES.md section 30).
+failure tests' leak check; docs/PERFORMANCE.md, 'Device memory after
+close').
 
-    python scripts/memory_after_close.py      # 2 GPUs
+    python tools/gpu/memory_after_close.py      # 2 GPUs
 
 Per rank, MiB below the free memory before the communicator: after its
 creation, after two ll all-reduces, after close/abort, 2 s later, and what
@@ -11,8 +12,8 @@ import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(
-    __file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))))
 import symnccl  # noqa: E402
 from symnccl.bootstrap import spawn  # noqa: E402
 

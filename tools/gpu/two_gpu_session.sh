@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # What a 2-GPU device session must run to close the open measurements
-# (issues 15-19; benchmarks/NOTES.md 18-30). out/ is git-ignored and travels
-# with carry ["symnccl/_C.abi3.so", "out"]; device time goes to measuring,
-# not building: every build is made here.
+# (issues 15-19; docs/PERFORMANCE.md, 'Next multi-GPU session'). out/ is
+# git-ignored and travels with carry ["symnccl/_C.abi3.so", "out"]; device
+# time goes to measuring, not building: every build is made here.
 #
 #   here:   SYMNCCL_CUDA_ARCHS=90 python3 setup.py build_ext --inplace
-#           bash scripts/two_gpu_session.sh prep   # old and prefault built
+#           bash tools/gpu/two_gpu_session.sh prep   # old and prefault built
 #                                                  # here too (~6 min)
-#   device: STAGE="collectives ab bench" bash scripts/two_gpu_session.sh
+#   device: STAGE="collectives ab bench" bash tools/gpu/two_gpu_session.sh
 #     stages (wall times on 2x H200, 2026-11-23):
 #             collectives  RS/AG/bcast/reduce, graph and eager   (40 s)
 #             push         push RS/AG by SYMNCCL_PUSH_CHUNK_KIB     (~3 min)
@@ -19,9 +19,9 @@
 #             build        build on the device instead (~1 min + old trees)
 # A fresh machine takes 60-80 s of device time to start.
 # The machine keeps its files only while warm (30 s): run the calls back to
-# back. NCCL 2.29 and 2.30 on 2 GPUs (issue 18): scripts/other_nccl.sh.
+# back. NCCL 2.29 and 2.30 on 2 GPUs (issue 18): tools/gpu/other_nccl.sh.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/symnccl-out}
 mkdir -p "$OUT" out/ab
 export PYTHONUNBUFFERED=1
@@ -64,7 +64,7 @@ build)
 tests)   # the GPU tier less the failure tests (stage faults) and the
          # loopback file (one GPU; LOOPBACK=all: here too). -rfE: the
          # failures' messages come first in the summary, which a time
-         # limit would otherwise cut (NOTES 30)
+         # limit would otherwise cut
   env | grep -E 'NCCL_NVLS_ENABLE|TORCH_SYMM_MEM_DISABLE_MULTICAST|NVSHMEM_DISABLE_NVLS' | tee "$OUT/env.txt"
   nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader | tee -a "$OUT/env.txt"
   python3 -c "import symnccl; print(symnccl.versions())" | tee -a "$OUT/env.txt"
@@ -86,7 +86,7 @@ faults)  # 2-GPU failure scenarios, ~20-65 s each (a rehearsal
 ab)
   BUILDS=${BUILDS:-"old new"} ROUNDS=2 BENCH_TIMEOUT=150 BENCH_ARGS="--nranks 2 \
     --dtype bfloat16 --reps 7 --sizes 4K,64K,256K,1M,4M,16M,64M,256M \
-    --methods symnccl:" bash scripts/ab_builds.sh 2>&1 | tee "$OUT/ab.log" |
+    --methods symnccl:" bash tools/gpu/ab_builds.sh 2>&1 | tee "$OUT/ab.log" |
     tail -60 ;;
 bench)
   timeout 240 python3 benchmarks/bench_allreduce.py --nranks 2 \
@@ -102,9 +102,10 @@ collectives)
       --out "$OUT/collectives_h200x2_bfloat16${mode:+_eager}.json" 2>&1 |
       tail -24
   done ;;
-push)    # push reduce_scatter/all_gather by SYMNCCL_PUSH_CHUNK_KIB (NOTES
-         # 31): 0 (whole slot, unsplit: the default) against the split
-         # kernels, whose default is chosen from this run (~40 s each)
+push)    # push reduce_scatter/all_gather by SYMNCCL_PUSH_CHUNK_KIB
+         # (docs/PERFORMANCE.md, 'Push chunks'): 0 (whole slot, unsplit:
+         # the default) against the split kernels, whose default is chosen
+         # from this run (~40 s each)
   for kib in ${CHUNKS:-0 1024 2048 4096}; do
     echo "== SYMNCCL_PUSH_CHUNK_KIB=$kib"
     SYMNCCL_PUSH_CHUNK_KIB=$kib timeout 150 python3 \

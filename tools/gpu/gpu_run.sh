@@ -11,7 +11,14 @@ if [ -n "${PYTEST_K:-}" ]; then
   timeout ${TEST_TIMEOUT:-400} python3 -m pytest -q -rs --durations=15 tests -k "$PYTEST_K" 2>&1 | tee "$OUT/pytest.log" | tail -40
 fi
 # PROFILE: a spec file of lines "nranks | cases | metrics" for
-# scripts/profile_ncu.py (Nsight Compute on rank 0, one pass)
+# scripts/profile_ncu.py (Nsight Compute on rank 0, one pass). The profile
+# in docs/PERFORMANCE.md ('Nsight Compute profile') came from two lines,
+# nranks 2 and 4, each with
+#   ll:4K,ll:256K,two_shot:1M,push:1M,push:16M,push:256M,nccl:256M |
+#   gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,
+#   nvltx__bytes.sum,nvlrx__bytes.sum,nvltx__bytes_data_user.sum,
+#   nvlrx__bytes_data_user.sum
+# (each line's three fields on one line, '|' between them).
 if [ -n "${PROFILE:-}" ]; then
   ncu --version | tail -1
   ncu --query-metrics --chip gh100 2>/dev/null | grep -E '^nvl(rx|tx)__' | cut -c1-90 | head -8

@@ -10,7 +10,7 @@
 # (out/ is git-ignored; the tarballs travel with carry ["out/ab"]). There:
 #   BUILDS="old new" ROUNDS=3 \
 #   BENCH_ARGS="--nranks 2 --dtype bfloat16 --reps 7 --sizes 16M,256M --methods symnccl:push" \
-#   RACE_SEEDS="1 2" RACE_ITERS=5000 bash scripts/ab_builds.sh
+#   RACE_SEEDS="1 2" RACE_ITERS=5000 bash tools/gpu/ab_builds.sh
 # BENCH=bench_collectives.py (BENCH_ARGS then its own, e.g. --collectives
 # reduce_scatter --sizes 4M,16M) compares the other collectives. The
 # benchmark script and the tests' workers are this tree's.
