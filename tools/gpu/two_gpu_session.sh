@@ -90,7 +90,7 @@ ab)
     tail -60 ;;
 bench)
   timeout 240 python3 benchmarks/bench_allreduce.py --nranks 2 \
-    --dtype bfloat16 --out "$OUT/h200x2_bfloat16.json" 2>&1 | tail -20
+    --dtype bfloat16 --out "$OUT/allreduce_h200x2_bfloat16.json" 2>&1 | tail -20
   timeout 150 python3 benchmarks/bench_step.py --nranks 2 \
     --out "$OUT/step_h200x2_bfloat16.json" 2>&1 | tail -10
   timeout 120 python3 benchmarks/bench_step.py --nranks 2 --tokens 1 \
