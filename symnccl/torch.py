@@ -46,7 +46,8 @@ with w1 split by columns and w2 by rows; a sequence-parallel one replaces
 the pair by all_gather and reduce_scatter.
 
 Eager calls. Outside torch.compile and tracing (no dispatch, function or
-functorch mode active, a plain CUDA tensor), each function calls the
+functorch mode active, no torch.jit.trace, a plain CUDA tensor -- not a
+subclass), each function calls the
 Communicator's method directly, as cheap as the method; a tensor that
 autograd records goes through a torch.autograd.Function with the same
 gradients as the op's. torch.compile, make_fx and export see the custom
@@ -396,6 +397,7 @@ _is_compiling = torch.compiler.is_compiling
 _dispatch_modes = torch._C._len_torch_dispatch_stack
 _function_modes = torch._C._is_torch_function_mode_enabled
 _functorch = torch._C._are_functorch_transforms_active
+_jit_tracing = torch._C._get_tracing_state   # torch.jit.trace records ops
 _grad_enabled = torch.is_grad_enabled
 _bump_version = torch.autograd.graph.increment_version
 # Tensor subclasses (FakeTensor, FunctionalTensor, DTensor, ...) may
@@ -409,7 +411,7 @@ def _eager(x) -> bool:
     after it, so compiled code always holds the op."""
     return (not _is_compiling() and type(x) in _PLAIN and x.is_cuda and
             not _dispatch_modes() and not _function_modes() and
-            not _functorch())
+            not _functorch() and _jit_tracing() is None)
 
 
 def _raw(comm):
