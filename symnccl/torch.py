@@ -46,12 +46,12 @@ with w1 split by columns and w2 by rows; a sequence-parallel one replaces
 the pair by all_gather and reduce_scatter.
 
 Eager calls. Outside torch.compile and tracing (no dispatch, function or
-functorch mode active, no torch.jit.trace, a plain CUDA tensor -- not a
-subclass), each function calls the
-Communicator's method directly, as cheap as the method; a tensor that
-autograd records goes through a torch.autograd.Function with the same
-gradients as the op's. torch.compile, make_fx and export see the custom
-ops (torch.ops.symnccl.*), with their fake kernels and autograd formulas.
+functorch mode active, no torch.jit.trace; a plain CUDA tensor, not a
+subclass), each function calls the Communicator's method directly, as
+cheap as the method; a tensor that autograd records goes through a
+torch.autograd.Function with the same gradients as the op's.
+torch.compile, make_fx and export see the custom ops (torch.ops.symnccl.*),
+with their fake kernels and autograd formulas.
 
 Example (under torchrun)::
 
