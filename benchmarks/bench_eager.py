@@ -21,7 +21,8 @@ The targets of issue 29, as ratios in the same run:
 
     python benchmarks/bench_eager.py
     python benchmarks/bench_eager.py --size 64K --calls 1000
-    python benchmarks/bench_eager.py --report benchmarks/results/eager_h100x1_bfloat16.json
+    python benchmarks/bench_eager.py --report \
+        benchmarks/results/eager_h100x1_bfloat16.json
 """
 from __future__ import annotations
 
@@ -125,7 +126,8 @@ def _rows(torch, snt, comm, dist, dtype, count):
         add(coll, "dispatch", f"torch.ops.symnccl.{coll}",
             lambda op=op, a=args: op(x, cid, *a))
     # symnccl's NCCL path (issue 29, item 4)
-    win = torch.from_dlpack(raw.empty(count, str(dtype).split(".")[1]))
+    buf = raw.empty(count, str(dtype).split(".")[1])   # a window
+    win = torch.from_dlpack(buf)
     win.copy_(x0)
     add("all_reduce_", "nccl", 'comm.all_reduce(x, algo="nccl")',
         lambda: raw.all_reduce(x, algo="nccl"))
@@ -149,7 +151,7 @@ def _rows(torch, snt, comm, dist, dtype, count):
         lambda: dist.broadcast(x, 0))
     add("reduce", "torch.distributed", "dist.reduce(x, 0)",
         lambda: dist.reduce(x, 0))
-    return rows, x0, x, xg, o, win
+    return rows, x0, x, xg, o, (buf, win)
 
 
 def _symm_mem_rows(torch, dist, dtype, x0):
@@ -279,7 +281,8 @@ def main(argv=None):
     dtype = getattr(torch, args.dtype)
     nbytes = parse_sizes(args.size)[0]
     count = max(1, nbytes // torch.empty(0, dtype=dtype).element_size())
-    rows, x0, x, xg, o, win = _rows(torch, snt, comm, dist, dtype, count)
+    rows, x0, x, xg, o, (buf, win) = _rows(torch, snt, comm, dist, dtype,
+                                           count)
     symm, why = _symm_mem_rows(torch, dist, dtype, x0)
     skipped = {"symm_mem": why} if why else {}
     only = set(args.only.split(",")) if args.only else None
@@ -323,7 +326,8 @@ def main(argv=None):
         os.path.dirname(os.path.abspath(__file__)), "results",
         f"eager_{_gpu_tag(doc['gpu'])}x1_{args.dtype}.json")
     path = write_results(doc, "eager_", out)
-    comm.close()
+    # the communicator and its window close at exit (symnccl's atexit),
+    # after everything that holds them
     dist.destroy_process_group()
     print_table(doc)
     print(f"\nwrote {path}")
