@@ -243,6 +243,8 @@ def _share_unique_id(dist, group, rank, key, device) -> bytes:
 # AOTAutograd traces the backward too. Communicators are passed by id.
 # Each op's work is an _impl function of the communicator itself, which
 # the eager path (below) calls without the op: both give the same bits.
+# The methods' arguments go by position (x, out, ...: their C signatures),
+# which spares the keyword dict of every call.
 
 
 def _nranks(cid: int) -> int:
@@ -267,7 +269,7 @@ def _gather_shape(x: torch.Tensor, n: int) -> list[int]:
 
 def _all_reduce_impl(comm, x, op, algo):
     out = _like(x)
-    comm.all_reduce(x.contiguous(), out=out, op=op, algo=algo)
+    comm.all_reduce(x.contiguous(), out, op, algo)
     return out
 
 
@@ -279,25 +281,25 @@ def _check_inplace(x):
 
 def _reduce_scatter_impl(comm, x, op, algo):
     out = x.new_empty(_scatter_shape(x, comm.nranks))
-    comm.reduce_scatter(x.contiguous(), out=out, op=op, algo=algo)
+    comm.reduce_scatter(x.contiguous(), out, op, algo)
     return out
 
 
 def _all_gather_impl(comm, x, algo):
     out = x.new_empty(_gather_shape(x, comm.nranks))
-    comm.all_gather(x.contiguous(), out=out, algo=algo)
+    comm.all_gather(x.contiguous(), out, algo)
     return out
 
 
 def _broadcast_impl(comm, x, root, algo):
     out = _like(x)
-    comm.broadcast(x.contiguous(), root=root, out=out, algo=algo)
+    comm.broadcast(x.contiguous(), root, out, algo)
     return out
 
 
 def _reduce_impl(comm, x, root, op, algo):
     out = _like(x)
-    comm.reduce(x.contiguous(), root=root, out=out, op=op, algo=algo)
+    comm.reduce(x.contiguous(), root, out, op, algo)
     return out
 
 
@@ -665,7 +667,7 @@ def all_reduce_(x: torch.Tensor, comm, op: str = "sum",
     recorded = x.requires_grad and torch.is_grad_enabled()
     if _eager(x) and x.is_contiguous() and not (recorded and
                                                 not x.is_leaf):
-        _raw(comm).all_reduce(x, op=op, algo=algo)
+        _raw(comm).all_reduce(x, None, op, algo)
         _bump_version(x)   # as the op's ADInplaceOrView kernel does
         return x
     cid = comm_id(comm)
