@@ -333,3 +333,19 @@ def test_compiled_graphs_hold_the_custom_ops_forward_and_backward():
                                      "reduce_scatter", "all_reduce"]
     assert called(rec.bw_graphs) == ["all_reduce", "all_gather",
                                      "reduce_scatter", "all_reduce"]
+
+
+def test_frameworks_alloc_makes_tensors_of_like_s_dtype_and_device():
+    """The methods that return a new tensor allocate it through
+    symnccl._frameworks.alloc: torch's dtype and device, a plain tensor
+    for a Parameter too, and None (symnccl allocates) for anything else."""
+    from symnccl import _frameworks
+    like = torch.empty(4, dtype=torch.bfloat16)
+    t = _frameworks.alloc(like, (2, 3), 0)
+    assert type(t) is torch.Tensor and t.shape == (2, 3)
+    assert t.dtype == torch.bfloat16 and t.device == like.device
+    p = torch.nn.Parameter(torch.empty(4, dtype=torch.float16))
+    t = _frameworks.alloc(p, (5,), 0)
+    assert type(t) is torch.Tensor and t.dtype == torch.float16
+    assert not t.requires_grad
+    assert _frameworks.alloc(object(), (5,), 0) is None
