@@ -329,8 +329,8 @@ def main(argv=None):
     # the communicator and its window close at exit (symnccl's atexit),
     # after everything that holds them
     dist.destroy_process_group()
+    print(f"wrote {path}", file=sys.stderr)
     print_table(doc)
-    print(f"\nwrote {path}")
 
 
 if __name__ == "__main__":
