@@ -412,7 +412,12 @@ def _eager(x) -> bool:
     first: Dynamo reads it as the constant True and traces nothing
     after it, so compiled code always holds the op."""
     return (not _is_compiling() and type(x) in _PLAIN and x.is_cuda and
-            not _dispatch_modes() and not _function_modes() and
+            _untraced())
+
+
+def _untraced() -> bool:
+    """No mode, transform or tracer is active that must see the ops."""
+    return (not _dispatch_modes() and not _function_modes() and
             not _functorch() and _jit_tracing() is None)
 
 

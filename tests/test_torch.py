@@ -217,11 +217,9 @@ def _cpu_eager(monkeypatch):
     real = snt._eager
 
     def eager(x):
-        return real(x) or (type(x) in snt._PLAIN and x.device.type == "cpu"
-                           and not snt._is_compiling() and
-                           not snt._dispatch_modes() and
-                           not snt._function_modes() and
-                           not snt._functorch())
+        return real(x) or (not snt._is_compiling() and
+                           type(x) in snt._PLAIN and
+                           x.device.type == "cpu" and snt._untraced())
     monkeypatch.setattr(snt, "_eager", eager)
 
 
@@ -349,3 +347,62 @@ def test_frameworks_alloc_makes_tensors_of_like_s_dtype_and_device():
     assert type(t) is torch.Tensor and t.dtype == torch.float16
     assert not t.requires_grad
     assert _frameworks.alloc(object(), (5,), 0) is None
+
+
+def test_eager_path_yields_to_compile_tracing_and_modes(monkeypatch):
+    """With the eager path open to CPU tensors, everything that must see
+    the custom ops still does: torch.compile's graphs, make_fx, a
+    TorchDispatchMode, a TorchFunctionMode, torch.jit.trace."""
+    import symnccl.torch as snt
+    from torch._dynamo.testing import AotEagerAndRecordGraphs
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+    _cpu_eager(monkeypatch)
+    comm = _mirror()
+    x = torch.randn(6, 2)
+
+    def f(t):
+        return snt.all_reduce(t, comm, algo="ll")
+
+    def ops_in(graph):
+        return [str(n.target) for n in graph.nodes if n.op ==
+                "call_function" and "symnccl" in str(n.target)]
+
+    _, n = _dispatched(lambda: f(x))
+    assert n == 0   # the eager path is open
+    torch._dynamo.reset()
+    rec = AotEagerAndRecordGraphs()
+    assert torch.equal(torch.compile(f, fullgraph=True, backend=rec)(x),
+                       2 * x)
+    assert ops_in(rec.fw_graphs[0].graph) == ["symnccl.all_reduce.default"]
+    assert ops_in(make_fx(f)(x).graph) == ["symnccl.all_reduce.default"]
+
+    class Names(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Names() as mode:
+        f(x)
+    assert "symnccl.all_reduce.default" in mode.seen
+
+    class Funcs(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Funcs() as fmode:
+        f(x)
+    assert any(s.startswith("symnccl.all_reduce") for s in fmode.seen), \
+        fmode.seen
+    traced = torch.jit.trace(f, (x,), check_trace=False)
+    assert "symnccl::all_reduce" in str(traced.graph)
