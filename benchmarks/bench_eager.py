@@ -60,6 +60,11 @@ def _rows(torch, snt, comm, dist, dtype, count):
         rows.append((coll, kind, call, fn, check))
 
     add("scale", "torch", "x.add_(1)", lambda: x.add_(1), False)
+    # what a new output costs (the functions' and the methods' allocation)
+    add("scale", "alloc", "torch.empty_like(x)",
+        lambda: torch.empty_like(x), False)
+    add("scale", "alloc new_empty", "x.new_empty(x.shape)",
+        lambda: x.new_empty(x.shape), False)
     # all_reduce, in place
     add("all_reduce_", "method", "comm.all_reduce(x)",
         lambda: raw.all_reduce(x))
