@@ -142,6 +142,7 @@ def test_sequence_parallel_block_compiled_and_in_one_cuda_graph(nranks):
                 timeout=600)
     for rank, r in enumerate(res):
         assert max(r["compiled"]) < 1e-5, (rank, r["compiled"])
+        assert max(r["tp_compiled"]) < 1e-5, (rank, r["tp_compiled"])
         for diffs in r["graph"]:
             assert max(diffs) < 1e-5, (rank, r["graph"])
         assert r["requires_grad_ok"], rank
