@@ -17,15 +17,29 @@ def _framework(x) -> str:
     return mod.split(".", 1)[0]
 
 
+# torch._C._cuda_getCurrentRawStream once a torch tensor has been seen:
+# the core asks for every call without stream=, so a torch tensor's answer
+# is one type check and one C call.
+_torch_raw_stream = None
+
+
 def default_stream(x, device: int) -> int:
     """The caller's stream: torch's or cupy's current stream for their
     tensors, else the legacy default stream (0)."""
+    if _torch_raw_stream is not None and type(x).__module__ == "torch":
+        return _torch_raw_stream(device)
+    return _default_stream(x, device)
+
+
+def _default_stream(x, device: int) -> int:
+    global _torch_raw_stream
     fw = _framework(x)
     if fw == "torch" or (x is None and "torch" in sys.modules
                          and sys.modules["torch"].cuda.is_initialized()):
         torch = sys.modules["torch"]
         raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
         if raw is not None:   # 0.2 us instead of 4 us for current_stream()
+            _torch_raw_stream = raw
             return raw(device)
         return torch.cuda.current_stream(device).cuda_stream
     if fw == "cupy":
@@ -37,16 +51,26 @@ def default_stream(x, device: int) -> int:
 
 def alloc(like, shape: tuple, device: int):
     """A new tensor of like's framework and dtype, or None to let symnccl
-    allocate (then wrap() converts it)."""
+    allocate (then wrap() converts it).
+
+    A torch tensor's comes first and cheapest (the methods that return a
+    new tensor pay for it on every call): like.new_empty keeps dtype and
+    device without building a torch.device or parsing keywords."""
+    if type(like).__module__ == "torch" or _is_torch(like):
+        return like.new_empty(shape)
     fw = _framework(like)
-    if fw == "torch":
-        torch = sys.modules["torch"]
-        return torch.empty(shape, dtype=like.dtype, device=like.device)
     if fw == "cupy":
         cupy = sys.modules["cupy"]
         with cupy.cuda.Device(device):
             return cupy.empty(shape, dtype=like.dtype)
     return None
+
+
+def _is_torch(x) -> bool:
+    """A torch.Tensor subclass defined elsewhere (nn.Parameter is in
+    torch.nn.parameter)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
 
 
 def wrap(like, arr):

@@ -3,10 +3,55 @@ and symnccl collectives as torch.library custom ops with autograd, so they
 work in eager mode, in training (backward), under torch.compile(fullgraph=
 True) with AOTAutograd, and inside CUDA graphs.
 
-Gradients are those of torch.distributed.nn.functional: the backward of an
-all-reduce (sum, avg) is an all-reduce of the gradient, of a reduce-scatter
-an all-gather, of an all-gather a reduce-scatter, of a broadcast a reduce
-to the root, of a reduce a broadcast from it; each runs on symnccl.
+Gradients. Each op's backward runs on symnccl (the forward's algo):
+
+=================  ========================  ============================
+op                 forward                   gradient of x (backward)
+=================  ========================  ============================
+all_reduce (sum)   sum over ranks of x       all_reduce (sum) of the
+                                             gradient, as
+                                             torch.distributed.nn's
+tp_all_reduce      sum over ranks of x       the gradient itself
+                                             (identity)
+tp_copy            x itself (identity)       all_reduce (sum) of the
+                                             gradient
+reduce_scatter     this rank's block of the  all_gather of the gradient
+                   sum                       (/ nranks for avg)
+all_gather         every rank's x, stacked   reduce_scatter (sum) of the
+                   on dim 0                  gradient
+broadcast          root's x                  reduce (sum) to the root;
+                                             zeros elsewhere
+reduce             the sum, on root          broadcast of the root's
+                                             gradient
+=================  ========================  ============================
+
+(all_reduce avg divides by nranks, max and min send the gradient to the
+ranks whose x is the result; prod has no gradient.)
+
+Which all-reduce to use: the two gradients answer two questions.
+
+- ``all_reduce`` when every rank's output feeds a loss of its own and the
+  loss trained is the sum of the ranks' losses (each rank's y is a
+  different term): the gradient of x is the sum of every rank's.
+- ``tp_all_reduce`` to close a row-parallel layer (Megatron style) whose
+  output feeds computation that every rank repeats identically: the loss
+  counts once, and each rank's partial sum gets the gradient of y as it
+  is. ``all_reduce`` there would give nranks times the gradient.
+- ``tp_copy`` to open a column-parallel layer: the input is replicated,
+  each rank uses it with its own shard of the weights, so its gradient is
+  the sum of the ranks' gradients.
+
+A tensor-parallel MLP is ``tp_all_reduce(gelu(tp_copy(x) @ w1) @ w2)``,
+with w1 split by columns and w2 by rows; a sequence-parallel one replaces
+the pair by all_gather and reduce_scatter.
+
+Eager calls. Outside torch.compile and tracing (no dispatch, function or
+functorch mode active, no torch.jit.trace; a plain CUDA tensor, not a
+subclass), each function calls the Communicator's method directly, as
+cheap as the method; a tensor that autograd records goes through a
+torch.autograd.Function with the same gradients as the op's.
+torch.compile, make_fx and export see the custom ops (torch.ops.symnccl.*),
+with their fake kernels and autograd formulas.
 
 Example (under torchrun)::
 
@@ -23,9 +68,15 @@ Example (under torchrun)::
     def step(t):
         return snt.all_reduce(t * 2, comm, op="sum")
 
+    # tensor parallel: column-parallel w1, row-parallel w2
+    y = snt.tp_all_reduce(torch.relu(snt.tp_copy(x, comm) @ w1) @ w2, comm)
+
     # sequence parallel: gather the sequence, scatter the sum back
     h = snt.all_gather(x_shard, comm)            # (n * T, H), differentiable
     z = snt.reduce_scatter(h @ w, comm)          # (T, H)
+
+JAX needs no such pair: lax.psum's transpose follows shard_map's varying
+and invariant types, so its gradient is already the right one.
 """
 from __future__ import annotations
 
@@ -39,7 +90,8 @@ import symnccl
 
 __all__ = ["Communicator", "communicator", "wrap", "all_reduce",
            "all_reduce_", "reduce_scatter", "all_gather", "broadcast",
-           "reduce", "comm_id", "get_communicator"]
+           "reduce", "tp_all_reduce", "tp_copy", "comm_id",
+           "get_communicator"]
 
 # Custom ops cannot take Python objects: communicators are passed by id.
 # The registry keeps them alive until interpreter exit (where symnccl closes
@@ -189,6 +241,10 @@ def _share_unique_id(dist, group, rank, key, device) -> bytes:
 # One op per collective, out of place, each with a fake kernel (shapes for
 # torch.compile) and an autograd formula that calls the ops again, so that
 # AOTAutograd traces the backward too. Communicators are passed by id.
+# Each op's work is an _impl function of the communicator itself, which
+# the eager path (below) calls without the op: both give the same bits.
+# The methods' arguments go by position (x, out, ...: their C signatures),
+# which spares the keyword dict of every call.
 
 
 def _nranks(cid: int) -> int:
@@ -211,13 +267,50 @@ def _gather_shape(x: torch.Tensor, n: int) -> list[int]:
     return [n] if x.dim() == 0 else [x.shape[0] * n, *x.shape[1:]]
 
 
+def _all_reduce_impl(comm, x, op, algo):
+    out = _like(x)
+    comm.all_reduce(x.contiguous(), out, op, algo)
+    return out
+
+
+def _check_inplace(x):
+    if not x.is_contiguous():
+        raise ValueError("all_reduce_ needs a contiguous tensor, got strides "
+                         f"{tuple(x.stride())} for shape {tuple(x.shape)}")
+
+
+def _reduce_scatter_impl(comm, x, op, algo):
+    out = x.new_empty(_scatter_shape(x, comm.nranks))
+    comm.reduce_scatter(x.contiguous(), out, op, algo)
+    return out
+
+
+def _all_gather_impl(comm, x, algo):
+    out = x.new_empty(_gather_shape(x, comm.nranks))
+    comm.all_gather(x.contiguous(), out, algo)
+    return out
+
+
+def _broadcast_impl(comm, x, root, algo):
+    out = _like(x)
+    comm.broadcast(x.contiguous(), root, out, algo)
+    return out
+
+
+def _reduce_impl(comm, x, root, op, algo):
+    out = _like(x)
+    comm.reduce(x.contiguous(), root, out, op, algo)
+    return out
+
+
+def _tp_all_reduce_impl(comm, x, algo):
+    return _all_reduce_impl(comm, x, "sum", algo)
+
+
 @torch.library.custom_op("symnccl::all_reduce", mutates_args=())
 def _all_reduce_op(x: torch.Tensor, comm_id: int, op: str,
                    algo: str) -> torch.Tensor:
-    out = _like(x)
-    get_communicator(comm_id).all_reduce(x.contiguous(), out=out, op=op,
-                                         algo=algo)
-    return out
+    return _all_reduce_impl(get_communicator(comm_id), x, op, algo)
 
 
 @_all_reduce_op.register_fake
@@ -228,9 +321,7 @@ def _(x, comm_id, op, algo):
 @torch.library.custom_op("symnccl::all_reduce_", mutates_args=("x",))
 def _all_reduce_inplace_op(x: torch.Tensor, comm_id: int, op: str,
                            algo: str) -> None:
-    if not x.is_contiguous():
-        raise ValueError("all_reduce_ needs a contiguous tensor, got strides "
-                         f"{tuple(x.stride())} for shape {tuple(x.shape)}")
+    _check_inplace(x)
     get_communicator(comm_id).all_reduce(x, op=op, algo=algo)
 
 
@@ -242,10 +333,7 @@ def _(x, comm_id, op, algo):
 @torch.library.custom_op("symnccl::reduce_scatter", mutates_args=())
 def _reduce_scatter_op(x: torch.Tensor, comm_id: int, op: str,
                        algo: str) -> torch.Tensor:
-    comm = get_communicator(comm_id)
-    out = x.new_empty(_scatter_shape(x, comm.nranks))
-    comm.reduce_scatter(x.contiguous(), out=out, op=op, algo=algo)
-    return out
+    return _reduce_scatter_impl(get_communicator(comm_id), x, op, algo)
 
 
 @_reduce_scatter_op.register_fake
@@ -256,10 +344,7 @@ def _(x, comm_id, op, algo):
 @torch.library.custom_op("symnccl::all_gather", mutates_args=())
 def _all_gather_op(x: torch.Tensor, comm_id: int,
                    algo: str) -> torch.Tensor:
-    comm = get_communicator(comm_id)
-    out = x.new_empty(_gather_shape(x, comm.nranks))
-    comm.all_gather(x.contiguous(), out=out, algo=algo)
-    return out
+    return _all_gather_impl(get_communicator(comm_id), x, algo)
 
 
 @_all_gather_op.register_fake
@@ -270,10 +355,7 @@ def _(x, comm_id, algo):
 @torch.library.custom_op("symnccl::broadcast", mutates_args=())
 def _broadcast_op(x: torch.Tensor, comm_id: int, root: int,
                   algo: str) -> torch.Tensor:
-    out = _like(x)
-    get_communicator(comm_id).broadcast(x.contiguous(), root=root, out=out,
-                                        algo=algo)
-    return out
+    return _broadcast_impl(get_communicator(comm_id), x, root, algo)
 
 
 @_broadcast_op.register_fake
@@ -284,10 +366,7 @@ def _(x, comm_id, root, algo):
 @torch.library.custom_op("symnccl::reduce", mutates_args=())
 def _reduce_op(x: torch.Tensor, comm_id: int, root: int, op: str,
                algo: str) -> torch.Tensor:
-    out = _like(x)
-    get_communicator(comm_id).reduce(x.contiguous(), root=root, out=out,
-                                     op=op, algo=algo)
-    return out
+    return _reduce_impl(get_communicator(comm_id), x, root, op, algo)
 
 
 @_reduce_op.register_fake
@@ -295,20 +374,129 @@ def _(x, comm_id, root, op, algo):
     return _like(x)
 
 
+@torch.library.custom_op("symnccl::tp_all_reduce", mutates_args=())
+def _tp_all_reduce_op(x: torch.Tensor, comm_id: int,
+                      algo: str) -> torch.Tensor:
+    return _tp_all_reduce_impl(get_communicator(comm_id), x, algo)
+
+
+@_tp_all_reduce_op.register_fake
+def _(x, comm_id, algo):
+    return _like(x)
+
+
+_ops = torch.ops.symnccl
+
+
+# ------------------------------------------------------------- eager calls
+#
+# The custom op's dispatch (autograd, ADInplaceOrView, the Python kernel)
+# costs 4-5x a direct method call (issue 29's table). Where nothing can
+# observe the difference -- no compile or trace, no mode that would see
+# the op, a plain CUDA tensor -- the functions call the _impl directly.
+
+_is_compiling = torch.compiler.is_compiling
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+_function_modes = torch._C._is_torch_function_mode_enabled
+_functorch = torch._C._are_functorch_transforms_active
+_jit_tracing = torch._C._get_tracing_state   # torch.jit.trace records ops
+_grad_enabled = torch.is_grad_enabled
+_bump_version = torch.autograd.graph.increment_version
+# Tensor subclasses (FakeTensor, FunctionalTensor, DTensor, ...) may
+# dispatch the op themselves: only these two types skip it.
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def _eager(x) -> bool:
+    """Whether a call on x may skip the custom op. is_compiling() comes
+    first: Dynamo reads it as the constant True and traces nothing
+    after it, so compiled code always holds the op."""
+    return (not _is_compiling() and type(x) in _PLAIN and x.is_cuda and
+            _untraced())
+
+
+def _untraced() -> bool:
+    """No mode, transform or tracer is active that must see the ops."""
+    return (not _dispatch_modes() and not _function_modes() and
+            not _functorch() and _jit_tracing() is None)
+
+
+def _raw(comm):
+    """The symnccl.Communicator behind comm (a wrapper or itself)."""
+    return comm.comm if isinstance(comm, Communicator) else comm
+
+
+def _autograd_function(name, impl, setup, backward):
+    """A torch.autograd.Function running impl with the op's autograd
+    formula: the eager path of a call that autograd records. forward takes
+    ctx (no setup_context staticmethod: Function.apply then skips binding
+    the arguments by inspect.signature, most of its cost)."""
+    def forward(ctx, x, cid, *args):
+        y = impl(get_communicator(cid), x, *args)
+        setup(ctx, (x, cid, *args), y)
+        return y
+    return type(name, (torch.autograd.Function,),
+                {"forward": staticmethod(forward),
+                 "backward": staticmethod(backward)})
+
+
+def _eager_call(fn, impl, x, comm, *args):
+    """The eager path of a call whose _eager(x) holds."""
+    if x.requires_grad and _grad_enabled():
+        return fn.apply(x, comm_id(comm), *args)
+    return impl(_raw(comm), x, *args)
+
+
+# The backward formulas' collectives, by communicator id: eager or the op,
+# as the public functions below choose.
+def _call_all_reduce(x, cid, op, algo):
+    if _eager(x):
+        return _eager_call(_AllReduceFn, _all_reduce_impl, x,
+                           get_communicator(cid), op, algo)
+    return _ops.all_reduce(x, cid, op, algo)
+
+
+def _call_reduce_scatter(x, cid, op, algo):
+    if _eager(x):
+        return _eager_call(_ReduceScatterFn, _reduce_scatter_impl, x,
+                           get_communicator(cid), op, algo)
+    return _ops.reduce_scatter(x, cid, op, algo)
+
+
+def _call_all_gather(x, cid, algo):
+    if _eager(x):
+        return _eager_call(_AllGatherFn, _all_gather_impl, x,
+                           get_communicator(cid), algo)
+    return _ops.all_gather(x, cid, algo)
+
+
+def _call_broadcast(x, cid, root, algo):
+    if _eager(x):
+        return _eager_call(_BroadcastFn, _broadcast_impl, x,
+                           get_communicator(cid), root, algo)
+    return _ops.broadcast(x, cid, root, algo)
+
+
+def _call_reduce(x, cid, root, op, algo):
+    if _eager(x):
+        return _eager_call(_ReduceFn, _reduce_impl, x,
+                           get_communicator(cid), root, op, algo)
+    return _ops.reduce(x, cid, root, op, algo)
+
+
 # ------------------------------------------------------------------ autograd
 #
 # max and min: the gradient goes to the ranks whose input is the result,
 # split evenly among ties (as torch.amax splits it); sum and avg: the
-# transposed collective (avg divides by nranks, once).
-
-_ops = torch.ops.symnccl
+# transposed collective (avg divides by nranks, once). The formulas serve
+# the ops (register_autograd) and the eager Functions alike.
 
 
 def _arg_extreme_share(x, y, grad_sum, cid):
     """grad_sum where x holds the reduced value y, over the number of ranks
     that hold it."""
     hit = (x == y).to(grad_sum.dtype)
-    return grad_sum * hit / _ops.all_reduce(hit, cid, "sum", "auto")
+    return grad_sum * hit / _call_all_reduce(hit, cid, "sum", "auto")
 
 
 def _no_gradient(collective: str, op: str):
@@ -328,10 +516,10 @@ def _backward_all_reduce(ctx, grad):
     if ctx.op == "prod":
         raise _no_gradient("all_reduce", ctx.op)
     if ctx.op in ("sum", "avg"):
-        return _ops.all_reduce(grad, ctx.cid, ctx.op, ctx.algo), \
+        return _call_all_reduce(grad, ctx.cid, ctx.op, ctx.algo), \
             None, None, None
     x, y = ctx.saved_tensors
-    g = _ops.all_reduce(grad, ctx.cid, "sum", ctx.algo)
+    g = _call_all_reduce(grad, ctx.cid, "sum", ctx.algo)
     return _arg_extreme_share(x, y, g, ctx.cid), None, None, None
 
 
@@ -345,12 +533,12 @@ def _backward_reduce_scatter(ctx, grad):
     if ctx.op == "prod":
         raise _no_gradient("reduce_scatter", ctx.op)
     # the same algorithm: reduce_scatter and all_gather take the same ones
-    g = _ops.all_gather(grad, ctx.cid, ctx.algo)
+    g = _call_all_gather(grad, ctx.cid, ctx.algo)
     if ctx.op == "avg":
         g = g / _nranks(ctx.cid)
     elif ctx.op in ("max", "min"):
         x, y = ctx.saved_tensors
-        g = _arg_extreme_share(x, _ops.all_gather(y, ctx.cid, ctx.algo), g,
+        g = _arg_extreme_share(x, _call_all_gather(y, ctx.cid, ctx.algo), g,
                                ctx.cid)
     return g, None, None, None
 
@@ -361,7 +549,7 @@ def _setup_all_gather(ctx, inputs, output):
 
 
 def _backward_all_gather(ctx, grad):
-    g = _ops.reduce_scatter(grad, ctx.cid, "sum", ctx.algo)
+    g = _call_reduce_scatter(grad, ctx.cid, "sum", ctx.algo)
     return g.reshape(ctx.shape), None, None
 
 
@@ -373,7 +561,7 @@ def _setup_broadcast(ctx, inputs, output):
 
 def _backward_broadcast(ctx, grad):
     # the sum of every rank's gradient, on the root; nothing elsewhere
-    g = _ops.reduce(grad, ctx.cid, ctx.root, "sum", ctx.algo)
+    g = _call_reduce(grad, ctx.cid, ctx.root, "sum", ctx.algo)
     if get_communicator(ctx.cid).rank != ctx.root:
         g = torch.zeros_like(g)
     return g, None, None, None
@@ -388,10 +576,20 @@ def _backward_reduce(ctx, grad):
         raise _no_gradient("reduce", ctx.op)
     # the root's gradient reaches every rank; other ranks' outputs are not
     # results, so their gradients do not count
-    g = _ops.broadcast(grad, ctx.cid, ctx.root, ctx.algo)
+    g = _call_broadcast(grad, ctx.cid, ctx.root, ctx.algo)
     if ctx.op == "avg":
         g = g / _nranks(ctx.cid)
     return g, None, None, None, None
+
+
+def _setup_tp_all_reduce(ctx, inputs, output):
+    pass
+
+
+def _backward_tp_all_reduce(ctx, grad):
+    # the sum's output feeds replicated computation: each rank's partial
+    # sum gets the gradient of the sum as it is
+    return grad, None, None
 
 
 _all_reduce_op.register_autograd(_backward_all_reduce,
@@ -403,26 +601,64 @@ _all_gather_op.register_autograd(_backward_all_gather,
 _broadcast_op.register_autograd(_backward_broadcast,
                                 setup_context=_setup_broadcast)
 _reduce_op.register_autograd(_backward_reduce, setup_context=_setup_reduce)
+_tp_all_reduce_op.register_autograd(_backward_tp_all_reduce,
+                                    setup_context=_setup_tp_all_reduce)
+
+_AllReduceFn = _autograd_function("_AllReduceFn", _all_reduce_impl,
+                                  _setup_all_reduce, _backward_all_reduce)
+_ReduceScatterFn = _autograd_function(
+    "_ReduceScatterFn", _reduce_scatter_impl, _setup_reduce_scatter,
+    _backward_reduce_scatter)
+_AllGatherFn = _autograd_function("_AllGatherFn", _all_gather_impl,
+                                  _setup_all_gather, _backward_all_gather)
+_BroadcastFn = _autograd_function("_BroadcastFn", _broadcast_impl,
+                                  _setup_broadcast, _backward_broadcast)
+_ReduceFn = _autograd_function("_ReduceFn", _reduce_impl, _setup_reduce,
+                               _backward_reduce)
+_TPAllReduceFn = _autograd_function(
+    "_TPAllReduceFn", _tp_all_reduce_impl, _setup_tp_all_reduce,
+    _backward_tp_all_reduce)
+
+
+class _TPCopyFn(torch.autograd.Function):
+    """tp_copy: the identity forward, an all_reduce (sum) of the gradient
+    backward. No custom op: an op may not return its input, so one would
+    copy x; Dynamo traces this Function, and the backward's all_reduce is
+    the symnccl::all_reduce op in the compiled graph."""
+
+    @staticmethod
+    def forward(ctx, x, cid, algo):
+        ctx.cid, ctx.algo = cid, algo
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _call_all_reduce(grad, ctx.cid, "sum", ctx.algo), None, None
 
 
 # ------------------------------------------------------------ public calls
 
 def all_reduce(x: torch.Tensor, comm, op: str = "sum",
                algo: str = "auto") -> torch.Tensor:
-    """Out-of-place all-reduce as the custom op symnccl::all_reduce
+    """Out-of-place all-reduce: the custom op symnccl::all_reduce
     (differentiable, traceable by torch.compile, capturable in CUDA
-    graphs).
+    graphs), or in eager mode the same work without the op's dispatch.
+    Backward: an all_reduce of the gradient (torch.distributed.nn's; see
+    tp_all_reduce for a tensor-parallel layer).
 
     Example::
 
         y = symnccl.torch.all_reduce(x, comm, op="max")
     """
+    if _eager(x):
+        return _eager_call(_AllReduceFn, _all_reduce_impl, x, comm, op, algo)
     return _ops.all_reduce(x, comm_id(comm), op, algo)
 
 
 def all_reduce_(x: torch.Tensor, comm, op: str = "sum",
                 algo: str = "auto") -> torch.Tensor:
-    """In-place all-reduce as the custom op symnccl::all_reduce_; returns x.
+    """In-place all-reduce as the custom op symnccl::all_reduce_ (in eager
+    mode the method itself, with the op's version-counter bump); returns x.
 
     A tensor that autograd records (requires_grad, not a leaf) is written
     through copy_ of the differentiable all_reduce, so its history stays
@@ -433,10 +669,16 @@ def all_reduce_(x: torch.Tensor, comm, op: str = "sum",
 
         symnccl.torch.all_reduce_(grad, comm, op="avg")
     """
+    recorded = x.requires_grad and torch.is_grad_enabled()
+    if _eager(x) and x.is_contiguous() and not (recorded and
+                                                not x.is_leaf):
+        _raw(comm).all_reduce(x, None, op, algo)
+        _bump_version(x)   # as the op's ADInplaceOrView kernel does
+        return x
     cid = comm_id(comm)
-    if x.requires_grad and torch.is_grad_enabled():
+    if recorded:
         if not x.is_leaf:
-            return x.copy_(_ops.all_reduce(x, cid, op, algo))
+            return x.copy_(all_reduce(x, comm, op, algo))
         with torch.no_grad():
             _ops.all_reduce_(x, cid, op, algo)
         return x
@@ -454,6 +696,9 @@ def reduce_scatter(x: torch.Tensor, comm, op: str = "sum",
 
         z = symnccl.torch.reduce_scatter(h @ w_row, comm)   # (T, H)
     """
+    if _eager(x):
+        return _eager_call(_ReduceScatterFn, _reduce_scatter_impl, x, comm,
+                           op, algo)
     return _ops.reduce_scatter(x, comm_id(comm), op, algo)
 
 
@@ -466,6 +711,8 @@ def all_gather(x: torch.Tensor, comm, algo: str = "auto") -> torch.Tensor:
 
         h = symnccl.torch.all_gather(x_shard, comm)         # (n * T, H)
     """
+    if _eager(x):
+        return _eager_call(_AllGatherFn, _all_gather_impl, x, comm, algo)
     return _ops.all_gather(x, comm_id(comm), algo)
 
 
@@ -480,6 +727,9 @@ def broadcast(x: torch.Tensor, comm, root: int = 0,
 
         w = symnccl.torch.broadcast(w, comm, root=0)
     """
+    if _eager(x):
+        return _eager_call(_BroadcastFn, _broadcast_impl, x, comm, root,
+                           algo)
     return _ops.broadcast(x, comm_id(comm), root, algo)
 
 
@@ -496,4 +746,38 @@ def reduce(x: torch.Tensor, comm, root: int = 0, op: str = "sum",
 
         total = symnccl.torch.reduce(loss, comm, root=0, algo="one_shot")
     """
+    if _eager(x):
+        return _eager_call(_ReduceFn, _reduce_impl, x, comm, root, op, algo)
     return _ops.reduce(x, comm_id(comm), root, op, algo)
+
+
+def tp_all_reduce(x: torch.Tensor, comm, algo: str = "auto") -> torch.Tensor:
+    """The sum over ranks of x (a new tensor) whose backward is the
+    identity: it closes a row-parallel layer whose output feeds
+    computation every rank repeats (the custom op symnccl::tp_all_reduce;
+    the module docstring's table says when to use it and when all_reduce).
+
+    Example (Megatron-style MLP, w1 split by columns, w2 by rows)::
+
+        h = torch.nn.functional.gelu(symnccl.torch.tp_copy(x, comm) @ w1)
+        y = symnccl.torch.tp_all_reduce(h @ w2, comm) + b2
+    """
+    if _eager(x):
+        return _eager_call(_TPAllReduceFn, _tp_all_reduce_impl, x, comm,
+                           algo)
+    return _ops.tp_all_reduce(x, comm_id(comm), algo)
+
+
+def tp_copy(x: torch.Tensor, comm, algo: str = "auto") -> torch.Tensor:
+    """x itself forward; backward, the sum over ranks of the gradient (an
+    all_reduce on algo): it opens a column-parallel layer whose input
+    every rank holds whole. Without autograd it returns x and runs
+    nothing.
+
+    Example::
+
+        h = symnccl.torch.tp_copy(x, comm) @ w1_columns   # (T, F / n)
+    """
+    if x.requires_grad and torch.is_grad_enabled():
+        return _TPCopyFn.apply(x, comm_id(comm), algo)
+    return x

@@ -142,7 +142,268 @@ def test_sequence_parallel_block_compiled_and_in_one_cuda_graph(nranks):
                 timeout=600)
     for rank, r in enumerate(res):
         assert max(r["compiled"]) < 1e-5, (rank, r["compiled"])
+        assert max(r["tp_compiled"]) < 1e-5, (rank, r["tp_compiled"])
         for diffs in r["graph"]:
             assert max(diffs) < 1e-5, (rank, r["graph"])
         assert r["requires_grad_ok"], rank
         assert r["inplace_grad"] == 2 * nranks, (rank, r["inplace_grad"])
+
+
+class _MirrorComm:
+    """A CPU stand-in for rank 0 of a 2-rank team whose ranks all hold the
+    same tensor: a sum is 2x, a gather repeats x. Enough to tell the
+    gradients apart (2x the gradient, or the gradient itself)."""
+    rank, nranks = 0, 2
+
+    def _reduced(self, x, op):
+        return x * 2 if op == "sum" else x * x if op == "prod" else x.clone()
+
+    def all_reduce(self, x, out=None, op="sum", algo="auto"):
+        out = x if out is None else out
+        return out.copy_(self._reduced(x, op))
+
+    def reduce_scatter(self, x, out=None, op="sum", algo="auto"):
+        return out.copy_(self._reduced(x, op)[:x.shape[0] // 2])
+
+    def all_gather(self, x, out=None, algo="auto"):
+        return out.copy_(torch.cat([x.reshape(-1, *x.shape[1:])] * 2))
+
+    def broadcast(self, x, root=0, out=None, algo="auto"):
+        return out.copy_(x)
+
+    def reduce(self, x, root=0, out=None, op="sum", algo="auto"):
+        return out.copy_(self._reduced(x, op))
+
+
+def _mirror():
+    import symnccl.torch as snt
+    return snt.wrap(_MirrorComm())
+
+
+def _value_and_grad(f, x0, gy):
+    x = x0.detach().clone().requires_grad_(True)
+    y = f(x)
+    y.backward(gy)
+    return y.detach(), x.grad
+
+
+def test_tp_pair_gradients_differ_from_all_reduce_as_documented():
+    """On a 2-rank stand-in: tp_all_reduce sums forward and passes the
+    gradient through; tp_copy passes x through and sums the gradient;
+    all_reduce sums both ways. Eager and torch.compile(fullgraph=True)
+    agree."""
+    import symnccl.torch as snt
+    comm = _mirror()
+    x = torch.randn(6, 4, dtype=torch.float64)
+    gy = torch.randn(6, 4, dtype=torch.float64)
+    want = {  # op -> (y, dx)
+        snt.tp_all_reduce: (2 * x, gy),
+        snt.tp_copy: (x, 2 * gy),
+        snt.all_reduce: (2 * x, 2 * gy),
+    }
+    for op, (wy, wdx) in want.items():
+        for f in (lambda t: op(t, comm),
+                  torch.compile(lambda t: op(t, comm), fullgraph=True,
+                                backend="aot_eager")):
+            y, dx = _value_and_grad(f, x, gy)
+            assert torch.equal(y, wy) and torch.equal(dx, wdx), op.__name__
+    # without autograd tp_copy is x itself, and runs nothing
+    assert snt.tp_copy(x, comm) is x
+
+
+def _cpu_eager(monkeypatch):
+    """Let the eager path take CPU tensors (it asks for CUDA ones), so that
+    its autograd Functions run here on the stand-in communicator."""
+    import symnccl.torch as snt
+    real = snt._eager
+
+    def eager(x):
+        return real(x) or (not snt._is_compiling() and
+                           type(x) in snt._PLAIN and
+                           x.device.type == "cpu" and snt._untraced())
+    monkeypatch.setattr(snt, "_eager", eager)
+
+
+def _dispatched(fn):
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        r = fn()
+    return r, sum(1 for e in prof.events() if e.name.startswith("symnccl::"))
+
+
+def test_eager_functions_give_the_ops_values_and_gradients(monkeypatch):
+    """The eager path's autograd Functions and the custom ops' registered
+    formulas: the same values and gradients for every op with a gradient,
+    and the eager path dispatches no custom op (forward or backward)."""
+    import symnccl.torch as snt
+    _cpu_eager(monkeypatch)
+    comm = _mirror()
+    ops = torch.ops.symnccl
+    cid = comm.cid
+    cases = [  # (name, public call, the op itself)
+        ("all_reduce sum", lambda t: snt.all_reduce(t, comm),
+         lambda t: ops.all_reduce(t, cid, "sum", "auto")),
+        ("all_reduce avg", lambda t: snt.all_reduce(t, comm, op="avg"),
+         lambda t: ops.all_reduce(t, cid, "avg", "auto")),
+        ("all_reduce max", lambda t: snt.all_reduce(t, comm, op="max"),
+         lambda t: ops.all_reduce(t, cid, "max", "auto")),
+        ("reduce_scatter sum", lambda t: snt.reduce_scatter(t, comm),
+         lambda t: ops.reduce_scatter(t, cid, "sum", "auto")),
+        ("reduce_scatter avg",
+         lambda t: snt.reduce_scatter(t, comm, op="avg"),
+         lambda t: ops.reduce_scatter(t, cid, "avg", "auto")),
+        ("all_gather", lambda t: snt.all_gather(t, comm),
+         lambda t: ops.all_gather(t, cid, "auto")),
+        ("broadcast", lambda t: snt.broadcast(t, comm, root=0),
+         lambda t: ops.broadcast(t, cid, 0, "auto")),
+        ("broadcast other root", lambda t: snt.broadcast(t, comm, root=1),
+         lambda t: ops.broadcast(t, cid, 1, "auto")),
+        ("reduce avg", lambda t: snt.reduce(t, comm, op="avg"),
+         lambda t: ops.reduce(t, cid, 0, "avg", "auto")),
+        ("tp_all_reduce", lambda t: snt.tp_all_reduce(t, comm),
+         lambda t: ops.tp_all_reduce(t, cid, "auto")),
+    ]
+    x = torch.randn(8, 3, dtype=torch.float64)
+    for name, public, op in cases:
+        gy = _gy_like(op, x)
+        (y1, dx1), n1 = _dispatched(lambda: _value_and_grad(public, x, gy))
+        (y2, dx2), n2 = _dispatched(lambda: _value_and_grad(op, x, gy))
+        assert n1 == 0 and n2 >= 1, (name, n1, n2)
+        assert torch.equal(y1, y2) and torch.equal(dx1, dx2), name
+    # without autograd, too; in place, with the version bump
+    y, n = _dispatched(lambda: snt.all_reduce(x, comm))
+    assert n == 0 and torch.equal(y, 2 * x)
+    t = x.clone()
+    v = t._version
+    _, n = _dispatched(lambda: snt.all_reduce_(t, comm))
+    assert n == 0 and torch.equal(t, 2 * x) and t._version > v
+    # gradients that do not exist still say so
+    with pytest.raises(NotImplementedError, match="all_reduce: op 'prod'"):
+        _value_and_grad(lambda t: snt.all_reduce(t, comm, op="prod"), x,
+                        torch.ones_like(x))
+
+
+def _gy_like(f, x):
+    """A fixed upstream gradient of f(x)'s shape."""
+    with torch.no_grad():
+        shape = f(x).shape
+    g = torch.Generator().manual_seed(9)
+    return torch.randn(shape, generator=g, dtype=x.dtype)
+
+
+def test_compiled_graphs_hold_the_custom_ops_forward_and_backward():
+    """torch.compile(fullgraph=True) of a tensor- and sequence-parallel
+    block: AOTAutograd's forward graph calls the forward ops, its backward
+    graph their transposes (tp_copy's all_reduce among them), and the
+    results are eager's."""
+    import symnccl.torch as snt
+    from torch._dynamo.testing import AotEagerAndRecordGraphs
+    comm = _mirror()
+    w1 = torch.randn(8, 16, dtype=torch.float64, requires_grad=True)
+    w2 = torch.randn(16, 8, dtype=torch.float64, requires_grad=True)
+
+    def block(x):
+        h = torch.nn.functional.gelu(snt.tp_copy(x, comm) @ w1)
+        y = snt.tp_all_reduce(h @ w2, comm)
+        z = snt.reduce_scatter(snt.all_gather(y, comm), comm)
+        return snt.all_reduce(z, comm)
+
+    x = torch.randn(4, 8, dtype=torch.float64)
+    gy = torch.randn(4, 8, dtype=torch.float64)
+
+    def run(f):
+        w1.grad = w2.grad = None
+        y, dx = _value_and_grad(f, x, gy)
+        return y, dx, w1.grad, w2.grad
+
+    torch._dynamo.reset()
+    rec = AotEagerAndRecordGraphs()
+    compiled = run(torch.compile(block, fullgraph=True, backend=rec))
+    eager = run(block)
+    for a, b in zip(compiled, eager):
+        assert torch.allclose(a, b, rtol=1e-12, atol=1e-12)
+
+    def called(graphs):
+        return [n.target._schema.name.split("::")[1]
+                for g in graphs for n in g.graph.nodes
+                if n.op == "call_function" and
+                getattr(n.target, "namespace", "") == "symnccl"]
+    assert called(rec.fw_graphs) == ["tp_all_reduce", "all_gather",
+                                     "reduce_scatter", "all_reduce"]
+    assert called(rec.bw_graphs) == ["all_reduce", "all_gather",
+                                     "reduce_scatter", "all_reduce"]
+
+
+def test_frameworks_alloc_makes_tensors_of_like_s_dtype_and_device():
+    """The methods that return a new tensor allocate it through
+    symnccl._frameworks.alloc: torch's dtype and device, a plain tensor
+    for a Parameter too, and None (symnccl allocates) for anything else."""
+    from symnccl import _frameworks
+    like = torch.empty(4, dtype=torch.bfloat16)
+    t = _frameworks.alloc(like, (2, 3), 0)
+    assert type(t) is torch.Tensor and t.shape == (2, 3)
+    assert t.dtype == torch.bfloat16 and t.device == like.device
+    p = torch.nn.Parameter(torch.empty(4, dtype=torch.float16))
+    t = _frameworks.alloc(p, (5,), 0)
+    assert type(t) is torch.Tensor and t.dtype == torch.float16
+    assert not t.requires_grad
+    assert _frameworks.alloc(object(), (5,), 0) is None
+
+
+def test_eager_path_yields_to_compile_tracing_and_modes(monkeypatch):
+    """With the eager path open to CPU tensors, everything that must see
+    the custom ops still does: torch.compile's graphs, make_fx, a
+    TorchDispatchMode, a TorchFunctionMode, torch.jit.trace."""
+    import symnccl.torch as snt
+    from torch._dynamo.testing import AotEagerAndRecordGraphs
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+    _cpu_eager(monkeypatch)
+    comm = _mirror()
+    x = torch.randn(6, 2)
+
+    def f(t):
+        return snt.all_reduce(t, comm, algo="ll")
+
+    def ops_in(graph):
+        return [str(n.target) for n in graph.nodes if n.op ==
+                "call_function" and "symnccl" in str(n.target)]
+
+    _, n = _dispatched(lambda: f(x))
+    assert n == 0   # the eager path is open
+    torch._dynamo.reset()
+    rec = AotEagerAndRecordGraphs()
+    assert torch.equal(torch.compile(f, fullgraph=True, backend=rec)(x),
+                       2 * x)
+    assert ops_in(rec.fw_graphs[0].graph) == ["symnccl.all_reduce.default"]
+    assert ops_in(make_fx(f)(x).graph) == ["symnccl.all_reduce.default"]
+
+    class Names(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Names() as mode:
+        f(x)
+    assert "symnccl.all_reduce.default" in mode.seen
+
+    class Funcs(TorchFunctionMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Funcs() as fmode:
+        f(x)
+    assert any(s.startswith("symnccl.all_reduce") for s in fmode.seen), \
+        fmode.seen
+    traced = torch.jit.trace(f, (x,), check_trace=False)
+    assert "symnccl::all_reduce" in str(traced.graph)

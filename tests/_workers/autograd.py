@@ -54,6 +54,13 @@ def differentiable_ops(rank, nranks, uid, port, seed):
     def theirs_rs_max(x):
         return theirs_max(x).chunk(n)[rank]
 
+    def theirs_tp_all_reduce(x):   # the sum forward, identity backward
+        return x - x.detach() + dnn.all_reduce(x.detach())
+
+    def theirs_tp_copy(x):         # identity forward, the sum backward
+        s = dnn.all_reduce(x)
+        return s - (s - x).detach()
+
     # (name, ours, theirs, input shape); theirs differentiable by torch
     cases = [
         ("all_reduce sum ll", lambda t: snt.all_reduce(t, comm, algo="ll"),
@@ -95,6 +102,10 @@ def differentiable_ops(rank, nranks, uid, port, seed):
         ("reduce one_shot",
          lambda t: snt.reduce(t, comm, root=0, algo="one_shot"),
          lambda t: dnn.reduce(t, dst=0), (1031,)),
+        ("tp_all_reduce", lambda t: snt.tp_all_reduce(t, comm),
+         theirs_tp_all_reduce, (1031, 3)),
+        ("tp_copy", lambda t: snt.tp_copy(t, comm), theirs_tp_copy,
+         (1031, 3)),
     ]
     for dtype in (torch.float32, torch.bfloat16):
         for name, ours, theirs, shape in cases:
@@ -152,6 +163,20 @@ def compiled_and_graphed(rank, nranks, uid, port, seed):
     compiled = step(torch.compile(block, fullgraph=True), x0)
     out = {"compiled": [_close(a, b, torch.float32)[0]
                         for a, b in zip(compiled, eager)]}
+
+    # the tensor-parallel pair: every rank's x whole, w split by columns
+    # then used by rows
+    xt, _ = _inputs(0, (16, 64), torch.float32, seed)   # same on all ranks
+    cols = slice(rank * 64 // n, (rank + 1) * 64 // n)
+
+    def tp_block(x, w):
+        h = torch.nn.functional.gelu(snt.tp_copy(x, comm) @ w[:, cols])
+        return snt.tp_all_reduce(h @ w[cols, :], comm)
+
+    eager = step(tp_block, xt)
+    compiled = step(torch.compile(tp_block, fullgraph=True), xt)
+    out["tp_compiled"] = [_close(a, b, torch.float32)[0]
+                          for a, b in zip(compiled, eager)]
 
     # one CUDA graph: forward and backward, replayed on new inputs
     xs = x0.detach().clone().requires_grad_(True)

@@ -1,0 +1,342 @@
+"""Host cost of one eager call, every collective, one GPU, one run: the
+Communicator's method, symnccl.torch's function (without autograd, and with
+an input that requires grad), the custom op dispatched directly (what the
+function cost before its eager path), torch.distributed (NCCL), PyTorch's
+symmetric-memory ops where torch has them, symnccl's NCCL path
+(algo="nccl"), and torch's x.add_(1) for scale.
+
+A 1-rank communicator and a 1-rank torch.distributed group (NCCL, a TCP
+store on 127.0.0.1): the kernels have no peer to wait for, so what is
+measured is what a call costs the host. Each row: --calls calls in a loop,
+the median over --loops loops of the microseconds per call. Every row's
+result is checked once against its input (at 1 rank every reduction is the
+identity).
+
+The targets of issue 29, as ratios in the same run:
+  - every symnccl.torch call without autograd <= 1.25x the method doing
+    the same work, and <= symm_mem's two_shot_all_reduce_;
+  - with an input that requires grad <= 2x the method;
+  - every method that returns a new tensor <= 1.25x the in-place
+    all_reduce of the same bytes.
+
+    python benchmarks/bench_eager.py
+    python benchmarks/bench_eager.py --size 64K --calls 1000
+    python benchmarks/bench_eager.py --report \
+        benchmarks/results/eager_h100x1_bfloat16.json
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_allreduce import (  # noqa: E402
+    add_results_args, parse_sizes, report, run_info, write_results)
+
+# the targets, as (name, limit): checked by targets() below
+TARGET_OP = 1.25          # symnccl.torch call / the method's
+TARGET_GRAD = 2.0         # ... with requires_grad / the method's
+TARGET_NEW = 1.25         # method returning a new tensor / in-place AR
+
+
+def _rows(torch, snt, comm, dist, dtype, count):
+    """[(collective, kind, call, fn, want)]: fn() makes one call; want()
+    (or None) is the tensor its result must equal bitwise."""
+    raw = comm.comm
+    cid = comm.cid
+    ops = torch.ops.symnccl
+    g = torch.Generator(device="cpu").manual_seed(1)
+    x0 = torch.randn(count, generator=g).to(dtype).cuda()
+    x = x0.clone()
+    xg = x0.clone().requires_grad_(True)       # a leaf that requires grad
+    o = torch.empty_like(x0)
+    rows = []
+
+    def add(coll, kind, call, fn, check=True):
+        rows.append((coll, kind, call, fn, check))
+
+    add("scale", "torch", "x.add_(1)", lambda: x.add_(1), False)
+    # what a new output costs (the functions' and the methods' allocation)
+    add("scale", "alloc", "torch.empty_like(x)",
+        lambda: torch.empty_like(x), False)
+    add("scale", "alloc new_empty", "x.new_empty(x.shape)",
+        lambda: x.new_empty(x.shape), False)
+    # all_reduce, in place
+    add("all_reduce_", "method", "comm.all_reduce(x)",
+        lambda: raw.all_reduce(x))
+    add("all_reduce_", "method ll", 'comm.all_reduce(x, algo="ll")',
+        lambda: raw.all_reduce(x, algo="ll"))
+    add("all_reduce_", "op", "snt.all_reduce_(x, comm)",
+        lambda: snt.all_reduce_(x, comm))
+    add("all_reduce_", "grad", "snt.all_reduce_(leaf, comm)",
+        lambda: snt.all_reduce_(xg, comm))
+    add("all_reduce_", "dispatch", "torch.ops.symnccl.all_reduce_",
+        lambda: ops.all_reduce_(x, cid, "sum", "auto"))
+    # all_reduce, out of place
+    add("all_reduce", "method", "comm.all_reduce(x, out=empty_like(x))",
+        lambda: raw.all_reduce(x, out=torch.empty_like(x)))
+    add("all_reduce", "method out", "comm.all_reduce(x, out=o)",
+        lambda: raw.all_reduce(x, out=o))
+    add("all_reduce", "method ll", 'comm.all_reduce(x, out=o, algo="ll")',
+        lambda: raw.all_reduce(x, out=o, algo="ll"))
+    add("all_reduce", "op", "snt.all_reduce(x, comm)",
+        lambda: snt.all_reduce(x, comm))
+    add("all_reduce", "grad", "snt.all_reduce(x_grad, comm)",
+        lambda: snt.all_reduce(xg, comm))
+    add("all_reduce", "dispatch", "torch.ops.symnccl.all_reduce",
+        lambda: ops.all_reduce(x, cid, "sum", "auto"))
+    # tensor-parallel pair
+    add("tp_all_reduce", "method", "comm.all_reduce(x, out=empty_like(x))",
+        lambda: raw.all_reduce(x, out=torch.empty_like(x)))
+    add("tp_all_reduce", "op", "snt.tp_all_reduce(x, comm)",
+        lambda: snt.tp_all_reduce(x, comm))
+    add("tp_all_reduce", "grad", "snt.tp_all_reduce(x_grad, comm)",
+        lambda: snt.tp_all_reduce(xg, comm))
+    add("tp_copy", "grad", "snt.tp_copy(x_grad, comm) (forward only)",
+        lambda: snt.tp_copy(xg, comm))
+    # reduce_scatter and all_gather: the methods return new tensors
+    for coll in ("reduce_scatter", "all_gather"):
+        meth = getattr(raw, coll)
+        fn = getattr(snt, coll)
+        op = getattr(ops, coll)
+        args = ("sum", "auto") if coll == "reduce_scatter" else ("auto",)
+        add(coll, "method", f"comm.{coll}(x)", lambda m=meth: m(x))
+        add(coll, "method ll", f'comm.{coll}(x, algo="ll")',
+            lambda m=meth: m(x, algo="ll"))
+        add(coll, "method out", f"comm.{coll}(x, out=o)",
+            lambda m=meth: m(x, out=o))
+        add(coll, "op", f"snt.{coll}(x, comm)", lambda f=fn: f(x, comm))
+        add(coll, "grad", f"snt.{coll}(x_grad, comm)",
+            lambda f=fn: f(xg, comm))
+        add(coll, "dispatch", f"torch.ops.symnccl.{coll}",
+            lambda op=op, a=args: op(x, cid, *a))
+    # broadcast and reduce: the methods work in place, the functions make
+    # a new tensor
+    for coll in ("broadcast", "reduce"):
+        meth = getattr(raw, coll)
+        fn = getattr(snt, coll)
+        op = getattr(ops, coll)
+        args = (0, "auto") if coll == "broadcast" else (0, "sum", "auto")
+        add(coll, "method", f"comm.{coll}(x, out=empty_like(x))",
+            lambda m=meth: m(x, out=torch.empty_like(x)))
+        add(coll, "method out", f"comm.{coll}(x, out=o)",
+            lambda m=meth: m(x, out=o))
+        add(coll, "op", f"snt.{coll}(x, comm)", lambda f=fn: f(x, comm))
+        add(coll, "grad", f"snt.{coll}(x_grad, comm)",
+            lambda f=fn: f(xg, comm))
+        add(coll, "dispatch", f"torch.ops.symnccl.{coll}",
+            lambda op=op, a=args: op(x, cid, *a))
+    # symnccl's NCCL path (issue 29, item 4)
+    buf = raw.empty(count, str(dtype).split(".")[1])   # a window
+    win = torch.from_dlpack(buf)
+    win.copy_(x0)
+    add("all_reduce_", "nccl", 'comm.all_reduce(x, algo="nccl")',
+        lambda: raw.all_reduce(x, algo="nccl"))
+    add("all_reduce_", "nccl window",
+        'comm.all_reduce(window, algo="nccl")',
+        lambda: raw.all_reduce(win, algo="nccl"))
+    for coll in ("reduce_scatter", "all_gather", "broadcast", "reduce"):
+        meth = getattr(raw, coll)
+        add(coll, "nccl", f'comm.{coll}(x, out=o, algo="nccl")',
+            lambda m=meth: m(x, out=o, algo="nccl"))
+    # torch.distributed (NCCL)
+    add("all_reduce_", "torch.distributed", "dist.all_reduce(x)",
+        lambda: dist.all_reduce(x))
+    add("reduce_scatter", "torch.distributed",
+        "dist.reduce_scatter_tensor(o, x)",
+        lambda: dist.reduce_scatter_tensor(o, x))
+    add("all_gather", "torch.distributed",
+        "dist.all_gather_into_tensor(o, x)",
+        lambda: dist.all_gather_into_tensor(o, x))
+    add("broadcast", "torch.distributed", "dist.broadcast(x, 0)",
+        lambda: dist.broadcast(x, 0))
+    add("reduce", "torch.distributed", "dist.reduce(x, 0)",
+        lambda: dist.reduce(x, 0))
+    return rows, x0, x, xg, o, (buf, win)
+
+
+def _symm_mem_rows(torch, dist, dtype, x0):
+    """PyTorch's symmetric-memory all-reduces, or the reason they are
+    absent."""
+    try:
+        import torch.distributed._symmetric_memory as symm_mem
+        group = dist.group.WORLD.group_name
+        s = symm_mem.empty(x0.numel(), dtype=dtype, device="cuda")
+        symm_mem.rendezvous(s, group)
+        s.copy_(x0)
+        ops = torch.ops.symm_mem
+        ops.two_shot_all_reduce_(s, "sum", group)   # fails here if absent
+        torch.cuda.synchronize()
+        return [("all_reduce_", "symm_mem", "symm_mem.two_shot_all_reduce_",
+                 lambda: (ops.two_shot_all_reduce_(s, "sum", group), s)[1],
+                 s),
+                ("all_reduce", "symm_mem", "symm_mem.one_shot_all_reduce",
+                 lambda: ops.one_shot_all_reduce(s, "sum", group), s)], None
+    except Exception as e:   # depends on the torch build and the GPU
+        return [], f"{type(e).__name__}: {e}"[:300]
+
+
+def _time(fn, calls, loops, torch):
+    """Median over loops of the host microseconds per call of `calls`
+    back-to-back calls (the GPU drained before each loop)."""
+    for _ in range(min(calls, 200)):
+        fn()
+    per = []
+    for _ in range(loops):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        per.append((time.perf_counter() - t0) / calls * 1e6)
+    torch.cuda.synchronize()
+    return statistics.median(per), per
+
+
+def targets(doc):
+    """The issue's ratios from a results doc: [(target, measured, limit,
+    ok)]."""
+    us = {(r["collective"], r["kind"]): r["us"] for r in doc["rows"]
+          if r.get("us") is not None}
+    out = []
+    two_shot = us.get(("all_reduce_", "symm_mem"))
+    for (coll, kind), t in sorted(us.items()):
+        method = us.get((coll, "method"))
+        if kind == "op" and method:
+            out.append((f"{coll}: op / method", t / method, TARGET_OP))
+            if two_shot:
+                out.append((f"{coll}: op / symm_mem two_shot (us)",
+                            t / two_shot, 1.0))
+        if kind == "grad" and method:
+            out.append((f"{coll}: requires_grad / method", t / method,
+                        TARGET_GRAD))
+    inplace = us.get(("all_reduce_", "method"))
+    inplace_ll = us.get(("all_reduce_", "method ll"))
+    for coll in ("reduce_scatter", "all_gather"):   # new-tensor methods
+        if us.get((coll, "method")) and inplace:
+            out.append((f"comm.{coll}(x) / comm.all_reduce(x)",
+                        us[(coll, "method")] / inplace, TARGET_NEW))
+        if us.get((coll, "method ll")) and inplace_ll:
+            out.append((f'comm.{coll}(x, algo="ll") / all_reduce ll',
+                        us[(coll, "method ll")] / inplace_ll, TARGET_NEW))
+    return [(name, round(r, 3), lim, r <= lim) for name, r, lim in out]
+
+
+def print_table(doc):
+    print(f"# {doc['gpu']}, {doc['nranks']} rank, {doc['bytes']} B "
+          f"{doc['dtype']}, {doc['calls']} calls x {doc['loops']} loops, "
+          f"{doc['date']}; torch {doc['versions']['torch']}, NCCL "
+          f"{doc['versions']['nccl_runtime']}, symnccl "
+          f"{doc['versions']['symnccl']}")
+    if doc.get("skipped"):
+        for k, v in doc["skipped"].items():
+            print(f"# skipped {k}: {v}")
+    us = {(r["collective"], r["kind"]): r["us"] for r in doc["rows"]}
+    print(f"{'collective':<15} {'kind':<18} {'us/call':>8} {'x method':>9}"
+          f" {'ok':>3}  call")
+    for r in doc["rows"]:
+        method = us.get((r["collective"], "method"))
+        ratio = f"{r['us'] / method:.2f}" if method and r["us"] else "-"
+        t = f"{r['us']:.2f}" if r["us"] is not None else "error"
+        ok = {True: "yes", False: "NO", None: "-"}[r["ok"]]
+        print(f"{r['collective']:<15} {r['kind']:<18} {t:>8} {ratio:>9} "
+              f"{ok:>3}  {r['call']}")
+    print()
+    print(f"{'target':<52} {'ratio':>7} {'limit':>6}  met")
+    for name, ratio, lim, ok in doc["targets"]:
+        print(f"{name:<52} {ratio:>7.3f} {lim:>6.2f}  "
+              f"{'yes' if ok else 'NO'}")
+
+
+def _gpu_tag(name: str) -> str:
+    """'NVIDIA H100 80GB HBM3' -> 'h100'."""
+    m = re.search(r"\b([A-Z]+\d+[A-Za-z]*)\b", name.replace("NVIDIA", ""))
+    return (m.group(1) if m else name.split()[-1]).lower()
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--size", default="4K",
+                   help="bytes per tensor (4K, 64K, 1M, ...)")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--calls", type=int, default=3000)
+    p.add_argument("--loops", type=int, default=5)
+    p.add_argument("--only", default=None,
+                   help="comma-separated collectives to run")
+    add_results_args(p, "JSON path (default: benchmarks/results/"
+                        "eager_<gpu>x1_<dtype>.json)")
+    args = p.parse_args(argv)
+    if report(args, print_table) is not None:
+        return
+    import torch
+    import torch.distributed as dist
+
+    import symnccl
+    import symnccl.torch as snt
+    from symnccl.bootstrap import free_port
+    torch.cuda.set_device(0)
+    os.environ.setdefault("LOCAL_RANK", "0")
+    dist.init_process_group("nccl", rank=0, world_size=1,
+                            init_method=f"tcp://127.0.0.1:{free_port()}",
+                            device_id=torch.device("cuda", 0))
+    comm = snt.communicator()
+    dtype = getattr(torch, args.dtype)
+    nbytes = parse_sizes(args.size)[0]
+    count = max(1, nbytes // torch.empty(0, dtype=dtype).element_size())
+    rows, x0, x, xg, o, (buf, win) = _rows(torch, snt, comm, dist, dtype,
+                                           count)
+    symm, why = _symm_mem_rows(torch, dist, dtype, x0)
+    skipped = {"symm_mem": why} if why else {}
+    only = set(args.only.split(",")) if args.only else None
+    results = []
+    for coll, kind, call, fn, check in rows + [
+            (c, k, n, f, True) for c, k, n, f, _ in symm]:
+        if only and coll not in only and coll != "scale":
+            continue
+        row = {"collective": coll, "kind": kind, "call": call, "us": None,
+               "ok": None}
+        try:
+            if check:   # one call on the input, its result against it
+                for t in (x, o, win):
+                    t.copy_(x0)
+                with torch.no_grad():
+                    xg.copy_(x0)
+                r = fn()
+                torch.cuda.synchronize()
+                if not torch.is_tensor(r):   # torch.distributed's: None
+                    r = o if coll in ("reduce_scatter", "all_gather") \
+                        else x
+                row["ok"] = bool(torch.equal(r.detach().reshape(-1),
+                                             x0.reshape(-1)))
+            med, per = _time(fn, args.calls, args.loops, torch)
+            row["us"], row["loops_us"] = round(med, 3), [round(v, 3)
+                                                         for v in per]
+        except Exception as e:
+            row["error"] = f"{type(e).__name__}: {e}"[:300]
+        results.append(row)
+        print(f"{coll:<15} {kind:<18} "
+              f"{row['us'] if row['us'] is not None else row.get('error')}",
+              file=sys.stderr)
+    doc = run_info(1, torch.cuda.get_device_name(0), torch.__version__,
+                   dtype=args.dtype, bytes=count * x0.element_size(),
+                   count=count, calls=args.calls, loops=args.loops,
+                   command=" ".join([os.path.basename(sys.executable)]
+                                    + sys.argv),
+                   skipped=skipped, rows=results)
+    doc["targets"] = targets(doc)
+    out = args.out or os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), "results",
+        f"eager_{_gpu_tag(doc['gpu'])}x1_{args.dtype}.json")
+    path = write_results(doc, "eager_", out)
+    # the communicator and its window close at exit (symnccl's atexit),
+    # after everything that holds them
+    dist.destroy_process_group()
+    print(f"wrote {path}", file=sys.stderr)
+    print_table(doc)
+
+
+if __name__ == "__main__":
+    main()
