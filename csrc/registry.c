@@ -475,7 +475,8 @@ static const knob knobs[] = {
     {"SYMNCCL_TWO_SHOT_CTAS", offsetof(sn_knobs, two_shot_ctas), 64, 1,
      SN_MAX_CTAS, 1, "largest two_shot grid"},
     /* 64 CTAs: 256 KiB 5.4 -> 4.6 us on 2 ranks, 8.7 -> 7.9 us (two-shot
-     * packets) on 4; the same at 4 KiB (benchmarks/NOTES.md, 11-12) */
+     * packets) on 4; the same at 4 KiB (docs/PERFORMANCE.md, 'Packets: ll
+     * and ll128') */
     {"SYMNCCL_LL_CTAS", offsetof(sn_knobs, ll_ctas), 64, 1, SN_MAX_CTAS, 1,
      "grid of ll and ll128 (fixed per communicator)"},
     {"SYMNCCL_LL_THREADS", offsetof(sn_knobs, ll_threads), 512, 32, 512, 32,
@@ -484,7 +485,7 @@ static const knob knobs[] = {
      1 << 20, 1, "ll's two-shot from this size on 3+ ranks (0: at every size, on "
      "2 ranks too)"},
     /* 512 KiB: 4x 9.3 vs the one-shot's 11.3 us, 3x 8.2 vs 9.6; at 384 KiB
-     * the one-shot is ahead (NOTES.md, 17) */
+     * the one-shot is ahead (docs/PERFORMANCE.md, 'The auto tables') */
     {"SYMNCCL_LL128_TWO_SHOT_KIB", offsetof(sn_knobs, ll128_two_shot_kib),
      512, 0, 1 << 20, 1, "ll128's two-shot from this size on 3+ ranks (0: at every size, "
      "on 2 ranks too)"},
@@ -500,7 +501,7 @@ static const knob knobs[] = {
      4096, 1, "size of push's region in the staging window"},
     /* 0 until measured on 2 GPUs: the split pipeline was designed for
      * NVLink (predicted 16 MiB 28-32 us against 48) and only a loopback
-     * team on one GPU has run it (benchmarks/NOTES.md, 31) */
+     * team on one GPU has run it (docs/PERFORMANCE.md, 'Push chunks') */
     {"SYMNCCL_PUSH_CHUNK_KIB", offsetof(sn_knobs, push_chunk_kib), 0, 0,
      1 << 20, 1, "push reduce_scatter/all_gather: 0 (or a slot or more): "
      "chunks of a whole slot; less: chunks of this many KiB, each CTA split "
@@ -509,7 +510,8 @@ static const knob knobs[] = {
     {"SYMNCCL_CHECK", offsetof(sn_knobs, check), 0, 0, 1, 1,
      "1: ranks compare each eager call's collective, dtype, count, op, "
      "algo and root before running it (CallMismatchError)"},
-    /* off: every NCCL wait bounded (benchmarks/NOTES.md, 23) */
+    /* off: every NCCL wait bounded (docs/PERFORMANCE.md, 'Eager NCCL
+     * calls: the launch thread') */
     {"SYMNCCL_NCCL_BLOCKING", offsetof(sn_knobs, nccl_blocking), 0, 0, 1, 1,
      "1: a blocking NCCL communicator: eager NCCL calls launch inline, "
      "without NCCL's launch thread, but init, window registration and "

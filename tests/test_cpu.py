@@ -442,7 +442,7 @@ def test_bench_report_rebuilds_table_from_recorded_json(tmp_path):
     import json
     import shutil
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    src = os.path.join(root, "benchmarks", "results", "h200x2_bfloat16.json")
+    src = os.path.join(root, "benchmarks", "results", "allreduce_h200x2_bfloat16.json")
     dst = tmp_path / "r.json"
     shutil.copy(src, dst)
     r = subprocess.run([sys.executable, os.path.join(root, "benchmarks",
@@ -460,7 +460,7 @@ def test_bench_report_rebuilds_table_from_recorded_json(tmp_path):
     # a copy: --report writes the PNG beside the JSON it reads
     dst2 = tmp_path / "ll128.json"
     shutil.copy(os.path.join(root, "benchmarks", "results",
-                             "h200x2_bfloat16_ll128.json"), dst2)
+                             "allreduce_h200x4_bfloat16.json"), dst2)
     r2 = subprocess.run([sys.executable, os.path.join(root, "benchmarks",
                                                       "bench_allreduce.py"),
                          "--report", str(dst2)],
@@ -1118,7 +1118,7 @@ def test_profile_ncu_reads_recorded_csv_and_groups_metrics(monkeypatch,
     spec.loader.exec_module(pn)
     cases = ("ll:4K,ll:256K,two_shot:1M,push:1M,push:16M,push:256M,"
              "nccl:256M").split(",")
-    prof = os.path.join(root, "benchmarks", "results", "profiles")
+    prof = os.path.join(root, "tests", "data")
     d = pn.report(os.path.join(prof, "ncu_2ranks_time_dram.csv"), cases, 3,
                   2, ["gpu__time_duration.sum", "dram__bytes_read.sum"])
     assert set(d) == set(cases)
@@ -1216,7 +1216,7 @@ def test_self_check_report_names_the_failing_cells_last(capsys):
 
 def test_minors_not_yet_passed_on_two_gpus_warn_with_what_was_seen():
     """A communicator of 2+ ranks on NCCL 2.29 or 2.30 warns (once per
-    process) with what the 2-GPU self-check saw (benchmarks/NOTES.md 30);
+    process) with what the 2-GPU self-check saw (docs/PERFORMANCE.md, 'NCCL versions');
     2.28, which passed, does not."""
     assert _C._multi_gpu_caveat(28) is None
     assert "2.29.7" in _C._multi_gpu_caveat(29)

@@ -89,9 +89,9 @@ __device__ __forceinline__ PushChunk push_chunk(size_t j, size_t chunk_elems,
 // need exactly that. (Cutting each chunk into gridDim.x contiguous runs
 // broke it: the short last chunk's runs lay across other CTAs' runs of
 // chunk nch - 3, so CTA b could overwrite a receive slot that another CTA
-// of the peer had not yet reduced; benchmarks/NOTES.md, 15.) Inside the
-// CTA, a group of blockDim.x / K threads (the whole CTA: K = 1) takes K
-// vectors of each tile: thread t those at t, t + blockDim.x / K, ...
+// of the peer had not yet reduced; docs/PERFORMANCE.md, 'Push: how
+// vectors are dealt to CTAs'.) Inside the CTA, a group of blockDim.x / K
+// threads (the whole CTA: K = 1) takes K vectors of each tile: thread t those at t, t + blockDim.x / K, ...
 template <int K>
 struct Deal {
   size_t first;  // my first vector
@@ -344,12 +344,13 @@ __global__ void __launch_bounds__(512)
 //      copy each peer's slot into its place in my output; then flag 1 :=
 //      e + 1 at every peer ("your chunk j is read").
 // kSplit false (chunks of a whole slot, the default): every thread sends,
-// then consumes, chunk after chunk (the order measured on 2 GPUs in
-// benchmarks/NOTES.md, 30). kSplit true (smaller chunks): each CTA is two
-// warp groups with barriers of their own, the senders (first half) up to
+// then consumes, chunk after chunk (the order measured on 2 GPUs:
+// docs/PERFORMANCE.md, 'Push chunks'). kSplit true (smaller chunks): each
+// CTA is two warp groups with barriers of their own, the senders (first half) up to
 // two chunks ahead of the consumers (second half), so that NVLink and local
 // memory work at once; with one group the threads that store a chunk are
-// the ones that reduce it, and the two never overlap (NOTES.md, 31).
+// the ones that reduce it, and the two never overlap (docs/PERFORMANCE.md,
+// 'Push chunks').
 // No cycle: a send waits for the peers' consumption of chunk j - 2, which
 // waits only for sends of chunks <= j - 2. At the end the consumers wait
 // for the last chunk's flag 1, so a call leaves the slots free (and the

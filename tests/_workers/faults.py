@@ -71,7 +71,7 @@ def peer_failure(rank, nranks, uid, scenario, collective, algo, timeout,
     cleanly. What a process's first communicator leaves for the process's
     lifetime is no leak: the CUDA modules of symnccl's and NCCL's kernels,
     loaded at their first launch (about 380 MiB on 2x H200 with NCCL 2.28,
-    benchmarks/NOTES.md section 30), are in the baseline that way."""
+    docs/PERFORMANCE.md, 'Device memory after close'), are in the baseline that way."""
     import torch
     torch.cuda.set_device(rank)
     if scenario == "mismatch_checked":
