@@ -10,6 +10,9 @@ import pytest
 
 from conftest import ranks_param
 
+# minutes of GPU time: run on purpose (pytest --run-slow)
+pytestmark = pytest.mark.slow
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = ["--steps", "50", "--seq", "512", "--hidden", "256", "--ffn", "1024"]
 

@@ -135,6 +135,7 @@ def test_gradients_equal_torch_distributed(nranks):
     assert seen == set(kernels), seen
 
 
+@pytest.mark.slow   # ~30 s of torch.compile
 @ranks_param(1, 2)
 def test_sequence_parallel_block_compiled_and_in_one_cuda_graph(nranks):
     from _workers import autograd as A
