@@ -14,6 +14,7 @@ typedef struct {
     SNState *st;
     CommObject *c;
     cudaStream_t stream;
+    int torch_current;         /* stream is torch's current one, read here */
     int prev, pushed, entered;
     SNTensor x, out;
     PyObject *result;   /* new reference returned to the caller */
@@ -33,13 +34,14 @@ call_begin(sn_call *k, CommObject *c, PyObject *x, PyObject *stream_obj)
             return -1;
     }
     else if (sn_default_stream(k->st, x != NULL ? x : Py_None, c->device,
-                               &k->stream) < 0)
+                               &k->stream, &k->torch_current) < 0)
         return -1;
     if (sn_device_push(k->st, c->device, &k->prev) < 0)
         return -1;
     k->pushed = 1;
     if (x != NULL &&
-        sn_tensor_import(k->st, x, k->stream, c->device, "x", &k->x) < 0)
+        sn_tensor_import(k->st, x, k->stream, c->device, k->torch_current,
+                         "x", &k->x) < 0)
         return -1;
     return 0;
 }
@@ -73,6 +75,15 @@ new_output(sn_call *k, PyObject *like, int ndim, const int64_t *shape)
         return NULL;
     for (int i = 0; i < ndim; i++)
         PyTuple_SetItem(shp, i, PyLong_FromLongLong(shape[i]));
+    /* a torch tensor's: like.new_empty(shape) (dtype and device kept), the
+     * cheapest allocation torch offers, called here rather than through
+     * the frameworks module's Python frame */
+    if (sn_is_torch_tensor(st, like)) {
+        PyObject *r = PyObject_CallMethodObjArgs(
+            like, st->torch_names[SN_TORCH_NEW_EMPTY], shp, NULL);
+        Py_DECREF(shp);
+        return r;
+    }
     PyObject *r = Py_NewRef(Py_None);
     if (st->frameworks != NULL && !sn_is_immutable(like) &&
         !sn_is_buffer(st, like)) {
@@ -119,8 +130,8 @@ call_output(sn_call *k, PyObject *x, PyObject *out_obj, size_t count,
     }
     else
         k->result = Py_NewRef(out_obj);
-    if (sn_tensor_import(k->st, out_obj, k->stream, k->c->device, "out",
-                         &k->out) < 0)
+    if (sn_tensor_import(k->st, out_obj, k->stream, k->c->device,
+                         k->torch_current, "out", &k->out) < 0)
         return -1;
     if (k->out.readonly) {
         PyErr_SetString(PyExc_BufferError, "out is read-only");

@@ -201,36 +201,11 @@ call_dlpack(SNState *st, PyObject *obj, cudaStream_t stream, int cuda)
  * a no-op) is read directly: data_ptr(), dtype, shape. Anything else takes
  * the DLPack path, which also produces the error messages. */
 
-static int
-torch_lookup(SNState *st)
-{
-    if (st->torch_tensor != NULL)
-        return 1;
-    PyObject *mods = PySys_GetObject("modules");   /* borrowed */
-    PyObject *torch = mods ? PyDict_GetItemString(mods, "torch") : NULL;
-    if (torch == NULL)
-        return 0;
-    PyObject *tensor = PyObject_GetAttrString(torch, "Tensor");
-    PyObject *c = PyObject_GetAttrString(torch, "_C");
-    PyObject *raw = c ? PyObject_GetAttrString(c, "_cuda_getCurrentRawStream")
-                      : NULL;
-    Py_XDECREF(c);
-    if (tensor == NULL || raw == NULL || !PyType_Check(tensor)) {
-        PyErr_Clear();
-        Py_XDECREF(tensor);
-        Py_XDECREF(raw);
-        return 0;
-    }
-    st->torch_tensor = tensor;
-    st->torch_raw_stream = raw;
-    return 1;
-}
-
 /* 1 / 0 for a method returning a bool, -1 on error. */
 static int
-call_bool(PyObject *obj, const char *method)
+call_bool(PyObject *obj, PyObject *method)
 {
-    PyObject *r = PyObject_CallMethod(obj, method, NULL);
+    PyObject *r = PyObject_CallMethodObjArgs(obj, method, NULL);
     if (r == NULL)
         return -1;
     int v = PyObject_IsTrue(r);
@@ -242,7 +217,7 @@ call_bool(PyObject *obj, const char *method)
 static const sn_dtype *
 torch_dtype(SNState *st, PyObject *obj)
 {
-    PyObject *dt = PyObject_GetAttrString(obj, "dtype");
+    PyObject *dt = PyObject_GetAttr(obj, st->torch_names[SN_TORCH_DTYPE]);
     if (dt == NULL)
         return NULL;
     for (int i = 0; i < st->n_torch_dtypes; i++)
@@ -265,30 +240,39 @@ torch_dtype(SNState *st, PyObject *obj)
     return r;
 }
 
-/* 1: t filled; 0: not applicable (take the DLPack path). Never raises. */
+/* 1: t filled; 0: not applicable (take the DLPack path). Never raises.
+ * torch_current: `stream` was read as torch's current stream in this call
+ * (sn_default_stream), so it need not be read again. */
 static int
 torch_fast_import(SNState *st, PyObject *obj, cudaStream_t stream,
-                  int device, SNTensor *t)
+                  int device, int torch_current, SNTensor *t)
 {
-    if (!torch_lookup(st) ||
-        !PyObject_TypeCheck(obj, (PyTypeObject *)st->torch_tensor))
+    if (!sn_is_torch_tensor(st, obj))
         return 0;
+    PyObject *const *name = st->torch_names;
     int ok = 0;
     PyObject *shape = NULL, *r = NULL;
-    r = PyObject_CallFunction(st->torch_raw_stream, "i", device);
-    if (r == NULL || PyLong_AsVoidPtr(r) != (void *)stream)
-        goto done;
-    Py_CLEAR(r);
-    r = PyObject_CallMethod(obj, "get_device", NULL);
+    if (!torch_current) {
+        PyObject *dev = PyLong_FromLong(device);
+        r = dev != NULL ? PyObject_CallFunctionObjArgs(st->torch_raw_stream,
+                                                       dev, NULL)
+                        : NULL;
+        Py_XDECREF(dev);
+        if (r == NULL || PyLong_AsVoidPtr(r) != (void *)stream)
+            goto done;
+        Py_CLEAR(r);
+    }
+    r = PyObject_CallMethodObjArgs(obj, name[SN_TORCH_GET_DEVICE], NULL);
     if (r == NULL || PyLong_AsLong(r) != device)
         goto done;
-    if (call_bool(obj, "is_conj") != 0 || call_bool(obj, "is_neg") != 0 ||
-        call_bool(obj, "is_contiguous") != 1)
+    if (call_bool(obj, name[SN_TORCH_IS_CONJ]) != 0 ||
+        call_bool(obj, name[SN_TORCH_IS_NEG]) != 0 ||
+        call_bool(obj, name[SN_TORCH_IS_CONTIGUOUS]) != 1)
         goto done;
     const sn_dtype *dt = torch_dtype(st, obj);
     if (dt == NULL)
         goto done;
-    shape = PyObject_GetAttrString(obj, "shape");
+    shape = PyObject_GetAttr(obj, name[SN_TORCH_SHAPE]);
     Py_ssize_t nd = shape ? PySequence_Size(shape) : -1;
     if (nd < 0 || nd > SN_MAX_NDIM)
         goto done;
@@ -303,7 +287,7 @@ torch_fast_import(SNState *st, PyObject *obj, cudaStream_t stream,
         count *= (size_t)v;
     }
     Py_CLEAR(r);
-    r = PyObject_CallMethod(obj, "data_ptr", NULL);
+    r = PyObject_CallMethodObjArgs(obj, name[SN_TORCH_DATA_PTR], NULL);
     void *ptr = r ? PyLong_AsVoidPtr(r) : NULL;
     if (PyErr_Occurred())
         goto done;
@@ -327,8 +311,7 @@ done:
 static PyObject *
 torch_detached(SNState *st, PyObject *obj)
 {
-    if (!torch_lookup(st) ||
-        !PyObject_TypeCheck(obj, (PyTypeObject *)st->torch_tensor))
+    if (!sn_is_torch_tensor(st, obj))
         return Py_NewRef(obj);
     PyObject *r = PyObject_GetAttrString(obj, "requires_grad");
     if (r == NULL)
@@ -345,13 +328,13 @@ static int import_dlpack(SNState *st, PyObject *obj, cudaStream_t stream,
 
 int
 sn_tensor_import(SNState *st, PyObject *obj, cudaStream_t stream, int device,
-                 const char *argname, SNTensor *t)
+                 int torch_current, const char *argname, SNTensor *t)
 {
     memset(t, 0, sizeof(*t));
     if (sn_is_buffer(st, obj))
         return import_own(st, (BufferObject *)obj, stream, device, argname,
                           t);
-    if (torch_fast_import(st, obj, stream, device, t))
+    if (torch_fast_import(st, obj, stream, device, torch_current, t))
         return 0;
     memset(t, 0, sizeof(*t));
     /* A torch tensor that requires grad is read as torch.distributed reads
@@ -443,7 +426,7 @@ sn_py_import_info(PyObject *module, PyObject *args)
     if (!PyArg_ParseTuple(args, "Oi", &obj, &device))
         return NULL;
     SNTensor t;
-    if (sn_tensor_import(st, obj, NULL, device, "x", &t) < 0)
+    if (sn_tensor_import(st, obj, NULL, device, 0, "x", &t) < 0)
         return NULL;
     PyObject *shape = PyTuple_New(t.ndim);
     for (int i = 0; shape != NULL && i < t.ndim; i++)

@@ -483,6 +483,12 @@ sn_exec(PyObject *module)
     if (st->group_pending == NULL || st->str_dlpack == NULL ||
         st->str_dlpack_device == NULL)
         return -1;
+#define SN_TORCH_NAME_(id, name)                                        \
+    if ((st->torch_names[SN_TORCH_##id] = PyUnicode_InternFromString(  \
+             name)) == NULL)                                           \
+        return -1;
+    SN_TORCH_NAMES(SN_TORCH_NAME_)
+#undef SN_TORCH_NAME_
 
     if (PyModule_AddIntConstant(module, "NCCL_BUILD_VERSION",
                                 NCCL_VERSION_CODE) < 0 ||
@@ -551,6 +557,8 @@ sn_clear(PyObject *module)
     Py_CLEAR(st->group_pending);
     Py_CLEAR(st->str_dlpack);
     Py_CLEAR(st->str_dlpack_device);
+    for (int i = 0; i < SN_N_TORCH_NAMES; i++)
+        Py_CLEAR(st->torch_names[i]);
     Py_CLEAR(st->torch_tensor);
     Py_CLEAR(st->torch_raw_stream);
     for (int i = 0; i < st->n_torch_dtypes; i++)

@@ -42,6 +42,21 @@
 #define SN_STR(x) SN_STR_(x)
 #define SN_DEFAULT_STAGING (32u << 20)
 
+/* Methods and attributes of torch.Tensor the torch fast path reads,
+ * interned once (module.c): X(ID, name). */
+#define SN_TORCH_NAMES(X)                \
+    X(GET_DEVICE, "get_device")          \
+    X(IS_CONJ, "is_conj")                \
+    X(IS_NEG, "is_neg")                  \
+    X(IS_CONTIGUOUS, "is_contiguous")    \
+    X(DATA_PTR, "data_ptr")              \
+    X(SHAPE, "shape")                    \
+    X(DTYPE, "dtype")                    \
+    X(NEW_EMPTY, "new_empty")
+#define SN_TORCH_NAME_ENUM_(id, name) SN_TORCH_##id,
+enum { SN_TORCH_NAMES(SN_TORCH_NAME_ENUM_) SN_N_TORCH_NAMES };
+#undef SN_TORCH_NAME_ENUM_
+
 struct CommObject;
 
 /* ------------------------------------------------------------------ */
@@ -61,6 +76,8 @@ typedef struct {
                                   wrap(like, DeviceArray) */
     PyObject *str_dlpack;      /* interned "__dlpack__" */
     PyObject *str_dlpack_device;
+    /* interned names the torch fast path calls (SN_TORCH_NAMES) */
+    PyObject *torch_names[SN_N_TORCH_NAMES];
     /* NCCL group bracket (symnccl.group()): thread-affine like NCCL's. */
     int group_depth;
     unsigned long group_thread;
@@ -305,9 +322,16 @@ int sn_parse_shape(PyObject *obj, int *ndim, int64_t *shape);
 /* None, an int handle, a torch/cupy stream or anything with
  * __cuda_stream__. */
 int sn_parse_stream(PyObject *obj, cudaStream_t *out);
-/* The framework's current stream for `tensor` (symnccl/_frameworks.py). */
+/* 1 once torch is imported (st->torch_tensor, st->torch_raw_stream looked
+ * up), else 0; never raises. */
+int sn_torch_lookup(SNState *st);
+/* 1 when obj is a torch.Tensor (subclasses too). */
+int sn_is_torch_tensor(SNState *st, PyObject *obj);
+/* The framework's current stream for `tensor`: torch's read directly for a
+ * torch tensor (*torch_current = 1, may be NULL), else through
+ * symnccl/_frameworks.py's hook. */
 int sn_default_stream(SNState *st, PyObject *tensor, int device,
-                      cudaStream_t *out);
+                      cudaStream_t *out, int *torch_current);
 intptr_t sn_stream_to_dlpack(cudaStream_t s);
 /* The id of the capture `s` takes part in, 0 when it is not capturing. */
 cudaError_t sn_capture_id(cudaStream_t s, unsigned long long *id);
@@ -656,9 +680,12 @@ PyObject *sn_py_host_buffer(PyObject *module, PyObject *args);
 /* ------------------------------------------------------------------ */
 /* dlpack.c: importing any DLPack producer's tensor. */
 
-/* Borrow any DLPack tensor; `stream` is the consumer's stream. */
+/* Borrow any DLPack tensor; `stream` is the consumer's stream;
+ * torch_current: stream is known to be torch's current stream of `device`
+ * (read in this call: the torch fast path need not read it again). */
 int sn_tensor_import(SNState *st, PyObject *obj, cudaStream_t stream,
-                     int device, const char *argname, SNTensor *t);
+                     int device, int torch_current, const char *argname,
+                     SNTensor *t);
 void sn_tensor_release(SNTensor *t);
 int sn_is_immutable(PyObject *obj);
 /* _import_info(obj, device): testing hook. */
