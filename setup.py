@@ -201,7 +201,8 @@ def _fetch_wheel(version, dest):
                 if name.startswith(("nvidia/nccl/include/",
                                     "nvidia/nccl/lib/libnccl.so")):
                     z.extract(name, dest)
-    say(f"fetched {spec}: {size / 1e6:.0f} MB downloaded")
+    say(f"fetched {spec}: a {size / 1e6:.0f} MB wheel (from pip's cache "
+        "if pip had it), unpacked: headers and libnccl.so.2")
     return True
 
 
