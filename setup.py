@@ -192,15 +192,19 @@ def _fetch_wheel(version, dest):
                     f"({e})")
                 return False
         size = os.path.getsize(wheel)
-        if os.path.exists(dest):
-            shutil.rmtree(dest)   # another patch of this minor
+        # unpacked beside dest, then swapped in: a build reading dest never
+        # sees half a tree
+        part = f"{dest}.{os.getpid()}.tmp"
         with zipfile.ZipFile(wheel) as z:
             # the headers, and the library to link (and for tests that load
             # each supported NCCL)
             for name in z.namelist():
                 if name.startswith(("nvidia/nccl/include/",
                                     "nvidia/nccl/lib/libnccl.so")):
-                    z.extract(name, dest)
+                    z.extract(name, part)
+        if os.path.exists(dest):
+            shutil.rmtree(dest)   # another patch of this minor
+        os.replace(part, dest)
     say(f"fetched {spec}: a {size / 1e6:.0f} MB wheel (from pip's cache "
         "if pip had it), unpacked: headers and libnccl.so.2")
     return True
@@ -352,15 +356,16 @@ def _stamp(out, key):
 def _tree_digest(paths):
     """sha256 over the names and contents of files (directories walked)."""
     h = hashlib.sha256()
-    files = []
+    files = []   # (name in the digest: relative to a walked directory, path)
     for p in paths:
         if os.path.isdir(p):
             for d, _, names in os.walk(p):
-                files += [os.path.join(d, n) for n in names]
+                files += [(os.path.relpath(os.path.join(d, n), p),
+                           os.path.join(d, n)) for n in names]
         else:
-            files.append(p)
-    for f in sorted(files):
-        h.update(f.encode() + b"\0")
+            files.append((p, p))
+    for name, f in sorted(files):
+        h.update(name.encode() + b"\0")
         with open(f, "rb") as fh:
             h.update(fh.read())
     return h.hexdigest()
@@ -395,8 +400,9 @@ class ObjectCache:
             return
         try:
             os.makedirs(self.dir, exist_ok=True)
-            shutil.copyfile(obj, p + ".tmp")
-            os.replace(p + ".tmp", p)
+            tmp = f"{p}.{os.getpid()}.tmp"   # builds may run at once
+            shutil.copyfile(obj, tmp)
+            os.replace(tmp, p)
         except OSError as e:
             say(f"WARNING: object cache {self.dir} not writable: {e}")
 
@@ -452,8 +458,12 @@ def compile_kernels(nvcc, builds, objdir, force):
                f"--threads={threads}", f"-I{builds[minor]}", "-Icsrc"] + \
             extra + gencode_flags()
         h = hashlib.sha256()
-        for part in (version, " ".join(c for c in cmd if c != obj), common,
-                     nccl[minor], _tree_digest([src])):
+        # the NCCL include dir by its contents, not its path (the same
+        # release may sit in a wheel or in the cache)
+        line = " ".join("<obj>" if c == obj else
+                        "-I<nccl>" if c == f"-I{builds[minor]}" else c
+                        for c in cmd)
+        for part in (version, line, common, nccl[minor], _tree_digest([src])):
             h.update(part.encode() + b"\0")
         key = h.hexdigest()
         if not force and os.path.exists(obj) and os.path.exists(

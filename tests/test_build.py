@@ -167,3 +167,47 @@ def test_object_cache_keeps_the_most_recently_used_within_its_bound(
     cache.prune()
     assert sorted(os.listdir(cache.dir)) == ["new.o", "old.o"]
     assert (tmp_path / "b.o").read_bytes() == src.read_bytes()
+
+
+def _fake_nvcc(tmp_path):
+    """An nvcc that logs each compile and writes an empty object."""
+    log = tmp_path / "nvcc.log"
+    nvcc = tmp_path / "nvcc"
+    nvcc.write_text(f"""#!/bin/sh
+[ "$1" = --version ] && {{ echo "fake nvcc 1.0"; exit 0; }}
+out=
+while [ $# -gt 0 ]; do [ "$1" = -o ] && out=$2; shift; done
+echo "$out" >> {log}
+exec cc -c -x c /dev/null -o "$out"
+""")
+    nvcc.chmod(0o755)
+    return str(nvcc), log
+
+
+def _compiles(log):
+    return len(log.read_text().splitlines()) if log.exists() else 0
+
+
+def test_object_cache_spares_a_fresh_build_directory_every_compile(
+        tmp_path, monkeypatch, setup_py):
+    """pip builds in a new temporary directory each time: the second build
+    of the same sources, with the same NCCL release at another path,
+    compiles nothing; a changed NCCL header recompiles every unit."""
+    import shutil
+    monkeypatch.chdir(ROOT)   # the build names its sources from the root
+    monkeypatch.setenv("SYMNCCL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("SYMNCCL_CUDA_ARCHS", "90")
+    monkeypatch.delenv("SYMNCCL_OBJECT_CACHE_MIB", raising=False)
+    nvcc, log = _fake_nvcc(tmp_path)
+    inc_a = _fake_nccl(tmp_path / "a", "2.30.7", lib=False) + "/include"
+    inc_b = str(tmp_path / "b")
+    shutil.copytree(inc_a, inc_b)
+    setup_py.compile_kernels(nvcc, {30: inc_a}, str(tmp_path / "o1"), False)
+    first = _compiles(log)
+    assert first == len(setup_py.kernel_jobs("x", 30))
+    setup_py.compile_kernels(nvcc, {30: inc_b}, str(tmp_path / "o2"), False)
+    assert _compiles(log) == first
+    with open(os.path.join(inc_b, "nccl.h"), "a") as f:
+        f.write("/* another release */\n")
+    setup_py.compile_kernels(nvcc, {30: inc_b}, str(tmp_path / "o3"), False)
+    assert _compiles(log) == 2 * first
