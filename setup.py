@@ -27,6 +27,8 @@ Environment:
                       kernel objects by content key), build.log
   SYMNCCL_NCCL_FETCH  0: never download an NCCL wheel (the minors without
                       headers are then not built)
+  SYMNCCL_PYPI_JSON   the JSON API to find the NCCL wheels in when pip
+                      download fails (default: PyPI's)
   SYMNCCL_OBJECT_CACHE_MIB  bound of objects/ (default 2048; 0: no object
                       cache); the least recently used objects go first
   NCCL_HOME           an NCCL install with include/ and lib/ to use instead
