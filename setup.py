@@ -2,10 +2,13 @@
 
 The .cu files are compiled by nvcc into objects that the C extension links
 (the approach cupy takes), with the CUDA runtime linked statically and
-libnccl.so.2 taken from the nvidia-nccl-cu13 wheel (or $NCCL_HOME).
-csrc/kernels/unit.cu is compiled once per kernel dtype (launch.h's
-SYMNCCL_KERNEL_DTYPES); all nvcc jobs run in parallel, and an object is
-rebuilt when its source, a header or its command line changed.
+libnccl.so.2 loaded at run time from the nvidia-nccl-cu13 wheel (or
+$NCCL_HOME). csrc/kernels/unit.cu is compiled once per kernel dtype
+(launch.h's SYMNCCL_KERNEL_DTYPES) and NCCL minor; all nvcc jobs run in
+parallel. docs/BUILD.md has the knobs, the caches and measured times.
+
+pip hides a build's output unless run with -v: the build also writes its
+progress to <cache>/build.log (tail -f it).
 
 Environment:
   SYMNCCL_CUDA_ARCHS  SM list, default "90;100" (SASS only)
@@ -13,16 +16,23 @@ Environment:
                       GPUs newer than the list; costs size and build time)
   SYMNCCL_BUILD_JOBS  parallel nvcc jobs (default: the CPU count)
   SYMNCCL_NCCL_MINORS the NCCL 2.x minors to build the kernels for
-                      (default: every supported one, NCCL_MINORS below)
+                      (default: every supported one, NCCL_HEADERS below)
   SYMNCCL_NCCL_INCLUDE_2_<minor>  that minor's include/ (nccl.h and
-                      nccl_device.h); default: the installed NCCL wheel's
-                      for its own minor, else a cache
-                      (SYMNCCL_NCCL_CACHE, default ~/.cache/symnccl/nccl)
-                      filled from that minor's nvidia-nccl-cu13 wheel on
-                      PyPI (SYMNCCL_NCCL_FETCH=0: never fetch; the minors
-                      without headers are then not built)
+                      nccl_device.h) instead of its pinned release's: the
+                      library loaded at run time must then be at least as
+                      new as these headers
+  SYMNCCL_CACHE       the per-machine cache (default ~/.cache/symnccl):
+                      nccl/ (the pinned NCCL wheels' include/ and lib/,
+                      SYMNCCL_NCCL_CACHE moves it), objects/ (compiled
+                      kernel objects by content key), build.log
+  SYMNCCL_NCCL_FETCH  0: never download an NCCL wheel (the minors without
+                      headers are then not built)
+  SYMNCCL_PYPI_JSON   the JSON API to find the NCCL wheels in when pip
+                      download fails (default: PyPI's)
+  SYMNCCL_OBJECT_CACHE_MIB  bound of objects/ (default 2048; 0: no object
+                      cache); the least recently used objects go first
   NCCL_HOME           an NCCL install with include/ and lib/ to use instead
-                      of the nvidia-nccl-cu13 wheel
+                      of the nvidia-nccl-cu13 wheel for its own minor
   CUDA_HOME           CUDA toolkit root (default: from nvcc on PATH)
   NVCC                nvcc to use
 """
@@ -40,17 +50,40 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 from setuptools.command.build_py import build_py
 
-# NCCL 2.x minors whose device API symnccl's kernels are built for: the
-# kernels are compiled once per minor against its own headers (the device
-# API's structs change between minors), and the module uses the build of
-# the libnccl it loads (csrc/abi.c). pyproject.toml's nvidia-nccl-cu13
-# range covers the same minors (tests/test_cpu.py checks it).
-NCCL_MINORS = (28, 29, 30)
+# The exact NCCL release whose headers each supported 2.x minor's kernels
+# are compiled against. The device API's structs change between minors, so
+# the kernels are built once per minor and the module uses the build of the
+# libnccl it loads (csrc/abi.c). Within a minor the headers must not be
+# newer than the library loaded at run time (ncclDevCommCreate refuses a
+# device communicator from newer headers: "NCCL library is too old"), so
+# pyproject.toml's nvidia-nccl-cu13 requirement admits, for each minor, only
+# its pin and newer patches (tests/test_build.py checks the two agree).
+NCCL_HEADERS = {28: "2.28.9", 29: "2.29.7", 30: "2.30.7"}
+NCCL_MINORS = tuple(sorted(NCCL_HEADERS))
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _fail(msg):
     sys.exit(f"symnccl build error: {msg}")
+
+
+def cache_dir(*parts):
+    root = os.environ.get("SYMNCCL_CACHE") or os.path.join(
+        os.path.expanduser("~"), ".cache", "symnccl")
+    return os.path.join(root, *parts)
+
+
+def say(msg):
+    """A line of the build's progress: on stdout (which pip shows with -v
+    only) and in <cache>/build.log."""
+    line = f"symnccl: {msg}"
+    print(line, flush=True)
+    try:
+        os.makedirs(cache_dir(), exist_ok=True)
+        with open(cache_dir("build.log"), "a") as f:
+            f.write(time.strftime("%H:%M:%S ") + line + "\n")
+    except OSError:
+        pass
 
 
 def find_cuda():
@@ -79,6 +112,8 @@ def find_cuda():
 
 
 def _nccl_from_wheel():
+    """The root (include/, lib/) of an installed nvidia-nccl-cu13 wheel in
+    this interpreter, or None."""
     try:
         import nvidia.nccl as m   # namespace package from nvidia-nccl-cu13
     except ImportError:
@@ -89,25 +124,37 @@ def _nccl_from_wheel():
     return None
 
 
-def _headers_minor(inc):
-    """The NCCL 2.x minor of the headers in `inc`, or None."""
+def _headers_version(inc):
+    """(2, minor, patch) of the NCCL headers in `inc`, or None."""
     header = os.path.join(inc, "nccl.h")
     if not (os.path.exists(header) and
             os.path.exists(os.path.join(inc, "nccl_device.h"))):
         return None
     text = open(header).read()
-    major = int(re.search(r"#define NCCL_MAJOR (\d+)", text).group(1))
-    minor = int(re.search(r"#define NCCL_MINOR (\d+)", text).group(1))
-    return minor if major == 2 else None
+    got = [re.search(rf"#define NCCL_{k} (\d+)", text)
+           for k in ("MAJOR", "MINOR", "PATCH")]
+    return tuple(int(g.group(1)) for g in got) if all(got) else None
 
 
-def _fetch_headers(minor, cache):
-    """nccl.h and nccl_device.h of NCCL 2.<minor> from its nvidia-nccl-cu13
-    wheel (pip download, else PyPI's JSON API), unpacked into the cache."""
+def _headers_minor(inc):
+    """The NCCL 2.x minor of the headers in `inc`, or None."""
+    v = _headers_version(inc)
+    return v[1] if v and v[0] == 2 else None
+
+
+def _pinned(minor):
+    return tuple(int(x) for x in NCCL_HEADERS[minor].split("."))
+
+
+def _fetch_wheel(version, dest):
+    """Unpacks include/ and lib/libnccl.so.2 of nvidia-nccl-cu13==version
+    into dest (pip download, which goes through pip's own HTTP cache, else
+    PyPI's JSON API)."""
     import tempfile
     import zipfile
-    dest = os.path.join(cache, f"2.{minor}")
-    spec = f"nvidia-nccl-cu13>=2.{minor},<2.{minor + 1}"
+    spec = f"nvidia-nccl-cu13=={version}"
+    say(f"downloading {spec} (about 200 MB, once per machine) for its "
+        f"headers and library into {dest}")
     with tempfile.TemporaryDirectory() as tmp:
         wheel, why = None, []
         # pip as a module of this interpreter (not in pip's isolated build
@@ -135,84 +182,120 @@ def _fetch_headers(minor, cache):
             try:
                 with urllib.request.urlopen(index, timeout=60) as f:
                     releases = json.load(f)["releases"]
-                versions = sorted((v for v in releases
-                                   if v.startswith(f"2.{minor}.")),
-                                  key=lambda v: [int(x) for x in
-                                                 v.split(".")])
-                url = next(u["url"] for u in releases[versions[-1]]
+                url = next(u["url"] for u in releases[version]
                            if u["filename"].endswith("x86_64.whl"))
                 wheel = os.path.join(tmp, "nccl.whl")
                 # a mirror may give URLs relative to the JSON's
                 urllib.request.urlretrieve(urllib.parse.urljoin(index, url),
                                            wheel)
             except Exception as e:   # offline, or no such release
-                print(f"symnccl: no NCCL 2.{minor} headers: pip download "
-                      f"failed ({'; '.join(why)}) and {index} could not be "
-                      f"read ({e})", flush=True)
-                return None
+                say(f"WARNING: could not fetch {spec}: pip download failed "
+                    f"({'; '.join(why)}) and {index} could not be read "
+                    f"({e})")
+                return False
+        size = os.path.getsize(wheel)
+        # unpacked beside dest, then swapped in: a build reading dest never
+        # sees half a tree
+        part = f"{dest}.{os.getpid()}.tmp"
         with zipfile.ZipFile(wheel) as z:
-            # the headers, and the library for tests that load this NCCL
+            # the headers, and the library to link (and for tests that load
+            # each supported NCCL)
             for name in z.namelist():
                 if name.startswith(("nvidia/nccl/include/",
                                     "nvidia/nccl/lib/libnccl.so")):
-                    z.extract(name, dest)
-    inc = os.path.join(dest, "nvidia", "nccl", "include")
-    return inc if _headers_minor(inc) == minor else None
+                    z.extract(name, part)
+        if os.path.exists(dest):
+            shutil.rmtree(dest)   # another patch of this minor
+        os.replace(part, dest)
+    say(f"fetched {spec}: a {size / 1e6:.0f} MB wheel (from pip's cache "
+        "if pip had it), unpacked: headers and libnccl.so.2")
+    return True
 
 
 def find_nccl():
-    """(headers by minor, the include dir of the host code's nccl.h, the
-    lib dir of the libnccl.so.2 to link, whether it came from NCCL_HOME)."""
-    root = os.environ.get("NCCL_HOME") or _nccl_from_wheel()
-    if root is None:
-        _fail("NCCL was not found. Install the NCCL wheel "
-              "(pip install 'nvidia-nccl-cu13>=2.28,<2.31') or set NCCL_HOME "
-              "to an NCCL 2.28-2.30 install with include/ and lib/.")
-    inc = os.path.join(root, "include")
-    own = _headers_minor(inc)
-    if own is None or own not in NCCL_MINORS:
-        _fail(f"{inc} has no nccl.h/nccl_device.h of NCCL 2.{NCCL_MINORS[0]}"
-              f"-2.{NCCL_MINORS[-1]} (the device API needs 2.28 or newer)")
-    libdir = os.path.join(root, "lib")
-    if not os.path.exists(os.path.join(libdir, "libnccl.so.2")):
-        _fail(f"{libdir} has no libnccl.so.2")
+    """(include dir by minor, the include dir of the host code's nccl.h,
+    the lib dir of the libnccl.so.2 to link, whether it came from
+    NCCL_HOME). Each minor's kernels use exactly its NCCL_HEADERS release
+    (from the installed wheel if that is the pinned release, else the
+    cache, filled once per machine), unless SYMNCCL_NCCL_INCLUDE_2_<minor>
+    or NCCL_HOME gives that minor's headers."""
     wanted = [int(m) for m in re.split(r"[;, ]+",
                                         os.environ.get("SYMNCCL_NCCL_MINORS",
                                                        ""))
               if m] or list(NCCL_MINORS)
-    cache = os.environ.get("SYMNCCL_NCCL_CACHE") or os.path.join(
-        os.path.expanduser("~"), ".cache", "symnccl", "nccl")
-    fetch = os.environ.get("SYMNCCL_NCCL_FETCH", "1") != "0"
-    builds = {}
     for minor in wanted:
         if minor not in NCCL_MINORS:
             _fail(f"SYMNCCL_NCCL_MINORS: 2.{minor} is not supported "
                   f"(2.{NCCL_MINORS[0]}-2.{NCCL_MINORS[-1]})")
+    home = os.environ.get("NCCL_HOME")
+    if home is not None and _headers_minor(os.path.join(home, "include")) \
+            not in NCCL_MINORS:
+        _fail(f"NCCL_HOME={home}: {home}/include has no nccl.h/"
+              f"nccl_device.h of NCCL 2.{NCCL_MINORS[0]}-2.{NCCL_MINORS[-1]}"
+              " (the device API needs 2.28 or newer)")
+    wheel = _nccl_from_wheel()
+    cache = os.environ.get("SYMNCCL_NCCL_CACHE") or cache_dir("nccl")
+    fetch = os.environ.get("SYMNCCL_NCCL_FETCH", "1") != "0"
+    builds, roots = {}, {}   # minor -> include dir; minor -> (include, lib)
+    for minor in wanted:
+        pin = _pinned(minor)
         given = os.environ.get(f"SYMNCCL_NCCL_INCLUDE_2_{minor}")
-        cached = os.path.join(cache, f"2.{minor}", "nvidia", "nccl",
-                              "include")
+        cached = os.path.join(cache, f"2.{minor}", "nvidia", "nccl")
         if given:
-            if _headers_minor(given) != minor:
+            got = _headers_version(given)
+            if got is None or got[:2] != (2, minor):
                 _fail(f"SYMNCCL_NCCL_INCLUDE_2_{minor}={given} holds no NCCL "
                       f"2.{minor} nccl.h/nccl_device.h")
+            if got != pin:
+                say(f"WARNING: NCCL 2.{minor} kernels built against "
+                    f"{'.'.join(map(str, got))} headers (not the pinned "
+                    f"{NCCL_HEADERS[minor]}): load NCCL "
+                    f"{'.'.join(map(str, got))} or newer")
             builds[minor] = given
-        elif minor == own:
-            builds[minor] = inc
-        elif _headers_minor(cached) == minor:
-            builds[minor] = cached
-        elif fetch:
-            got = _fetch_headers(minor, cache)
-            if got:
-                builds[minor] = got
+            continue
+        for root in (home, wheel, cached):
+            if root is None:
+                continue
+            v = _headers_version(os.path.join(root, "include"))
+            # NCCL_HOME's headers match its own library; a wheel's or the
+            # cache's are used only if they are the pinned release
+            if v and v[:2] == (2, minor) and (root == home or v == pin):
+                builds[minor] = os.path.join(root, "include")
+                roots[minor] = root
+                break
+        if minor in builds or not fetch:
+            continue
+        if _fetch_wheel(NCCL_HEADERS[minor], os.path.join(cache,
+                                                          f"2.{minor}")) \
+                and _headers_version(os.path.join(cached, "include")) == pin:
+            builds[minor] = os.path.join(cached, "include")
+            roots[minor] = cached
     missing = [m for m in wanted if m not in builds]
     if missing:
-        print("symnccl: WARNING: no kernels for NCCL " +
-              ", ".join(f"2.{m}" for m in missing) + ": importing with that "
-              "NCCL will fail (set SYMNCCL_NCCL_INCLUDE_2_<minor>)",
-              flush=True)
+        say("WARNING: no kernels for NCCL " +
+            ", ".join(f"2.{m}" for m in missing) + ": importing with that "
+            "NCCL will fail (set SYMNCCL_NCCL_INCLUDE_2_<minor>, or allow "
+            "the download: SYMNCCL_NCCL_FETCH=1)")
     if not builds:
         _fail("no NCCL headers to build the kernels against")
-    return builds, inc, libdir, "NCCL_HOME" in os.environ
+    for minor in sorted(builds):
+        say(f"NCCL 2.{minor} kernels: headers {builds[minor]}")
+    # the host code's nccl.h and the libnccl.so.2 to link (its soname is
+    # what counts: the library is chosen at run time, csrc/abi.c):
+    # NCCL_HOME's, else the lowest minor's with a library at hand
+    libroot = home or next(
+        (roots[m] for m in sorted(roots)
+         if os.path.exists(os.path.join(roots[m], "lib", "libnccl.so.2"))),
+        wheel)
+    if libroot is None or not os.path.exists(
+            os.path.join(libroot, "lib", "libnccl.so.2")):
+        _fail("no libnccl.so.2 to link: install the NCCL wheel "
+              f"(pip install 'nvidia-nccl-cu13=={NCCL_HEADERS[min(wanted)]}')"
+              ", allow its download (SYMNCCL_NCCL_FETCH=1) or set NCCL_HOME")
+    inc = os.path.join(libroot, "include")
+    if _headers_minor(inc) not in NCCL_MINORS:
+        inc = builds[min(builds)]
+    return builds, inc, os.path.join(libroot, "lib"), home is not None
 
 
 def cuda_archs():
@@ -272,13 +355,80 @@ def _stamp(out, key):
         f.write(key)
 
 
+def _tree_digest(paths):
+    """sha256 over the names and contents of files (directories walked)."""
+    h = hashlib.sha256()
+    files = []   # (name in the digest: relative to a walked directory, path)
+    for p in paths:
+        if os.path.isdir(p):
+            for d, _, names in os.walk(p):
+                files += [(os.path.relpath(os.path.join(d, n), p),
+                           os.path.join(d, n)) for n in names]
+        else:
+            files.append((p, p))
+    for name, f in sorted(files):
+        h.update(name.encode() + b"\0")
+        with open(f, "rb") as fh:
+            h.update(fh.read())
+    return h.hexdigest()
+
+
+class ObjectCache:
+    """Kernel objects by content key (nvcc's version, the command line but
+    its output path, the source, every kernel header and the NCCL include
+    tree), in <cache>/objects: pip builds in a fresh temporary directory
+    each time, so only this makes a rebuild recompile what changed.
+    Bounded by SYMNCCL_OBJECT_CACHE_MIB (least recently used go first)."""
+
+    def __init__(self):
+        self.limit = int(os.environ.get("SYMNCCL_OBJECT_CACHE_MIB",
+                                        "2048")) << 20
+        self.dir = cache_dir("objects")
+
+    def path(self, key):
+        return os.path.join(self.dir, key + ".o") if self.limit > 0 else None
+
+    def get(self, key, obj):
+        p = self.path(key)
+        if p is None or not os.path.exists(p):
+            return False
+        shutil.copyfile(p, obj)
+        os.utime(p)   # recently used
+        return True
+
+    def put(self, key, obj):
+        p = self.path(key)
+        if p is None:
+            return
+        try:
+            os.makedirs(self.dir, exist_ok=True)
+            tmp = f"{p}.{os.getpid()}.tmp"   # builds may run at once
+            shutil.copyfile(obj, tmp)
+            os.replace(tmp, p)
+        except OSError as e:
+            say(f"WARNING: object cache {self.dir} not writable: {e}")
+
+    def prune(self):
+        if self.limit <= 0 or not os.path.isdir(self.dir):
+            return
+        objs = [os.path.join(self.dir, f) for f in os.listdir(self.dir)
+                if f.endswith(".o")]
+        objs.sort(key=os.path.getmtime, reverse=True)
+        total = 0
+        for p in objs:
+            total += os.path.getsize(p)
+            if total > self.limit:
+                os.remove(p)
+
+
 def compile_kernels(nvcc, builds, objdir, force):
     """Compiles every minor's kernel objects in parallel, then joins each
     minor's into one object whose only global symbol is its table,
     symnccl_kernels_2_<minor> (so the builds' identically named C++
     symbols never meet); returns those objects."""
-    headers = glob.glob(os.path.join("csrc", "kernels", "*.h")) + \
-        glob.glob(os.path.join("csrc", "kernels", "*.cuh"))
+    kdir = os.path.join("csrc", "kernels")
+    headers = sorted(glob.glob(os.path.join(kdir, "*.h")) +
+                     glob.glob(os.path.join(kdir, "*.cuh")))
     jobs = [(minor,) + job for minor in sorted(builds)
             for job in kernel_jobs(objdir, minor)]
     cores = os.cpu_count() or 1
@@ -288,25 +438,46 @@ def compile_kernels(nvcc, builds, objdir, force):
     # nvcc --threads compiles a unit's architectures in parallel: use what
     # the parallel jobs leave of the cores
     threads = max(1, min(archs, cores // njobs))
-    todo = []
+    version = subprocess.run([nvcc, "--version"], capture_output=True,
+                             text=True).stdout
+    common = _tree_digest(headers)
+    nccl = {m: _tree_digest([builds[m]]) for m in builds}
+    cache = ObjectCache()
+    say(f"plan: kernels for NCCL " +
+        ", ".join(f"2.{m}" for m in sorted(builds)) +
+        f", sm {';'.join(cuda_archs())}, {len(jobs)} objects, {njobs} nvcc "
+        f"jobs x {threads} threads; object cache "
+        f"{cache.dir if cache.limit else 'off'}")
+    todo, reused = [], 0
     for minor, src, obj, extra in jobs:
         os.makedirs(os.path.dirname(obj), exist_ok=True)
         cmd = [nvcc, "-c", src, "-o", obj, "-O3", "-std=c++17",
                "-Xcompiler", "-fPIC", "--expt-relaxed-constexpr",
                "-Xptxas", "-warn-spills",
                # fatbin compressed for size: 19% smaller than
-               # -Xfatbin=-compress-all (benchmarks/NOTES.md, 31)
+               # -Xfatbin=-compress-all (docs/BUILD.md, 'Size')
                "--compress-mode=size",
                f"--threads={threads}", f"-I{builds[minor]}", "-Icsrc"] + \
             extra + gencode_flags()
-        key = hashlib.sha256(" ".join(cmd).encode()).hexdigest()
-        if force or _stale(obj, key, [src] + headers):
-            todo.append((obj, cmd, key))
-    if todo:
-        print(f"symnccl: compiling {len(todo)} of {len(jobs)} kernel objects "
-              f"for NCCL " + ", ".join(f"2.{m}" for m in sorted(builds)) +
-              f" ({njobs} jobs x {threads} nvcc threads, "
-              f"{';'.join(cuda_archs())})", flush=True)
+        h = hashlib.sha256()
+        # the NCCL include dir by its contents, not its path (the same
+        # release may sit in a wheel or in the cache)
+        line = " ".join("<obj>" if c == obj else
+                        "-I<nccl>" if c == f"-I{builds[minor]}" else c
+                        for c in cmd)
+        for part in (version, line, common, nccl[minor], _tree_digest([src])):
+            h.update(part.encode() + b"\0")
+        key = h.hexdigest()
+        if not force and os.path.exists(obj) and os.path.exists(
+                obj + ".cmd") and open(obj + ".cmd").read() == key:
+            continue
+        if not force and cache.get(key, obj):
+            _stamp(obj, key)
+            reused += 1
+            continue
+        todo.append((obj, cmd, key))
+    say(f"{len(jobs) - len(todo) - reused} kernel objects up to date, "
+        f"{reused} from the object cache, {len(todo)} to compile")
     t0 = time.monotonic()
 
     def run(item):
@@ -324,19 +495,19 @@ def compile_kernels(nvcc, builds, objdir, force):
             note = f", {spills} kernels spill registers" if spills else ""
             name = os.path.join(os.path.basename(os.path.dirname(obj)),
                                 os.path.basename(obj))
-            print(f"symnccl: [{done}/{len(todo)}] {name} {secs:.0f} s{note}",
-                  flush=True)
+            say(f"[{done}/{len(todo)}] {name} {secs:.0f} s{note}")
             if r.returncode != 0:
                 failed.append((cmd, r.stdout + r.stderr))
             else:
                 _stamp(obj, key)
+                cache.put(key, obj)
     for cmd, out in failed:
         print(" ".join(cmd) + "\n" + out, file=sys.stderr)
     if failed:
         _fail(f"{len(failed)} kernel object(s) failed to compile")
     if todo:
-        print(f"symnccl: kernels compiled in {time.monotonic() - t0:.0f} s",
-              flush=True)
+        say(f"kernels compiled in {time.monotonic() - t0:.0f} s")
+    cache.prune()
     blobs = []
     for minor in sorted(builds):
         objs = [obj for m, _, obj, _ in jobs if m == minor]

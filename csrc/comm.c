@@ -787,9 +787,11 @@ static PyMethodDef comm_methods[] = {
      "result in x's framework type, zero-copy. Runs on `stream`, else the "
      "framework's current stream, else the legacy default stream; never "
      "blocks the host.\n\nops: sum, prod, max, min, avg.\n"
-     "algo: 'auto' (measured table, SYMNCCL_ALGO overrides); symnccl's "
-     "kernels on the NCCL device API: 'll' (barrier-free LL packets, small "
-     "messages), 'one_shot', 'two_shot' (NVLink loads; inputs outside a "
+     "algo: 'auto' (the default: a table measured on 2, 3 and 4 H200s, "
+     "symnccl.AUTO_TABLE; SYMNCCL_ALGO overrides it); symnccl's kernels on "
+     "the NCCL device API: 'll' (barrier-free LL packets, small messages), "
+     "'ll128' (the same in 128-byte lines, up to a few MiB), "
+     "'one_shot', 'two_shot' (NVLink loads; inputs outside a "
      "window go through the staging window), 'push' (store-only two-shot "
      "with flags, any input), 'multimem' (NVLink SHARP, only where multicast "
      "was granted); 'nccl'. Every rank must pass the same algo and the same "
@@ -807,9 +809,14 @@ static PyMethodDef comm_methods[] = {
      "r (n elements). Without out=, a new tensor of x's framework type is "
      "returned: shape (x.shape[0] // nranks, *x.shape[1:]) when the first "
      "dimension divides, else 1-D.\n\n"
-     "algo: 'll' or 'll128' run symnccl's packet kernels, 'push' its "
-     "store-only kernel (larger messages); all give the same bits as "
-     "block r of all_reduce. 'nccl' and 'auto' run ncclReduceScatter.\n\n"
+     "algo: 'auto' (the default) picks among symnccl's kernels and NCCL "
+     "by a table measured on 2x H200 (symnccl.COLLECTIVE_AUTO_TABLE; "
+     "SYMNCCL_ALGO overrides it); it runs NCCL on 3 or more ranks, inside "
+     "symnccl.group() and where no kernel takes the call. "
+     "'ll' or 'll128' run symnccl's packet kernels (small and medium "
+     "messages), 'push' its store-only kernel (large ones); all give the "
+     "same bits as block r of all_reduce. 'nccl' runs ncclReduceScatter."
+     "\n\n"
      "Example:\n    part = comm.reduce_scatter(x)"},
     {"all_gather", (PyCFunction)(void (*)(void))sn_all_gather,
      METH_VARARGS | METH_KEYWORDS,
@@ -817,18 +824,25 @@ static PyMethodDef comm_methods[] = {
      "Concatenates every rank's x (rank order) into out, which holds "
      "nranks * x.size elements; without out=, a new tensor of shape "
      "(nranks * x.shape[0], *x.shape[1:]).\n\n"
-     "algo: 'll' or 'll128' run symnccl's packet kernels, 'push' its "
-     "store-only kernel (larger messages; every dtype); 'nccl' and 'auto' "
-     "run ncclAllGather.\n\n"
+     "algo: 'auto' (the default) picks among symnccl's kernels and NCCL "
+     "by a table measured on 2x H200 (symnccl.COLLECTIVE_AUTO_TABLE; "
+     "SYMNCCL_ALGO overrides it); it runs NCCL on 3 or more ranks, inside "
+     "symnccl.group() and where no kernel takes the call. "
+     "'ll' or 'll128' run symnccl's packet kernels (small and medium "
+     "messages), 'push' its store-only kernel (large ones); every dtype. "
+     "'nccl' runs ncclAllGather.\n\n"
      "Example:\n    full = comm.all_gather(x)"},
     {"broadcast", (PyCFunction)(void (*)(void))sn_broadcast,
      METH_VARARGS | METH_KEYWORDS,
      "broadcast($self, /, x, root=0, out=None, algo='auto', stream=None)"
      "\n--\n\n"
      "Copies root's x to every rank, in place unless out= is given.\n\n"
-     "algo: 'one_shot' runs symnccl's kernel (peers load root's copy "
-     "between two barriers; every dtype); 'nccl' and 'auto' run "
-     "ncclBroadcast.\n\n"
+     "algo: 'auto' (the default) picks among symnccl's kernels and NCCL "
+     "by a table measured on 2x H200 (symnccl.COLLECTIVE_AUTO_TABLE; "
+     "SYMNCCL_ALGO overrides it); it runs NCCL on 3 or more ranks, inside "
+     "symnccl.group() and where no kernel takes the call. "
+     "'one_shot' runs symnccl's kernel (peers load root's copy between "
+     "two barriers; every dtype); 'nccl' runs ncclBroadcast.\n\n"
      "Example:\n    comm.broadcast(weights, root=0)"},
     {"reduce", (PyCFunction)(void (*)(void))sn_reduce,
      METH_VARARGS | METH_KEYWORDS,
@@ -837,8 +851,12 @@ static PyMethodDef comm_methods[] = {
      "Reduces every rank's x into root's out (x itself unless out= is "
      "given); on the other ranks out is left unspecified, as "
      "torch.distributed.reduce leaves it.\n\n"
-     "algo: 'one_shot' runs symnccl's kernel (the root loads every rank's "
-     "copy: the bits of all_reduce); 'nccl' and 'auto' run ncclReduce.\n\n"
+     "algo: 'auto' (the default) picks among symnccl's kernels and NCCL "
+     "by a table measured on 2x H200 (symnccl.COLLECTIVE_AUTO_TABLE; "
+     "SYMNCCL_ALGO overrides it); it runs NCCL on 3 or more ranks, inside "
+     "symnccl.group() and where no kernel takes the call. "
+     "'one_shot' runs symnccl's kernel (the root loads every rank's copy: "
+     "the bits of all_reduce); 'nccl' runs ncclReduce.\n\n"
      "Example:\n    comm.reduce(loss_sum, root=0)"},
     {"barrier", (PyCFunction)(void (*)(void))sn_barrier,
      METH_VARARGS | METH_KEYWORDS,

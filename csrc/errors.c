@@ -46,6 +46,19 @@ int
 sn_set_cuda_error(SNState *st, cudaError_t rc, const char *what)
 {
     (void)cudaGetLastError();   /* clear the (non-sticky) error slot */
+    /* With no driver at all the runtime says its driver is too old; a
+     * driver version of 0 means none could be loaded (CUDA runtime API,
+     * cudaDriverGetVersion), which is what the user needs to hear. */
+    int driver = -1;
+    if (rc == cudaErrorInsufficientDriver &&
+        cudaDriverGetVersion(&driver) == cudaSuccess && driver == 0)
+        return raise_with_code(
+            st->CudaError, (int)rc,
+            PyUnicode_FromFormat("%s failed: no NVIDIA driver was found "
+                                 "(libcuda.so.1 could not be loaded; "
+                                 "symnccl needs an NVIDIA GPU and its "
+                                 "driver) (%s, cudaError_t %d)",
+                                 what, cudaGetErrorName(rc), (int)rc));
     PyObject *msg = PyUnicode_FromFormat("%s failed: %s (%s, cudaError_t %d)",
                                          what, cudaGetErrorString(rc),
                                          cudaGetErrorName(rc), (int)rc);

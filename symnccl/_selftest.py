@@ -9,7 +9,8 @@ import numpy as np
 
 from . import _check
 
-SIZES = (1, 7, 4099, 65537 * 3)
+SIZES = (1, 7, 4099, 65537 * 3)   # elements
+QUICK_SIZES = SIZES[:3]   # python -m symnccl --quick
 
 
 def _fill(buf, arr):
@@ -70,7 +71,7 @@ def worker(rank, nranks, uid, seed=1234, quick=False):
         "multicast_reason": comm.multicast_reason,
     }
     rows, skipped = [], []
-    sizes = SIZES[:3] if quick else SIZES
+    sizes = QUICK_SIZES if quick else SIZES
     for dtype in symnccl.DTYPES:
         npdt = _check.numpy_dtype(dtype)
         if npdt is None:

@@ -1,0 +1,213 @@
+"""CPU tier: the build's contract with packaging. The NCCL headers each
+minor's kernels are compiled against (setup.py NCCL_HEADERS) are never
+newer than a library pip may install (pyproject.toml), an sdist needs no
+NCCL, and the build uses the pinned headers only."""
+import os
+import sys
+import tomllib
+
+import pytest
+
+try:
+    from packaging.requirements import Requirement
+except ImportError:   # pip vendors it
+    from pip._vendor.packaging.requirements import Requirement
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def setup_py():
+    sys.path.insert(0, ROOT)
+    try:
+        import setup
+    finally:
+        sys.path.pop(0)
+    return setup
+
+
+@pytest.fixture(scope="module")
+def pyproject():
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        return tomllib.load(f)
+
+
+def _nccl_requirement(reqs):
+    got = [Requirement(r) for r in reqs]
+    got = [r for r in got if r.name == "nvidia-nccl-cu13"]
+    assert len(got) == 1, reqs
+    return got[0].specifier
+
+
+def test_nccl_dependency_admits_each_pinned_release_and_no_older_patch(
+        setup_py, pyproject):
+    """For every supported minor, pip may install its pinned release and
+    newer patches, never a patch older than the headers its kernels were
+    built against (NCCL then refuses the device communicator), and no minor
+    outside NCCL_HEADERS."""
+    spec = _nccl_requirement(pyproject["project"]["dependencies"])
+    minors = sorted(setup_py.NCCL_HEADERS)
+    assert tuple(minors) == setup_py.NCCL_MINORS
+    for minor, pin in setup_py.NCCL_HEADERS.items():
+        major, m, patch = (int(x) for x in pin.split("."))
+        assert (major, m) == (2, minor), pin
+        assert spec.contains(pin), (pin, str(spec))
+        assert spec.contains(f"2.{minor}.{patch + 1}"), str(spec)
+        for older in range(patch):
+            assert not spec.contains(f"2.{minor}.{older}"), \
+                (f"2.{minor}.{older}", str(spec))
+    assert not spec.contains(f"2.{minors[0] - 1}.99")
+    assert not spec.contains(f"2.{minors[-1] + 1}.0")
+
+
+def test_building_an_sdist_or_metadata_needs_no_nccl(pyproject):
+    """The build environment holds no NCCL wheel: setup.py fetches the
+    pinned releases itself, once per machine, and only to compile."""
+    for r in pyproject["build-system"]["requires"]:
+        assert not Requirement(r).name.startswith("nvidia-"), r
+
+
+def test_license_is_a_pep639_expression_with_a_setuptools_that_reads_it(
+        pyproject):
+    project = pyproject["project"]
+    assert project["license"] == "Apache-2.0"
+    for f in project["license-files"]:
+        assert os.path.exists(os.path.join(ROOT, f)), f
+    st = [Requirement(r) for r in pyproject["build-system"]["requires"]]
+    st = [r for r in st if r.name == "setuptools"]
+    assert len(st) == 1
+    # setuptools 77 is the first release that takes a license string
+    assert not st[0].specifier.contains("76.1.0")
+    assert st[0].specifier.contains("77.0.0")
+
+
+def test_jax_extra_installs_nothing_where_jax_0_11_cannot(pyproject):
+    """jax 0.11 needs Python >= 3.12: the extra's requirement carries that
+    marker so that `pip install symnccl[jax]` resolves on 3.11 too."""
+    for r in pyproject["project"]["optional-dependencies"]["jax"]:
+        req = Requirement(r)
+        assert req.marker is not None, r
+        assert not req.marker.evaluate({"python_version": "3.11"}), r
+        assert req.marker.evaluate({"python_version": "3.12"}), r
+
+
+def _fake_nccl(root, version, lib=True):
+    major, minor, patch = version.split(".")
+    inc = root / "include"
+    inc.mkdir(parents=True)
+    (inc / "nccl.h").write_text(f"#define NCCL_MAJOR {major}\n"
+                                f"#define NCCL_MINOR {minor}\n"
+                                f"#define NCCL_PATCH {patch}\n")
+    (inc / "nccl_device.h").write_text("")
+    if lib:
+        (root / "lib").mkdir()
+        (root / "lib" / "libnccl.so.2").write_text("")
+    return str(root)
+
+
+@pytest.fixture
+def nccl_env(tmp_path, monkeypatch, setup_py):
+    for k in list(os.environ):
+        if k.startswith(("SYMNCCL_NCCL", "NCCL_HOME")):
+            monkeypatch.delenv(k)
+    monkeypatch.setenv("SYMNCCL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("SYMNCCL_NCCL_FETCH", "0")
+    monkeypatch.setenv("SYMNCCL_NCCL_MINORS", "30")
+    return tmp_path
+
+
+def test_build_takes_an_installed_wheel_only_if_it_is_the_pinned_release(
+        nccl_env, monkeypatch, setup_py):
+    pin = setup_py.NCCL_HEADERS[30]
+    wheel = _fake_nccl(nccl_env / "wheel", pin)
+    monkeypatch.setattr(setup_py, "_nccl_from_wheel", lambda: wheel)
+    builds, inc, lib, home = setup_py.find_nccl()
+    assert builds == {30: os.path.join(wheel, "include")}
+    assert lib == os.path.join(wheel, "lib") and not home
+
+
+def test_build_never_compiles_against_another_patch_of_the_minor(
+        nccl_env, monkeypatch, setup_py):
+    """An installed 2.30 wheel of another patch, or a cache of another
+    patch, is not used: with downloads off, 2.30 is then not built."""
+    major, minor, patch = setup_py.NCCL_HEADERS[30].split(".")
+    other = f"{major}.{minor}.{int(patch) - 1}"
+    wheel = _fake_nccl(nccl_env / "wheel", other)
+    _fake_nccl(nccl_env / "cache" / "nccl" / "2.30" / "nvidia" / "nccl",
+               other)
+    monkeypatch.setattr(setup_py, "_nccl_from_wheel", lambda: wheel)
+    with pytest.raises(SystemExit, match="no NCCL headers"):
+        setup_py.find_nccl()
+
+
+def test_build_uses_the_pinned_release_from_its_cache(
+        nccl_env, monkeypatch, setup_py):
+    pin = setup_py.NCCL_HEADERS[30]
+    cached = _fake_nccl(nccl_env / "cache" / "nccl" / "2.30" / "nvidia" /
+                        "nccl", pin)
+    monkeypatch.setattr(setup_py, "_nccl_from_wheel", lambda: None)
+    builds, inc, lib, _ = setup_py.find_nccl()
+    assert builds == {30: os.path.join(cached, "include")}
+    assert lib == os.path.join(cached, "lib")
+    log = open(nccl_env / "cache" / "build.log").read()
+    assert f"NCCL 2.30 kernels: headers {cached}" in log
+
+
+def test_object_cache_keeps_the_most_recently_used_within_its_bound(
+        tmp_path, monkeypatch, setup_py):
+    monkeypatch.setenv("SYMNCCL_CACHE", str(tmp_path))
+    monkeypatch.setenv("SYMNCCL_OBJECT_CACHE_MIB", "1")
+    cache = setup_py.ObjectCache()
+    src = tmp_path / "a.o"
+    src.write_bytes(b"x" * (400 << 10))
+    for i, key in enumerate(("old", "mid", "new")):
+        cache.put(key, str(src))
+        os.utime(cache.path(key), (1000 + i, 1000 + i))
+    cache.get("old", str(tmp_path / "b.o"))   # used: now the newest
+    cache.prune()
+    assert sorted(os.listdir(cache.dir)) == ["new.o", "old.o"]
+    assert (tmp_path / "b.o").read_bytes() == src.read_bytes()
+
+
+def _fake_nvcc(tmp_path):
+    """An nvcc that logs each compile and writes an empty object."""
+    log = tmp_path / "nvcc.log"
+    nvcc = tmp_path / "nvcc"
+    nvcc.write_text(f"""#!/bin/sh
+[ "$1" = --version ] && {{ echo "fake nvcc 1.0"; exit 0; }}
+out=
+while [ $# -gt 0 ]; do [ "$1" = -o ] && out=$2; shift; done
+echo "$out" >> {log}
+exec cc -c -x c /dev/null -o "$out"
+""")
+    nvcc.chmod(0o755)
+    return str(nvcc), log
+
+
+def _compiles(log):
+    return len(log.read_text().splitlines()) if log.exists() else 0
+
+
+def test_object_cache_spares_a_fresh_build_directory_every_compile(
+        tmp_path, monkeypatch, setup_py):
+    """pip builds in a new temporary directory each time: the second build
+    of the same sources, with the same NCCL release at another path,
+    compiles nothing; a changed NCCL header recompiles every unit."""
+    import shutil
+    monkeypatch.chdir(ROOT)   # the build names its sources from the root
+    monkeypatch.setenv("SYMNCCL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("SYMNCCL_CUDA_ARCHS", "90")
+    monkeypatch.delenv("SYMNCCL_OBJECT_CACHE_MIB", raising=False)
+    nvcc, log = _fake_nvcc(tmp_path)
+    inc_a = _fake_nccl(tmp_path / "a", "2.30.7", lib=False) + "/include"
+    inc_b = str(tmp_path / "b")
+    shutil.copytree(inc_a, inc_b)
+    setup_py.compile_kernels(nvcc, {30: inc_a}, str(tmp_path / "o1"), False)
+    first = _compiles(log)
+    assert first == len(setup_py.kernel_jobs("x", 30))
+    setup_py.compile_kernels(nvcc, {30: inc_b}, str(tmp_path / "o2"), False)
+    assert _compiles(log) == first
+    with open(os.path.join(inc_b, "nccl.h"), "a") as f:
+        f.write("/* another release */\n")
+    setup_py.compile_kernels(nvcc, {30: inc_b}, str(tmp_path / "o3"), False)
+    assert _compiles(log) == 2 * first
