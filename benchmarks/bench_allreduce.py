@@ -274,7 +274,7 @@ def write_results(doc: dict, prefix: str, path=None) -> str:
 
 def add_results_args(p, out_help="JSON path"):
     """--out and --report, as every benchmark here takes them."""
-    p.add_argument("--out", default=None, help=out_help)
+    p.add_argument("--out", default=None, metavar="PATH", help=out_help)
     p.add_argument("--report", default=None,
                    help="print the table of a results JSON, no GPU")
 
@@ -373,27 +373,42 @@ def plot(doc, path):
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--nranks", type=int, default=None)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--nranks", type=int, default=None, metavar="N",
+                   help="number of GPUs, one process each (at least 2; "
+                        "default: every local GPU)")
     p.add_argument("--dtype", default="bfloat16",
                    choices=["bfloat16", "float32", "float16"])
-    p.add_argument("--iters", type=int, default=50)
-    p.add_argument("--reps", type=int, default=7)
+    p.add_argument("--iters", type=int, default=50, metavar="CALLS",
+                   help="calls per timed CUDA graph (or eager loop), "
+                        "whose device time divided by CALLS is the time "
+                        "per call (default: 50; a tenth, at least 3, "
+                        "above 4 MiB)")
+    p.add_argument("--reps", type=int, default=7, metavar="N",
+                   help="timed repeats of each loop; the median is "
+                        "reported (default: 7)")
     p.add_argument("--eager", action="store_true",
                    help="no CUDA graph: include launch overhead")
-    p.add_argument("--max-bytes", type=int, default=512 << 20)
+    p.add_argument("--max-bytes", type=int, default=512 << 20,
+                   metavar="BYTES",
+                   help="largest message size in bytes (default: "
+                        "536870912, 512 MiB)")
     p.add_argument("--sizes", default=None,
                    help="comma-separated sizes instead of the default sweep, "
                         "e.g. 4K,1M,256M")
     p.add_argument("--methods", default=None,
                    help="comma-separated method prefixes to run, e.g. "
                         "symnccl:push,nccl:plain (default: all)")
-    add_results_args(p, "JSON path (PNG beside it)")
+    add_results_args(p, "results JSON path (the PNG is written beside "
+                        "it; with --report: the PNG's path, default "
+                        "./<report name>.png)")
     args = p.parse_args(argv)
     doc = report(args, print_table)
     if doc is not None:
         try:
-            plot(doc, os.path.splitext(args.report)[0] + ".png")
+            plot(doc, args.out or os.path.splitext(
+                os.path.basename(args.report))[0] + ".png")
         except ImportError as e:
             print(f"no plot: {e}")
         return 0

@@ -750,7 +750,8 @@ static PyMethodDef comm_methods[] = {
      "_copy(dst, src, nbytes, stream, engine, ctas=64) (benchmark hook)"},
     {"init_all", (PyCFunction)(void (*)(void))comm_init_all,
      METH_CLASS | METH_VARARGS | METH_KEYWORDS,
-     "init_all($type, /, devices, *, timeout=600.0, multicast=None)\n--\n\n"
+     "init_all($type, /, devices, *, timeout=" SN_STR(SN_DEFAULT_TIMEOUT)
+     ", multicast=None)\n--\n\n"
      "-> list of Communicator\n\n"
      "One communicator per device, all driven from this thread (rank i on "
      "devices[i]). Collective calls on them (empty, zeros, all_reduce, ...) "
@@ -893,7 +894,8 @@ static PyMethodDef comm_methods[] = {
 
 static PyType_Slot comm_slots[] = {
     {Py_tp_doc,
-     "Communicator(unique_id, rank, nranks, device=None, *, timeout=600.0, "
+     "Communicator(unique_id, rank, nranks, device=None, *, timeout="
+     SN_STR(SN_DEFAULT_TIMEOUT) ", "
      "multicast=None, staging_bytes=33554432)\n--\n\n"
      "An NCCL communicator on one GPU, with its device communicator and "
      "symmetric windows. Creation waits for all nranks ranks (GIL released, "

@@ -24,7 +24,8 @@ COLLECTIVE_KERNELS: dict[str, dict[str, str]]
 KERNELS: tuple[str, ...]
 MULTIMEM_OPS: dict[str, tuple[str, ...]]
 AUTO_TABLE: tuple[dict[str, Any], ...]
-COLLECTIVE_AUTO_TABLE: tuple[dict[str, Any], ...]
+KERNEL_TABLE: tuple[dict[str, Any], ...]
+DEFAULT_TIMEOUT: float
 KNOBS: dict[str, tuple[Any, ...]]
 
 
@@ -131,7 +132,8 @@ class Communicator:
                   timeout: float = 30.0, staging_bytes: int = 33554432
                   ) -> list["Communicator"]: ...
     def _auto_algo(self, nbytes: int, dtype: str, op: str,
-                   in_window: bool) -> str: ...
+                   in_window: bool, collective: str = "all_reduce"
+                   ) -> str: ...
     def _inject_fault(self, kernels: Sequence[str]) -> None: ...
 
 

@@ -176,7 +176,8 @@ def wrap(comm: symnccl.Communicator) -> Communicator:
     return comm if isinstance(comm, Communicator) else Communicator(comm)
 
 
-def communicator(group=None, device=None, timeout: float = 600.0,
+def communicator(group=None, device=None,
+                 timeout: float = symnccl._C.DEFAULT_TIMEOUT,
                  **kwargs) -> Communicator:
     """A symnccl Communicator over the ranks of a torch.distributed group.
 
@@ -721,7 +722,7 @@ def broadcast(x: torch.Tensor, comm, root: int = 0,
     """Root's x on every rank, as a new tensor. Backward: the sum of the
     gradients reaches the root's x (a reduce on the same algo); other
     ranks' x get zeros. algo: "one_shot" runs symnccl's kernel, "nccl"
-    NCCL, "auto" the measured table (symnccl.COLLECTIVE_AUTO_TABLE).
+    NCCL, "auto" the measured table (symnccl.AUTO_TABLE).
 
     Example::
 
@@ -740,7 +741,7 @@ def reduce(x: torch.Tensor, comm, root: int = 0, op: str = "sum",
     leaves them). Backward (sum, avg): the root's gradient, broadcast on
     the same algo. algo: "one_shot" runs symnccl's kernel (the bits of
     all_reduce), "nccl" NCCL, "auto" the measured table
-    (symnccl.COLLECTIVE_AUTO_TABLE).
+    (symnccl.AUTO_TABLE).
 
     Example::
 

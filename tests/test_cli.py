@@ -148,3 +148,14 @@ def test_no_driver_says_no_nvidia_driver_was_found():
     assert "no NVIDIA driver was found" in str(e.value)
     assert "insufficient" not in str(e.value)
     assert e.value.code == 35   # cudaErrorInsufficientDriver, unchanged
+
+
+def test_bench_options_state_their_units():
+    r = _run("bench", "--help")
+    assert r.returncode == 0
+    out = " ".join(r.stdout.split())
+    assert "--iters CALLS calls per timed CUDA graph" in out
+    assert "--reps N timed repeats of each loop; the median" in out
+    assert "--max-bytes BYTES largest message size in bytes" in out
+    assert "--nranks N number of GPUs, one process each" in out
+    assert "same run, same process layout (one process per GPU)." in out

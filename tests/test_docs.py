@@ -23,11 +23,12 @@ from symnccl import _C
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # the pages this test holds to the citation rules
 PAGES = ["README.md", "docs/BUILD.md", "docs/FAILURES.md",
-         "docs/FRAMEWORKS.md", "docs/RELEASE.md"]
+         "docs/FRAMEWORKS.md", "docs/RELEASE.md", "docs/PERFORMANCE.md",
+         "docs/ARCHITECTURE.md"]
 LINK = re.compile(r"\[([^\]]*)\]\(([^)\s]+)(?:\s+\"([^\"]*)\")?\)")
 CITED_NUMBER = re.compile(r"^-?\d+(?:\.\d+)?$")
 TICKED_PATH = re.compile(
-    r"`((?:benchmarks|csrc|docs|examples|scripts|symnccl|tests)/[^`\s]+)`")
+    r"`((?:benchmarks|csrc|docs|examples|scripts|symnccl|tests|tools)/[^`\s]+)`")
 
 
 def _read(page):
