@@ -20,12 +20,23 @@
 #include <string.h>
 #include <time.h>
 
-/* The record and the code written to the fault word, in one pinned
- * allocation. */
+/* The record, the code written to the fault word and the word read back
+ * (settle_blame), in one pinned allocation. */
 typedef struct {
     symnccl_fault rec;
     uint64_t word;
+    uint64_t seen;
+    int settled;               /* settle_blame ran */
 } fault_host;
+
+/* The fault word's bit mask of ranks (launch.h, SYMNCCL_FAULT_CODE). */
+_Static_assert(SYMNCCL_MAX_RANKS <= 32, "a fault word has 32 rank bits");
+
+/* Seconds a raise waits at most for the other survivors to report into
+ * this rank's fault word (settle_blame). They report within milliseconds
+ * of the first rank's give-up (every wait polls its word), so this is
+ * spent only when two ranks or more never report. */
+#define SETTLE_SECONDS 0.5
 
 #define NAME_(id, name) name,
 static const char *const fault_names[SYMNCCL_FAULT_COUNT] = {
@@ -104,6 +115,7 @@ sn_fault_poll(CommObject *c)
     c->failure.collective = r->collective;
     c->failure.peer = r->peer;
     c->failure.detail = r->detail;
+    c->failure.origin = r->origin;
     c->failure.wait = r->wait;
     c->failure.cta = r->cta;
     c->failure.flag = r->flag;
@@ -123,6 +135,7 @@ sn_fault_record(CommObject *c, int reason, int kernel, int collective,
     f.kernel = kernel;
     f.collective = collective;
     f.peer = peer;
+    f.origin = -1;
     f.wait = wait;
     f.cta = -1;
     f.waited_ns = (uint64_t)(waited * 1e9);
@@ -134,6 +147,7 @@ sn_fault_record(CommObject *c, int reason, int kernel, int collective,
         r->collective = f.collective;
         r->peer = f.peer;
         r->detail = 0;
+        r->origin = -1;
         r->wait = f.wait;
         r->cta = f.cta;
         r->flag = 0;
@@ -173,6 +187,14 @@ sn_fault_describe(const CommObject *c, char *buf, size_t size)
                  "make the same call", where, waited, f->peer,
                  name_of(wait_names, SYMNCCL_WAIT_COUNT, f->wait),
                  (unsigned long long)f->flag, f->cta, f->peer);
+    else if (f->reason == SYMNCCL_FAULT_PEER && f->origin >= 0 &&
+             f->origin != f->peer)
+        snprintf(what, sizeof(what), "%s stopped: rank %d gave up on this "
+                 "communicator first (%s) and rank %d is the one that "
+                 "stopped, so no call of this rank can complete", where,
+                 f->origin,
+                 name_of(fault_names, SYMNCCL_FAULT_COUNT, f->detail),
+                 f->peer);
     else if (f->reason == SYMNCCL_FAULT_PEER)
         snprintf(what, sizeof(what), "%s stopped: rank %d gave up on this "
                  "communicator first (%s), so no call of this rank can "
@@ -189,11 +211,87 @@ sn_fault_describe(const CommObject *c, char *buf, size_t size)
              "(README: Failures)", what);
 }
 
+static void
+nap(void)
+{
+    struct timespec t = {0, 1000000};
+    nanosleep(&t, NULL);
+}
+
+/* This rank's fault word, read through c's own stream (no other stream
+ * can block it): 0 when it cannot be read. */
+static uint64_t
+read_word(CommObject *c, double until)
+{
+    fault_host *h = (fault_host *)c->fault;
+    cudaError_t e = cudaMemcpyAsync(&h->seen, c->staging + c->layout.ctl_offset,
+                                    sizeof(uint64_t), cudaMemcpyDeviceToHost,
+                                    c->ctl_stream);
+    while (e == cudaSuccess &&
+           (e = cudaStreamQuery(c->ctl_stream)) == cudaErrorNotReady &&
+           sn_now() < until)
+        nap();
+    (void)cudaGetLastError();
+    return e == cudaSuccess ? *(volatile uint64_t *)&h->seen : 0;
+}
+
+/* The rank a failure names, settled (docs/FAILURES.md). A rank blames the
+ * one it waited for, and a rank told by its fault word the one the first
+ * rank blamed; but the rank waited for may be alive and late (behind other
+ * work, or not yet scheduled), waiting itself. Every rank that gives up
+ * adds its bit to every fault word, so this rank's word lists the ranks
+ * known to be alive: when the named rank is one of them, the rank that
+ * stopped is one that never reported. The others report within
+ * milliseconds of the first give-up; this waits for them (all but one, at
+ * most SETTLE_SECONDS) before it looks. Once per failure, before the first
+ * raise. */
+static void
+settle_blame(CommObject *c)
+{
+    fault_host *h = (fault_host *)c->fault;
+    symnccl_fault *f = &c->failure;
+    if (h == NULL || h->settled)
+        return;
+    h->settled = 1;
+    const int n = c->lsa_size, me = c->lsa_rank;
+    if (f->kernel == SYMNCCL_K_COUNT || n < 3 || n > SYMNCCL_MAX_RANKS ||
+        (f->reason != SYMNCCL_FAULT_TIMEOUT &&
+         f->reason != SYMNCCL_FAULT_PEER) ||
+        f->peer < 0 || f->peer >= n || c->staging == NULL ||
+        c->ctl_stream == NULL || c->closed || c->aborting)
+        return;
+    const uint32_t all = n == 32 ? 0xffffffffu : (1u << n) - 1;
+    uint32_t alive = 1u << me;
+    int prev;
+    if (cudaGetDevice(&prev) != cudaSuccess)
+        return;
+    cudaSetDevice(c->device);
+    Py_BEGIN_ALLOW_THREADS
+    const double until = sn_deadline(SETTLE_SECONDS);
+    for (;;) {
+        alive |= SYMNCCL_FAULT_ALIVE(read_word(c, until)) & all;
+        const uint32_t silent = all & ~alive;
+        if ((silent & (silent - 1)) == 0 || sn_now() >= until)
+            break;
+        nap();
+    }
+    Py_END_ALLOW_THREADS
+    cudaSetDevice(prev);
+    if (!(alive >> f->peer & 1))
+        return;   /* never reported: it may well be the one */
+    for (int q = 0; q < n; q++)
+        if (!(alive >> q & 1)) {
+            f->peer = q;   /* the lowest rank that never reported */
+            return;
+        }
+}
+
 PyObject *
 sn_fault_dict(CommObject *c)
 {
     if (!sn_fault_poll(c))
         Py_RETURN_NONE;
+    settle_blame(c);
     const symnccl_fault *f = &c->failure;
     char msg[700];
     sn_fault_describe(c, msg, sizeof(msg));
@@ -241,13 +339,6 @@ sn_fault_check(SNState *st, CommObject *c)
     return sn_fault_poll(c) ? sn_fault_raise(st, c) : 0;
 }
 
-static void
-nap(void)
-{
-    struct timespec t = {0, 1000000};
-    nanosleep(&t, NULL);
-}
-
 void
 sn_fault_stop_kernels(CommObject *c, int reason, double seconds)
 {
@@ -256,7 +347,7 @@ sn_fault_stop_kernels(CommObject *c, int reason, double seconds)
     ((volatile symnccl_fault *)c->fault)->abort = 1;
     if (c->staging == NULL || c->ctl_stream == NULL)
         return;
-    *c->fault_src = SYMNCCL_FAULT_CODE(reason, c->lsa_rank);
+    *c->fault_src = SYMNCCL_FAULT_CODE(reason, c->lsa_rank, c->lsa_rank);
     int prev;
     if (cudaGetDevice(&prev) != cudaSuccess)
         return;
@@ -264,7 +355,7 @@ sn_fault_stop_kernels(CommObject *c, int reason, double seconds)
     cudaError_t e = cudaMemcpyAsync(c->staging + c->layout.ctl_offset,
                                     c->fault_src, sizeof(uint64_t),
                                     cudaMemcpyHostToDevice, c->ctl_stream);
-    double until = sn_now() + seconds;
+    double until = sn_deadline(seconds);
     while (e == cudaSuccess &&
            (e = cudaStreamQuery(c->ctl_stream)) == cudaErrorNotReady &&
            sn_now() < until)
@@ -289,7 +380,7 @@ event_done(cudaEvent_t ev)
 int
 sn_fault_drain(CommObject *c, double seconds, int nccl)
 {
-    double until = sn_now() + seconds;
+    double until = sn_deadline(seconds);
     for (;;) {
         if (event_done(c->lsa_event) &&
             (!nccl || event_done(c->watch_event)))
@@ -306,7 +397,7 @@ sn_fault_wait_nccl(SNState *st, CommObject *c, int collective)
     double start = sn_now(), deadline = start + c->timeout;
     for (;;) {
         int done;
-        double slice = sn_now() + 0.05;
+        double slice = sn_deadline(0.05);
         Py_BEGIN_ALLOW_THREADS
         while (!(done = event_done(c->watch_event)) && !c->stop &&
                sn_now() < (slice < deadline ? slice : deadline))
@@ -420,7 +511,7 @@ sn_watch_arm(CommObject *c, int collective, cudaStream_t stream)
     }
     pthread_mutex_lock(&watch_mu);
     c->watch_collective = collective;
-    c->watch_deadline = sn_now() + c->timeout;
+    c->watch_deadline = sn_deadline(c->timeout);
     c->watch_armed = 1;
     c->watch_expired = 0;
     if (!c->watched) {

@@ -86,48 +86,28 @@ struct WaitSite {
   uint64_t flag;  // the flag or epoch waited for
 };
 
-// Records why this rank's call failed and tells the peers. `why`:
-// SYMNCCL_FAULT_TIMEOUT, _ABORT, or _PEER when the fault word was found
-// set. Out of line: the waits' fast path stays small.
-// The kernels take their arguments as __grid_constant__, so `a` points
-// into the launch's parameters: no copy.
-static __device__ __noinline__ void give_up(const symnccl_kargs* a, int me,
-                                            int n, uint32_t why,
-                                            WaitSite site,
-                                            uint64_t waited_ns) {
-  uint64_t* word = a->fault_word;
-  const uint64_t w = load_relaxed(word);
-  uint32_t reason = why;
-  int peer = site.peer, detail = 0;
-  if (w != 0) {
-    const int origin = (int)(uint32_t)w;
-    if (origin == me) return;  // another CTA of this rank gave up first
-    reason = SYMNCCL_FAULT_PEER;
-    peer = origin;
-    detail = (int)(w >> 32);
+// Sets a fault word (this rank's or a peer's, in the control block) to
+// `hi` (the high half of a SYMNCCL_FAULT_CODE: reason, origin, blamed)
+// unless it holds a code already, and adds `bit` (this rank: alive) to it.
+__device__ __forceinline__ void fault_merge(uint64_t* p, uint64_t hi,
+                                            uint64_t bit) {
+  unsigned long long* q = reinterpret_cast<unsigned long long*>(p);
+  unsigned long long cur = load_relaxed(p);
+  for (;;) {
+    const unsigned long long nw = ((cur >> 32) != 0 ? cur : cur | hi) | bit;
+    if (nw == cur) return;
+    const unsigned long long was = atomicCAS_system(q, cur, nw);
+    if (was == cur) return;
+    cur = was;
   }
-  // The record: written once, by the first CTA, unless the host wrote one
-  // (the watchdog, for an NCCL kernel); `reason` last.
-  volatile symnccl_fault* r = a->fault;
-  if (atomicCAS(a->claim, 0u, 1u) == 0u && r->reason == 0) {
-    r->kernel = a->kernel;
-    r->collective = a->collective;
-    r->peer = peer;
-    r->detail = detail;
-    r->wait = site.wait;
-    r->cta = (int)blockIdx.x;
-    r->flag = site.flag;
-    r->waited_ns = waited_ns;
-    __threadfence_system();
-    r->reason = reason;
-  }
-  if (reason == SYMNCCL_FAULT_PEER) return;  // the words are set already
-  // This rank's word (the other CTAs leave at their next poll, later
-  // kernels at entry), then every peer's: their waits for this rank end at
-  // once instead of at their own timeout, and a peer that comes back late
-  // finds its word set instead of data from a call this rank gave up.
-  const unsigned long long code = SYMNCCL_FAULT_CODE(reason, me);
-  atomicCAS_system(reinterpret_cast<unsigned long long*>(word), 0ull, code);
+}
+
+// fault_merge into this rank's word, then every peer's. Out of line, as
+// give_up: the kernels that call give_up keep their registers.
+static __device__ __noinline__ void tell_ranks(const symnccl_kargs* a,
+                                               int me, int n, uint64_t hi) {
+  const uint64_t bit = 1ull << (me & 31);
+  fault_merge(a->fault_word, hi, bit);
   char* p0 =
       static_cast<char*>(ncclGetLsaPointer(a->ctl_win, a->ctl_offset, 0));
   char* p1 = n > 1 ? static_cast<char*>(
@@ -135,9 +115,68 @@ static __device__ __noinline__ void give_up(const symnccl_kargs* a, int me,
                    : p0;
   for (int q = 0; q < n; q++)
     if (q != me)
-      atomicCAS_system(
-          reinterpret_cast<unsigned long long*>(p0 + (size_t)q * (p1 - p0)),
-          0ull, code);
+      fault_merge(reinterpret_cast<uint64_t*>(p0 + (size_t)q * (p1 - p0)),
+                  hi, bit);
+}
+
+// Records why this rank's call failed and tells the peers. `why`:
+// SYMNCCL_FAULT_TIMEOUT, _ABORT, or _PEER when the fault word was found
+// set. Out of line: the waits' fast path stays small.
+// The kernels take their arguments as __grid_constant__, so `a` points
+// into the launch's parameters: no copy.
+//
+// Who is named (docs/FAILURES.md): the first rank to give up blames the
+// rank it waited for (itself after an abort) and writes that into every
+// fault word; a rank told by its word names that rank too (or the first
+// rank, when the first rank blamed this one: it was late, not gone), and
+// adds its bit to every word, so that the host can see which ranks are
+// alive and correct a blame that fell on one of them (faults.c).
+static __device__ __noinline__ void give_up(const symnccl_kargs* a, int me,
+                                            int n, uint32_t why,
+                                            WaitSite site,
+                                            uint64_t waited_ns) {
+  uint64_t* word = a->fault_word;
+  const uint64_t w = load_relaxed(word);
+  uint32_t reason = why;
+  int origin = me, detail = 0;
+  int blamed = why == SYMNCCL_FAULT_ABORT ? me : site.peer;
+  int named = site.peer;  // the record's rank
+  if (w != 0) {
+    origin = SYMNCCL_FAULT_ORIGIN(w);
+    if (origin == me) return;  // another CTA of this rank gave up first
+    reason = SYMNCCL_FAULT_PEER;
+    detail = SYMNCCL_FAULT_REASON(w);
+    blamed = SYMNCCL_FAULT_BLAMED(w);
+    named = blamed < 0 || blamed == me ? origin : blamed;
+  }
+  // The first CTA of this rank writes the record, unless the host wrote
+  // one (the watchdog, for an NCCL kernel; `reason` last), and tells the
+  // peers; the others leave it to that one.
+  if (atomicCAS(a->claim, 0u, 1u) != 0u) return;
+  volatile symnccl_fault* r = a->fault;
+  if (r->reason == 0) {
+    r->kernel = a->kernel;
+    r->collective = a->collective;
+    r->peer = named;
+    r->detail = detail;
+    r->origin = origin;
+    r->wait = site.wait;
+    r->cta = (int)blockIdx.x;
+    r->flag = site.flag;
+    r->waited_ns = waited_ns;
+    __threadfence_system();
+    r->reason = reason;
+  }
+  // This rank's word (the other CTAs leave at their next poll, later
+  // kernels at entry), then every peer's: their waits for this rank end at
+  // once instead of at their own timeout, and a peer that comes back late
+  // finds its word set instead of data from a call this rank gave up. A
+  // rank told by its word passes the first rank's code on (the first rank
+  // may not have reached every word yet).
+  tell_ranks(a, me, n,
+             w != 0 ? (w & ~0xffffffffull)
+                    : (SYMNCCL_FAULT_CODE(reason, me, blamed) &
+                       ~0xffffffffull));
 }
 
 // Calls ready() until it returns true: then true. Every 1024 spins it
@@ -191,12 +230,32 @@ struct Entry {
 
 // Programmatic dependent launch (devcomm.cuh, symnccl_launch_kernel): wait
 // until the previous kernel on the stream has completed and its memory is
-// visible (at once when not launched so), then let the next kernel's launch
-// begin (it waits likewise before it reads what this one writes).
-__device__ __forceinline__ void pdl_wait() {
+// visible (at once when not launched so), then, with `early`, let the next
+// kernel's launch begin (a symnccl kernel waits likewise before it reads
+// what this one writes).
+//
+// Without `early` the trigger is the implicit one: the next kernel is
+// scheduled only once every CTA of this one has completed (PTX ISA,
+// griddepcontrol: dependents launch when all CTAs have issued
+// launch_dependents "or completed"). That is for an NCCL kernel that may
+// follow: NCCL before 2.30.7 launches its symmetric kernels as programmatic
+// dependent launches that never execute griddepcontrol.wait (2.30.7 added
+// cudaGridDependencySynchronize at their entry), so after an early trigger
+// one could run alongside this kernel, reading its input before this kernel
+// wrote it. With the implicit trigger it starts only after this kernel
+// ended, as it does after any kernel that never triggers (torch's,
+// cuBLAS's): the case NCCL's launch was built for. The documents promise
+// a secondary the memory of its primary only through .wait, so what is
+// left (stores of completed CTAs not yet visible) is NCCL's own gap before
+// 2.30.7, shared with every kernel that precedes it, not one of symnccl's. Launching
+// symnccl's kernels without the PDL attribute would not help: the
+// attribute of a launch orders that kernel after the one before it (which
+// the wait above does), never the next one after it. Chosen per
+// communicator from the loaded NCCL (nccl_policy.c, sn_nccl_pdl_early).
+__device__ __forceinline__ void pdl_wait(int early) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  if (early) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
 
@@ -216,7 +275,7 @@ static __device__ __noinline__ bool entry_slow(const symnccl_kargs* a,
 
 __device__ __forceinline__ Entry enter(const symnccl_kargs& a, int me,
                                        int n) {
-  pdl_wait();
+  pdl_wait(a.pdl_early);
   const uint64_t word = load_relaxed(a.fault_word);
   Entry r{a.epochs[blockIdx.x], word == 0};
   if (threadIdx.x == 0 && (word != 0 || a.inject))
@@ -232,7 +291,8 @@ __device__ __forceinline__ bool enter_cta(const symnccl_kargs& a, int me,
                                           int n, uint64_t& epoch) {
   __shared__ uint64_t s_epoch;
   __shared__ int s_ok;
-  pdl_wait();  // every thread (thread 0's second wait in enter is a no-op)
+  // every thread (thread 0's second wait in enter is a no-op)
+  pdl_wait(a.pdl_early);
   if (threadIdx.x == 0) {
     const Entry en = enter(a, me, n);
     s_epoch = en.epoch;
