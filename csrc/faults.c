@@ -257,6 +257,8 @@ settle_blame(CommObject *c)
     if (f->kernel == SYMNCCL_K_COUNT || n < 3 || n > SYMNCCL_MAX_RANKS ||
         (f->reason != SYMNCCL_FAULT_TIMEOUT &&
          f->reason != SYMNCCL_FAULT_PEER) ||
+        (f->reason == SYMNCCL_FAULT_PEER &&
+         f->detail == SYMNCCL_FAULT_ABORT) ||   /* it stopped on purpose */
         f->peer < 0 || f->peer >= n || c->staging == NULL ||
         c->ctl_stream == NULL || c->closed || c->aborting)
         return;
