@@ -102,14 +102,16 @@ sn_abi_multi_gpu_caveat(int minor)
     switch (minor) {
     case 29:
         return "with NCCL 2.29.7 on 2x H200 `python -m symnccl --quick` "
-               "found 5122 wrong elements in 2876 checks (not yet "
-               "understood); check your results with `python -m symnccl`, "
-               "or use NCCL 2.28";
-    case 30:
-        return "with NCCL 2.30.7 on 2x H200 (driver 580.159.04) NCCL's own "
-               "kernels failed to load ('invalid device function'); symnccl "
+               "found 5122 wrong elements in 2876 checks (the pattern of "
+               "NCCL's own symmetric reduce_scatter on windows; NCCL now "
+               "gets plain memory on 2.29, SYMNCCL_NCCL_WINDOWS); symnccl "
                "has not passed its self-check on two GPUs with it yet: run "
                "`python -m symnccl`, or use NCCL 2.28";
+    case 30:
+        return "with NCCL 2.30.7 on 2x H200 (driver 580.159.04) NCCL's own "
+               "first ncclAllReduce failed ('invalid device function'); "
+               "symnccl has not passed its self-check on two GPUs with it "
+               "yet: run `python -m symnccl`, or use NCCL 2.28";
     default:
         return NULL;
     }

@@ -253,3 +253,26 @@ def test_headers_recorded_here_are_those_setup_py_builds():
             assert code == EXPECTED[minor]["NCCL_VERSION_CODE"], \
                 (minor, code)
 
+
+
+# --------------------------------------------- the device API, in use
+
+@pytest.mark.gpu
+def test_device_api_reason_is_none_where_the_kernels_run(uid):
+    """A communicator on which symnccl's kernels run says so with None;
+    one that runs without them says why (never a silent downgrade)."""
+    import symnccl
+    with symnccl.Communicator(uid, 0, 1, device=0) as c:
+        if c.symmetric:
+            assert c.device_api_reason is None
+        else:
+            assert isinstance(c.device_api_reason, str) and \
+                c.device_api_reason, c.symmetric_reason
+    team = symnccl.Communicator._loopback(4, 0)
+    try:
+        assert [c.device_api_reason for c in team] == [None] * 4
+        assert [(c.lsa_rank, c.lsa_size) for c in team] == \
+            [(q, 4) for q in range(4)]
+    finally:
+        for c in team:
+            c.close()
