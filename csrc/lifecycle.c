@@ -394,7 +394,7 @@ error:
 /* Never a silent downgrade: the first communicator of 2+ ranks in this
  * process that runs without the device API says so (its
  * device_api_reason says why); -1 if the warning was turned into an
- * error (the communicators stay usable: the caller aborts them). */
+ * error. */
 static int
 warn_no_device_api(CommObject **cs, int n)
 {
@@ -468,9 +468,11 @@ sn_comms_connect(SNState *st, CommObject **cs, int n, const ncclUniqueId *id)
     }
     if (register_staging(st, cs, n, raw) < 0)
         goto error;
+    if (warn_no_device_api(cs, n) < 0)
+        goto error;
     sn_device_pop(prev);
     PyMem_Free(raw);
-    return warn_no_device_api(cs, n);
+    return 0;
 
 error:
     /* no kernel has run: the abort frees everything at once */

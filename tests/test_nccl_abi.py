@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -276,3 +277,39 @@ def test_device_api_reason_is_none_where_the_kernels_run(uid):
     finally:
         for c in team:
             c.close()
+
+
+SHIM = r"""
+/* ncclGetVersion of a library older than the build's headers: preloaded,
+ * it answers for the real libnccl (symbol interposition). */
+int ncclGetVersion(int *version) { *version = SHIM_VERSION; return 0; }
+"""
+
+
+def test_import_refuses_a_library_older_than_its_build_s_headers(tmp_path):
+    """The whole path: `import symnccl` beside a libnccl that reports an
+    older patch of a built minor than that build's headers fails with
+    ImportError naming both versions and what to install."""
+    C = _C()
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler for the version shim")
+    minor, headers = max(C.NCCL_DEVICE_API_HEADERS.items())
+    if headers % 100 == 0:
+        pytest.skip(f"the 2.{minor} build's headers are patch 0")
+    older = headers - 1
+    shim = tmp_path / "libshim.so"
+    src = tmp_path / "shim.c"
+    src.write_text(SHIM.replace("SHIM_VERSION", str(older)))
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(shim), str(src)],
+                   check=True, capture_output=True, timeout=120)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, LD_PRELOAD=str(shim), PYTHONPATH=root)
+    r = subprocess.run([sys.executable, "-c", "import symnccl"], env=env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0, r.stdout
+    v = f"2.{minor}.{older % 100}", f"2.{minor}.{headers % 100}"
+    assert "ImportError" in r.stderr, r.stderr[-2000:]
+    assert v[0] in r.stderr and v[1] in r.stderr, r.stderr[-2000:]
+    assert f"'{_pkg(C)}>={v[1]},<2.{minor + 1}'" in r.stderr, \
+        r.stderr[-2000:]

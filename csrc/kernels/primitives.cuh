@@ -234,23 +234,22 @@ struct Entry {
 // kernel's launch begin (a symnccl kernel waits likewise before it reads
 // what this one writes).
 //
-// Without `early` the trigger is the implicit one: the next kernel is
-// scheduled only once every CTA of this one has completed (PTX ISA,
-// griddepcontrol: dependents launch when all CTAs have issued
-// launch_dependents "or completed"). That is for an NCCL kernel that may
-// follow: NCCL before 2.30.7 launches its symmetric kernels as programmatic
-// dependent launches that never execute griddepcontrol.wait (2.30.7 added
-// cudaGridDependencySynchronize at their entry), so after an early trigger
-// one could run alongside this kernel, reading its input before this kernel
-// wrote it. With the implicit trigger it starts only after this kernel
-// ended, as it does after any kernel that never triggers (torch's,
-// cuBLAS's): the case NCCL's launch was built for. The documents promise
-// a secondary the memory of its primary only through .wait, so what is
-// left (stores of completed CTAs not yet visible) is NCCL's own gap before
-// 2.30.7, shared with every kernel that precedes it, not one of symnccl's. Launching
-// symnccl's kernels without the PDL attribute would not help: the
-// attribute of a launch orders that kernel after the one before it (which
-// the wait above does), never the next one after it. Chosen per
+// Without `early` the trigger is the implicit one: the next kernel is scheduled
+// only once every CTA of this one has completed (PTX ISA, griddepcontrol:
+// dependents launch when all CTAs have issued launch_dependents "or
+// completed"). That is for an NCCL kernel that may follow: NCCL before 2.30.7
+// launches its symmetric kernels as programmatic dependent launches that never
+// execute griddepcontrol.wait (2.30.7 added cudaGridDependencySynchronize at
+// their entry), so after an early trigger one could run alongside this kernel,
+// reading its input before this kernel wrote it. With the implicit trigger it
+// starts only after this kernel ended, as it does after any kernel that never
+// triggers (torch's, cuBLAS's): the case NCCL's launch was built for. The
+// documents promise a secondary the memory of its primary only through .wait,
+// so what is left (stores of completed CTAs not yet visible) is NCCL's own gap
+// before 2.30.7, shared with every kernel that precedes it, not one of
+// symnccl's. Launching symnccl's kernels without the PDL attribute would not
+// help: the attribute of a launch orders that kernel after the one before it
+// (which the wait above does), never the next one after it. Chosen per
 // communicator from the loaded NCCL (nccl_policy.c, sn_nccl_pdl_early).
 __device__ __forceinline__ void pdl_wait(int early) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
