@@ -20,23 +20,16 @@
 #include <string.h>
 #include <time.h>
 
-/* The record, the code written to the fault word and the word read back
- * (settle_blame), in one pinned allocation. */
+/* The record and the code written to the fault word, in one pinned
+ * allocation. */
 typedef struct {
     symnccl_fault rec;
     uint64_t word;
-    uint64_t seen;
-    int settled;               /* settle_blame ran */
 } fault_host;
 
-/* The fault word's bit mask of ranks (launch.h, SYMNCCL_FAULT_CODE). */
-_Static_assert(SYMNCCL_MAX_RANKS <= 32, "a fault word has 32 rank bits");
-
-/* Seconds a raise waits at most for the other survivors to report into
- * this rank's fault word (settle_blame). They report within milliseconds
- * of the first rank's give-up (every wait polls its word), so this is
- * spent only when two ranks or more never report. */
-#define SETTLE_SECONDS 0.5
+/* A fault word holds ranks in 8 bits, 0xff meaning none (launch.h,
+ * SYMNCCL_FAULT_CODE). */
+_Static_assert(SYMNCCL_MAX_RANKS < 0xff, "a fault word has 8-bit ranks");
 
 #define NAME_(id, name) name,
 static const char *const fault_names[SYMNCCL_FAULT_COUNT] = {
@@ -226,89 +219,11 @@ nap(void)
     nanosleep(&t, NULL);
 }
 
-/* This rank's fault word, read through c's own stream (no other stream
- * can block it): 0 when it cannot be read. */
-static uint64_t
-read_word(CommObject *c, double until)
-{
-    fault_host *h = (fault_host *)c->fault;
-    cudaError_t e = cudaMemcpyAsync(&h->seen, c->staging + c->layout.ctl_offset,
-                                    sizeof(uint64_t), cudaMemcpyDeviceToHost,
-                                    c->ctl_stream);
-    while (e == cudaSuccess &&
-           (e = cudaStreamQuery(c->ctl_stream)) == cudaErrorNotReady &&
-           sn_now() < until)
-        nap();
-    (void)cudaGetLastError();
-    return e == cudaSuccess ? *(volatile uint64_t *)&h->seen : 0;
-}
-
-/* The rank a failure names, settled (docs/FAILURES.md). A rank blames the
- * one it waited for, and a rank told by its fault word the one the first
- * rank blamed; but the rank waited for may be alive and late (behind other
- * work, or not yet scheduled), waiting itself. Every rank that gives up
- * adds its bit to every fault word, so this rank's word lists the ranks
- * known to be alive: when the named rank is one of them, the rank that
- * stopped is one that never reported. The others report within
- * milliseconds of the first give-up; this waits for them (all but one, at
- * most SETTLE_SECONDS) before it looks. Once per failure, before the first
- * raise. */
-static void
-settle_blame(CommObject *c)
-{
-    fault_host *h = (fault_host *)c->fault;
-    symnccl_fault *f = &c->failure;
-    if (h == NULL || h->settled)
-        return;
-    h->settled = 1;
-    const int n = c->lsa_size, me = c->lsa_rank;
-    if (f->kernel == SYMNCCL_K_COUNT || n < 3 || n > SYMNCCL_MAX_RANKS ||
-        (f->reason != SYMNCCL_FAULT_TIMEOUT &&
-         f->reason != SYMNCCL_FAULT_PEER) ||
-        (f->reason == SYMNCCL_FAULT_PEER &&
-         f->detail == SYMNCCL_FAULT_ABORT) ||   /* it stopped on purpose */
-        f->peer < 0 || f->peer >= n || c->staging == NULL ||
-        c->ctl_stream == NULL || c->closed || c->aborting)
-        return;
-    const uint32_t all = n == 32 ? 0xffffffffu : (1u << n) - 1;
-    uint32_t alive = 1u << me;
-    int prev;
-    if (cudaGetDevice(&prev) != cudaSuccess)
-        return;
-    cudaSetDevice(c->device);
-    Py_BEGIN_ALLOW_THREADS
-    const double until = sn_deadline(SETTLE_SECONDS);
-    for (;;) {
-        alive |= SYMNCCL_FAULT_ALIVE(read_word(c, until)) & all;
-        const uint32_t silent = all & ~alive;
-        if ((silent & (silent - 1)) == 0 || sn_now() >= until)
-            break;
-        nap();
-    }
-    Py_END_ALLOW_THREADS
-    cudaSetDevice(prev);
-    if (!(alive >> f->peer & 1))
-        return;   /* never reported: it may well be the one */
-    for (int q = 0; q < n; q++)
-        if (!(alive >> q & 1)) {   /* the lowest rank that never reported */
-            char what[300];
-            const int named = f->peer;
-            describe_what(c, what, sizeof(what));
-            f->peer = q;
-            snprintf(c->failure_msg, sizeof(c->failure_msg), "%s; but rank "
-                     "%d was alive (it gave up too), and rank %d never "
-                     "reported: rank %d is the one that stopped", what, named,
-                     q, q);
-            return;
-        }
-}
-
 PyObject *
 sn_fault_dict(CommObject *c)
 {
     if (!sn_fault_poll(c))
         Py_RETURN_NONE;
-    settle_blame(c);
     const symnccl_fault *f = &c->failure;
     char msg[700];
     sn_fault_describe(c, msg, sizeof(msg));
@@ -607,4 +522,41 @@ sn_watch_collect(CommObject **out, int max)
     }
     pthread_mutex_unlock(&watch_mu);
     return n;
+}
+
+/* ------------------------------------------------------------------ */
+/* Testing: the fault word's code, for the CPU tests
+ * (tests/test_faults.py). */
+
+static PyObject *
+py_fault_code(PyObject *module, PyObject *args)
+{
+    int reason, origin, blamed;
+    if (!PyArg_ParseTuple(args, "iii:_fault_code", &reason, &origin,
+                          &blamed))
+        return NULL;
+    if (origin < 0 || origin >= SYMNCCL_MAX_RANKS || blamed < -1 ||
+        blamed >= SYMNCCL_MAX_RANKS) {
+        PyErr_Format(PyExc_ValueError, "ranks 0..%d (blamed: -1 too) "
+                     "expected", SYMNCCL_MAX_RANKS - 1);
+        return NULL;
+    }
+    const uint64_t w = SYMNCCL_FAULT_CODE(reason, origin, blamed);
+    return Py_BuildValue("(Kiii)", (unsigned long long)w,
+                         SYMNCCL_FAULT_REASON(w), SYMNCCL_FAULT_ORIGIN(w),
+                         SYMNCCL_FAULT_NAMED(w));
+}
+
+static PyMethodDef fault_methods[] = {
+    {"_fault_code", py_fault_code, METH_VARARGS,
+     "_fault_code(reason, origin, blamed)\n--\n\n"
+     "Testing: a fault word's code and what it decodes to: (word, reason, "
+     "origin, named)."},
+    {NULL, NULL, 0, NULL},
+};
+
+int
+sn_fault_export(PyObject *module)
+{
+    return PyModule_AddFunctions(module, fault_methods);
 }

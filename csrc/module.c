@@ -488,7 +488,8 @@ sn_exec(PyObject *module)
     int v = 0;
     if (ncclGetVersion(&v) == ncclSuccess && sn_abi_select(v) == -2)
         return -1;   /* ImportError: the library is older than the headers */
-    if (sn_abi_export(module) < 0 || sn_nccl_policy_export(module) < 0)
+    if (sn_abi_export(module) < 0 || sn_nccl_policy_export(module) < 0 ||
+        sn_fault_export(module) < 0)
         return -1;
     PyObject *builds = sn_abi_builds();
     if (builds == NULL ||

@@ -437,6 +437,8 @@ int sn_fault_poll(struct CommObject *c);
 int sn_fault_raise(SNState *st, struct CommObject *c);
 /* The message of c's failure (after sn_fault_poll), into buf. */
 void sn_fault_describe(const struct CommObject *c, char *buf, size_t size);
+/* _fault_code (testing). */
+int sn_fault_export(PyObject *module);
 /* Communicator.failure: the failure as a dict, or None. */
 PyObject *sn_fault_dict(struct CommObject *c);
 /* _abort_on_signal(signum): installs the handler that raises the abort

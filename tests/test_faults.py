@@ -443,9 +443,8 @@ def test_every_survivor_names_the_rank_that_stopped(monkeypatch, nranks,
     """The last rank of a loopback team never makes the call. Every other
     rank raises PeerTimeoutError naming that rank (.rank), whether it gave
     up on its own timeout or was told by a rank that gave up first, and
-    all of them within the timeout + 1 s. (Before: a survivor could name
-    another survivor that had given up first, or that it happened to be
-    waiting for.)"""
+    all of them within the timeout + 1 s. (Before: a survivor told by its
+    fault word named the survivor that had given up first.)"""
     torch = pytest.importorskip("torch")
     for k in STOP_KNOBS:
         monkeypatch.setenv(k, str(STOP_GRID[nranks]))
@@ -478,3 +477,17 @@ def test_every_survivor_names_the_rank_that_stopped(monkeypatch, nranks,
     assert any(reason == "timeout" for reason, _ in named.values()), named
     assert timeout <= took <= timeout + 1.0, took
     assert torch.arange(8, device="cuda", dtype=torch.float32).sum() == 28
+
+
+def test_fault_word_carries_reason_origin_and_the_rank_named():
+    """The code the first rank to give up writes into every fault word
+    (launch.h, SYMNCCL_FAULT_CODE) decodes to what was put in, for every
+    rank a team can have: a rank told by its word names the same rank."""
+    C = symnccl._C
+    for reason in (1, 2, 3):            # timeout, peer, abort
+        for origin in range(32):
+            for named in (-1, 0, origin, 31 - origin):
+                w, r, o, b = C._fault_code(reason, origin, named)
+                assert (r, o, b) == (reason, origin, named), \
+                    (reason, origin, named, hex(w))
+                assert w != 0   # a kernel reads any set word as a fault

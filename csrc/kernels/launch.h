@@ -172,19 +172,16 @@ typedef struct {
 } symnccl_fault;
 
 /* A fault word (8 bytes, one per rank, in the staging window's control
- * block): 0, or the code of the first rank to give up (bits 56-63 its
- * reason, 48-55 that rank, 40-47 the rank it blames: the one it waited
- * for, itself after an abort; 0xff none) and, in bits 0-31, one bit per
- * rank that has given up since: those ranks are alive (faults.c names the
- * rank that stopped from them; SYMNCCL_MAX_RANKS <= 32). */
-#define SYMNCCL_FAULT_CODE(reason, origin, blamed)                       \
-    ((uint64_t)(reason) << 56 | (uint64_t)((origin) & 0xff) << 48 |     \
-     (uint64_t)((blamed) & 0xff) << 40 | 1ull << ((origin) & 31))
-#define SYMNCCL_FAULT_REASON(w) ((int)((w) >> 56))
-#define SYMNCCL_FAULT_ORIGIN(w) ((int)(((w) >> 48) & 0xff))
-#define SYMNCCL_FAULT_BLAMED(w) \
-    ((((w) >> 40) & 0xff) == 0xff ? -1 : (int)(((w) >> 40) & 0xff))
-#define SYMNCCL_FAULT_ALIVE(w) ((uint32_t)(w))
+ * block): 0, or the code of the first rank to give up: its reason (bits
+ * 32-39), that rank (0-7) and the rank it names (8-15: the one it waited
+ * for, itself after an abort; 0xff none). */
+#define SYMNCCL_FAULT_CODE(reason, origin, named)                     \
+    ((uint64_t)(reason) << 32 | (uint64_t)(((named) & 0xff) << 8) |   \
+     (uint64_t)((origin) & 0xff))
+#define SYMNCCL_FAULT_REASON(w) ((int)(((w) >> 32) & 0xff))
+#define SYMNCCL_FAULT_ORIGIN(w) ((int)((w) & 0xff))
+#define SYMNCCL_FAULT_NAMED(w) \
+    ((((w) >> 8) & 0xff) == 0xff ? -1 : (int)(((w) >> 8) & 0xff))
 
 /* The control block of the staging window (same offset on every rank,
  * zeroed): the fault word, then SYMNCCL_MAX_CTAS barrier flag lines. */

@@ -86,51 +86,20 @@ struct WaitSite {
   uint64_t flag;  // the flag or epoch waited for
 };
 
-// Sets a fault word (this rank's or a peer's, in the control block) to
-// `hi` (the high half of a SYMNCCL_FAULT_CODE: reason, origin, blamed)
-// unless it holds a code already, and adds `bit` (this rank: alive) to it.
-__device__ __forceinline__ void fault_merge(uint64_t* p, uint64_t hi,
-                                            uint64_t bit) {
-  unsigned long long* q = reinterpret_cast<unsigned long long*>(p);
-  unsigned long long cur = load_relaxed(p);
-  for (;;) {
-    const unsigned long long nw = ((cur >> 32) != 0 ? cur : cur | hi) | bit;
-    if (nw == cur) return;
-    const unsigned long long was = atomicCAS_system(q, cur, nw);
-    if (was == cur) return;
-    cur = was;
-  }
-}
-
-// fault_merge into this rank's word, then every peer's. Out of line, as
-// give_up: the kernels that call give_up keep their registers.
-static __device__ __noinline__ void tell_ranks(const symnccl_kargs* a,
-                                               int me, int n, uint64_t hi) {
-  const uint64_t bit = 1ull << (me & 31);
-  fault_merge(a->fault_word, hi, bit);
-  char* p0 =
-      static_cast<char*>(ncclGetLsaPointer(a->ctl_win, a->ctl_offset, 0));
-  char* p1 = n > 1 ? static_cast<char*>(
-                         ncclGetLsaPointer(a->ctl_win, a->ctl_offset, 1))
-                   : p0;
-  for (int q = 0; q < n; q++)
-    if (q != me)
-      fault_merge(reinterpret_cast<uint64_t*>(p0 + (size_t)q * (p1 - p0)),
-                  hi, bit);
-}
-
 // Records why this rank's call failed and tells the peers. `why`:
 // SYMNCCL_FAULT_TIMEOUT, _ABORT, or _PEER when the fault word was found
 // set. Out of line: the waits' fast path stays small.
 // The kernels take their arguments as __grid_constant__, so `a` points
 // into the launch's parameters: no copy.
 //
-// Who is named (docs/FAILURES.md): the first rank to give up blames the
-// rank it waited for (itself after an abort) and writes that into every
-// fault word; a rank told by its word names that rank too (or the first
-// rank, when the first rank blamed this one: it was late, not gone), and
-// adds its bit to every word, so that the host can see which ranks are
-// alive and correct a blame that fell on one of them (faults.c).
+// Who is named (docs/FAILURES.md): the first rank to give up names the
+// rank it waited for (itself after an abort), and writes that name into
+// the code it leaves in every fault word; a rank told by its word names
+// the same rank, so every survivor names the rank that stopped, not the
+// survivor that happened to give up first. When the first rank named the
+// rank told (it came late: it was not gone), that one names the first.
+// (Kept small: a larger body costs the packet kernels registers, which sit
+// at their cap, through the call.)
 static __device__ __noinline__ void give_up(const symnccl_kargs* a, int me,
                                             int n, uint32_t why,
                                             WaitSite site,
@@ -138,26 +107,22 @@ static __device__ __noinline__ void give_up(const symnccl_kargs* a, int me,
   uint64_t* word = a->fault_word;
   const uint64_t w = load_relaxed(word);
   uint32_t reason = why;
-  int origin = me, detail = 0;
-  int blamed = why == SYMNCCL_FAULT_ABORT ? me : site.peer;
-  int named = site.peer;  // the record's rank
+  int peer = site.peer, detail = 0, origin = me;
   if (w != 0) {
     origin = SYMNCCL_FAULT_ORIGIN(w);
     if (origin == me) return;  // another CTA of this rank gave up first
     reason = SYMNCCL_FAULT_PEER;
     detail = SYMNCCL_FAULT_REASON(w);
-    blamed = SYMNCCL_FAULT_BLAMED(w);
-    named = blamed < 0 || blamed == me ? origin : blamed;
+    const int named = SYMNCCL_FAULT_NAMED(w);
+    peer = named < 0 || named == me ? origin : named;
   }
-  // The first CTA of this rank writes the record, unless the host wrote
-  // one (the watchdog, for an NCCL kernel; `reason` last), and tells the
-  // peers; the others leave it to that one.
-  if (atomicCAS(a->claim, 0u, 1u) != 0u) return;
+  // The record: written once, by the first CTA, unless the host wrote one
+  // (the watchdog, for an NCCL kernel); `reason` last.
   volatile symnccl_fault* r = a->fault;
-  if (r->reason == 0) {
+  if (atomicCAS(a->claim, 0u, 1u) == 0u && r->reason == 0) {
     r->kernel = a->kernel;
     r->collective = a->collective;
-    r->peer = named;
+    r->peer = peer;
     r->detail = detail;
     r->origin = origin;
     r->wait = site.wait;
@@ -167,16 +132,24 @@ static __device__ __noinline__ void give_up(const symnccl_kargs* a, int me,
     __threadfence_system();
     r->reason = reason;
   }
+  if (reason == SYMNCCL_FAULT_PEER) return;  // the words are set already
   // This rank's word (the other CTAs leave at their next poll, later
   // kernels at entry), then every peer's: their waits for this rank end at
   // once instead of at their own timeout, and a peer that comes back late
-  // finds its word set instead of data from a call this rank gave up. A
-  // rank told by its word passes the first rank's code on (the first rank
-  // may not have reached every word yet).
-  tell_ranks(a, me, n,
-             w != 0 ? (w & ~0xffffffffull)
-                    : (SYMNCCL_FAULT_CODE(reason, me, blamed) &
-                       ~0xffffffffull));
+  // finds its word set instead of data from a call this rank gave up.
+  const unsigned long long code = SYMNCCL_FAULT_CODE(
+      reason, me, why == SYMNCCL_FAULT_ABORT ? me : site.peer);
+  atomicCAS_system(reinterpret_cast<unsigned long long*>(word), 0ull, code);
+  char* p0 =
+      static_cast<char*>(ncclGetLsaPointer(a->ctl_win, a->ctl_offset, 0));
+  char* p1 = n > 1 ? static_cast<char*>(
+                         ncclGetLsaPointer(a->ctl_win, a->ctl_offset, 1))
+                   : p0;
+  for (int q = 0; q < n; q++)
+    if (q != me)
+      atomicCAS_system(
+          reinterpret_cast<unsigned long long*>(p0 + (size_t)q * (p1 - p0)),
+          0ull, code);
 }
 
 // Calls ready() until it returns true: then true. Every 1024 spins it
