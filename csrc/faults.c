@@ -155,68 +155,53 @@ sn_fault_record(CommObject *c, int reason, int kernel, int collective,
     c->failure = f;
 }
 
-/* What happened, without the advice sn_fault_describe adds. */
-static void
-describe_what(const CommObject *c, char *what, size_t size)
+void
+sn_fault_describe(const CommObject *c, char *buf, size_t size)
 {
     const symnccl_fault *f = &c->failure;
     const char *coll = sn_collective_name(f->collective);
     const char *kernel = sn_kernel_name(f->kernel);
     const double waited = (double)f->waited_ns * 1e-9;
-    char where[160];
+    char where[160], what[400];
     snprintf(where, sizeof(where), "%s (%s%s) on rank %d of %d (cuda:%d)",
              coll, f->kernel == SYMNCCL_K_COUNT ? "" : "symnccl kernel ",
              kernel, c->rank, c->nranks, c->device);
     if (c->failure_msg[0] != '\0')
-        snprintf(what, size, "%s", c->failure_msg);
+        snprintf(what, sizeof(what), "%s", c->failure_msg);
     else if (f->reason == SYMNCCL_FAULT_TIMEOUT &&
              f->kernel == SYMNCCL_K_COUNT)
-        snprintf(what, size, "%s did not complete within %.1f s: a "
+        snprintf(what, sizeof(what), "%s did not complete within %.1f s: a "
                  "peer is gone, stalled, or did not make the same call; the "
                  "NCCL communicator was aborted (ncclCommAbort), which ended "
                  "its kernels", where, waited);
     else if (f->reason == SYMNCCL_FAULT_TIMEOUT)
-        snprintf(what, size, "%s waited %.1f s for rank %d (%s, "
+        snprintf(what, sizeof(what), "%s waited %.1f s for rank %d (%s, "
                  "flag %llu, CTA %d): rank %d is gone, stalled, or did not "
                  "make the same call", where, waited, f->peer,
                  name_of(wait_names, SYMNCCL_WAIT_COUNT, f->wait),
                  (unsigned long long)f->flag, f->cta, f->peer);
     else if (f->reason == SYMNCCL_FAULT_PEER && f->origin >= 0 &&
              f->origin != f->peer)
-        snprintf(what, size, "%s stopped: rank %d gave up on this "
+        snprintf(what, sizeof(what), "%s stopped: rank %d gave up on this "
                  "communicator first (%s) and rank %d is the one that "
                  "stopped, so no call of this rank can complete", where,
                  f->origin,
                  name_of(fault_names, SYMNCCL_FAULT_COUNT, f->detail),
                  f->peer);
     else if (f->reason == SYMNCCL_FAULT_PEER)
-        snprintf(what, size, "%s stopped: rank %d gave up on this "
+        snprintf(what, sizeof(what), "%s stopped: rank %d gave up on this "
                  "communicator first (%s), so no call of this rank can "
                  "complete", where, f->peer,
                  name_of(fault_names, SYMNCCL_FAULT_COUNT, f->detail));
     else if (f->reason == SYMNCCL_FAULT_ABORT)
-        snprintf(what, size, "%s was stopped by an abort on this "
+        snprintf(what, sizeof(what), "%s was stopped by an abort on this "
                  "rank (abort_on_signal, or abort())", where);
     else
-        snprintf(what, size, "%s failed (%s)", where,
+        snprintf(what, sizeof(what), "%s failed (%s)", where,
                  name_of(fault_names, SYMNCCL_FAULT_COUNT, (int)f->reason));
-}
-
-void
-sn_fault_describe(const CommObject *c, char *buf, size_t size)
-{
-    char what[400];
-    describe_what(c, what, sizeof(what));
     snprintf(buf, size, "%s. The communicator refuses further calls: "
              "abort() it and create a new one among the ranks that are left "
              "(README: Failures)", what);
-}
-
-static void
-nap(void)
-{
-    struct timespec t = {0, 1000000};
-    nanosleep(&t, NULL);
 }
 
 PyObject *
@@ -269,6 +254,13 @@ int
 sn_fault_check(SNState *st, CommObject *c)
 {
     return sn_fault_poll(c) ? sn_fault_raise(st, c) : 0;
+}
+
+static void
+nap(void)
+{
+    struct timespec t = {0, 1000000};
+    nanosleep(&t, NULL);
 }
 
 void

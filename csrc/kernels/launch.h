@@ -161,8 +161,10 @@ typedef struct {
     uint32_t reason;           /* SYMNCCL_FAULT_*; written last, once */
     int32_t kernel;            /* SYMNCCL_K_*; SYMNCCL_K_COUNT: NCCL's */
     int32_t collective;        /* SYMNCCL_COLL_* */
-    int32_t peer;              /* the rank waited for (timeout), the rank
-                                  that gave up (peer); -1: unknown */
+    int32_t peer;              /* the rank waited for (timeout); the rank
+                                  the first to give up waited for (peer;
+                                  that first rank when it was this one);
+                                  -1: unknown */
     int32_t detail;            /* peer: the SYMNCCL_FAULT_* of that rank */
     int32_t origin;            /* the rank that gave up first; -1: none */
     int32_t wait;              /* SYMNCCL_WAIT_* */
