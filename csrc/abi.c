@@ -7,6 +7,8 @@
  */
 #include "symnccl.h"
 
+#include <dlfcn.h>
+
 #ifndef SYMNCCL_NCCL_BUILDS
 #error "setup.py defines SYMNCCL_NCCL_BUILDS(X): the NCCL minors built"
 #endif
@@ -18,17 +20,72 @@ static const symnccl_kernels *const builds[] = {
 
 /* The build in use: one libnccl per process, so one table. */
 static const symnccl_kernels *K;
+/* The loaded libnccl's NCCL_VERSION_CODE. */
+static int runtime;
+
+/* Where the loaded libnccl lies, for messages. */
+static const char *
+library_path(void)
+{
+    Dl_info info;
+    if (dladdr((void *)ncclGetVersion, &info) != 0 && info.dli_fname != NULL)
+        return info.dli_fname;
+    return "libnccl.so.2";
+}
 
 int
 sn_abi_select(int nccl_version_code)
 {
     int major = nccl_version_code / 10000;
     int minor = (nccl_version_code % 10000) / 100;
+    runtime = nccl_version_code;
     K = NULL;
     for (int i = 0; major == 2 && builds[i] != NULL; i++)
         if (builds[i]->nccl_minor == minor)
             K = builds[i];
-    return K != NULL ? 0 : -1;
+    if (K == NULL)
+        return -1;   /* symnccl/_loader.py says which minors there are */
+    /* A library older than the build's headers refuses the device API:
+     * symnccl would run without its kernels, so it does not run at all. */
+    char why[600];
+    if (sn_nccl_version_verdict(runtime, K->nccl_headers, why, sizeof(why))
+        != NULL) {
+        PyErr_Format(PyExc_ImportError, "%s (libnccl: %s)", why,
+                     library_path());
+        K = NULL;
+        return -2;
+    }
+    return 0;
+}
+
+int
+sn_abi_runtime(void)
+{
+    return runtime;
+}
+
+int
+sn_abi_headers(void)
+{
+    return K != NULL ? K->nccl_headers : 0;
+}
+
+int
+sn_abi_export(PyObject *module)
+{
+    PyObject *d = PyDict_New();
+    for (int i = 0; d != NULL && builds[i] != NULL; i++) {
+        PyObject *k = PyLong_FromLong(builds[i]->nccl_minor);
+        PyObject *v = PyLong_FromLong(builds[i]->nccl_headers);
+        if (k == NULL || v == NULL || PyDict_SetItem(d, k, v) < 0)
+            Py_CLEAR(d);
+        Py_XDECREF(k);
+        Py_XDECREF(v);
+    }
+    int rc = d == NULL ? -1
+             : PyModule_AddObjectRef(module, "NCCL_DEVICE_API_HEADERS", d);
+    Py_XDECREF(d);
+    return rc;
 }
 
 int
@@ -45,14 +102,16 @@ sn_abi_multi_gpu_caveat(int minor)
     switch (minor) {
     case 29:
         return "with NCCL 2.29.7 on 2x H200 `python -m symnccl --quick` "
-               "found 5122 wrong elements in 2876 checks (not yet "
-               "understood); check your results with `python -m symnccl`, "
-               "or use NCCL 2.28";
-    case 30:
-        return "with NCCL 2.30.7 on 2x H200 (driver 580.159.04) NCCL's own "
-               "kernels failed to load ('invalid device function'); symnccl "
+               "found 5122 wrong elements in 2876 checks (the pattern of "
+               "NCCL's own symmetric reduce_scatter on windows; NCCL now "
+               "gets plain memory on 2.29, SYMNCCL_NCCL_WINDOWS); symnccl "
                "has not passed its self-check on two GPUs with it yet: run "
                "`python -m symnccl`, or use NCCL 2.28";
+    case 30:
+        return "with NCCL 2.30.7 on 2x H200 (driver 580.159.04) NCCL's own "
+               "first ncclAllReduce failed ('invalid device function'); "
+               "symnccl has not passed its self-check on two GPUs with it "
+               "yet: run `python -m symnccl`, or use NCCL 2.28";
     default:
         return NULL;
     }

@@ -458,6 +458,14 @@ get_symmetric_reason(CommObject *s, void *c)
 }
 
 static PyObject *
+get_device_api_reason(CommObject *s, void *c)
+{
+    if (s->symmetric)
+        Py_RETURN_NONE;
+    return PyUnicode_FromString(s->symmetric_reason);
+}
+
+static PyObject *
 get_multicast_reason(CommObject *s, void *c)
 {
     return PyUnicode_FromString(s->multicast_reason);
@@ -519,6 +527,9 @@ static PyGetSetDef comm_getset[] = {
      "True when ncclDevCommCreate succeeded, i.e. symmetric windows and the "
      "NCCL device API are usable.", NULL},
     {"symmetric_reason", (getter)get_symmetric_reason, NULL, NULL, NULL},
+    {"device_api_reason", (getter)get_device_api_reason, NULL,
+     "None when symnccl's kernels run on the NCCL device API, else why "
+     "not (every collective then goes through NCCL's own kernels).", NULL},
     {"multicast", (getter)get_multicast, NULL,
      "True only when NCCL granted an NVLink multicast (NVLS) handle.", NULL},
     {"multicast_reason", (getter)get_multicast_reason, NULL,

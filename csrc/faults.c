@@ -27,6 +27,10 @@ typedef struct {
     uint64_t word;
 } fault_host;
 
+/* A fault word holds ranks in 8 bits, 0xff meaning none (launch.h,
+ * SYMNCCL_FAULT_CODE). */
+_Static_assert(SYMNCCL_MAX_RANKS < 0xff, "a fault word has 8-bit ranks");
+
 #define NAME_(id, name) name,
 static const char *const fault_names[SYMNCCL_FAULT_COUNT] = {
     SYMNCCL_FAULTS(NAME_)};
@@ -104,6 +108,7 @@ sn_fault_poll(CommObject *c)
     c->failure.collective = r->collective;
     c->failure.peer = r->peer;
     c->failure.detail = r->detail;
+    c->failure.origin = r->origin;
     c->failure.wait = r->wait;
     c->failure.cta = r->cta;
     c->failure.flag = r->flag;
@@ -123,6 +128,7 @@ sn_fault_record(CommObject *c, int reason, int kernel, int collective,
     f.kernel = kernel;
     f.collective = collective;
     f.peer = peer;
+    f.origin = -1;
     f.wait = wait;
     f.cta = -1;
     f.waited_ns = (uint64_t)(waited * 1e9);
@@ -134,6 +140,7 @@ sn_fault_record(CommObject *c, int reason, int kernel, int collective,
         r->collective = f.collective;
         r->peer = f.peer;
         r->detail = 0;
+        r->origin = -1;
         r->wait = f.wait;
         r->cta = f.cta;
         r->flag = 0;
@@ -173,6 +180,14 @@ sn_fault_describe(const CommObject *c, char *buf, size_t size)
                  "make the same call", where, waited, f->peer,
                  name_of(wait_names, SYMNCCL_WAIT_COUNT, f->wait),
                  (unsigned long long)f->flag, f->cta, f->peer);
+    else if (f->reason == SYMNCCL_FAULT_PEER && f->origin >= 0 &&
+             f->origin != f->peer)
+        snprintf(what, sizeof(what), "%s stopped: rank %d gave up on this "
+                 "communicator first (%s) and rank %d is the one that "
+                 "stopped, so no call of this rank can complete", where,
+                 f->origin,
+                 name_of(fault_names, SYMNCCL_FAULT_COUNT, f->detail),
+                 f->peer);
     else if (f->reason == SYMNCCL_FAULT_PEER)
         snprintf(what, sizeof(what), "%s stopped: rank %d gave up on this "
                  "communicator first (%s), so no call of this rank can "
@@ -256,7 +271,7 @@ sn_fault_stop_kernels(CommObject *c, int reason, double seconds)
     ((volatile symnccl_fault *)c->fault)->abort = 1;
     if (c->staging == NULL || c->ctl_stream == NULL)
         return;
-    *c->fault_src = SYMNCCL_FAULT_CODE(reason, c->lsa_rank);
+    *c->fault_src = SYMNCCL_FAULT_CODE(reason, c->lsa_rank, c->lsa_rank);
     int prev;
     if (cudaGetDevice(&prev) != cudaSuccess)
         return;
@@ -264,7 +279,7 @@ sn_fault_stop_kernels(CommObject *c, int reason, double seconds)
     cudaError_t e = cudaMemcpyAsync(c->staging + c->layout.ctl_offset,
                                     c->fault_src, sizeof(uint64_t),
                                     cudaMemcpyHostToDevice, c->ctl_stream);
-    double until = sn_now() + seconds;
+    double until = sn_deadline(seconds);
     while (e == cudaSuccess &&
            (e = cudaStreamQuery(c->ctl_stream)) == cudaErrorNotReady &&
            sn_now() < until)
@@ -289,7 +304,7 @@ event_done(cudaEvent_t ev)
 int
 sn_fault_drain(CommObject *c, double seconds, int nccl)
 {
-    double until = sn_now() + seconds;
+    double until = sn_deadline(seconds);
     for (;;) {
         if (event_done(c->lsa_event) &&
             (!nccl || event_done(c->watch_event)))
@@ -306,7 +321,7 @@ sn_fault_wait_nccl(SNState *st, CommObject *c, int collective)
     double start = sn_now(), deadline = start + c->timeout;
     for (;;) {
         int done;
-        double slice = sn_now() + 0.05;
+        double slice = sn_deadline(0.05);
         Py_BEGIN_ALLOW_THREADS
         while (!(done = event_done(c->watch_event)) && !c->stop &&
                sn_now() < (slice < deadline ? slice : deadline))
@@ -420,7 +435,7 @@ sn_watch_arm(CommObject *c, int collective, cudaStream_t stream)
     }
     pthread_mutex_lock(&watch_mu);
     c->watch_collective = collective;
-    c->watch_deadline = sn_now() + c->timeout;
+    c->watch_deadline = sn_deadline(c->timeout);
     c->watch_armed = 1;
     c->watch_expired = 0;
     if (!c->watched) {
@@ -499,4 +514,41 @@ sn_watch_collect(CommObject **out, int max)
     }
     pthread_mutex_unlock(&watch_mu);
     return n;
+}
+
+/* ------------------------------------------------------------------ */
+/* Testing: the fault word's code, for the CPU tests
+ * (tests/test_faults.py). */
+
+static PyObject *
+py_fault_code(PyObject *module, PyObject *args)
+{
+    int reason, origin, blamed;
+    if (!PyArg_ParseTuple(args, "iii:_fault_code", &reason, &origin,
+                          &blamed))
+        return NULL;
+    if (origin < 0 || origin >= SYMNCCL_MAX_RANKS || blamed < -1 ||
+        blamed >= SYMNCCL_MAX_RANKS) {
+        PyErr_Format(PyExc_ValueError, "ranks 0..%d (blamed: -1 too) "
+                     "expected", SYMNCCL_MAX_RANKS - 1);
+        return NULL;
+    }
+    const uint64_t w = SYMNCCL_FAULT_CODE(reason, origin, blamed);
+    return Py_BuildValue("(Kiii)", (unsigned long long)w,
+                         SYMNCCL_FAULT_REASON(w), SYMNCCL_FAULT_ORIGIN(w),
+                         SYMNCCL_FAULT_NAMED(w));
+}
+
+static PyMethodDef fault_methods[] = {
+    {"_fault_code", py_fault_code, METH_VARARGS,
+     "_fault_code(reason, origin, blamed)\n--\n\n"
+     "Testing: a fault word's code and what it decodes to: (word, reason, "
+     "origin, named)."},
+    {NULL, NULL, 0, NULL},
+};
+
+int
+sn_fault_export(PyObject *module)
+{
+    return PyModule_AddFunctions(module, fault_methods);
 }

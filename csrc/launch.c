@@ -95,6 +95,7 @@ kargs(const sn_ar *r, int kernel)
     a.ctl_win = c->staging_win->win;
     a.ctl_offset = c->layout.ctl_offset;
     a.pdl = c->knobs.pdl;
+    a.pdl_early = c->pdl_early;
     return a;
 }
 

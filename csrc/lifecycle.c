@@ -146,6 +146,10 @@ sn_comm_new(PyTypeObject *tp, int rank, int nranks, int device,
     c->timeout = timeout;
     c->lsa_size = 1;
     c->symmetric_reason = "not initialised";
+    /* symnccl's kernels let the next kernel launch at their entry only
+     * beside an NCCL whose kernels wait for them (primitives.cuh,
+     * pdl_wait) */
+    c->pdl_early = sn_nccl_pdl_early(sn_abi_runtime());
     pthread_mutex_init(&c->lock, NULL);
     const char *why = decide_multicast(multicast, nranks, device);
     c->multicast_requested = why == NULL;
@@ -185,20 +189,47 @@ group_end(ncclResult_t rc)
     return rc != ncclSuccess ? rc : end;
 }
 
-static void
+/* What ncclDevCommCreate made, checked before any kernel reads it: a
+ * device communicator laid out by another NCCL than this build's headers
+ * (NCCL 2.30+: magic and version), or an LSA rank outside its team, would
+ * have the kernels address the wrong memory. -1 with RuntimeError naming
+ * the values. */
+static int
 read_devcomm(CommObject *c)
 {
-    int has_mc = 0;
-    symnccl_devcomm_info(c->devcomm, &c->lsa_size, &c->lsa_rank, &has_mc);
+    int has_mc = 0, size = 0, rank = 0;
+    symnccl_devcomm_info(c->devcomm, &size, &rank, &has_mc);
+    if (size == -1) {
+        PyErr_Format(PyExc_RuntimeError, "ncclDevCommCreate on rank %d of "
+                     "%d (cuda:%d) returned a device communicator with magic "
+                     "0x%x and version %d, but symnccl's kernels for NCCL "
+                     "2.%d were built for magic 0x%x (NCCL_API_MAGIC) and "
+                     "version %d (their headers): the loaded libnccl (NCCL "
+                     "%d) lays it out differently", c->rank, c->nranks,
+                     c->device, (unsigned)rank, has_mc, sn_abi_minor(),
+                     SN_NCCL_API_MAGIC, sn_abi_headers(), sn_abi_runtime());
+        return -1;
+    }
+    if (size < 1 || size > c->nranks || rank < 0 || rank >= size) {
+        PyErr_Format(PyExc_RuntimeError, "ncclDevCommCreate on rank %d of "
+                     "%d (cuda:%d) returned lsaRank %d and lsaSize %d; "
+                     "expected 0 <= lsaRank < lsaSize <= %d", c->rank,
+                     c->nranks, c->device, rank, size, c->nranks);
+        return -1;
+    }
+    c->lsa_size = size;
+    c->lsa_rank = rank;
     c->symmetric = 1;
     c->symmetric_reason = "ncclDevCommCreate succeeded";
     c->multicast = has_mc;
     if (c->multicast_requested)
         c->multicast_reason = has_mc ? "granted by NCCL"
                                      : "requested, but NCCL granted none";
+    return 0;
 }
 
-/* c without the device API, and why: symnccl's kernels never run on it. */
+/* c without the device API, and why: symnccl's kernels never run on it
+ * (Communicator.device_api_reason; sn_comms_connect warns). */
 static void
 no_device_api(CommObject *c, const char *why)
 {
@@ -206,6 +237,18 @@ no_device_api(CommObject *c, const char *why)
     c->symmetric_reason = why;
     c->lsa_size = 1;
     c->lsa_rank = 0;
+}
+
+/* The same with NCCL's own words for a failed call (rc, ncclGetLastError). */
+static void
+no_device_api_nccl(CommObject *c, const char *call, ncclResult_t rc)
+{
+    const char *last = c->comm != NULL ? ncclGetLastError(c->comm) : NULL;
+    snprintf(c->device_api_why, sizeof(c->device_api_why), "%s failed (%s%s%s)"
+             ": the NCCL device API is not usable on this communicator", call,
+             ncclGetErrorString(rc), last != NULL && last[0] ? ": " : "",
+             last != NULL ? last : "");
+    no_device_api(c, c->device_api_why);
 }
 
 /* Multicast is not requested again on any of cs, and why. */
@@ -286,11 +329,10 @@ connect_devcomms(SNState *st, CommObject **cs, int n, ncclComm_t *raw)
                             "(ncclInvalidArgument): NVLS unavailable");
     }
     for (int i = 0; i < n; i++) {
-        if (cs[i]->devcomm != NULL)
-            read_devcomm(cs[i]);
-        else
-            no_device_api(cs[i], "ncclDevCommCreate failed: the NCCL device "
-                                 "API is not usable on this communicator");
+        if (cs[i]->devcomm == NULL)
+            no_device_api_nccl(cs[i], "ncclDevCommCreate", rc);
+        else if (read_devcomm(cs[i]) < 0)
+            return -1;
     }
     return 0;
 }
@@ -339,16 +381,38 @@ register_staging(SNState *st, CommObject **cs, int n, ncclComm_t *raw)
         SN_CUDA_GOTO(st, symnccl_lsa_layout_ok(c->staging_win->win, c->nranks,
                                                &ok),
                      "checking the LSA layout", error);
-        if (!ok) {
-            c->symmetric = 0;
-            c->symmetric_reason = "NCCL's LSA addresses of a window are not "
-                                  "evenly spaced: symnccl's kernels cannot "
-                                  "address the peers";
-        }
+        if (!ok)
+            no_device_api(c, "NCCL's LSA addresses of a window are not "
+                             "evenly spaced: symnccl's kernels cannot "
+                             "address the peers");
     }
     return 0;
 error:
     return -1;
+}
+
+/* Never a silent downgrade: the first communicator of 2+ ranks in this
+ * process that runs without the device API says so (its
+ * device_api_reason says why); -1 if the warning was turned into an
+ * error. */
+static int
+warn_no_device_api(CommObject **cs, int n)
+{
+    static int warned;
+    for (int i = 0; i < n && !warned; i++) {
+        CommObject *c = cs[i];
+        if (c->nranks < 2 || c->symmetric)
+            continue;
+        warned = 1;
+        return PyErr_WarnFormat(PyExc_RuntimeWarning, 1, "symnccl: rank %d "
+                                "of %d (cuda:%d) runs without the NCCL device "
+                                "API, so every collective goes through NCCL's "
+                                "own kernels: %s (Communicator."
+                                "device_api_reason; warned once per process)",
+                                c->rank, c->nranks, c->device,
+                                c->symmetric_reason);
+    }
+    return 0;
 }
 
 int
@@ -403,6 +467,8 @@ sn_comms_connect(SNState *st, CommObject **cs, int n, const ncclUniqueId *id)
             goto error;
     }
     if (register_staging(st, cs, n, raw) < 0)
+        goto error;
+    if (warn_no_device_api(cs, n) < 0)
         goto error;
     sn_device_pop(prev);
     PyMem_Free(raw);
@@ -468,10 +534,12 @@ sn_comm_leave(SNState *st, CommObject *c)
 #define ABORT_KERNELS_SECONDS 1.0
 #define ABORT_DRAIN_SECONDS 5.0
 
-static int close_entered(SNState *st, CommObject *c);
+static int close_entered(SNState *st, CommObject *c, double timeout);
 
-int
-sn_comm_close(SNState *st, CommObject *c)
+/* close() waiting at most `timeout` for c's work (sn_comm_close: c's own
+ * timeout; exit: SYMNCCL_EXIT_TIMEOUT when shorter). */
+static int
+close_within(SNState *st, CommObject *c, double timeout)
 {
     /* closed, or aborted by the user: nothing to do; failed (aborted by
      * the watchdog or not): the failure is the answer */
@@ -494,16 +562,33 @@ sn_comm_close(SNState *st, CommObject *c)
                         "is inside a call on this communicator");
         return -1;
     }
-    int rc_close = close_entered(st, c);
+    int rc_close = close_entered(st, c, timeout);
     sn_lock(c);
     c->busy--;
     sn_unlock(c);
     return rc_close;
 }
 
+int
+sn_comm_close(SNState *st, CommObject *c)
+{
+    return close_within(st, c, c->timeout);
+}
+
+/* sn_nccl_complete for close, bounded by its own timeout (close refuses
+ * to run inside symnccl.group(), so the call completes here). */
+static int
+complete_within(SNState *st, CommObject *c, ncclResult_t rc,
+                const char *what, double timeout)
+{
+    if (rc != ncclSuccess && rc != ncclInProgress)
+        return sn_set_nccl_error(st, rc, c->comm, what);
+    return sn_wait_comms(st, &c->comm, 1, timeout, &c->stop, what);
+}
+
 /* close() with c->busy held. */
 static int
-close_entered(SNState *st, CommObject *c)
+close_entered(SNState *st, CommObject *c, double timeout)
 {
     int prev;
     if (sn_device_push(st, c->device, &prev) < 0)
@@ -514,13 +599,13 @@ close_entered(SNState *st, CommObject *c)
      * gives up after it, the watchdog ends NCCL's), then the device */
     int drained;
     Py_BEGIN_ALLOW_THREADS
-    drained = sn_fault_drain(c, c->timeout + ABORT_DRAIN_SECONDS, 1);
+    drained = sn_fault_drain(c, timeout + ABORT_DRAIN_SECONDS, 1);
     Py_END_ALLOW_THREADS
     if (sn_fault_check(st, c) < 0)
         goto fail;
     if (!drained) {
         PyErr_Format(PyExc_TimeoutError, "close(): the communicator's work "
-                     "did not complete within %.1f s", c->timeout);
+                     "did not complete within %.1f s", timeout);
         goto fail;
     }
     Py_BEGIN_ALLOW_THREADS
@@ -539,7 +624,7 @@ close_entered(SNState *st, CommObject *c)
         rc = symnccl_devcomm_destroy(c->comm, c->devcomm);
         Py_END_ALLOW_THREADS
         c->devcomm = NULL;
-        if (sn_nccl_complete(st, c, rc, "ncclDevCommDestroy") < 0)
+        if (complete_within(st, c, rc, "ncclDevCommDestroy", timeout) < 0)
             goto fail;
     }
     if (sn_windows_deregister(st, c) < 0)
@@ -556,7 +641,7 @@ close_entered(SNState *st, CommObject *c)
     Py_BEGIN_ALLOW_THREADS
     rc = ncclCommFinalize(c->comm);
     Py_END_ALLOW_THREADS
-    if (sn_nccl_complete(st, c, rc, "ncclCommFinalize") < 0)
+    if (complete_within(st, c, rc, "ncclCommFinalize", timeout) < 0)
         goto fail;
     Py_BEGIN_ALLOW_THREADS
     rc = ncclCommDestroy(c->comm);
@@ -614,7 +699,7 @@ sn_comm_abort(SNState *st, CommObject *c)
     c->stop = 1;
     c->abort_pending = 0;
     sn_fault_stop_kernels(c, SYMNCCL_FAULT_ABORT, 1.0);
-    double until = sn_now() + ABORT_LEAVE_SECONDS;
+    double until = sn_deadline(ABORT_LEAVE_SECONDS);
     for (;;) {
         sn_lock(c);
         int busy = c->busy;
@@ -698,14 +783,12 @@ sn_comm_shutdown_all(SNState *st, double timeout)
     for (CommObject *c = st->live; c != NULL; c = c->live_next) {
         if (c->closed)
             continue;
-        double t = c->timeout;
-        c->timeout = timeout < t ? timeout : t;
-        if (sn_comm_close(st, c) < 0) {
+        if (close_within(st, c, timeout < c->timeout ? timeout
+                                                     : c->timeout) < 0) {
             PyErr_Clear();
             sn_comm_abort(st, c);
             failures++;
         }
-        c->timeout = t;
     }
     return failures;
 }

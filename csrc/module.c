@@ -507,8 +507,11 @@ sn_exec(PyObject *module)
 
     /* The kernels built for the loaded libnccl's minor, if any. */
     int v = 0;
-    if (ncclGetVersion(&v) == ncclSuccess)
-        (void)sn_abi_select(v);
+    if (ncclGetVersion(&v) == ncclSuccess && sn_abi_select(v) == -2)
+        return -1;   /* ImportError: the library is older than the headers */
+    if (sn_abi_export(module) < 0 || sn_nccl_policy_export(module) < 0 ||
+        sn_fault_export(module) < 0)
+        return -1;
     PyObject *builds = sn_abi_builds();
     if (builds == NULL ||
         PyModule_AddObjectRef(module, "NCCL_DEVICE_API_BUILDS", builds) < 0) {

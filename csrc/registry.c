@@ -516,6 +516,10 @@ static const knob knobs[] = {
      "1: a blocking NCCL communicator: eager NCCL calls launch inline, "
      "without NCCL's launch thread, but init, window registration and "
      "host-side waits are no longer bounded by the timeout"},
+    {"SYMNCCL_NCCL_WINDOWS", offsetof(sn_knobs, nccl_windows),
+     SN_NCCL_WINDOWS_AUTO, 0, 2, 1, "NCCL's own kernels get windows: 0 "
+     "never (plain memory), 1 wherever the buffers are windows, 2 (auto) "
+     "as csrc/nccl_policy.c's table says for the loaded NCCL"},
     {"SYMNCCL_PDL", offsetof(sn_knobs, pdl), 1, 0, 1, 1,
      "1: kernels are programmatic dependent launches, whose launch overlaps "
      "the end of the kernel before them on the stream"},

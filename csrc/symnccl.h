@@ -5,7 +5,8 @@
  * calls only files of the layers above it, never one below, so there is no
  * circle (tests/test_cpu.py checks it):
  *
- *   1  abi.c  errors.c  wait.c  registry.c  dtypes.c  streams.c
+ *   1  nccl_policy.c  abi.c  errors.c  wait.c  registry.c  dtypes.c
+ *      streams.c
  *   2  windows.c  staging.c  faults.c
  *   3  lifecycle.c  watchdog.c  launch.c
  *   4  buffer.c
@@ -106,10 +107,50 @@ sn_state_from_type(PyTypeObject *tp)
 }
 
 /* ------------------------------------------------------------------ */
+/* nccl_policy.c: what symnccl knows of NCCL's versions (pure functions of
+ * a version code and a call; _C.NCCL_WINDOW_POLICY). */
+
+/* NULL when kernels built against NCCL `headers` (NCCL_VERSION_CODE) may
+ * run on libnccl `runtime`, else why not and what to install (in buf). */
+const char *sn_nccl_version_verdict(int runtime, int headers, char *buf,
+                                    size_t size);
+/* 1 when NCCL `runtime`'s kernels wait at entry for the kernel before
+ * them (2.30.7+): symnccl's kernels may then trigger the next launch at
+ * their entry (symnccl_kargs.pdl_early). */
+int sn_nccl_pdl_early(int runtime);
+/* SYMNCCL_NCCL_WINDOWS: NCCL gets plain memory always, windows wherever
+ * the buffers are windows, or as the table says for the loaded NCCL. */
+enum { SN_NCCL_WINDOWS_PLAIN = 0, SN_NCCL_WINDOWS_ON = 1,
+       SN_NCCL_WINDOWS_AUTO = 2 };
+/* Before NCCL runs `collective` (SYMNCCL_COLL_*) on x (xbytes) into out
+ * (outbytes; block_bytes: reduce_scatter's per-rank block, all_gather's
+ * slice): NULL when NCCL `nccl_version` may be given the buffers as they
+ * are, else a short reason why it must get plain memory instead (the
+ * caller then copies through stream-ordered plain memory). x_in_window /
+ * out_in_window: the buffer lies in a registered window. `windows`:
+ * SN_NCCL_WINDOWS_*. */
+const char *sn_nccl_plain_reason(int nccl_version, int windows,
+                                 int collective, const char *x,
+                                 size_t xbytes, const char *out,
+                                 size_t outbytes, size_t block_bytes,
+                                 int x_in_window, int out_in_window);
+/* nccl.h's NCCL_API_MAGIC (2.29+), which NCCL 2.30's ncclDevComm opens
+ * with (devcomm.cu, snk_devcomm_info). */
+#define SN_NCCL_API_MAGIC 0xcafebeefu
+/* NCCL_WINDOW_POLICY and the private _nccl_* test functions. */
+int sn_nccl_policy_export(PyObject *module);
+
+/* ------------------------------------------------------------------ */
 /* abi.c: the build of the kernels for the loaded libnccl's minor. */
 
-/* Chooses the build for ncclGetVersion's code; -1 when none matches. */
+/* Chooses the build for ncclGetVersion's code; -1 when none matches;
+ * -2 with ImportError set when the library is older than the headers that
+ * build was compiled with (nccl_policy.c, sn_nccl_version_verdict). */
 int sn_abi_select(int nccl_version_code);
+int sn_abi_runtime(void);              /* the code given to sn_abi_select */
+int sn_abi_headers(void);              /* the build's headers' code, or 0 */
+/* NCCL_DEVICE_API_HEADERS: {minor: NCCL_VERSION_CODE of its headers}. */
+int sn_abi_export(PyObject *module);
 int sn_abi_minor(void);                /* -1 before a successful select */
 /* NULL when NCCL 2.<minor> has passed `python -m symnccl` on two GPUs,
  * else what was seen (communicators of 2+ ranks warn with it). */
@@ -156,6 +197,7 @@ typedef struct {
     int push_ctas, push_threads, push_region_mib, push_chunk_kib;
     int check;                 /* SYMNCCL_CHECK: compare calls first */
     int pdl;                   /* SYMNCCL_PDL: programmatic launches */
+    int nccl_windows;          /* SYMNCCL_NCCL_WINDOWS: SN_NCCL_WINDOWS_* */
     int nccl_blocking;         /* SYMNCCL_NCCL_BLOCKING */
 } sn_knobs;
 
@@ -437,6 +479,8 @@ int sn_fault_poll(struct CommObject *c);
 int sn_fault_raise(SNState *st, struct CommObject *c);
 /* The message of c's failure (after sn_fault_poll), into buf. */
 void sn_fault_describe(const struct CommObject *c, char *buf, size_t size);
+/* _fault_code (testing). */
+int sn_fault_export(PyObject *module);
 /* Communicator.failure: the failure as a dict, or None. */
 PyObject *sn_fault_dict(struct CommObject *c);
 /* _abort_on_signal(signum): installs the handler that raises the abort
@@ -489,6 +533,8 @@ typedef struct CommObject {
     const char *symmetric_reason;
     const char *multicast_reason;
     int multicast_requested;
+    char device_api_why[240];  /* symmetric_reason, when it is composed */
+    int pdl_early;             /* symnccl_kargs.pdl_early (nccl_policy.c) */
     int closed;                /* 0 open, 1 closed, 2 aborted */
     double timeout;
     sn_knobs knobs;

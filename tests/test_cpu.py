@@ -1075,7 +1075,7 @@ def test_readme_names_every_algorithm_and_knob():
 
 # Host files in layer order (csrc/symnccl.h): each may call only files
 # before it.
-LAYERS = ["abi", "errors", "wait", "registry", "dtypes", "streams", "windows",
+LAYERS = ["nccl_policy", "abi", "errors", "wait", "registry", "dtypes", "streams", "windows",
           "staging", "faults", "loopback", "lifecycle", "watchdog", "launch", "buffer",
           "dlpack", "collectives", "xla_ffi", "comm", "module"]
 

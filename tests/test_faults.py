@@ -416,3 +416,78 @@ def test_watchdog_never_breaks_a_graph_capture_in_another_thread(uid):
             del g
         torch.cuda.synchronize()
         assert c.failure is None
+
+
+# ------------------------------------------- who stopped, on 3+ ranks
+
+# Every kernel/collective case of a loopback team (test_loopback.py) whose
+# ranks wait for each other: (collective, algo).
+STOP_CASES = [("all_reduce", a) for a in ("one_shot", "two_shot", "ll",
+                                          "ll128", "push")] + \
+    [(c, a) for c in ("reduce_scatter", "all_gather")
+     for a in ("ll", "ll128", "push")] + \
+    [("reduce", "one_shot"), ("broadcast", "one_shot")]
+# Grids small enough for every rank of the team to be resident on one GPU
+# at once (as test_loopback.py's _grid).
+STOP_GRID = {4: 16, 8: 8}
+STOP_KNOBS = ("SYMNCCL_ONE_SHOT_CTAS", "SYMNCCL_TWO_SHOT_CTAS",
+              "SYMNCCL_LL_CTAS", "SYMNCCL_PUSH_CTAS")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("nranks", [4, 8])
+@pytest.mark.parametrize("collective,algo", STOP_CASES,
+                         ids=[f"{c}-{a}" for c, a in STOP_CASES])
+def test_every_survivor_names_the_rank_that_stopped(monkeypatch, nranks,
+                                                    collective, algo):
+    """The last rank of a loopback team never makes the call. Every other
+    rank raises PeerTimeoutError naming that rank (.rank), whether it gave
+    up on its own timeout or was told by a rank that gave up first, and
+    all of them within the timeout + 1 s. (Before: a survivor told by its
+    fault word named the survivor that had given up first.)"""
+    torch = pytest.importorskip("torch")
+    for k in STOP_KNOBS:
+        monkeypatch.setenv(k, str(STOP_GRID[nranks]))
+    timeout = 2.0
+    team = symnccl.Communicator._loopback(nranks, 0, timeout=timeout)
+    dead = nranks - 1
+    streams = [torch.cuda.Stream() for _ in team]
+    x = [torch.randn(nranks * 1000, device="cuda") for _ in team]
+    kw = {"root": 0} if collective in ("reduce", "broadcast") else {}
+    errors = {}
+    try:
+        torch.cuda.synchronize()
+        t0 = time.monotonic()
+        for c, s, xq in zip(team[:dead], streams, x):
+            getattr(c, collective)(xq, algo=algo, stream=s, **kw)
+        for c, s in zip(team[:dead], streams):
+            s.synchronize()
+        for q, c in enumerate(team[:dead]):
+            with pytest.raises(symnccl.PeerTimeoutError) as e:
+                c.check()
+            errors[q] = e.value
+        took = time.monotonic() - t0
+    finally:
+        for c in team:
+            c.abort()
+    named = {q: (e.reason, e.rank) for q, e in errors.items()}
+    assert all(rank == dead and reason in ("timeout", "peer")
+               for reason, rank in named.values()), \
+        (named, [str(e) for e in errors.values()])
+    assert any(reason == "timeout" for reason, _ in named.values()), named
+    assert timeout <= took <= timeout + 1.0, took
+    assert torch.arange(8, device="cuda", dtype=torch.float32).sum() == 28
+
+
+def test_fault_word_carries_reason_origin_and_the_rank_named():
+    """The code the first rank to give up writes into every fault word
+    (launch.h, SYMNCCL_FAULT_CODE) decodes to what was put in, for every
+    rank a team can have: a rank told by its word names the same rank."""
+    C = symnccl._C
+    for reason in (1, 2, 3):            # timeout, peer, abort
+        for origin in range(32):
+            for named in (-1, 0, origin, 31 - origin):
+                w, r, o, b = C._fault_code(reason, origin, named)
+                assert (r, o, b) == (reason, origin, named), \
+                    (reason, origin, named, hex(w))
+                assert w != 0   # a kernel reads any set word as a fault

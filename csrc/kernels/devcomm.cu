@@ -45,8 +45,23 @@ ncclResult_t snk_devcomm_destroy(ncclComm_t comm, symnccl_devcomm* dc) {
 
 void snk_devcomm_free(symnccl_devcomm* dc) { free(dc); }
 
+// NCCL 2.30 opens ncclDevComm with the magic and the version of the
+// requirements it was made from (dev_runtime.cc: NCCL_API_MAGIC and
+// reqs->version, NCCL_VERSION_CODE of these headers through the
+// initializer). A device communicator without them was laid out by
+// another NCCL than these headers describe, and nothing else of it can be
+// read: launch.h, symnccl_devcomm_info, says how that is reported.
 void snk_devcomm_info(const symnccl_devcomm* dc, int* lsa_size, int* lsa_rank,
                       int* has_multimem) {
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 30, 0)
+  if (dc->dc.magic != NCCL_API_MAGIC ||
+      dc->dc.version != (unsigned)NCCL_VERSION_CODE) {
+    *lsa_size = -1;
+    *lsa_rank = (int)dc->dc.magic;
+    *has_multimem = (int)dc->dc.version;
+    return;
+  }
+#endif
   *lsa_size = dc->dc.lsaSize;
   *lsa_rank = dc->dc.lsaRank;
   *has_multimem =
@@ -100,6 +115,10 @@ ncclResult_t snk_loopback_devcomm(int rank, int nranks,
   if (h == nullptr) return ncclSystemError;
   h->dc.rank = h->dc.lsaRank = rank;
   h->dc.nRanks = h->dc.lsaSize = nranks;
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 30, 0)
+  h->dc.magic = NCCL_API_MAGIC;
+  h->dc.version = NCCL_VERSION_CODE;
+#endif
   return ncclSuccess;
 }
 

@@ -16,7 +16,9 @@ struct symnccl_devcomm {
 // (PDL): its CTAs may be scheduled while the previous kernel on the stream
 // drains, so the launch latency overlaps it; the kernel waits for that
 // kernel's completion and memory at entry (primitives.cuh, pdl_wait), before
-// it reads its inputs or its call counter. Captured into CUDA graphs as a
+// it reads its inputs or its call counter, and lets the next kernel launch
+// right after that wait only where the loaded NCCL's kernels wait too
+// (a.pdl_early; else at its completion). Captured into CUDA graphs as a
 // programmatic edge.
 // (Internal linkage: the objects of several NCCL minors are joined into
 // one, whose only global symbol is each minor's table.)

@@ -140,9 +140,12 @@ typedef struct {
     uint32_t reason;           /* SYMNCCL_FAULT_*; written last, once */
     int32_t kernel;            /* SYMNCCL_K_*; SYMNCCL_K_COUNT: NCCL's */
     int32_t collective;        /* SYMNCCL_COLL_* */
-    int32_t peer;              /* the rank waited for (timeout), the rank
-                                  that gave up (peer); -1: unknown */
+    int32_t peer;              /* the rank waited for (timeout); the rank
+                                  the first to give up waited for (peer;
+                                  that first rank when it was this one);
+                                  -1: unknown */
     int32_t detail;            /* peer: the SYMNCCL_FAULT_* of that rank */
+    int32_t origin;            /* the rank that gave up first; -1: none */
     int32_t wait;              /* SYMNCCL_WAIT_* */
     int32_t cta;               /* the CTA that gave up */
     uint64_t flag;             /* the flag or epoch waited for */
@@ -150,9 +153,16 @@ typedef struct {
 } symnccl_fault;
 
 /* A fault word (8 bytes, one per rank, in the staging window's control
- * block): 0, or reason << 32 | the rank that gave up first. */
-#define SYMNCCL_FAULT_CODE(reason, rank) \
-    ((uint64_t)(reason) << 32 | (uint32_t)(rank))
+ * block): 0, or the code of the first rank to give up: its reason (bits
+ * 32-39), that rank (0-7) and the rank it names (8-15: the one it waited
+ * for, itself after an abort; 0xff none). */
+#define SYMNCCL_FAULT_CODE(reason, origin, named)                     \
+    ((uint64_t)(reason) << 32 | (uint64_t)(((named) & 0xff) << 8) |   \
+     (uint64_t)((origin) & 0xff))
+#define SYMNCCL_FAULT_REASON(w) ((int)(((w) >> 32) & 0xff))
+#define SYMNCCL_FAULT_ORIGIN(w) ((int)((w) & 0xff))
+#define SYMNCCL_FAULT_NAMED(w) \
+    ((((w) >> 8) & 0xff) == 0xff ? -1 : (int)(((w) >> 8) & 0xff))
 
 /* The control block of the staging window (same offset on every rank,
  * zeroed): the fault word, then SYMNCCL_MAX_CTAS barrier flag lines. */
@@ -221,6 +231,10 @@ typedef struct {
                                   serialization: the kernel may start while
                                   the previous one on the stream ends, and
                                   waits for it at entry (SYMNCCL_PDL) */
+    int pdl_early;             /* let the next kernel on the stream launch
+                                  right after the entry wait; 0: only at
+                                  completion (an NCCL before 2.30.7 may
+                                  follow: nccl_policy.c, sn_nccl_pdl_early) */
 } symnccl_kargs;
 
 /* The entry points of one build of the kernels (one NCCL minor). */
@@ -292,7 +306,10 @@ ncclResult_t symnccl_devcomm_destroy(ncclComm_t comm, symnccl_devcomm *dc);
 /* Frees a holder whose ncclDevCommCreate never completed. */
 void symnccl_devcomm_free(symnccl_devcomm *dc);
 
-/* Topology read off a created device communicator. */
+/* Topology read off a created device communicator. *lsa_size -1: it is
+ * not one this build can read (NCCL 2.30+: its magic and version are not
+ * NCCL_API_MAGIC and the headers' NCCL_VERSION_CODE); *lsa_rank and
+ * *has_multimem then hold the magic and the version found. */
 void symnccl_devcomm_info(const symnccl_devcomm *dc, int *lsa_size,
                           int *lsa_rank, int *has_multimem);
 

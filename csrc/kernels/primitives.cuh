@@ -91,6 +91,15 @@ struct WaitSite {
 // set. Out of line: the waits' fast path stays small.
 // The kernels take their arguments as __grid_constant__, so `a` points
 // into the launch's parameters: no copy.
+//
+// Who is named (docs/FAILURES.md): the first rank to give up names the
+// rank it waited for (itself after an abort), and writes that name into
+// the code it leaves in every fault word; a rank told by its word names
+// the same rank, so every survivor names the rank that stopped, not the
+// survivor that happened to give up first. When the first rank named the
+// rank told (it came late: it was not gone), that one names the first.
+// (Kept small: a larger body costs the packet kernels registers, which sit
+// at their cap, through the call.)
 static __device__ __noinline__ void give_up(const symnccl_kargs* a, int me,
                                             int n, uint32_t why,
                                             WaitSite site,
@@ -98,13 +107,14 @@ static __device__ __noinline__ void give_up(const symnccl_kargs* a, int me,
   uint64_t* word = a->fault_word;
   const uint64_t w = load_relaxed(word);
   uint32_t reason = why;
-  int peer = site.peer, detail = 0;
+  int peer = site.peer, detail = 0, origin = me;
   if (w != 0) {
-    const int origin = (int)(uint32_t)w;
+    origin = SYMNCCL_FAULT_ORIGIN(w);
     if (origin == me) return;  // another CTA of this rank gave up first
     reason = SYMNCCL_FAULT_PEER;
-    peer = origin;
-    detail = (int)(w >> 32);
+    detail = SYMNCCL_FAULT_REASON(w);
+    const int named = SYMNCCL_FAULT_NAMED(w);
+    peer = named < 0 || named == me ? origin : named;
   }
   // The record: written once, by the first CTA, unless the host wrote one
   // (the watchdog, for an NCCL kernel); `reason` last.
@@ -114,6 +124,7 @@ static __device__ __noinline__ void give_up(const symnccl_kargs* a, int me,
     r->collective = a->collective;
     r->peer = peer;
     r->detail = detail;
+    r->origin = origin;
     r->wait = site.wait;
     r->cta = (int)blockIdx.x;
     r->flag = site.flag;
@@ -126,7 +137,8 @@ static __device__ __noinline__ void give_up(const symnccl_kargs* a, int me,
   // kernels at entry), then every peer's: their waits for this rank end at
   // once instead of at their own timeout, and a peer that comes back late
   // finds its word set instead of data from a call this rank gave up.
-  const unsigned long long code = SYMNCCL_FAULT_CODE(reason, me);
+  const unsigned long long code = SYMNCCL_FAULT_CODE(
+      reason, me, why == SYMNCCL_FAULT_ABORT ? me : site.peer);
   atomicCAS_system(reinterpret_cast<unsigned long long*>(word), 0ull, code);
   char* p0 =
       static_cast<char*>(ncclGetLsaPointer(a->ctl_win, a->ctl_offset, 0));
@@ -191,12 +203,31 @@ struct Entry {
 
 // Programmatic dependent launch (devcomm.cuh, symnccl_launch_kernel): wait
 // until the previous kernel on the stream has completed and its memory is
-// visible (at once when not launched so), then let the next kernel's launch
-// begin (it waits likewise before it reads what this one writes).
-__device__ __forceinline__ void pdl_wait() {
+// visible (at once when not launched so), then, with `early`, let the next
+// kernel's launch begin (a symnccl kernel waits likewise before it reads
+// what this one writes).
+//
+// Without `early` the trigger is the implicit one: the next kernel is scheduled
+// only once every CTA of this one has completed (PTX ISA, griddepcontrol:
+// dependents launch when all CTAs have issued launch_dependents "or
+// completed"). That is for an NCCL kernel that may follow: NCCL before 2.30.7
+// launches its symmetric kernels as programmatic dependent launches that never
+// execute griddepcontrol.wait (2.30.7 added cudaGridDependencySynchronize at
+// their entry), so after an early trigger one could run alongside this kernel,
+// reading its input before this kernel wrote it. With the implicit trigger it
+// starts only after this kernel ended, as it does after any kernel that never
+// triggers (torch's, cuBLAS's): the case NCCL's launch was built for. The
+// documents promise a secondary the memory of its primary only through .wait,
+// so what is left (stores of completed CTAs not yet visible) is NCCL's own gap
+// before 2.30.7, shared with every kernel that precedes it, not one of
+// symnccl's. Launching symnccl's kernels without the PDL attribute would not
+// help: the attribute of a launch orders that kernel after the one before it
+// (which the wait above does), never the next one after it. Chosen per
+// communicator from the loaded NCCL (nccl_policy.c, sn_nccl_pdl_early).
+__device__ __forceinline__ void pdl_wait(int early) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
-  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  if (early) asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
 
@@ -216,7 +247,7 @@ static __device__ __noinline__ bool entry_slow(const symnccl_kargs* a,
 
 __device__ __forceinline__ Entry enter(const symnccl_kargs& a, int me,
                                        int n) {
-  pdl_wait();
+  pdl_wait(a.pdl_early);
   const uint64_t word = load_relaxed(a.fault_word);
   Entry r{a.epochs[blockIdx.x], word == 0};
   if (threadIdx.x == 0 && (word != 0 || a.inject))
@@ -232,7 +263,8 @@ __device__ __forceinline__ bool enter_cta(const symnccl_kargs& a, int me,
                                           int n, uint64_t& epoch) {
   __shared__ uint64_t s_epoch;
   __shared__ int s_ok;
-  pdl_wait();  // every thread (thread 0's second wait in enter is a no-op)
+  // every thread (thread 0's second wait in enter is a no-op)
+  pdl_wait(a.pdl_early);
   if (threadIdx.x == 0) {
     const Entry en = enter(a, me, n);
     s_epoch = en.epoch;
