@@ -1,7 +1,8 @@
 /* The collective methods of Communicator: argument handling shared by
- * every op, the choice of algorithm (registry.c), symnccl's kernels
- * (launch.c) or NCCL (ncclAllReduce & co. on the caller's stream; on
- * SymmetricBuffers NCCL 2.28 picks its own symmetric-window kernels).
+ * every op, the choice of algorithm (sn_resolve, registry.c), symnccl's
+ * kernels (launch.c) or NCCL (ncclAllReduce & co. on the caller's stream;
+ * NCCL's own symmetric-window kernels see a window only where the
+ * NCCL-window policy of nccl_policy.c allows).
  */
 #include "symnccl.h"
 
@@ -341,53 +342,94 @@ call_algo(sn_call *k, int collective, int algo, const sn_op *op,
     return got;
 }
 
-/* 1 if p lies in one of c's windows at an offset that is not a multiple
- * of 16 bytes. */
-static int
-misaligned_in_window(CommObject *c, const char *p)
+/* The NCCL call itself, on the buffers given. */
+static ncclResult_t
+nccl_enqueue(sn_call *k, int collective, const sn_op *op, int root,
+             const void *x, void *out)
 {
-    sn_window *w = sn_window_find(c, p, 1);
-    return w != NULL && (p - w->base) % 16 != 0;
+    const ncclDataType_t t = k->x.dtype->nccl;
+    ncclComm_t comm = k->c->comm;
+    switch (collective) {
+    case SYMNCCL_COLL_ALL_REDUCE:
+        return ncclAllReduce(x, out, k->x.count, t, op->nccl, comm,
+                             k->stream);
+    case SYMNCCL_COLL_REDUCE_SCATTER:
+        return ncclReduceScatter(x, out, k->out.count, t, op->nccl, comm,
+                                 k->stream);
+    case SYMNCCL_COLL_ALL_GATHER:
+        return ncclAllGather(x, out, k->x.count, t, comm, k->stream);
+    case SYMNCCL_COLL_BROADCAST:
+        return ncclBroadcast(x, out, k->x.count, t, root, comm, k->stream);
+    case SYMNCCL_COLL_REDUCE:
+        return ncclReduce(x, out, k->x.count, t, op->nccl, root, comm,
+                          k->stream);
+    default:
+        return ncclInvalidArgument;
+    }
 }
 
-/* NCCL 2.28.9's symmetric-window all-reduce gives wrong bf16 results when
- * the tensor starts at an offset that is not a multiple of 16 bytes in its
- * window (seen on 2xH200: window offsets of 1..8 bf16 elements, in place;
- * float32 at the same offsets was right). Such calls go through
- * stream-ordered plain memory, which NCCL reduces with its regular kernels:
- * copy in, all-reduce in place, copy out. */
+/* A collective on NCCL. NCCL's own symmetric-window kernels see a window
+ * only where the NCCL-window policy allows (nccl_policy.c: the calls the
+ * loaded NCCL's kernels get wrong, SYMNCCL_NCCL_WINDOWS); otherwise the
+ * call runs on stream-ordered plain memory, which NCCL reduces with its
+ * regular kernels: copy in, the collective, copy out. */
 static int
-nccl_all_reduce_via_plain(sn_call *k, const sn_op *op, size_t bytes)
+nccl_call(sn_call *k, int collective, const sn_op *op, int root)
 {
+    static const char *const names[SYMNCCL_COLL_COUNT] = {
+        [SYMNCCL_COLL_ALL_REDUCE] = "ncclAllReduce",
+        [SYMNCCL_COLL_REDUCE_SCATTER] = "ncclReduceScatter",
+        [SYMNCCL_COLL_ALL_GATHER] = "ncclAllGather",
+        [SYMNCCL_COLL_BROADCAST] = "ncclBroadcast",
+        [SYMNCCL_COLL_REDUCE] = "ncclReduce"};
+    CommObject *c = k->c;
+    const char *what = names[collective];
+    const size_t is = (size_t)k->x.dtype->itemsize;
+    const size_t xbytes = k->x.count * is, obytes = k->out.count * is;
+    const size_t block = collective == SYMNCCL_COLL_REDUCE_SCATTER ? obytes
+                         : collective == SYMNCCL_COLL_ALL_GATHER  ? xbytes
+                                                                  : 0;
+    const char *why = sn_nccl_plain_reason(
+        sn_abi_runtime(), c->knobs.nccl_windows, collective, k->x.ptr,
+        xbytes, k->out.ptr, obytes, block,
+        sn_window_find(c, k->x.ptr, xbytes ? xbytes : 1) != NULL,
+        sn_window_find(c, k->out.ptr, obytes ? obytes : 1) != NULL);
+    if (why == NULL)
+        return enqueue_done(k, nccl_enqueue(k, collective, op, root,
+                                            k->x.ptr, k->out.ptr),
+                            collective, what);
     if (k->st->group_depth > 0) {
-        PyErr_SetString(PyExc_NotImplementedError, "algo='nccl' on a window "
-                        "view that does not start on a 16-byte boundary "
-                        "cannot run inside symnccl.group() (NCCL 2.28.9 "
-                        "workaround, README: Known NCCL issues)");
+        /* a group launches at its end: the copy out could not follow */
+        PyErr_Format(PyExc_NotImplementedError, "%s on a symmetric window "
+                     "cannot run inside symnccl.group(): %s (call it outside "
+                     "the group, or set SYMNCCL_NCCL_WINDOWS=1 to give NCCL "
+                     "the window anyway)", sn_collective_name(collective),
+                     why);
         return -1;
     }
+    const int in_place = k->x.ptr == k->out.ptr;
     char *tmp = NULL;
-    cudaError_t e = cudaMallocAsync((void **)&tmp, bytes ? bytes : 1,
+    const size_t total = in_place ? obytes : xbytes + obytes;
+    cudaError_t e = cudaMallocAsync((void **)&tmp, total ? total : 1,
                                     k->stream);
     if (e != cudaSuccess)
-        return sn_set_cuda_error(k->st, e, "cudaMallocAsync");
+        return sn_set_cuda_error(k->st, e, "cudaMallocAsync (NCCL on plain "
+                                 "memory)");
+    char *tx = tmp, *tout = in_place ? tmp : tmp + xbytes;
     int ok = 0;
-    e = cudaMemcpyAsync(tmp, k->x.ptr, bytes, cudaMemcpyDeviceToDevice,
+    e = cudaMemcpyAsync(tx, k->x.ptr, xbytes, cudaMemcpyDeviceToDevice,
                         k->stream);
     if (e == cudaSuccess) {
-        ncclResult_t rc = ncclAllReduce(tmp, tmp, k->x.count,
-                                        k->x.dtype->nccl, op->nccl,
-                                        k->c->comm, k->stream);
-        ok = enqueue_done(k, rc, SYMNCCL_COLL_ALL_REDUCE,
-                          "ncclAllReduce") == 0;
+        ok = enqueue_done(k, nccl_enqueue(k, collective, op, root, tx, tout),
+                          collective, what) == 0;
         if (ok)
-            e = cudaMemcpyAsync(k->out.ptr, tmp, bytes,
+            e = cudaMemcpyAsync(k->out.ptr, tout, obytes,
                                 cudaMemcpyDeviceToDevice, k->stream);
     }
     cudaError_t e2 = cudaFreeAsync(tmp, k->stream);
     if (!PyErr_Occurred() && (e != cudaSuccess || e2 != cudaSuccess)) {
         sn_set_cuda_error(k->st, e != cudaSuccess ? e : e2,
-                          "all_reduce staging copy (NCCL workaround)");
+                          "copy through plain memory (NCCL-window policy)");
         ok = 0;
     }
     return ok ? 0 : -1;
@@ -427,13 +469,7 @@ sn_all_reduce(CommObject *c, PyObject *args, PyObject *kw)
     if (algo != SN_ALGO_NCCL)
         return call_end(&k, kernel_call(&k, SYMNCCL_COLL_ALL_REDUCE, algo, op,
                                         win, k.x.count, -1) == 0);
-    if (misaligned_in_window(c, k.x.ptr) || misaligned_in_window(c, k.out.ptr))
-        return call_end(&k, nccl_all_reduce_via_plain(&k, op, bytes) == 0);
-    ncclResult_t rc = ncclAllReduce(k.x.ptr, k.out.ptr, k.x.count,
-                                    k.x.dtype->nccl, op->nccl, c->comm,
-                                    k.stream);
-    return call_end(&k, enqueue_done(&k, rc, SYMNCCL_COLL_ALL_REDUCE,
-                                     "ncclAllReduce") == 0);
+    return call_end(&k, nccl_call(&k, SYMNCCL_COLL_ALL_REDUCE, op, -1) == 0);
 }
 
 PyObject *
@@ -480,46 +516,8 @@ sn_reduce_scatter(CommObject *c, PyObject *args, PyObject *kw)
     if (algo != SN_ALGO_NCCL)
         return call_end(&k, kernel_call(&k, SYMNCCL_COLL_REDUCE_SCATTER, algo,
                                         op, NULL, k.x.count / n, -1) == 0);
-    size_t chunk = k.x.count / n * (size_t)k.x.dtype->itemsize;
-    /* NCCL 2.28.9's symmetric-window reduce-scatter writes zeros into every
-     * 4th 16-bit element of ranks whose block does not start on a 16-byte
-     * boundary (seen on 2xH200: bf16, 1031 and 4099 elements per rank).
-     * Then the result goes through stream-ordered plain memory, which NCCL
-     * reduces with its regular kernels. */
-    char *recv = k.out.ptr;
-    if (chunk % 16 != 0 && sn_window_find(c, k.out.ptr, 1) != NULL) {
-        cudaError_t e = cudaMallocAsync((void **)&recv, chunk ? chunk : 1,
-                                        k.stream);
-        if (e != cudaSuccess) {
-            sn_set_cuda_error(k.st, e, "cudaMallocAsync");
-            return call_end(&k, 0);
-        }
-    }
-    ncclResult_t rc = ncclReduceScatter(k.x.ptr, recv, k.x.count / n,
-                                        k.x.dtype->nccl, op->nccl, c->comm,
-                                        k.stream);
-    int ok = enqueue_done(&k, rc, SYMNCCL_COLL_REDUCE_SCATTER,
-                          "ncclReduceScatter") == 0;
-    if (recv != k.out.ptr) {
-        cudaError_t e = cudaSuccess;
-        if (ok && k.st->group_depth == 0)
-            e = cudaMemcpyAsync(k.out.ptr, recv, chunk,
-                                cudaMemcpyDeviceToDevice, k.stream);
-        else if (ok) {
-            PyErr_SetString(PyExc_NotImplementedError,
-                            "reduce_scatter into a symmetric window with a "
-                            "block that is not a multiple of 16 bytes cannot "
-                            "run inside symnccl.group()");
-            ok = 0;
-        }
-        cudaError_t e2 = cudaFreeAsync(recv, k.stream);
-        if (ok && (e != cudaSuccess || e2 != cudaSuccess)) {
-            sn_set_cuda_error(k.st, e != cudaSuccess ? e : e2,
-                              "reduce_scatter staging copy");
-            ok = 0;
-        }
-    }
-    return call_end(&k, ok);
+    return call_end(&k, nccl_call(&k, SYMNCCL_COLL_REDUCE_SCATTER, op,
+                                  -1) == 0);
 }
 
 PyObject *
@@ -557,10 +555,8 @@ sn_all_gather(CommObject *c, PyObject *args, PyObject *kw)
     if (algo != SN_ALGO_NCCL)
         return call_end(&k, kernel_call(&k, SYMNCCL_COLL_ALL_GATHER, algo,
                                         NULL, NULL, k.x.count, -1) == 0);
-    ncclResult_t rc = ncclAllGather(k.x.ptr, k.out.ptr, k.x.count,
-                                    k.x.dtype->nccl, c->comm, k.stream);
-    return call_end(&k, enqueue_done(&k, rc, SYMNCCL_COLL_ALL_GATHER,
-                                     "ncclAllGather") == 0);
+    return call_end(&k, nccl_call(&k, SYMNCCL_COLL_ALL_GATHER, NULL, -1) ==
+                            0);
 }
 
 /* broadcast and reduce: root's x to every rank, or every rank's x reduced
@@ -603,17 +599,7 @@ rooted(CommObject *c, PyObject *args, PyObject *kw, int collective)
     if (algo != SN_ALGO_NCCL)
         return call_end(&k, kernel_call(&k, collective, algo, rop, NULL,
                                         k.x.count, root) == 0);
-    ncclResult_t rc;
-    if (collective == SYMNCCL_COLL_BROADCAST)
-        rc = ncclBroadcast(k.x.ptr, k.out.ptr, k.x.count, k.x.dtype->nccl,
-                           root, c->comm, k.stream);
-    else
-        rc = ncclReduce(k.x.ptr, k.out.ptr, k.x.count, k.x.dtype->nccl,
-                        op->nccl, root, c->comm, k.stream);
-    return call_end(&k, enqueue_done(&k, rc, collective,
-                                     collective == SYMNCCL_COLL_BROADCAST
-                                         ? "ncclBroadcast"
-                                         : "ncclReduce") == 0);
+    return call_end(&k, nccl_call(&k, collective, op, root) == 0);
 }
 
 PyObject *

@@ -219,6 +219,13 @@ version_string(int code)
                                 v_patch(code));
 }
 
+/* The collectives' names (launch.h's list; registry.c, a later layer,
+ * has the same view). */
+#define COLL_NAME_(id, name) name,
+static const char *const coll_names[SYMNCCL_COLL_COUNT] = {
+    SYMNCCL_COLLECTIVES(COLL_NAME_)};
+#undef COLL_NAME_
+
 static PyObject *
 policy_table(void)
 {
@@ -229,7 +236,7 @@ policy_table(void)
         for (int c = 0; colls != NULL && c < SYMNCCL_COLL_COUNT; c++) {
             if (!(k->collectives >> c & 1))
                 continue;
-            PyObject *name = PyUnicode_FromString(sn_collective_name(c));
+            PyObject *name = PyUnicode_FromString(coll_names[c]);
             if (name == NULL || PyList_Append(colls, name) < 0)
                 Py_CLEAR(colls);
             Py_XDECREF(name);
@@ -267,7 +274,7 @@ py_plain_reason(PyObject *module, PyObject *args)
         return NULL;
     int coll = -1;
     for (int c = 0; c < SYMNCCL_COLL_COUNT; c++)
-        if (strcmp(sn_collective_name(c), cname) == 0)
+        if (strcmp(coll_names[c], cname) == 0)
             coll = c;
     if (coll < 0 || xbytes < 0 || outbytes < 0 || block < 0) {
         PyErr_Format(PyExc_ValueError, "_nccl_plain_reason: collective "

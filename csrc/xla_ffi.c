@@ -231,6 +231,81 @@ xla_window(CommObject *c, const char *p, size_t bytes, int device,
     return w->win != NULL ? w : NULL;
 }
 
+/* A collective on NCCL from an XLA handler (c entered, its device
+ * current): x has xcount elements, y ycount. NCCL's own symmetric-window
+ * kernels see one of the windows symnccl registered for XLA's buffers only
+ * where the NCCL-window policy allows (nccl_policy.c); otherwise through
+ * stream-ordered plain memory. 0, or -1 with msg[] filled. */
+static int
+xla_nccl(CommObject *c, int collective, const sn_dtype *dt, const sn_op *op,
+         const char *x, size_t xcount, char *y, size_t ycount,
+         cudaStream_t stream, char *msg, size_t len)
+{
+    const char *name = sn_collective_name(collective);
+    const size_t is = (size_t)dt->itemsize;
+    const size_t xb = xcount * is, yb = ycount * is;
+    int xw = 0, yw = 0;
+    for (sn_window *w = c->xla_windows; w != NULL; w = w->next)
+        if (w->win != NULL) {
+            xw |= x >= w->base && x + xb <= w->base + w->size;
+            yw |= y >= w->base && y + yb <= w->base + w->size;
+        }
+    const size_t block = collective == SYMNCCL_COLL_REDUCE_SCATTER ? yb
+                         : collective == SYMNCCL_COLL_ALL_GATHER  ? xb
+                                                                  : 0;
+    const int plain =
+        sn_nccl_plain_reason(sn_abi_runtime(), c->knobs.nccl_windows,
+                             collective, x, xb, y, yb, block, xw, yw) != NULL;
+    char *tmp = NULL;
+    const int in_place = x == y;
+    const char *nx = x;
+    char *ny = y;
+    cudaError_t e = cudaSuccess;
+    if (plain) {
+        const size_t total = in_place ? yb : xb + yb;
+        e = cudaMallocAsync((void **)&tmp, total ? total : 1, stream);
+        if (e == cudaSuccess)
+            e = cudaMemcpyAsync(tmp, x, xb, cudaMemcpyDeviceToDevice, stream);
+        nx = tmp;
+        ny = in_place ? tmp : tmp + xb;
+    }
+    ncclResult_t rc = ncclSuccess;
+    if (e == cudaSuccess) {
+        if (collective == SYMNCCL_COLL_ALL_REDUCE)
+            rc = ncclAllReduce(nx, ny, xcount, dt->nccl, op->nccl, c->comm,
+                               stream);
+        else if (collective == SYMNCCL_COLL_REDUCE_SCATTER)
+            rc = ncclReduceScatter(nx, ny, ycount, dt->nccl, op->nccl,
+                                   c->comm, stream);
+        else
+            rc = ncclAllGather(nx, ny, xcount, dt->nccl, c->comm, stream);
+        rc = nccl_finish(c, rc);
+        if (rc == ncclSuccess) {
+            sn_count_nccl(c);
+            sn_watch_nccl(c, collective, stream);
+            if (plain)
+                e = cudaMemcpyAsync(y, ny, yb, cudaMemcpyDeviceToDevice,
+                                    stream);
+        }
+    }
+    if (tmp != NULL) {
+        cudaError_t e2 = cudaFreeAsync(tmp, stream);
+        if (e == cudaSuccess)
+            e = e2;
+    }
+    if (rc != ncclSuccess) {
+        snprintf(msg, len, "symnccl_%s: NCCL: %s", name,
+                 rc == ncclInProgress ? "timed out" : ncclGetErrorString(rc));
+        return -1;
+    }
+    if (e != cudaSuccess) {
+        snprintf(msg, len, "symnccl_%s: copy through plain memory "
+                 "(NCCL-window policy): %s", name, cudaGetErrorString(e));
+        return -1;
+    }
+    return 0;
+}
+
 /* The algorithm of one call (sn_resolve, as for the Communicator
  * methods; no group on XLA's threads), or SN_ALGO_UNKNOWN with msg[]
  * naming the handler, what was asked and why it cannot run. */
@@ -280,20 +355,9 @@ all_reduce(const snx_api *api, snx_call_frame *call, CommObject *c,
     if (prev != c->device)
         cudaSetDevice(c->device);
     int failed = 0;
-    if (algo == SN_ALGO_NCCL) {
-        ncclResult_t rc = nccl_finish(c, ncclAllReduce(
-            x->data, y->data, count, dt->nccl, op->nccl, c->comm, stream));
-        if (rc == ncclSuccess) {
-            sn_count_nccl(c);
-            sn_watch_nccl(c, SYMNCCL_COLL_ALL_REDUCE, stream);
-        }
-        if (rc != ncclSuccess) {
-            snprintf(msg, sizeof(msg), "symnccl_all_reduce: ncclAllReduce: "
-                     "%s", rc == ncclInProgress ? "timed out"
-                                                : ncclGetErrorString(rc));
-            failed = 1;
-        }
-    }
+    if (algo == SN_ALGO_NCCL)
+        failed = xla_nccl(c, SYMNCCL_COLL_ALL_REDUCE, dt, op, x->data, count,
+                          y->data, count, stream, msg, sizeof(msg)) < 0;
     else {
         sn_ar r = {c,      algo, x->data, y->data, NULL, count, dt, op,
                    stream, SYMNCCL_COLL_ALL_REDUCE, -1};
@@ -377,26 +441,9 @@ slice_collective(const snx_api *api, snx_call_frame *call,
             failed = 1;
         }
     }
-    else {
-        ncclResult_t rc;
-        if (collective == SYMNCCL_COLL_REDUCE_SCATTER)
-            rc = ncclReduceScatter(x->data, y->data, ycount, dt->nccl,
-                                   op->nccl, c->comm, stream);
-        else
-            rc = ncclAllGather(x->data, y->data, count, dt->nccl, c->comm,
-                               stream);
-        rc = nccl_finish(c, rc);
-        if (rc == ncclSuccess) {
-            sn_count_nccl(c);
-            sn_watch_nccl(c, collective, stream);
-        }
-        else {
-            snprintf(msg, sizeof(msg), "symnccl_%s: NCCL: %s", name,
-                     rc == ncclInProgress ? "timed out"
-                                          : ncclGetErrorString(rc));
-            failed = 1;
-        }
-    }
+    else
+        failed = xla_nccl(c, collective, dt, op, x->data, count, y->data,
+                          ycount, stream, msg, sizeof(msg)) < 0;
     if (prev >= 0 && prev != c->device)
         cudaSetDevice(prev);
     if (failed)

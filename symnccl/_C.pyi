@@ -25,6 +25,9 @@ KERNELS: tuple[str, ...]
 MULTIMEM_OPS: dict[str, tuple[str, ...]]
 AUTO_TABLE: tuple[dict[str, Any], ...]
 KERNEL_TABLE: tuple[dict[str, Any], ...]
+NCCL_WINDOW_POLICY: tuple[dict[str, Any], ...]
+NCCL_DEVICE_API_HEADERS: dict[int, int]
+NCCL_PDL_WAITS_FROM: int
 DEFAULT_TIMEOUT: float
 KNOBS: dict[str, tuple[Any, ...]]
 
@@ -82,6 +85,7 @@ class Communicator:
     lsa_rank: int
     symmetric: bool
     symmetric_reason: str
+    device_api_reason: Optional[str]
     multicast: bool
     multicast_reason: str
     closed: bool
