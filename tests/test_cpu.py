@@ -441,10 +441,12 @@ def test_bench_report_rebuilds_table_from_recorded_json(tmp_path):
     src = os.path.join(root, "benchmarks", "results", "allreduce_h200x2_bfloat16.json")
     dst = tmp_path / "r.json"
     shutil.copy(src, dst)
+    # --report writes its PNG into the current directory (never beside
+    # a JSON it only reads)
     r = subprocess.run([sys.executable, os.path.join(root, "benchmarks",
                                                      "bench_allreduce.py"),
                         "--report", str(dst)], capture_output=True, text=True,
-                       timeout=120)
+                       timeout=120, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     doc = json.loads(dst.read_text())
     lines = [ln for ln in r.stdout.splitlines() if ln.strip().endswith("x")]
@@ -460,7 +462,8 @@ def test_bench_report_rebuilds_table_from_recorded_json(tmp_path):
     r2 = subprocess.run([sys.executable, os.path.join(root, "benchmarks",
                                                       "bench_allreduce.py"),
                          "--report", str(dst2)],
-                        capture_output=True, text=True, timeout=120)
+                        capture_output=True, text=True, timeout=120,
+                        cwd=tmp_path)
     assert r2.returncode == 0 and "symnccl:ll128" in r2.stdout, r2.stderr
     # the ceiling's GB/s is bytes / time (no all-reduce bus factor)
     last = doc["rows"][-1]
