@@ -95,7 +95,7 @@ sn_abi_minor(void)
 }
 
 /* The minors that have not passed the self-check on two GPUs, and what was
- * seen (2x H200, driver 580.159.04, benchmarks/NOTES.md section 30). */
+ * seen (2x H200, driver 580.159.04; docs/PERFORMANCE.md, 'NCCL versions'). */
 const char *
 sn_abi_multi_gpu_caveat(int minor)
 {

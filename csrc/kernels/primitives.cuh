@@ -192,7 +192,7 @@ __device__ __forceinline__ bool bounded_wait(Ready&& ready,
 // overlap them; the CTA learns the verdict at its first Barrier::sync (ok),
 // before it reads a peer's memory. Sharing thread 0's loads through a
 // __syncthreads instead cost ~0.4 us per launch on H200 (1-rank kernel
-// cost, benchmarks/NOTES.md, 19a).
+// cost; docs/PERFORMANCE.md, 'Entry checks and the bounded barrier').
 //
 // The kernels that store to peers at once (packets, push) take
 // enter_cta(): the CTA agrees on the verdict before its first store.
