@@ -65,6 +65,15 @@ static const int kernel_algo[SYMNCCL_K_COUNT] = {
     SYMNCCL_KERNEL_TABLE(KALGO_)};
 #undef KALGO_
 
+#define NAME_(id, name, ...) name,
+static const char *const kernel_names[SYMNCCL_K_COUNT + 1] = {
+    SYMNCCL_KERNEL_TABLE(NAME_) "nccl"};
+#undef NAME_
+#define NAME_(id, name) name,
+static const char *const collective_names[SYMNCCL_COLL_COUNT] = {
+    SYMNCCL_COLLECTIVES(NAME_)};
+#undef NAME_
+
 /* kernel_of[collective][algo][shot]: the kernel, or -1; filled from the
  * table once at import (index_kernels), read on every call. */
 static signed char kernel_of[SYMNCCL_COLL_COUNT][SN_ALGO_COUNT][2];
@@ -76,13 +85,22 @@ static char no_kernel[SYMNCCL_COLL_COUNT][192];
 /* "expected all_reduce, reduce_scatter, ..." */
 static char collective_choices[192];
 
-static void
+static int
 index_kernels(void)
 {
     memset(kernel_of, -1, sizeof(kernel_of));
     for (int k = 0; k < SYMNCCL_K_COUNT; k++) {
         const symnccl_kernel_row r = symnccl_kernel_row_of(k);
-        kernel_of[r.collective][kernel_algo[k]][r.shot] = (signed char)k;
+        signed char *slot = &kernel_of[r.collective][kernel_algo[k]][r.shot];
+        if (*slot >= 0) {   /* two rows for one call: the table is wrong */
+            PyErr_Format(PyExc_SystemError, "kernels/table.h: %s and %s "
+                         "both run %s with algorithm %s (shot %d)",
+                         kernel_names[*slot], r.name,
+                         sn_collective_name(r.collective),
+                         sn_algos[kernel_algo[k]].name, r.shot);
+            return -1;
+        }
+        *slot = (signed char)k;
         has_kernels[r.collective] = 1;
     }
     size_t n = 0;
@@ -103,6 +121,7 @@ index_kernels(void)
         if (len < size)
             snprintf(m + len, size - len, "nccl)");
     }
+    return 0;
 }
 
 int
@@ -123,14 +142,6 @@ sn_kernel_algo(int kernel)
                                                    : SN_ALGO_NCCL;
 }
 
-#define NAME_(id, name, ...) name,
-static const char *const kernel_names[SYMNCCL_K_COUNT + 1] = {
-    SYMNCCL_KERNEL_TABLE(NAME_) "nccl"};
-#undef NAME_
-#define NAME_(id, name) name,
-static const char *const collective_names[SYMNCCL_COLL_COUNT] = {
-    SYMNCCL_COLLECTIVES(NAME_)};
-#undef NAME_
 
 const char *
 sn_kernel_name(int kernel)
@@ -701,7 +712,8 @@ sn_registry_export(PyObject *module)
 {
     if (check_kernel_dtypes() < 0)
         return -1;
-    index_kernels();
+    if (index_kernels() < 0)
+        return -1;
     PyObject *dtypes = PyTuple_New(sn_n_dtypes);
     PyObject *kdtypes = PyList_New(0);
     if (dtypes == NULL || kdtypes == NULL)
