@@ -840,6 +840,31 @@ static PyMethodDef comm_methods[] = {
      "algo: 'one_shot' runs symnccl's kernel (the root loads every rank's "
      "copy: the bits of all_reduce); 'nccl' and 'auto' run ncclReduce.\n\n"
      "Example:\n    comm.reduce(loss_sum, root=0)"},
+    {"all_reduce_rmsnorm", (PyCFunction)(void (*)(void))sn_all_reduce_rmsnorm,
+     METH_VARARGS | METH_KEYWORDS,
+     "all_reduce_rmsnorm($self, /, x, residual, weight, eps, *, out=None, "
+     "residual_out=None, algo='auto', stream=None)\n--\n\n"
+     "-> (y, h)\n\n"
+     "The all-reduce of a tensor-parallel layer fused with the residual add "
+     "and RMSNorm after it (vLLM's fused_add_rms_norm): x (T, H) holds this "
+     "rank's partial sums, residual (T, H), weight (H,);\n"
+     "    h = all_reduce(x) + residual\n"
+     "    y = h * rsqrt(mean(h * h over H) + eps) * weight\n"
+     "The all-reduce is rounded to x's dtype, h too before the norm (as "
+     "vLLM and the unfused composition round them); the mean and the "
+     "scaling are fp32, the normalised value is rounded to the dtype "
+     "before the weight (as vLLM and torch's rms_norm do). float32, "
+     "float16, bfloat16; H a multiple of 8; residual and weight of x's "
+     "dtype. Every rank gets the same bits (the ranks are summed in rank "
+     "order). y goes to out=, h to residual_out= (residual_out=residual: "
+     "in place, as vLLM), else to new tensors of x's framework.\n\n"
+     "algo: 'one_shot' (symnccl's kernel: each rank stages x, then reduces "
+     "every row from every rank, adds, normalises); 'nccl' (ncclAllReduce, "
+     "then symnccl's add+norm kernel); 'auto' (AUTO_TABLE). A loopback team "
+     "runs 'one_shot' only.\n\n"
+     "Example:\n"
+     "    y, h = comm.all_reduce_rmsnorm(attn_out, residual, w, 1e-6,\n"
+     "                                   residual_out=residual)"},
     {"barrier", (PyCFunction)(void (*)(void))sn_barrier,
      METH_VARARGS | METH_KEYWORDS,
      "barrier($self, /, stream=None, *, blocking=False)\n--\n\n"

@@ -213,6 +213,12 @@ sn_collective_unavailable(const sn_topology *t, int collective, int algo,
     /* a kernel that moves bytes takes every dtype, and no op */
     if (symnccl_kernel_row_of(k).bytes)
         dt = NULL, op = NULL;
+    /* a FLOAT kernel exists in the float32, float16, bfloat16 units only */
+    if (symnccl_kernel_row_of(k).unit == SYMNCCL_UNIT_FLOAT && dt != NULL &&
+        dt->kernel != SYMNCCL_DT_F32 && dt->kernel != SYMNCCL_DT_F16 &&
+        dt->kernel != SYMNCCL_DT_BF16)
+        return "this dtype has no kernel of this collective (float32, "
+               "float16 and bfloat16 have)";
     return sn_algo_unavailable(t, algo, dt, op);
 }
 
@@ -268,6 +274,12 @@ static const auto_row auto_table[] = {
     {SYMNCCL_COLL_ALL_GATHER, 2, 64 * KIB, 4 * MIB, 0, 0, 0, SN_ALGO_PUSH},
     {SYMNCCL_COLL_REDUCE, 2, 0, 0, 4 * MIB, 0, 0, SN_ALGO_NCCL},
     {SYMNCCL_COLL_BROADCAST, 2, 0, 0, 4 * MIB, 0, 0, SN_ALGO_NCCL},
+    /* all_reduce_rmsnorm: the fused one-shot on 1 rank and on a loopback
+     * team of 2 (docs/PERFORMANCE.md, 'Fused all-reduce and RMSNorm'),
+     * up to x of 32 MiB (T 2048 x H 8192 bf16, the largest measured);
+     * NCCL then, and from 3 ranks (not measured) */
+    {SYMNCCL_COLL_ALL_REDUCE_RMSNORM, 2, 0, 0, 32 * MIB, 0, 0,
+     SN_ALGO_NCCL},
 };
 #define N_AUTO (sizeof(auto_table) / sizeof(auto_table[0]))
 
@@ -474,6 +486,10 @@ static const knob knobs[] = {
      SN_MAX_CTAS, 1, "largest one_shot grid"},
     {"SYMNCCL_TWO_SHOT_CTAS", offsetof(sn_knobs, two_shot_ctas), 64, 1,
      SN_MAX_CTAS, 1, "largest two_shot grid"},
+    /* a CTA per row up to here: one_shot's 32 would leave T 128 rows four
+     * to a CTA, one after another (kernels/rmsnorm.cuh) */
+    {"SYMNCCL_RMSNORM_CTAS", offsetof(sn_knobs, rmsnorm_ctas), 128, 1,
+     SN_MAX_CTAS, 1, "largest grid of all_reduce_rmsnorm (a CTA per row)"},
     /* 64 CTAs: 256 KiB 5.4 -> 4.6 us on 2 ranks, 8.7 -> 7.9 us (two-shot
      * packets) on 4; the same at 4 KiB (docs/PERFORMANCE.md, 'Packets: ll
      * and ll128') */
@@ -625,8 +641,8 @@ kernel_table(void)
     static const char *const families[SYMNCCL_FAMILY_COUNT] = {
         "barrier", "ll", "ll128", "push"};
     static const char *const plans[] = {"loads", "packets", "slices",
-                                        "rooted", "push"};
-    static const char *const units[] = {"dtype", "multimem"};
+                                        "rooted", "push", "rows"};
+    static const char *const units[] = {"dtype", "multimem", "float"};
     PyObject *t = PyTuple_New(SYMNCCL_K_COUNT);
     for (int k = 0; t != NULL && k < SYMNCCL_K_COUNT; k++) {
         const symnccl_kernel_row r = symnccl_kernel_row_of(k);

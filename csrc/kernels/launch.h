@@ -92,6 +92,7 @@ enum { SYMNCCL_OP_SUM = 0, SYMNCCL_OP_MAX = 1, SYMNCCL_OP_MIN = 2,
     X(ALL_GATHER, "all_gather")            \
     X(BROADCAST, "broadcast")              \
     X(REDUCE, "reduce")                    \
+    X(ALL_REDUCE_RMSNORM, "all_reduce_rmsnorm") \
     X(BARRIER, "barrier")                  \
     X(CHECK, "call check")
 
@@ -221,6 +222,17 @@ typedef struct {
                                   serialization: the kernel may start while
                                   the previous one on the stream ends, and
                                   waits for it at entry (SYMNCCL_PDL) */
+    /* all_reduce_rmsnorm (rmsnorm.cuh): src holds count / row_len rows of
+     * this rank's partial sums; out_h <- sum + residual, out <- out_h
+     * normalised and scaled by weight (row_len elements) */
+    const void *residual;
+    void *out_h;
+    const void *weight;
+    size_t row_len;            /* H, a multiple of 8 */
+    float eps;
+    int local;                 /* src holds the sum already (NCCL's): the
+                                  add and the norm only, no peer, no
+                                  barrier */
 } symnccl_kargs;
 
 /* The entry points of one build of the kernels (one NCCL minor). */

@@ -9,6 +9,7 @@
 #include "lsa.cuh"
 #include "packet.cuh"
 #include "push.cuh"
+#include "rmsnorm.cuh"
 
 #ifndef SYMNCCL_UNIT_DT
 #error "compile with -DSYMNCCL_UNIT_DT=<ID of SYMNCCL_KERNEL_DTYPES>"
@@ -19,19 +20,24 @@ using Kernel = void (*)(ncclDevComm, const symnccl_kargs);
 
 // The entry of kernel a.kernel for element type T, or nullptr where the
 // table has none in this unit: a kernel that moves bytes exists only in the
-// unit of SYMNCCL_DT_BYTES, and multimem.cu holds the MULTIMEM unit's.
+// unit of SYMNCCL_DT_BYTES, a FLOAT kernel only in the float32, float16
+// and bfloat16 units, and multimem.cu holds the MULTIMEM unit's.
 // Instantiated only where the branch is taken (if constexpr), so a unit
 // carries no kernel it cannot run.
 template <typename T>
 Kernel entry(const symnccl_kargs& a) {
   constexpr bool kBytesUnit =
       std::is_same<T, DType<SYMNCCL_DT_BYTES>::type>::value;
+  constexpr bool kFloatUnit = std::is_same<T, float>::value ||
+                              std::is_same<T, __half>::value ||
+                              std::is_same<T, __nv_bfloat16>::value;
   switch (a.kernel) {
 #define SYMNCCL_ENTRY_(id, name, coll, algo, shot, family, plan, bytes, unit, \
                        fn)                                                    \
   case SYMNCCL_K_##id:                                                        \
-    if constexpr (SYMNCCL_UNIT_##unit == SYMNCCL_UNIT_DTYPE &&                \
-                  (!(bytes) || kBytesUnit))                                   \
+    if constexpr ((SYMNCCL_UNIT_##unit == SYMNCCL_UNIT_DTYPE &&               \
+                   (!(bytes) || kBytesUnit)) ||                               \
+                  (SYMNCCL_UNIT_##unit == SYMNCCL_UNIT_FLOAT && kFloatUnit))  \
       return fn;                                                              \
     else                                                                      \
       return nullptr;

@@ -1,0 +1,191 @@
+"""Fused all-reduce + residual add + RMSNorm against the unfused
+composition, on one GPU: a one-rank communicator and loopback teams
+(Communicator._loopback: every rank on this GPU, each on its own stream).
+
+Methods:
+  fused     comm.all_reduce_rmsnorm(x, residual, w, eps, out=, residual_out=)
+            (algo="auto": the one_shot_rmsnorm kernel at these sizes)
+  unfused   comm.all_reduce(x, out=s) (algo="auto"), then h = s + residual
+            and torch.nn.functional.rms_norm(h, (H,), w, eps), torch's
+            kernels
+
+Timing: one CUDA graph holding `iters` calls of every rank of the team
+(each rank's on its stream), replayed `reps` times; device events around
+each replay; the median per call, in microseconds. At 2+ ranks a call's
+time is the team's: both ranks' work shares the one GPU. Every shape is
+checked first: the fused y and h against the unfused ones (max |diff| in
+units of the dtype's epsilon, #wrong beyond 4 of them).
+
+    python benchmarks/bench_fused.py                  # 1 rank and a team of 2
+    python benchmarks/bench_fused.py --ranks 1 --tokens 1,16 --hidden 4096
+
+The NVLink measurement (one process per GPU, against FlashInfer's fused
+all-reduce and vLLM's unfused path) is not written yet: issue 31.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_allreduce import run_info, write_results  # noqa: E402
+
+TOKENS = [1, 16, 128, 512, 2048]
+HIDDEN = [4096, 8192]
+EPS = 1e-6
+
+
+def _grid(nranks):
+    """SYMNCCL_RMSNORM_CTAS of a loopback team: the team's grids must be
+    resident at once on one GPU (132 SMs, one 512-thread CTA of this kernel
+    per SM)."""
+    return {1: 128, 2: 64}.get(nranks, 128 // nranks)
+
+
+def _team(nranks):
+    import symnccl
+    if nranks == 1:
+        return [symnccl.Communicator(symnccl.get_unique_id(), 0, 1, 0)]
+    os.environ["SYMNCCL_RMSNORM_CTAS"] = str(_grid(nranks))
+    try:
+        return symnccl.Communicator._loopback(nranks, 0, timeout=60.0)
+    finally:
+        del os.environ["SYMNCCL_RMSNORM_CTAS"]
+
+
+def _calls(torch, team, streams, bufs, fused):
+    """Every rank's call, each on its stream, forked from and joined to
+    the current stream (so a capture holds them all)."""
+    F = torch.nn.functional
+    cur = torch.cuda.current_stream()
+    for c, s, b in zip(team, streams, bufs):
+        s.wait_stream(cur)
+        with torch.cuda.stream(s):
+            if fused:
+                c.all_reduce_rmsnorm(b["x"], b["res"], b["w"], EPS,
+                                     out=b["y"], residual_out=b["h"])
+            else:
+                c.all_reduce(b["x"], out=b["s"])
+                torch.add(b["s"], b["res"], out=b["h"])
+                # rms_norm has no out=: its output replaces b["y"]
+                b["y"] = F.rms_norm(b["h"], (b["h"].shape[-1],), b["w"], EPS)
+    for s in streams:
+        cur.wait_stream(s)
+
+
+def _time(torch, fn, iters, reps):
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(iters):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a = torch.cuda.Event(enable_timing=True)
+        b = torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1000.0 / iters)
+    times.sort()
+    del g
+    return times[len(times) // 2]
+
+
+def _check(torch, bufs_f, bufs_u, dtype):
+    eps = torch.finfo(dtype).eps
+    worst, wrong = 0.0, 0
+    for bf, bu in zip(bufs_f, bufs_u):
+        for k in ("y", "h"):
+            d = (bf[k].float() - bu[k].float()).abs()
+            scale = bu[k].float().abs().clamp_min(1.0) * eps
+            worst = max(worst, float((d / scale).max()))
+            wrong += int((d > 4 * scale).sum())
+    return worst, wrong
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--ranks", default="1,2",
+                    help="team sizes on this GPU (1: a real 1-rank "
+                    "communicator; 2+: loopback teams)")
+    ap.add_argument("--tokens", default=",".join(map(str, TOKENS)))
+    ap.add_argument("--hidden", default=",".join(map(str, HIDDEN)))
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--report", default=None, help="JSON path (default: "
+                    "results/fused_<gpu>x1_<dtype>.json beside this file)")
+    args = ap.parse_args()
+    import torch
+    dtype = getattr(torch, args.dtype)
+    rows = []
+    for n in [int(v) for v in args.ranks.split(",")]:
+        team = _team(n)
+        streams = [torch.cuda.Stream() for _ in team]
+        for H in [int(v) for v in args.hidden.split(",")]:
+            for T in [int(v) for v in args.tokens.split(",")]:
+                g = torch.Generator(device="cuda").manual_seed(T * H + n)
+
+                def bufs():
+                    res = torch.randn(T, H, device="cuda", generator=g,
+                                      dtype=torch.float32).to(dtype)
+                    w = (1 + 0.5 * torch.randn(H, device="cuda",
+                                               generator=g)).to(dtype)
+                    out = []
+                    for _ in team:
+                        x = torch.randn(T, H, device="cuda", generator=g,
+                                        dtype=torch.float32).to(dtype)
+                        out.append({"x": x, "res": res, "w": w,
+                                    "s": torch.empty_like(x),
+                                    "y": torch.empty_like(x),
+                                    "h": torch.empty_like(x)})
+                    return out
+                bf = bufs()
+                bu = [dict(b, y=torch.empty_like(b["y"]),
+                           h=torch.empty_like(b["h"])) for b in bf]
+                _calls(torch, team, streams, bf, True)
+                _calls(torch, team, streams, bu, False)
+                torch.cuda.synchronize()
+                worst, wrong = _check(torch, bf, bu, dtype)
+                before = team[0]._launches()
+                tf = _time(torch, lambda: _calls(torch, team, streams, bf,
+                                                 True), args.iters,
+                           args.reps)
+                ran = {k: v - before[k] for k, v in team[0]._launches().items()
+                       if v != before[k]}
+                tu = _time(torch, lambda: _calls(torch, team, streams, bu,
+                                                 False), args.iters,
+                           args.reps)
+                rows.append({"nranks": n, "T": T, "H": H,
+                             "bytes": T * H * bf[0]["x"].element_size(),
+                             "fused_us": round(tf, 2),
+                             "unfused_us": round(tu, 2),
+                             "ratio": round(tf / tu, 3),
+                             "fused_kernels": ran,
+                             "max_diff_eps": round(worst, 2),
+                             "wrong": wrong})
+                print(rows[-1], flush=True)
+        for c in team:
+            c.close()
+    doc = run_info(1, torch.cuda.get_device_name(0), torch.__version__,
+                   dtype=args.dtype, iters=args.iters, reps=args.reps,
+                   eps=EPS, rows=rows)
+    where = write_results(doc, "fused_", args.report)
+    print(f"\n{'ranks':>5} {'T':>5} {'H':>5} {'bytes':>9} {'fused us':>9} "
+          f"{'unfused us':>10} {'ratio':>6} {'maxdiff':>8} {'#wrong':>6}")
+    for r in rows:
+        print(f"{r['nranks']:>5} {r['T']:>5} {r['H']:>5} {r['bytes']:>9} "
+              f"{r['fused_us']:>9.2f} {r['unfused_us']:>10.2f} "
+              f"{r['ratio']:>6.3f} {r['max_diff_eps']:>8.2f} "
+              f"{r['wrong']:>6}")
+    print(f"\n{doc['gpu']}, {doc['date']}, {doc['versions']}; {where}")
+
+
+if __name__ == "__main__":
+    main()
