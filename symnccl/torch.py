@@ -646,7 +646,7 @@ def _backward_all_reduce_add_rmsnorm(ctx, gy, gh):
         gyf = gy.float()
         gn = gyf * wf
         g = g + rstd * (gn - normed * (gn * normed).mean(-1, keepdim=True))
-        if ctx.needs_input_grad[3]:
+        if getattr(ctx, "needs_input_grad", (True,) * 4)[3]:
             gw = (gyf * normed).reshape(-1, wf.shape[-1]).sum(0).to(
                 weight.dtype)
     g = g.to(h.dtype)
