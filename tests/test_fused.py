@@ -210,13 +210,13 @@ def test_in_place_residual_gives_the_same_bits(monkeypatch, nranks):
         xs, res, w = _inputs(torch, nranks, 17, 4096, "bfloat16", seed=5)
         ys = [torch.empty_like(x) for x in xs]
         hs = [torch.empty_like(x) for x in xs]
-        _call_all(torch, team, streams, xs, res, w, ys, hs)
+        _call_all(torch, team, streams, xs, res, w, ys, hs, algo="one_shot")
         ress = [res.clone() for _ in team]
         xcopy = [x.clone() for x in xs]
         torch.cuda.synchronize()
         for c, s, x, r in zip(team, streams, xcopy, ress):
             c.all_reduce_rmsnorm(x, r, w, EPS, out=x, residual_out=r,
-                                 stream=s)
+                                 stream=s, algo="one_shot")
         torch.cuda.synchronize()
         for q in range(nranks):
             assert torch.equal(_bits(xcopy[q]), _bits(ys[q])), q
@@ -261,7 +261,8 @@ def test_graph_replays(monkeypatch, nranks):
         for c, s, x, y, h in zip(team, streams, xs, ys, hs):
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g, stream=s):
-                c.all_reduce_rmsnorm(x, res, w, EPS, out=y, residual_out=h)
+                c.all_reduce_rmsnorm(x, res, w, EPS, out=y, residual_out=h,
+                                     algo="one_shot")
             graphs.append(g)
         for rep in range(4):
             new, nres, _ = _inputs(torch, nranks, 5, 4096, "bfloat16",
@@ -291,7 +292,7 @@ def test_a_rank_that_never_calls_times_out_on_every_other_rank(monkeypatch):
     torch.cuda.synchronize()
     t0 = time.monotonic()
     for c, s, x in zip(team[:2], streams, xs):
-        c.all_reduce_rmsnorm(x, res, w, EPS, stream=s)
+        c.all_reduce_rmsnorm(x, res, w, EPS, stream=s, algo="one_shot")
     torch.cuda.synchronize()
     took = time.monotonic() - t0
     errors = []
@@ -454,5 +455,21 @@ def test_torch_op_gradients_are_the_unfused_composition_s(monkeypatch,
         for name, a, b in zip(("x", "residual", "weight"), *grads):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4,
                                        msg=name)
+    finally:
+        _close(team)
+
+
+@pytest.mark.gpu
+def test_auto_on_an_unmeasured_world_size_is_nccl_which_loopback_refuses(
+        monkeypatch):
+    """3+ ranks have no AUTO_TABLE row: auto runs NCCL's all-reduce and
+    the add+norm, which a loopback team cannot; one_shot runs there."""
+    torch = _torch()
+    team = _team(monkeypatch, 3)
+    try:
+        xs, res, w = _inputs(torch, 3, 2, 64, "float32", seed=2)
+        with pytest.raises(RuntimeError, match="needs NCCL.*loopback"):
+            team[0].all_reduce_rmsnorm(xs[0], res, w, EPS)
+        assert not any(team[0]._launches().values())
     finally:
         _close(team)
