@@ -843,7 +843,8 @@ static PyMethodDef comm_methods[] = {
     {"all_reduce_rmsnorm", (PyCFunction)(void (*)(void))sn_all_reduce_rmsnorm,
      METH_VARARGS | METH_KEYWORDS,
      "all_reduce_rmsnorm($self, /, x, residual, weight, eps, *, out=None, "
-     "residual_out=None, algo='auto', stream=None)\n--\n\n"
+     "residual_out=None, quant=None, scale=None, algo='auto', "
+     "stream=None)\n--\n\n"
      "-> (y, h)\n\n"
      "The all-reduce of a tensor-parallel layer fused with the residual add "
      "and RMSNorm after it (vLLM's fused_add_rms_norm): x (T, H) holds this "
@@ -858,6 +859,12 @@ static PyMethodDef comm_methods[] = {
      "dtype. Every rank gets the same bits (the ranks are summed in rank "
      "order). y goes to out=, h to residual_out= (residual_out=residual: "
      "in place, as vLLM), else to new tensors of x's framework.\n\n"
+     "quant='fp8_static': y is written as float8_e4m3fn into out= (given), "
+     "y / scale[0] saturated to +-448, scale= a float32 tensor of one "
+     "element; quant='fp8_dynamic': each row's scale is computed "
+     "(max(amax|y| / 448, 1 / (448 * 512)), vLLM's per-token scale) and "
+     "written into scale= (float32, one per row). y is rounded to x's dtype "
+     "before it is quantised.\n\n"
      "algo: 'one_shot' (symnccl's kernel: each rank stages x, then reduces "
      "every row from every rank, adds, normalises); 'nccl' (ncclAllReduce, "
      "then symnccl's add+norm kernel); 'auto' (AUTO_TABLE). A loopback team "

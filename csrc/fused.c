@@ -15,7 +15,7 @@ typedef struct {
     CommObject *c;
     cudaStream_t stream;
     int prev, pushed, entered;
-    SNTensor x, res, w, y, h;
+    SNTensor x, res, w, y, h, scale;
     PyObject *y_obj, *h_obj;   /* new references */
 } fcall;
 
@@ -27,6 +27,7 @@ fcall_release(fcall *k)
     sn_tensor_release(&k->w);
     sn_tensor_release(&k->y);
     sn_tensor_release(&k->h);
+    sn_tensor_release(&k->scale);
     if (k->pushed)
         sn_device_pop(k->prev);
     if (k->entered)
@@ -40,6 +41,8 @@ fcall_end(fcall *k, int ok)
         sn_buffer_mark_written(k->y.own, k->stream);
     if (ok && k->h.own != NULL)
         sn_buffer_mark_written(k->h.own, k->stream);
+    if (ok && k->scale.own != NULL)   /* fp8_dynamic's row scales */
+        sn_buffer_mark_written(k->scale.own, k->stream);
     fcall_release(k);
     PyObject *r = ok ? PyTuple_Pack(2, k->y_obj, k->h_obj) : NULL;
     Py_XDECREF(k->y_obj);
@@ -80,11 +83,14 @@ new_like(fcall *k, PyObject *like, const SNTensor *t)
 }
 
 /* An output: `given` (None: a new tensor like `like`), imported into *t
- * and checked against x; *obj takes the new reference. */
+ * and checked against x's count and `dt` (NULL: x's dtype); *obj takes the
+ * new reference. */
 static int
 output(fcall *k, PyObject *given, PyObject *like, const SNTensor *shape_of,
-       const char *name, SNTensor *t, PyObject **obj)
+       const char *name, const sn_dtype *dt, SNTensor *t, PyObject **obj)
 {
+    if (dt == NULL)
+        dt = k->x.dtype;
     if (given == NULL || given == Py_None) {
         if ((*obj = new_like(k, like, shape_of)) == NULL)
             return -1;
@@ -98,10 +104,9 @@ output(fcall *k, PyObject *given, PyObject *like, const SNTensor *shape_of,
                      "read-only", name);
         return -1;
     }
-    if (t->dtype != k->x.dtype) {
+    if (t->dtype != dt) {
         PyErr_Format(PyExc_TypeError, "all_reduce_rmsnorm: %s has dtype "
-                     "%s, expected %s (x's)", name, t->dtype->name,
-                     k->x.dtype->name);
+                     "%s, expected %s", name, t->dtype->name, dt->name);
         return -1;
     }
     if (t->count != k->x.count) {
@@ -180,6 +185,67 @@ check_inputs(fcall *k, size_t *H)
     return 0;
 }
 
+/* quant= (None, 'fp8_static', 'fp8_dynamic') and what it needs: out=, a
+ * float8_e4m3fn tensor (the method allocates none), and scale=. */
+static int
+parse_quant(PyObject *q, PyObject *out, PyObject *scale, int *quant)
+{
+    const char *s = PyUnicode_Check(q) ? PyUnicode_AsUTF8AndSize(q, NULL)
+                                       : NULL;
+    *quant = q == Py_None ? SYMNCCL_QUANT_NONE
+             : s == NULL ? -1
+             : strcmp(s, "fp8_static") == 0  ? SYMNCCL_QUANT_STATIC
+             : strcmp(s, "fp8_dynamic") == 0 ? SYMNCCL_QUANT_DYNAMIC
+                                             : -1;
+    if (*quant < 0) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_ValueError, "all_reduce_rmsnorm: quant=%R, "
+                     "expected None, 'fp8_static' or 'fp8_dynamic'", q);
+        return -1;
+    }
+    if (*quant == SYMNCCL_QUANT_NONE && scale != Py_None) {
+        PyErr_SetString(PyExc_ValueError, "all_reduce_rmsnorm: scale= is "
+                        "given without quant=");
+        return -1;
+    }
+    if (*quant != SYMNCCL_QUANT_NONE && (out == Py_None || scale == Py_None)) {
+        PyErr_Format(PyExc_ValueError, "all_reduce_rmsnorm: quant=%R needs "
+                     "out= (a float8_e4m3fn tensor of x's shape) and scale= "
+                     "(float32: %s)", q,
+                     *quant == SYMNCCL_QUANT_STATIC
+                         ? "one element, y is divided by it"
+                         : "one element per row of x, written");
+        return -1;
+    }
+    return 0;
+}
+
+/* scale=: float32, one element (static) or one per row (dynamic, which
+ * writes it). */
+static int
+check_scale(fcall *k, PyObject *obj, int quant, size_t rows)
+{
+    if (sn_tensor_import(k->st, obj, k->stream, k->c->device, "scale",
+                         &k->scale) < 0)
+        return -1;
+    const size_t want = quant == SYMNCCL_QUANT_STATIC ? 1 : rows;
+    if (k->scale.dtype != sn_dtype_by_name("float32") ||
+        k->scale.count != want) {
+        PyErr_Format(PyExc_ValueError, "all_reduce_rmsnorm: scale has "
+                     "dtype %s and %zu elements, expected float32 and %zu "
+                     "(%s)", k->scale.dtype->name, k->scale.count, want,
+                     quant == SYMNCCL_QUANT_STATIC ? "one per tensor"
+                                                   : "one per row of x");
+        return -1;
+    }
+    if (quant == SYMNCCL_QUANT_DYNAMIC && k->scale.readonly) {
+        PyErr_SetString(PyExc_BufferError, "all_reduce_rmsnorm: scale is "
+                        "read-only (fp8_dynamic writes the row scales)");
+        return -1;
+    }
+    return 0;
+}
+
 /* NCCL's all-reduce of x into a temporary, then the add and the norm by
  * symnccl's kernel with no peer (a.local), on the same stream. */
 static int
@@ -236,13 +302,20 @@ PyObject *
 sn_all_reduce_rmsnorm(CommObject *c, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"x", "residual", "weight", "eps", "out",
-                             "residual_out", "algo", "stream", NULL};
+                             "residual_out", "quant", "scale", "algo",
+                             "stream", NULL};
     PyObject *x, *res, *w, *out = Py_None, *res_out = Py_None;
+    PyObject *quant_obj = Py_None, *scale_obj = Py_None;
     PyObject *algo_obj = NULL, *stream_obj = Py_None;
     double eps;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOd|$OOOO:all_reduce_rmsnorm",
+    if (!PyArg_ParseTupleAndKeywords(args, kw,
+                                     "OOOd|$OOOOOO:all_reduce_rmsnorm",
                                      kwlist, &x, &res, &w, &eps, &out,
-                                     &res_out, &algo_obj, &stream_obj))
+                                     &res_out, &quant_obj, &scale_obj,
+                                     &algo_obj, &stream_obj))
+        return NULL;
+    int quant;
+    if (parse_quant(quant_obj, out, scale_obj, &quant) < 0)
         return NULL;
     int algo = SN_ALGO_AUTO, asked;
     if (algo_obj != NULL) {
@@ -286,8 +359,12 @@ sn_all_reduce_rmsnorm(CommObject *c, PyObject *args, PyObject *kw)
                          &k.res) < 0 ||
         sn_tensor_import(k.st, w, k.stream, c->device, "weight", &k.w) < 0 ||
         check_inputs(&k, &H) < 0 ||
-        output(&k, out, x, &k.x, "out", &k.y, &k.y_obj) < 0 ||
-        output(&k, res_out, res, &k.x, "residual_out", &k.h, &k.h_obj) < 0)
+        output(&k, out, x, &k.x, "out",
+               quant ? sn_dtype_by_name("float8_e4m3fn") : NULL, &k.y,
+               &k.y_obj) < 0 ||
+        output(&k, res_out, res, &k.x, "residual_out", NULL, &k.h,
+               &k.h_obj) < 0 ||
+        (quant && check_scale(&k, scale_obj, quant, k.x.count / H) < 0))
         return fcall_end(&k, 0);
     if (check_overlap(&k.y, "out", &k.h, "residual_out", 0) < 0 ||
         check_overlap(&k.y, "out", &k.w, "weight", 0) < 0 ||
@@ -297,6 +374,14 @@ sn_all_reduce_rmsnorm(CommObject *c, PyObject *args, PyObject *kw)
         check_overlap(&k.h, "residual_out", &k.x, "x", 1) < 0 ||
         check_overlap(&k.h, "residual_out", &k.res, "residual", 1) < 0)
         return fcall_end(&k, 0);
+    if (quant == SYMNCCL_QUANT_DYNAMIC) {
+        const SNTensor *others[] = {&k.x, &k.res, &k.w, &k.y, &k.h};
+        static const char *const names[] = {"x", "residual", "weight",
+                                            "out", "residual_out"};
+        for (int i = 0; i < 5; i++)
+            if (check_overlap(&k.scale, "scale", others[i], names[i], 0) < 0)
+                return fcall_end(&k, 0);
+    }
     const size_t bytes = k.x.count * (size_t)k.x.dtype->itemsize;
     const sn_topology topo = sn_topology_of(c);
     asked = algo;
@@ -317,7 +402,7 @@ sn_all_reduce_rmsnorm(CommObject *c, PyObject *args, PyObject *kw)
     sn_ar r = {c, algo, k.x.ptr, k.y.ptr, NULL, k.x.count, k.x.dtype,
                sn_op_by_name("sum"), k.stream,
                SYMNCCL_COLL_ALL_REDUCE_RMSNORM, -1, k.res.ptr, k.h.ptr,
-               k.w.ptr, H, (float)eps, 0};
+               k.w.ptr, H, (float)eps, 0, quant, (float *)k.scale.ptr};
     if (algo == SN_ALGO_NCCL)
         return fcall_end(&k, nccl_then_norm(&k, &r) == 0);
     sn_err err = {cudaSuccess, ncclSuccess, ""};

@@ -268,7 +268,7 @@ push_launch(const sn_ar *r, int kernel, sn_err *err)
  * on one rank, or with r->local (x holds NCCL's sum), x is read in place
  * and one launch takes every row. The block: a thread per 16-byte vector
  * of a row, at most SYMNCCL_THREADS; the grid: a CTA per row, at most
- * SYMNCCL_RMSNORM_CTAS. Both depend on the rows, H and the dtype only, so
+ * SYMNCCL_RMSNORM_CTAS. A dynamic FP8 output's scales: one per row. Both depend on the rows, H and the dtype only, so
  * every rank (and the local launch) reduces in the same order. */
 static int
 row_launches(const sn_ar *r, int kernel, sn_err *err)
@@ -292,6 +292,10 @@ row_launches(const sn_ar *r, int kernel, sn_err *err)
     a.row_len = r->row_len;
     a.eps = r->eps;
     a.local = r->local;
+    a.quant = r->quant;
+    a.scale = r->scale;
+    /* a quantised y is float8_e4m3fn: a byte per element */
+    const size_t out_is = r->quant != SYMNCCL_QUANT_NONE ? 1 : is;
     const size_t threads = (row_bytes / 16 + 31) / 32 * 32;
     a.threads = threads > (size_t)c->knobs.lsa_threads ? c->knobs.lsa_threads
                                                        : (int)threads;
@@ -299,7 +303,9 @@ row_launches(const sn_ar *r, int kernel, sn_err *err)
         const size_t len = rows - done < chunk ? rows - done : chunk;
         const size_t off = done * row_bytes;
         a.src = r->x + off;
-        a.out = r->out + off;
+        a.out = r->out + done * r->row_len * out_is;
+        if (r->quant == SYMNCCL_QUANT_DYNAMIC)
+            a.scale = r->scale + done;
         a.residual = r->residual + off;
         a.out_h = r->out_h + off;
         a.count = len * r->row_len;

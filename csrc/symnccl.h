@@ -638,6 +638,8 @@ typedef struct {
     size_t row_len;
     float eps;
     int local;                 /* x holds the sum (NCCL's): no peer */
+    int quant;                 /* SYMNCCL_QUANT_*: out is float8_e4m3fn */
+    float *scale;              /* static: [0]; dynamic: one per row */
 } sn_ar;
 
 /* Enqueues the collective on r->stream; 0, or -1 with *err filled. */
@@ -686,7 +688,8 @@ PyObject *sn_barrier(CommObject *c, PyObject *args, PyObject *kw);
 /* fused.c: collectives fused with the computation around them. */
 
 /* all_reduce_rmsnorm(x, residual, weight, eps, *, out=None,
- * residual_out=None, algo="auto", stream=None) -> (y, h) */
+ * residual_out=None, quant=None, scale=None, algo="auto", stream=None)
+ * -> (y, h) */
 PyObject *sn_all_reduce_rmsnorm(CommObject *c, PyObject *args,
                                 PyObject *kw);
 

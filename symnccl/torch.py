@@ -83,6 +83,7 @@ from __future__ import annotations
 import itertools
 import os
 import threading
+from typing import Optional
 
 import torch
 
@@ -406,6 +407,40 @@ def _all_reduce_add_rmsnorm_op(x: torch.Tensor, comm_id: int,
 @_all_reduce_add_rmsnorm_op.register_fake
 def _(x, comm_id, residual, weight, eps, algo):
     return _like(x), _like(x)
+
+
+def _all_reduce_add_rmsnorm_fp8_impl(comm, x, residual, weight, eps, scale,
+                                     algo):
+    y = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
+    h = _like(x)
+    if scale is None:
+        quant, scale = "fp8_dynamic", x.new_empty((*x.shape[:-1], 1),
+                                                  dtype=torch.float32)
+    else:
+        quant = "fp8_static"
+    comm.all_reduce_rmsnorm(x.contiguous(), residual.contiguous(),
+                            weight.contiguous(), eps, out=y, residual_out=h,
+                            quant=quant, scale=scale, algo=algo)
+    return y, h, scale if quant == "fp8_dynamic" else scale.clone()
+
+
+@torch.library.custom_op("symnccl::all_reduce_add_rmsnorm_fp8",
+                         mutates_args=())
+def _all_reduce_add_rmsnorm_fp8_op(
+        x: torch.Tensor, comm_id: int, residual: torch.Tensor,
+        weight: torch.Tensor, eps: float, scale: Optional[torch.Tensor],
+        algo: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _all_reduce_add_rmsnorm_fp8_impl(get_communicator(comm_id), x,
+                                            residual, weight, eps, scale,
+                                            algo)
+
+
+@_all_reduce_add_rmsnorm_fp8_op.register_fake
+def _(x, comm_id, residual, weight, eps, scale, algo):
+    y = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
+    s = (x.new_empty((*x.shape[:-1], 1), dtype=torch.float32)
+         if scale is None else torch.empty_like(scale))
+    return y, _like(x), s
 
 
 _ops = torch.ops.symnccl
@@ -842,8 +877,8 @@ def tp_copy(x: torch.Tensor, comm, algo: str = "auto") -> torch.Tensor:
 
 def all_reduce_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor,
                            weight: torch.Tensor, eps: float, comm,
-                           algo: str = "auto"
-                           ) -> tuple[torch.Tensor, torch.Tensor]:
+                           algo: str = "auto", quant: str | None = None,
+                           scale: torch.Tensor | None = None):
     """The tensor-parallel all-reduce fused with the residual add and
     RMSNorm after it (Communicator.all_reduce_rmsnorm, the custom op
     symnccl::all_reduce_add_rmsnorm): returns (y, h) with
@@ -857,11 +892,28 @@ def all_reduce_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor,
     capturable in CUDA graphs; differentiable through the unfused
     composition (x's gradient is the all_reduce of h's).
 
+    quant="fp8": returns (y, h, scale) with y float8_e4m3fn, y / scale
+    saturated to +-448: scale the given float32 one-element tensor
+    (static), else one per row computed in the kernel, shape (..., 1)
+    (dynamic, vLLM's per-token scale). Not differentiable.
+
     Example::
 
         y, residual = symnccl.torch.all_reduce_add_rmsnorm(
             o_proj_partial, residual, norm.weight, 1e-6, comm)
+        q, residual, s = symnccl.torch.all_reduce_add_rmsnorm(
+            o_proj_partial, residual, norm.weight, 1e-6, comm, quant="fp8")
     """
+    if quant is not None:
+        if quant != "fp8":
+            raise ValueError(f"quant={quant!r}, expected None or 'fp8'")
+        if _eager(x):
+            return _all_reduce_add_rmsnorm_fp8_impl(
+                _raw(comm), x, residual, weight, eps, scale, algo)
+        return _ops.all_reduce_add_rmsnorm_fp8(x, comm_id(comm), residual,
+                                               weight, eps, scale, algo)
+    if scale is not None:
+        raise ValueError("scale= is given without quant='fp8'")
     if _eager(x):
         return _eager_call(_AllReduceAddRMSNormFn,
                            _all_reduce_add_rmsnorm_impl, x, comm, residual,

@@ -473,3 +473,149 @@ def test_auto_on_an_unmeasured_world_size_is_nccl_which_loopback_refuses(
         assert not any(team[0]._launches().values())
     finally:
         _close(team)
+
+
+# ----------------------------------------------------------------- FP8
+
+FP8_MAX = 448.0
+
+
+def _fp8_off_by_more_than_a_step(torch, q, y, s):
+    """Elements of q (float8_e4m3fn) whose dequantised value q * s is more
+    than one e4m3 step from y (y / s saturated to +-448): a step is 2^-3 of
+    the value's binade, 2^-9 below the normal range."""
+    v = (y.double() / s).clamp(-FP8_MAX, FP8_MAX)
+    step = torch.where(v.abs() >= 2.0 ** -6,
+                       2.0 ** (torch.floor(torch.log2(v.abs())) - 3),
+                       torch.full_like(v, 2.0 ** -9))
+    return int((~((q.double() - v).abs() <= step)).sum())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("nranks", [1, 2, 4])
+def test_fp8_static_and_dynamic_outputs(monkeypatch, nranks):
+    """y as float8_e4m3fn: within one FP8 step of the unquantised call's y
+    divided by the scale (static: the given one; dynamic: each row's
+    amax / 448, bit-exact), h unchanged, every rank's bits the same."""
+    torch = _torch()
+    team = _team(monkeypatch, nranks)
+    streams = [torch.cuda.Stream() for _ in team]
+    f8 = torch.float8_e4m3fn
+    wrong = []
+    try:
+        for dtype in DTYPES:
+            for i, (T, H) in enumerate([(3, 1000), (17, 4096), (2, 16384)]):
+                pad = 3 if i == 1 else 0
+                xs, res, w = _inputs(torch, nranks, T, H, dtype, seed=T + H,
+                                     pad=pad)
+                ys = [torch.empty_like(x) for x in xs]
+                hs = [torch.empty_like(x) for x in xs]
+                _call_all(torch, team, streams, xs, res, w, ys, hs,
+                          algo="one_shot")
+                y = ys[0]
+                # static, a scale that saturates the largest values
+                s = (y.float().abs().max() / FP8_MAX / 1.5).reshape(1)
+                qs = [torch.full((T * H + pad,), 0xFF, dtype=torch.uint8,
+                                 device="cuda")[pad:].view(f8).view(T, H)
+                      for _ in team]
+                hq = [_poisoned(torch, x) for x in xs]
+                torch.cuda.synchronize()
+                for c, st, x, q, h in zip(team, streams, xs, qs, hq):
+                    c.all_reduce_rmsnorm(x, res, w, EPS, out=q,
+                                         residual_out=h, quant="fp8_static",
+                                         scale=s, stream=st,
+                                         algo="one_shot")
+                torch.cuda.synchronize()
+                bad = _fp8_off_by_more_than_a_step(torch, qs[0].float(), y,
+                                                   float(s))
+                same = all(torch.equal(q.view(torch.uint8),
+                                       qs[0].view(torch.uint8)) for q in qs)
+                same &= all(torch.equal(_bits(h), _bits(hs[0])) for h in hq)
+                # dynamic: a scale per row
+                scales = [torch.full((T,), float("nan"), device="cuda")
+                          for _ in team]
+                torch.cuda.synchronize()
+                for c, st, x, q, h, sc in zip(team, streams, xs, qs, hq,
+                                              scales):
+                    c.all_reduce_rmsnorm(x, res, w, EPS, out=q,
+                                         residual_out=h,
+                                         quant="fp8_dynamic", scale=sc,
+                                         stream=st, algo="one_shot")
+                torch.cuda.synchronize()
+                want = torch.clamp(y.float().abs().amax(-1) / FP8_MAX,
+                                   min=1.0 / (FP8_MAX * 512))
+                exact = torch.equal(scales[0], want)
+                bad_d = _fp8_off_by_more_than_a_step(
+                    torch, qs[0].float(), y, scales[0].double()[:, None])
+                same &= all(torch.equal(q.view(torch.uint8),
+                                        qs[0].view(torch.uint8)) and
+                            torch.equal(sc, scales[0])
+                            for q, sc in zip(qs, scales))
+                if bad or bad_d or not exact or not same:
+                    wrong.append((dtype, T, H, bad, bad_d, exact, same))
+    finally:
+        _close(team)
+    assert not wrong, "(dtype, T, H, static wrong, dynamic wrong, " \
+                      f"scales exact, ranks equal): {wrong}"
+
+
+@pytest.mark.gpu
+def test_fp8_arguments_are_checked(monkeypatch):
+    torch = _torch()
+    team = _team(monkeypatch, 1)
+    c = team[0]
+    try:
+        x = torch.randn(4, 64, device="cuda", dtype=torch.bfloat16)
+        r = torch.randn(4, 64, device="cuda", dtype=torch.bfloat16)
+        w = torch.ones(64, device="cuda", dtype=torch.bfloat16)
+        q = torch.empty(4, 64, device="cuda", dtype=torch.float8_e4m3fn)
+        one = torch.ones(1, device="cuda")
+        f = c.all_reduce_rmsnorm
+        with pytest.raises(ValueError, match="quant='int8', expected None"):
+            f(x, r, w, EPS, quant="int8")
+        with pytest.raises(ValueError, match="needs out="):
+            f(x, r, w, EPS, quant="fp8_static", scale=one)
+        with pytest.raises(ValueError, match="needs out="):
+            f(x, r, w, EPS, out=q, quant="fp8_dynamic")
+        with pytest.raises(TypeError, match="out has dtype bfloat16, "
+                                            "expected float8_e4m3fn"):
+            f(x, r, w, EPS, out=torch.empty_like(x), quant="fp8_static",
+              scale=one)
+        with pytest.raises(ValueError, match="scale has dtype float32 and "
+                                             "1 elements, expected float32 "
+                                             "and 4"):
+            f(x, r, w, EPS, out=q, quant="fp8_dynamic", scale=one)
+        with pytest.raises(ValueError, match="scale= is given without"):
+            f(x, r, w, EPS, scale=one)
+        assert not any(c._launches().values())
+    finally:
+        _close(team)
+
+
+@pytest.mark.gpu
+def test_torch_fp8_op_eager_and_compiled(monkeypatch):
+    torch = _torch()
+    st = pytest.importorskip("symnccl.torch")
+    team = _team(monkeypatch, 1)
+    comm = st.wrap(team[0])
+    try:
+        xs, res, w = _inputs(torch, 1, 5, 4096, "bfloat16", seed=17)
+        q0 = torch.empty(5, 4096, device="cuda", dtype=torch.float8_e4m3fn)
+        s0 = torch.empty(5, device="cuda")
+        comm.all_reduce_rmsnorm(xs[0], res, w, EPS, out=q0,
+                                residual_out=torch.empty_like(res),
+                                quant="fp8_dynamic", scale=s0)
+
+        def f(x, r, w):
+            return st.all_reduce_add_rmsnorm(x, r, w, EPS, comm, quant="fp8")
+        for fn in (f, torch.compile(f, fullgraph=True)):
+            q, h, s = fn(xs[0], res, w)
+            assert q.dtype == torch.float8_e4m3fn and s.shape == (5, 1)
+            assert torch.equal(q.view(torch.uint8), q0.view(torch.uint8))
+            assert torch.equal(s.reshape(-1), s0)
+        one = torch.full((1,), 0.01, device="cuda")
+        q, h, s = st.all_reduce_add_rmsnorm(xs[0], res, w, EPS, comm,
+                                            quant="fp8", scale=one)
+        assert torch.equal(s, one) and q.dtype == torch.float8_e4m3fn
+    finally:
+        _close(team)

@@ -145,7 +145,9 @@ cudaError_t launch(const symnccl_kargs* a, cudaStream_t stream) {
       (a->row_len == 0 || a->row_len % 8 != 0 || a->count % a->row_len != 0 ||
        a->residual == nullptr || a->out_h == nullptr ||
        a->weight == nullptr || a->src == nullptr || a->out == nullptr ||
-       (!a->local && n > 1 && a->win == nullptr)))
+       (!a->local && n > 1 && a->win == nullptr) || a->quant < 0 ||
+       a->quant > SYMNCCL_QUANT_DYNAMIC ||
+       (a->quant != SYMNCCL_QUANT_NONE && a->scale == nullptr)))
     return cudaErrorInvalidValue;
   if (k.unit == SYMNCCL_UNIT_MULTIMEM)
     return symnccl_launch_multimem(a, stream);

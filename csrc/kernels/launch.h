@@ -233,7 +233,16 @@ typedef struct {
     int local;                 /* src holds the sum already (NCCL's): the
                                   add and the norm only, no peer, no
                                   barrier */
+    int quant;                 /* SYMNCCL_QUANT_*: out is float8_e4m3fn */
+    float *scale;              /* static: the scale y is divided by ([0]);
+                                  dynamic: each row's, written */
 } symnccl_kargs;
+
+/* all_reduce_rmsnorm's output quantisation (rmsnorm.cuh): none, FP8 e4m3
+ * with a given per-tensor scale, FP8 e4m3 with a scale per row computed
+ * from the row's largest |y| (amax / 448). */
+enum { SYMNCCL_QUANT_NONE = 0, SYMNCCL_QUANT_STATIC = 1,
+       SYMNCCL_QUANT_DYNAMIC = 2 };
 
 /* The entry points of one build of the kernels (one NCCL minor). */
 typedef struct {

@@ -11,7 +11,11 @@
 //     y = T(T(h * r) * weight)                  -> out
 //   which is vLLM's fused_add_rms_norm and torch's rms_norm composition
 //   (the normalised value rounded to T before the weight; a no-op for
-//   float32).
+//   float32). With a.quant, out is float8_e4m3fn: q = fp8(y * (1 / s)),
+//   saturated to +-448 (NaN stays NaN), as vLLM's fused norm + quant
+//   kernels convert; s is a.scale[0] (static), or the row's
+//   max(amax(|y|) / 448, 1 / (448 * 512)), stored to a.scale[row]
+//   (dynamic, vLLM's per-token scale).
 //
 //   Steps: each CTA takes whole rows (row i goes to CTA i % grid on every
 //   rank) and copies its rows of x into the staging window; entry barrier
@@ -62,6 +66,60 @@ __device__ __forceinline__ float block_sum(float v, float* buf) {
   float s = 0.f;
   for (int w = 0; w < warps; w++) s += buf[w];
   return s;
+}
+
+// The same reduction for the row's largest |y| (dynamic FP8 scales).
+__device__ __forceinline__ float block_max(float v, float* buf) {
+#pragma unroll
+  for (int m = 16; m > 0; m >>= 1)
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, m));
+  const int warps = (int)(blockDim.x >> 5);
+  if ((threadIdx.x & 31) == 0) buf[threadIdx.x >> 5] = v;
+  __syncthreads();
+  float s = 0.f;
+  for (int w = 0; w < warps; w++) s = fmaxf(s, buf[w]);
+  return s;
+}
+
+constexpr float kFp8Max = 448.f;
+constexpr float kFp8MinScale = 1.f / (448.f * 512.f);
+
+template <typename T>
+__device__ __forceinline__ float abs_max(uint4 w) {
+  typename Pack<T, 16>::U u;
+  u.raw = w;
+  float m = 0.f;
+#pragma unroll
+  for (int k = 0; k < Pack<T, 16>::kElems; k++)
+    m = fmaxf(m, fabsf((float)Acc<T>::to(u.t[k])));
+  return m;
+}
+
+// Vector v of y (E elements of T) as E float8_e4m3fn bytes at q + v * E.
+// aligned: q is E-byte aligned.
+template <typename T>
+__device__ __forceinline__ void store_fp8(uint8_t* q, size_t v, uint4 y,
+                                          float inv, bool aligned) {
+  constexpr int E = Pack<T, 16>::kElems;
+  typename Pack<T, 16>::U u;
+  u.raw = y;
+  union {
+    uint8_t b[E];
+    uint32_t w[E / 4];
+  } o;
+#pragma unroll
+  for (int k = 0; k < E; k++)
+    o.b[k] = __nv_cvt_float_to_fp8((float)Acc<T>::to(u.t[k]) * inv,
+                                   __NV_SATFINITE, __NV_E4M3);
+  uint8_t* p = q + v * E;
+  if (!aligned) {
+#pragma unroll
+    for (int k = 0; k < E; k++) p[k] = o.b[k];
+  } else if constexpr (E == 8) {
+    *reinterpret_cast<uint2*>(p) = make_uint2(o.w[0], o.w[1]);
+  } else {
+    *reinterpret_cast<uint32_t*>(p) = o.w[0];
+  }
 }
 
 template <typename T>
@@ -121,11 +179,59 @@ __device__ __forceinline__ uint4 normalise(uint4 hw, uint4 ww, float rstd) {
   return y.raw;
 }
 
+// The row's y as FP8 (a.quant): its scale first (dynamic: a block
+// reduction of |y|, y recomputed from h, which costs no load for the kept
+// vectors), then y * (1 / scale).
+template <typename T>
+__device__ __forceinline__ void quantise_row(const symnccl_kargs& a, size_t r,
+                                          float rstd,
+                                          const uint4 (&keep)[kRmsKeep],
+                                          const uint4 (&wk)[kRmsKeep],
+                                          const T* hr, float* red) {
+  const size_t H = a.row_len, rvec = H / Pack<T, 16>::kElems;
+  const size_t tid = threadIdx.x, bd = blockDim.x;
+  const T* w = static_cast<const T*>(a.weight);
+  uint8_t* qr = static_cast<uint8_t*>(a.out) + r * H;
+  const bool aligned = ((reinterpret_cast<uintptr_t>(a.out) |
+                         reinterpret_cast<uintptr_t>(hr) |
+                         reinterpret_cast<uintptr_t>(w)) &
+                        15) == 0;
+  const bool q_aligned = (reinterpret_cast<uintptr_t>(a.out) &
+                          (Pack<T, 16>::kElems - 1)) == 0;
+  float s;
+  if (a.quant == SYMNCCL_QUANT_STATIC) {
+    s = a.scale[0];
+  } else {
+    float m = 0.f;
+#pragma unroll
+    for (int u = 0; u < kRmsKeep; u++)
+      if (tid + u * bd < rvec) m = fmaxf(m, abs_max<T>(normalise<T>(
+                                                keep[u], wk[u], rstd)));
+    for (size_t v = tid + kRmsKeep * bd; v < rvec; v += bd)
+      m = fmaxf(m, abs_max<T>(normalise<T>(load_pack<16>(hr, v, H, aligned),
+                                           load_pack<16>(w, v, H, aligned),
+                                           rstd)));
+    s = fmaxf(block_max(m, red) / kFp8Max, kFp8MinScale);
+    if (tid == 0) a.scale[r] = s;
+  }
+  const float inv = 1.f / s;
+#pragma unroll
+  for (int u = 0; u < kRmsKeep; u++)
+    if (tid + u * bd < rvec)
+      store_fp8<T>(qr, tid + u * bd, normalise<T>(keep[u], wk[u], rstd), inv,
+                   q_aligned);
+  for (size_t v = tid + kRmsKeep * bd; v < rvec; v += bd)
+    store_fp8<T>(qr, v,
+                 normalise<T>(load_pack<16>(hr, v, H, aligned),
+                              load_pack<16>(w, v, H, aligned), rstd),
+                 inv, q_aligned);
+}
+
 template <typename T>
 __global__ void __launch_bounds__(512)
     one_shot_rmsnorm(ncclDevComm dc, const __grid_constant__ symnccl_kargs a) {
   constexpr int E = Pack<T, 16>::kElems;
-  __shared__ float s_sum[2][32];
+  __shared__ float s_sum[2][32], s_max[2][32];
   const int n = dc.lsaSize;
   const int me = dc.lsaRank;
   const Entry en = enter(a, me, n);
@@ -198,6 +304,10 @@ __global__ void __launch_bounds__(512)
     }
     const float total = block_sum(ss, s_sum[parity]);
     const float rstd = rsqrtf(total / (float)H + a.eps);
+    if (a.quant != SYMNCCL_QUANT_NONE) {
+      quantise_row(a, r, rstd, keep, wk, hr, s_max[parity]);
+      continue;
+    }
     T* yr = out + r * H;
 #pragma unroll
     for (int u = 0; u < kRmsKeep; u++)
