@@ -397,6 +397,12 @@ sn_all_reduce_rmsnorm(CommObject *c, PyObject *args, PyObject *kw)
                         why);
         return fcall_end(&k, 0);
     }
+    if (algo == SN_ALGO_TWO_SHOT && quant != SYMNCCL_QUANT_NONE) {
+        PyErr_SetString(PyExc_ValueError, "all_reduce_rmsnorm: algo "
+                        "'two_shot' has no FP8 output (quant=); use "
+                        "'one_shot' or 'nccl'");
+        return fcall_end(&k, 0);
+    }
     if (k.x.count == 0)
         return fcall_end(&k, 1);
     sn_ar r = {c, algo, k.x.ptr, k.y.ptr, NULL, k.x.count, k.x.dtype,

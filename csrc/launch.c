@@ -15,9 +15,10 @@
  *            worth of each slice, straight from x into out
  *   ROOTED   one_shot (reduce, broadcast): one launch per staging area, x
  *            copied into the staging window first
- *   ROWS     one_shot_rmsnorm (all_reduce_rmsnorm): whole rows of x, as
- *            many per launch as the staging area holds (x read in place,
- *            one launch, on one rank and after NCCL's all-reduce)
+ *   ROWS     one_shot_rmsnorm, two_shot_rmsnorm (all_reduce_rmsnorm):
+ *            whole rows of x, as many per launch as the staging area holds
+ *            (x read in place, one launch, on one rank and after NCCL's
+ *            all-reduce)
  *   PUSH     push (every collective it runs): one launch for any size
  *            (the kernel walks every slice in chunks of a slot, or of
  *            SYMNCCL_PUSH_CHUNK_KIB when smaller), straight from x; an
@@ -277,9 +278,13 @@ row_launches(const sn_ar *r, int kernel, sn_err *err)
     const size_t is = (size_t)r->dtype->itemsize;
     const size_t row_bytes = r->row_len * is;
     const size_t rows = r->count / r->row_len;
+    /* two_shot: the staging area holds the launch's x, then its y and h
+     * rows (every rank's results) */
+    const int two = kernel == SYMNCCL_K_TWO_SHOT_RMSNORM;
+    const int peers = !r->local && c->nranks > 1;
     size_t chunk = rows;
-    if (!r->local && c->nranks > 1)
-        chunk = c->layout.staging / row_bytes;
+    if (peers)
+        chunk = c->layout.staging / (row_bytes * (two ? 3 : 1));
     if (chunk == 0)
         return sn_fail(err, cudaErrorInvalidValue, ncclSuccess, "a row of "
                        "%zu bytes is larger than the staging area (%zu "
@@ -309,8 +314,14 @@ row_launches(const sn_ar *r, int kernel, sn_err *err)
         a.residual = r->residual + off;
         a.out_h = r->out_h + off;
         a.count = len * r->row_len;
-        a.ctas = len > (size_t)c->knobs.rmsnorm_ctas ? c->knobs.rmsnorm_ctas
-                                                     : (int)len;
+        /* two_shot: each rank normalises ceil(len / n) rows */
+        const size_t grid_rows = two && peers
+            ? (len + (size_t)c->nranks - 1) / (size_t)c->nranks : len;
+        a.ctas = grid_rows > (size_t)c->knobs.rmsnorm_ctas
+                     ? c->knobs.rmsnorm_ctas
+                     : (int)grid_rows;
+        a.mid_win = a.win;
+        a.mid_offset = len * row_bytes;
         if (launch(r, &a, err) < 0)
             return -1;
     }

@@ -31,19 +31,22 @@ TOPO_2 = dict(nranks=2, lsa_size=2, symmetric=1, staging=1, push=1,
 def test_the_fused_kernel_is_a_row_of_the_kernel_table():
     rows = [r for r in _C.KERNEL_TABLE if r["collective"] == COLL]
     assert [(r["name"], r["algo"], r["plan"], r["unit"], r["family"])
-            for r in rows] == [("one_shot_rmsnorm", "one_shot", "rows",
-                                "float", "barrier")]
-    assert _C.COLLECTIVE_KERNELS[COLL] == {"one_shot": "one_shot_rmsnorm"}
+            for r in rows] == [
+        ("one_shot_rmsnorm", "one_shot", "rows", "float", "barrier"),
+        ("two_shot_rmsnorm", "two_shot", "rows", "float", "barrier")]
+    assert _C.COLLECTIVE_KERNELS[COLL] == {"one_shot": "one_shot_rmsnorm",
+                                           "two_shot": "two_shot_rmsnorm"}
 
 
 def test_only_float32_float16_bfloat16_have_the_fused_kernel():
     gate = _C._algo_unavailable_for
-    for dt in DTYPES:
-        assert gate(TOPO_2, "one_shot", dt, "sum", COLL) is None, dt
-    for dt in ("float64", "float8_e4m3fn", "int32", "int64"):
-        assert "float32, float16 and bfloat16" in \
-            gate(TOPO_2, "one_shot", dt, "sum", COLL), dt
-    for algo in ("ll", "ll128", "two_shot", "push"):
+    for algo in ("one_shot", "two_shot"):
+        for dt in DTYPES:
+            assert gate(TOPO_2, algo, dt, "sum", COLL) is None, dt
+        for dt in ("float64", "float8_e4m3fn", "int32", "int64"):
+            assert "float32, float16 and bfloat16" in \
+                gate(TOPO_2, algo, dt, "sum", COLL), dt
+    for algo in ("ll", "ll128", "push"):
         assert "no kernel of this algorithm" in \
             gate(TOPO_2, algo, "bfloat16", "sum", COLL), algo
     assert gate(TOPO_2, "nccl", "float64", "sum", COLL) is None
@@ -161,6 +164,9 @@ def _call_all(torch, team, streams, xs, res, w, ys, hs, **kw):
 @pytest.mark.gpu
 @pytest.mark.parametrize("nranks", WORLDS)
 def test_every_dtype_and_shape_against_float64(monkeypatch, nranks):
+    """one_shot and two_shot, poisoned outputs, every other case at an
+    unaligned offset: within the rounding bounds of the float64 reference,
+    the same bits on every rank and from both kernels."""
     torch = _torch()
     team = _team(monkeypatch, nranks)
     streams = [torch.cuda.Stream() for _ in team]
@@ -171,25 +177,32 @@ def test_every_dtype_and_shape_against_float64(monkeypatch, nranks):
                 pad = 3 if i % 2 else 0      # every other case unaligned
                 xs, res, w = _inputs(torch, nranks, T, H, dtype,
                                      seed=T * H + nranks, pad=pad)
-                ys = [_poisoned(torch, xs[0], pad) for _ in team]
-                hs = [_poisoned(torch, xs[0], pad) for _ in team]
-                _call_all(torch, team, streams, xs, res, w, ys, hs,
-                          algo="one_shot")
+                got = {}
+                for algo in ("one_shot", "two_shot"):
+                    ys = [_poisoned(torch, xs[0], pad) for _ in team]
+                    hs = [_poisoned(torch, xs[0], pad) for _ in team]
+                    _call_all(torch, team, streams, xs, res, w, ys, hs,
+                              algo=algo)
+                    got[algo] = (ys, hs)
+                    bad = _wrong(torch, xs, res, w, ys[0], hs[0], dtype)
+                    same = all(torch.equal(_bits(y), _bits(ys[0])) and
+                               torch.equal(_bits(h), _bits(hs[0]))
+                               for y, h in zip(ys[1:], hs[1:]))
+                    if bad != (0, 0) or not same:
+                        wrong.append((algo, dtype, T, H, pad, bad, same))
                 calls += 1
-                bad = _wrong(torch, xs, res, w, ys[0], hs[0], dtype)
-                same = all(torch.equal(_bits(y), _bits(ys[0])) and
-                           torch.equal(_bits(h), _bits(hs[0]))
-                           for y, h in zip(ys[1:], hs[1:]))
-                if bad != (0, 0) or not same:
-                    wrong.append((dtype, T, H, pad, bad, same))
+                (y1, h1), (y2, h2) = got["one_shot"], got["two_shot"]
+                if not (torch.equal(_bits(y1[0]), _bits(y2[0])) and
+                        torch.equal(_bits(h1[0]), _bits(h2[0]))):
+                    wrong.append(("one_shot != two_shot", dtype, T, H))
         launches = [c._launches() for c in team]
     finally:
         _close(team)
-    assert not wrong, f"{nranks} ranks: (dtype, T, H, pad, (h wrong, y " \
-                      f"wrong), ranks bitwise equal): {wrong}"
+    assert not wrong, f"{nranks} ranks: (algo, dtype, T, H, pad, (h wrong, " \
+                      f"y wrong), ranks bitwise equal): {wrong}"
     for q, l in enumerate(launches):
         assert {k: v for k, v in l.items() if v} == \
-            {"one_shot_rmsnorm": calls}, (q, l)
+            {"one_shot_rmsnorm": calls, "two_shot_rmsnorm": calls}, (q, l)
 
 
 def _bits(t):
@@ -199,8 +212,9 @@ def _bits(t):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("algo", ["one_shot", "two_shot"])
 @pytest.mark.parametrize("nranks", [2, 3])
-def test_in_place_residual_gives_the_same_bits(monkeypatch, nranks):
+def test_in_place_residual_gives_the_same_bits(monkeypatch, nranks, algo):
     """residual_out=residual (vLLM's in-place form) and out=x give the bits
     of the out-of-place call."""
     torch = _torch()
@@ -210,13 +224,13 @@ def test_in_place_residual_gives_the_same_bits(monkeypatch, nranks):
         xs, res, w = _inputs(torch, nranks, 17, 4096, "bfloat16", seed=5)
         ys = [torch.empty_like(x) for x in xs]
         hs = [torch.empty_like(x) for x in xs]
-        _call_all(torch, team, streams, xs, res, w, ys, hs, algo="one_shot")
+        _call_all(torch, team, streams, xs, res, w, ys, hs, algo=algo)
         ress = [res.clone() for _ in team]
         xcopy = [x.clone() for x in xs]
         torch.cuda.synchronize()
         for c, s, x, r in zip(team, streams, xcopy, ress):
             c.all_reduce_rmsnorm(x, r, w, EPS, out=x, residual_out=r,
-                                 stream=s, algo="one_shot")
+                                 stream=s, algo=algo)
         torch.cuda.synchronize()
         for q in range(nranks):
             assert torch.equal(_bits(xcopy[q]), _bits(ys[q])), q
@@ -226,27 +240,32 @@ def test_in_place_residual_gives_the_same_bits(monkeypatch, nranks):
 
 
 @pytest.mark.gpu
-def test_rows_past_the_staging_area_take_several_launches(monkeypatch):
-    """A staging area of 64 KiB holds 16 rows of H 1000 fp32: 1000 rows
-    take 63 launches of whole rows, and the result is unchanged."""
+@pytest.mark.parametrize("algo,launches", [("one_shot", 63),
+                                           ("two_shot", 200)])
+def test_rows_past_the_staging_area_take_several_launches(monkeypatch, algo,
+                                                          launches):
+    """A staging area of 64 KiB holds 16 rows of H 1000 fp32 (two_shot: 5,
+    with their y and h): 1000 rows take 63 (200) launches of whole rows, and
+    the result is unchanged."""
     torch = _torch()
-    team = _team(monkeypatch, 2, staging_bytes=64 << 10)
+    team = _team(monkeypatch, 3, staging_bytes=64 << 10)
     streams = [torch.cuda.Stream() for _ in team]
     try:
-        xs, res, w = _inputs(torch, 2, 1000, 1000, "float32", seed=9)
+        xs, res, w = _inputs(torch, 3, 1000, 1000, "float32", seed=9)
         ys = [_poisoned(torch, xs[0]) for _ in team]
         hs = [_poisoned(torch, xs[0]) for _ in team]
-        _call_all(torch, team, streams, xs, res, w, ys, hs,
-                  algo="one_shot")
-        assert _wrong(torch, xs, res, w, ys[1], hs[1], "float32") == (0, 0)
-        assert team[0]._launches()["one_shot_rmsnorm"] == 63
+        _call_all(torch, team, streams, xs, res, w, ys, hs, algo=algo)
+        for y, h in zip(ys, hs):
+            assert _wrong(torch, xs, res, w, y, h, "float32") == (0, 0)
+        assert team[0]._launches()[algo + "_rmsnorm"] == launches
     finally:
         _close(team)
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("algo", ["one_shot", "two_shot"])
 @pytest.mark.parametrize("nranks", [2, 4])
-def test_graph_replays(monkeypatch, nranks):
+def test_graph_replays(monkeypatch, nranks, algo):
     """Each rank captures its call; replays with new inputs carry the
     barrier epochs in device memory."""
     torch = _torch()
@@ -262,7 +281,7 @@ def test_graph_replays(monkeypatch, nranks):
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g, stream=s):
                 c.all_reduce_rmsnorm(x, res, w, EPS, out=y, residual_out=h,
-                                     algo="one_shot")
+                                     algo=algo)
             graphs.append(g)
         for rep in range(4):
             new, nres, _ = _inputs(torch, nranks, 5, 4096, "bfloat16",
@@ -284,7 +303,9 @@ def test_graph_replays(monkeypatch, nranks):
 
 
 @pytest.mark.gpu
-def test_a_rank_that_never_calls_times_out_on_every_other_rank(monkeypatch):
+@pytest.mark.parametrize("algo", ["one_shot", "two_shot"])
+def test_a_rank_that_never_calls_times_out_on_every_other_rank(monkeypatch,
+                                                                algo):
     torch = _torch()
     team = _team(monkeypatch, 3, timeout=2.0)
     streams = [torch.cuda.Stream() for _ in team]
@@ -292,7 +313,7 @@ def test_a_rank_that_never_calls_times_out_on_every_other_rank(monkeypatch):
     torch.cuda.synchronize()
     t0 = time.monotonic()
     for c, s, x in zip(team[:2], streams, xs):
-        c.all_reduce_rmsnorm(x, res, w, EPS, stream=s, algo="one_shot")
+        c.all_reduce_rmsnorm(x, res, w, EPS, stream=s, algo=algo)
     torch.cuda.synchronize()
     took = time.monotonic() - t0
     errors = []
@@ -303,7 +324,7 @@ def test_a_rank_that_never_calls_times_out_on_every_other_rank(monkeypatch):
     assert 2.0 <= took < 10.0, took
     assert any(e.reason == "timeout" and e.rank == 2 for e in errors), \
         [str(e) for e in errors]
-    assert all(e.collective == COLL and e.kernel == "one_shot_rmsnorm"
+    assert all(e.collective == COLL and e.kernel == algo + "_rmsnorm"
                for e in errors), [str(e) for e in errors]
     for c in team:
         c.abort()
@@ -587,6 +608,9 @@ def test_fp8_arguments_are_checked(monkeypatch):
             f(x, r, w, EPS, out=q, quant="fp8_dynamic", scale=one)
         with pytest.raises(ValueError, match="scale= is given without"):
             f(x, r, w, EPS, scale=one)
+        with pytest.raises(ValueError, match="'two_shot' has no FP8"):
+            f(x, r, w, EPS, out=q, quant="fp8_static", scale=one,
+              algo="two_shot")
         assert not any(c._launches().values())
     finally:
         _close(team)

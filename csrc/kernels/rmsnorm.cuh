@@ -30,6 +30,17 @@
 //   already), nothing is staged and no barrier is taken: x is read in
 //   place, and the call counters are not touched.
 //
+// two_shot_rmsnorm: the same rows, split among the ranks: rank q reduces
+//   and normalises rows [q * per, q * per + per) (per = ceil(rows / n)),
+//   reading them from every rank's staging, and stores each y and h vector
+//   into every rank's result rows (the staging window after the staged x);
+//   exit barrier; each rank copies the result rows into out and out_h.
+//   Moves (n-1)/n of x in and 2 (n-1)/n of it out per rank over NVLink,
+//   against one_shot's (n-1) in. The residual and weight each rank reads
+//   are its own: they must be the same on every rank (tensor parallelism's
+//   replicated residual stream), and then the bits are one_shot's. No FP8
+//   output.
+//
 // Bits: every rank runs the same grid and block (the host derives them
 // from rows, H and the dtype only) on the same inputs, so every rank's y
 // and h are the same bits, and a.local gives the bits of the one-shot for
@@ -40,7 +51,8 @@
 // weight of any alignment (element-wise loads and stores when any is not
 // 16-byte aligned); out and out_h do not overlap (out_h may be residual,
 // out may be x); grid <= SYMNCCL_MAX_CTAS; rows * H * sizeof(T) within the
-// staging area; block <= 512. Float32, float16, bfloat16 (unit FLOAT).
+// staging area (two_shot: three times that); block <= 512. Float32,
+// float16, bfloat16 (unit FLOAT).
 #ifndef SYMNCCL_KERNELS_RMSNORM_CUH
 #define SYMNCCL_KERNELS_RMSNORM_CUH
 
@@ -227,9 +239,16 @@ __device__ __forceinline__ void quantise_row(const symnccl_kargs& a, size_t r,
                  inv, q_aligned);
 }
 
-template <typename T>
-__global__ void __launch_bounds__(512)
-    one_shot_rmsnorm(ncclDevComm dc, const __grid_constant__ symnccl_kargs a) {
+// The body of both kernels. kTwo (two_shot_rmsnorm, on 2+ ranks without
+// a.local): rank q normalises rows [q * per, q * per + per) only and stores
+// their y and h into every rank's result rows in the staging window (after
+// the staged x: y at mid_offset, h after it); after the exit barrier each
+// rank copies its result rows into out and out_h. CTA b stages, and copies
+// out, rows q * per + j for every q and every j = b mod grid: the rows that
+// CTA b of every rank reads and writes, so the per-CTA barriers order them.
+template <typename T, bool kTwo>
+__device__ __forceinline__ void rmsnorm_body(const ncclDevComm& dc,
+                                             const symnccl_kargs& a) {
   constexpr int E = Pack<T, 16>::kElems;
   __shared__ float s_sum[2][32], s_max[2][32];
   const int n = dc.lsaSize;
@@ -237,6 +256,7 @@ __global__ void __launch_bounds__(512)
   const Entry en = enter(a, me, n);
   const uint64_t e = en.epoch;
   const bool peers = !a.local && n > 1;
+  const bool two = kTwo && peers;
   const T* src = static_cast<const T*>(a.src);
   const T* res = static_cast<const T*>(a.residual);
   const T* w = static_cast<const T*>(a.weight);
@@ -252,6 +272,14 @@ __global__ void __launch_bounds__(512)
                          reinterpret_cast<uintptr_t>(out_h)) &
                         15) == 0;
   const size_t tid = threadIdx.x, bd = blockDim.x;
+  // two: rows per rank, and this rank's
+  const size_t per = two ? (rows + n - 1) / n : rows;
+  const size_t lo = two ? (size_t)me * per : 0;
+  const size_t own = lo >= rows ? 0 : rows - lo < per ? rows - lo : per;
+  // two: y rows at mid(q), h rows hoff bytes after them
+  const Peers mid = two ? Peers::of(a.mid_win, a.mid_offset) : Peers{};
+  const size_t hoff = rows * H * sizeof(T);
+  const bool mid_aligned = (a.mid_offset & 15) == 0;
   Barrier bar{};
   RmsRow<T> row;
   row.H = H;
@@ -261,14 +289,18 @@ __global__ void __launch_bounds__(512)
     row.in = Peers::of(a.win, a.win_offset);
     row.n = n;
     row.in_aligned = (a.win_offset & 15) == 0;
-    // my rows of x into my staging rows (the same CTA of every peer reads
-    // them after the barrier)
+    // x into my staging rows: the rows the same CTA of every peer reads
+    // after the barrier
     T* mine = reinterpret_cast<T*>(row.in(me));
     if (en.ok)
-      for (size_t r = blockIdx.x; r < rows; r += gridDim.x)
-        for (size_t v = tid; v < rvec; v += bd)
-          store_pack<16>(mine + r * H, v, H, row.in_aligned,
-                         load_pack<16>(src + r * H, v, H, src_aligned));
+      for (int q = 0; q < (two ? n : 1); q++)
+        for (size_t j = blockIdx.x; j < per; j += gridDim.x) {
+          const size_t r = (size_t)q * per + j;
+          if (r >= rows) break;
+          for (size_t v = tid; v < rvec; v += bd)
+            store_pack<16>(mine + r * H, v, H, row.in_aligned,
+                           load_pack<16>(src + r * H, v, H, src_aligned));
+        }
     if (!bar.sync(e + 1, a, me, n, en.ok)) return;
   } else {
     row.in = Peers{const_cast<char*>(reinterpret_cast<const char*>(src)), 0};
@@ -276,11 +308,30 @@ __global__ void __launch_bounds__(512)
     row.in_aligned = src_aligned;
     if (!__syncthreads_and(en.ok)) return;
   }
+  // h and y of row r, vector v: into out_h and out, or (two) into every
+  // rank's result rows
+  auto put_h = [&](size_t r, size_t v, uint4 hv) {
+    if (!two) return store_pack<16>(out_h + r * H, v, H, aligned, hv);
+    for (int q = 0; q < n; q++)
+      store_pack<16>(reinterpret_cast<T*>(mid(q) + hoff) + r * H, v, H,
+                     mid_aligned, hv);
+  };
+  auto get_h = [&](size_t r, size_t v) {
+    return two ? load_pack<16>(
+                     reinterpret_cast<const T*>(mid(me) + hoff) + r * H, v,
+                     H, mid_aligned)
+               : load_pack<16>(out_h + r * H, v, H, aligned);
+  };
+  auto put_y = [&](size_t r, size_t v, uint4 yv) {
+    if (!two) return store_pack<16>(out + r * H, v, H, aligned, yv);
+    for (int q = 0; q < n; q++)
+      store_pack<16>(reinterpret_cast<T*>(mid(q)) + r * H, v, H,
+                     mid_aligned, yv);
+  };
 
   int parity = 0;
-  for (size_t r = blockIdx.x; r < rows; r += gridDim.x, parity ^= 1) {
-    T* hr = out_h + r * H;
-    const T* wr = w;
+  for (size_t j = blockIdx.x; j < own; j += gridDim.x, parity ^= 1) {
+    const size_t r = lo + j;
     uint4 keep[kRmsKeep], wk[kRmsKeep];
     // all the loads of the kept vectors (and their weights) first, no
     // store between them, so they are in flight together; then the stores
@@ -288,41 +339,65 @@ __global__ void __launch_bounds__(512)
     for (int u = 0; u < kRmsKeep; u++)
       if (tid + u * bd < rvec) {
         keep[u] = row.h(r, tid + u * bd, res);
-        wk[u] = load_pack<16>(wr, tid + u * bd, H, aligned);
+        wk[u] = load_pack<16>(w, tid + u * bd, H, aligned);
       }
     float ss = 0.f;
 #pragma unroll
     for (int u = 0; u < kRmsKeep; u++)
       if (tid + u * bd < rvec) {
         ss += sum_squares<T>(keep[u]);
-        store_pack<16>(hr, tid + u * bd, H, aligned, keep[u]);
+        put_h(r, tid + u * bd, keep[u]);
       }
     for (size_t v = tid + kRmsKeep * bd; v < rvec; v += bd) {
       const uint4 hv = row.h(r, v, res);
       ss += sum_squares<T>(hv);
-      store_pack<16>(hr, v, H, aligned, hv);
+      put_h(r, v, hv);
     }
     const float total = block_sum(ss, s_sum[parity]);
     const float rstd = rsqrtf(total / (float)H + a.eps);
-    if (a.quant != SYMNCCL_QUANT_NONE) {
-      quantise_row(a, r, rstd, keep, wk, hr, s_max[parity]);
+    if (!two && a.quant != SYMNCCL_QUANT_NONE) {
+      quantise_row(a, r, rstd, keep, wk, out_h + r * H, s_max[parity]);
       continue;
     }
-    T* yr = out + r * H;
 #pragma unroll
     for (int u = 0; u < kRmsKeep; u++)
       if (tid + u * bd < rvec)
-        store_pack<16>(yr, tid + u * bd, H, aligned,
-                       normalise<T>(keep[u], wk[u], rstd));
+        put_y(r, tid + u * bd, normalise<T>(keep[u], wk[u], rstd));
     // past the kept vectors: this thread's own h, read back
     for (size_t v = tid + kRmsKeep * bd; v < rvec; v += bd)
-      store_pack<16>(yr, v, H, aligned,
-                     normalise<T>(load_pack<16>(hr, v, H, aligned),
-                                  load_pack<16>(wr, v, H, aligned), rstd));
+      put_y(r, v,
+            normalise<T>(get_h(r, v), load_pack<16>(w, v, H, aligned), rstd));
   }
   if (!peers) return;
   if (!bar.sync(e + 2, a, me, n)) return;
   if (threadIdx.x == 0) a.epochs[blockIdx.x] = e + 2;
+  if (!two) return;
+  // every rank's results for the rows this CTA staged have landed
+  const T* my_y = reinterpret_cast<const T*>(mid(me));
+  const T* my_h = reinterpret_cast<const T*>(mid(me) + hoff);
+  for (int q = 0; q < n; q++)
+    for (size_t j = blockIdx.x; j < per; j += gridDim.x) {
+      const size_t r = (size_t)q * per + j;
+      if (r >= rows) break;
+      for (size_t v = tid; v < rvec; v += bd) {
+        store_pack<16>(out + r * H, v, H, aligned,
+                       load_pack<16, true>(my_y + r * H, v, H, mid_aligned));
+        store_pack<16>(out_h + r * H, v, H, aligned,
+                       load_pack<16, true>(my_h + r * H, v, H, mid_aligned));
+      }
+    }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(512)
+    one_shot_rmsnorm(ncclDevComm dc, const __grid_constant__ symnccl_kargs a) {
+  rmsnorm_body<T, false>(dc, a);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(512)
+    two_shot_rmsnorm(ncclDevComm dc, const __grid_constant__ symnccl_kargs a) {
+  rmsnorm_body<T, true>(dc, a);
 }
 
 SYMNCCL_END

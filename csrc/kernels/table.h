@@ -121,7 +121,9 @@ enum { SYMNCCL_UNIT_DTYPE = 0, SYMNCCL_UNIT_MULTIMEM = 1,
       (push_split(a) ? push_all_gather<T, true>                              \
                      : push_all_gather<T, false>))                           \
     X(ONE_SHOT_RMSNORM, "one_shot_rmsnorm", ALL_REDUCE_RMSNORM, ONE_SHOT,    \
-      ONE, BARRIER, ROWS, 0, FLOAT, (one_shot_rmsnorm<T>))
+      ONE, BARRIER, ROWS, 0, FLOAT, (one_shot_rmsnorm<T>))                   \
+    X(TWO_SHOT_RMSNORM, "two_shot_rmsnorm", ALL_REDUCE_RMSNORM, TWO_SHOT,    \
+      ONE, BARRIER, ROWS, 0, FLOAT, (two_shot_rmsnorm<T>))
 
 #define SYMNCCL_K_ENUM_(id, ...) SYMNCCL_K_##id,
 enum { SYMNCCL_KERNEL_TABLE(SYMNCCL_K_ENUM_) SYMNCCL_K_COUNT };
