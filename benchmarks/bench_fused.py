@@ -3,8 +3,10 @@ composition, on one GPU: a one-rank communicator and loopback teams
 (Communicator._loopback: every rank on this GPU, each on its own stream).
 
 Methods:
-  fused     comm.all_reduce_rmsnorm(x, residual, w, eps, out=, residual_out=)
-            (algo="auto": the one_shot_rmsnorm kernel at these sizes)
+  fused     comm.all_reduce_rmsnorm(x, residual, w, eps, out=, residual_out=,
+            algo=--algo): one_shot by default, the measurement behind
+            AUTO_TABLE's all_reduce_rmsnorm rows (auto runs NCCL past their
+            limits, which a loopback team cannot)
   two_shot  the same with algo="two_shot" (2+ ranks; for information)
   unfused   comm.all_reduce(x, out=s) (algo="auto"), then h = s + residual
             and torch.nn.functional.rms_norm(h, (H,), w, eps), torch's
@@ -119,6 +121,8 @@ def main():
     ap.add_argument("--tokens", default=",".join(map(str, TOKENS)))
     ap.add_argument("--hidden", default=",".join(map(str, HIDDEN)))
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--algo", default="one_shot",
+                    help="the fused call's algo (auto, one_shot, two_shot)")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--report", default=None, help="JSON path (default: "
@@ -151,14 +155,14 @@ def main():
                 bf = bufs()
                 bu = [dict(b, y=torch.empty_like(b["y"]),
                            h=torch.empty_like(b["h"])) for b in bf]
-                _calls(torch, team, streams, bf, True)
+                _calls(torch, team, streams, bf, True, args.algo)
                 _calls(torch, team, streams, bu, False)
                 torch.cuda.synchronize()
                 worst, wrong = _check(torch, bf, bu, dtype)
                 before = team[0]._launches()
                 tf = _time(torch, lambda: _calls(torch, team, streams, bf,
-                                                 True), args.iters,
-                           args.reps)
+                                                 True, args.algo),
+                           args.iters, args.reps)
                 ran = {k: v - before[k] for k, v in team[0]._launches().items()
                        if v != before[k]}
                 tu = _time(torch, lambda: _calls(torch, team, streams, bu,
@@ -182,7 +186,8 @@ def main():
         for c in team:
             c.close()
     doc = run_info(1, torch.cuda.get_device_name(0), torch.__version__,
-                   dtype=args.dtype, iters=args.iters, reps=args.reps,
+                   dtype=args.dtype, algo=args.algo, iters=args.iters,
+                   reps=args.reps,
                    eps=EPS, rows=rows)
     where = write_results(doc, "fused_", args.report)
     print(f"\n{'ranks':>5} {'T':>5} {'H':>5} {'bytes':>9} {'fused us':>9} "

@@ -274,11 +274,18 @@ static const auto_row auto_table[] = {
     {SYMNCCL_COLL_ALL_GATHER, 2, 64 * KIB, 4 * MIB, 0, 0, 0, SN_ALGO_PUSH},
     {SYMNCCL_COLL_REDUCE, 2, 0, 0, 4 * MIB, 0, 0, SN_ALGO_NCCL},
     {SYMNCCL_COLL_BROADCAST, 2, 0, 0, 4 * MIB, 0, 0, SN_ALGO_NCCL},
-    /* all_reduce_rmsnorm: the fused one-shot on 1 rank and on a loopback
-     * team of 2 (docs/PERFORMANCE.md, 'Fused all-reduce and RMSNorm'),
-     * up to x of 32 MiB (T 2048 x H 8192 bf16, the largest measured);
-     * NCCL then, and from 3 ranks (not measured) */
-    {SYMNCCL_COLL_ALL_REDUCE_RMSNORM, 2, 0, 0, 32 * MIB, 0, 0,
+    /* all_reduce_rmsnorm, bf16, H100, CUDA-graph replay, against symnccl's
+     * all_reduce + torch's add + rms_norm
+     * (benchmarks/results/fused_h100x1_bfloat16.json). 1 rank: one_shot
+     * at every size measured, 3.9-5.7 us against 8.5-16.5 up to T 128 x
+     * H 8192 (2 MiB), 75.9 against 115.2 us at 32 MiB. A loopback team of
+     * 2 (both ranks on the one GPU): one_shot to 4 MiB (13.7 against 24.3
+     * us at 2 MiB, 29.8 against 34.7 at 4 MiB), behind from 8 MiB (56.5
+     * against 55.8; 16 MiB 121.7 against 110.0); two_shot behind one_shot
+     * at every size. One row for both: one_shot to 4 MiB, NCCL's
+     * all-reduce and symnccl's add+norm above (not measured), and from 3
+     * ranks. */
+    {SYMNCCL_COLL_ALL_REDUCE_RMSNORM, 2, 0, 0, 4 * MIB, 0, 0,
      SN_ALGO_NCCL},
 };
 #define N_AUTO (sizeof(auto_table) / sizeof(auto_table[0]))
