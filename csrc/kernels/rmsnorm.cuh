@@ -138,22 +138,24 @@ template <typename T>
 struct RmsRow {
   static constexpr int E = Pack<T, 16>::kElems;
   using U = typename Pack<T, 16>::U;
-  Peers in;           // every rank's row 0 (x itself when not staged)
-  int n;              // ranks reduced (1 when not staged)
-  bool in_aligned;    // the rows read through `in` are 16-byte aligned
-  bool aligned;       // residual, out, out_h, weight all 16-byte aligned
+  Peers in;         // every rank's row 0 (x itself when not staged)
+  int n;            // ranks reduced (1 when not staged)
+  bool in_aligned;  // the rows read through `in` are 16-byte aligned
+  bool aligned;     // residual, out, out_h, weight all 16-byte aligned
   size_t H;
 
   // h's vector v of row r (reduced, plus residual), rounded to T; adds its
   // squares to ss.
-  __device__ __forceinline__ uint4 h(size_t r, size_t v,
-                                     const T* res) const {
+  __device__ __forceinline__ uint4 h(size_t r, size_t v, const T* res) const {
     Accum<T, 16, OpSum> acc[1];
     const size_t row_off = r * H * sizeof(T);
-    reduce_ranks<T, 16, 1>(n, [&](int q, uint4(&raw)[1]) {
-      raw[0] = load_pack<16, true>(
-          reinterpret_cast<const T*>(in(q) + row_off), v, H, in_aligned);
-    }, acc);
+    reduce_ranks<T, 16, 1>(
+        n,
+        [&](int q, uint4(&raw)[1]) {
+          raw[0] = load_pack<16, true>(
+              reinterpret_cast<const T*>(in(q) + row_off), v, H, in_aligned);
+        },
+        acc);
     U s, x, out;
     s.raw = acc[0].result(SYMNCCL_OP_SUM, n);
     x.raw = load_pack<16>(res + r * H, v, H, aligned);
@@ -196,20 +198,20 @@ __device__ __forceinline__ uint4 normalise(uint4 hw, uint4 ww, float rstd) {
 // vectors), then y * (1 / scale).
 template <typename T>
 __device__ __forceinline__ void quantise_row(const symnccl_kargs& a, size_t r,
-                                          float rstd,
-                                          const uint4 (&keep)[kRmsKeep],
-                                          const uint4 (&wk)[kRmsKeep],
-                                          const T* hr, float* red) {
+                                             float rstd,
+                                             const uint4 (&keep)[kRmsKeep],
+                                             const uint4 (&wk)[kRmsKeep],
+                                             const T* hr, float* red) {
   const size_t H = a.row_len, rvec = H / Pack<T, 16>::kElems;
   const size_t tid = threadIdx.x, bd = blockDim.x;
   const T* w = static_cast<const T*>(a.weight);
   uint8_t* qr = static_cast<uint8_t*>(a.out) + r * H;
-  const bool aligned = ((reinterpret_cast<uintptr_t>(a.out) |
-                         reinterpret_cast<uintptr_t>(hr) |
-                         reinterpret_cast<uintptr_t>(w)) &
-                        15) == 0;
-  const bool q_aligned = (reinterpret_cast<uintptr_t>(a.out) &
-                          (Pack<T, 16>::kElems - 1)) == 0;
+  const bool aligned =
+      ((reinterpret_cast<uintptr_t>(a.out) | reinterpret_cast<uintptr_t>(hr) |
+        reinterpret_cast<uintptr_t>(w)) &
+       15) == 0;
+  const bool q_aligned =
+      (reinterpret_cast<uintptr_t>(a.out) & (Pack<T, 16>::kElems - 1)) == 0;
   float s;
   if (a.quant == SYMNCCL_QUANT_STATIC) {
     s = a.scale[0];
@@ -217,12 +219,12 @@ __device__ __forceinline__ void quantise_row(const symnccl_kargs& a, size_t r,
     float m = 0.f;
 #pragma unroll
     for (int u = 0; u < kRmsKeep; u++)
-      if (tid + u * bd < rvec) m = fmaxf(m, abs_max<T>(normalise<T>(
-                                                keep[u], wk[u], rstd)));
+      if (tid + u * bd < rvec)
+        m = fmaxf(m, abs_max<T>(normalise<T>(keep[u], wk[u], rstd)));
     for (size_t v = tid + kRmsKeep * bd; v < rvec; v += bd)
-      m = fmaxf(m, abs_max<T>(normalise<T>(load_pack<16>(hr, v, H, aligned),
-                                           load_pack<16>(w, v, H, aligned),
-                                           rstd)));
+      m = fmaxf(
+          m, abs_max<T>(normalise<T>(load_pack<16>(hr, v, H, aligned),
+                                     load_pack<16>(w, v, H, aligned), rstd)));
     s = fmaxf(block_max(m, red) / kFp8Max, kFp8MinScale);
     if (tid == 0) a.scale[r] = s;
   }
@@ -266,11 +268,10 @@ __device__ __forceinline__ void rmsnorm_body(const ncclDevComm& dc,
   const size_t rows = a.count / H;
   const size_t rvec = H / E;  // H % 8 == 0: whole vectors
   const bool src_aligned = (reinterpret_cast<uintptr_t>(src) & 15) == 0;
-  const bool aligned = ((reinterpret_cast<uintptr_t>(res) |
-                         reinterpret_cast<uintptr_t>(w) |
-                         reinterpret_cast<uintptr_t>(out) |
-                         reinterpret_cast<uintptr_t>(out_h)) &
-                        15) == 0;
+  const bool aligned =
+      ((reinterpret_cast<uintptr_t>(res) | reinterpret_cast<uintptr_t>(w) |
+        reinterpret_cast<uintptr_t>(out) | reinterpret_cast<uintptr_t>(out_h)) &
+       15) == 0;
   const size_t tid = threadIdx.x, bd = blockDim.x;
   // two: rows per rank, and this rank's
   const size_t per = two ? (rows + n - 1) / n : rows;
@@ -318,15 +319,15 @@ __device__ __forceinline__ void rmsnorm_body(const ncclDevComm& dc,
   };
   auto get_h = [&](size_t r, size_t v) {
     return two ? load_pack<16>(
-                     reinterpret_cast<const T*>(mid(me) + hoff) + r * H, v,
-                     H, mid_aligned)
+                     reinterpret_cast<const T*>(mid(me) + hoff) + r * H, v, H,
+                     mid_aligned)
                : load_pack<16>(out_h + r * H, v, H, aligned);
   };
   auto put_y = [&](size_t r, size_t v, uint4 yv) {
     if (!two) return store_pack<16>(out + r * H, v, H, aligned, yv);
     for (int q = 0; q < n; q++)
-      store_pack<16>(reinterpret_cast<T*>(mid(q)) + r * H, v, H,
-                     mid_aligned, yv);
+      store_pack<16>(reinterpret_cast<T*>(mid(q)) + r * H, v, H, mid_aligned,
+                     yv);
   };
 
   int parity = 0;
