@@ -312,10 +312,12 @@ __device__ __forceinline__ void rmsnorm_body(const ncclDevComm& dc,
   // h and y of row r, vector v: into out_h and out, or (two) into every
   // rank's result rows
   auto put_h = [&](size_t r, size_t v, uint4 hv) {
-    if (!two) return store_pack<16>(out_h + r * H, v, H, aligned, hv);
-    for (int q = 0; q < n; q++)
-      store_pack<16>(reinterpret_cast<T*>(mid(q) + hoff) + r * H, v, H,
-                     mid_aligned, hv);
+    if (two)
+      for (int q = 0; q < n; q++)
+        store_pack<16>(reinterpret_cast<T*>(mid(q) + hoff) + r * H, v, H,
+                       mid_aligned, hv);
+    else
+      store_pack<16>(out_h + r * H, v, H, aligned, hv);
   };
   auto get_h = [&](size_t r, size_t v) {
     return two ? load_pack<16>(
@@ -324,10 +326,12 @@ __device__ __forceinline__ void rmsnorm_body(const ncclDevComm& dc,
                : load_pack<16>(out_h + r * H, v, H, aligned);
   };
   auto put_y = [&](size_t r, size_t v, uint4 yv) {
-    if (!two) return store_pack<16>(out + r * H, v, H, aligned, yv);
-    for (int q = 0; q < n; q++)
-      store_pack<16>(reinterpret_cast<T*>(mid(q)) + r * H, v, H, mid_aligned,
-                     yv);
+    if (two)
+      for (int q = 0; q < n; q++)
+        store_pack<16>(reinterpret_cast<T*>(mid(q)) + r * H, v, H, mid_aligned,
+                       yv);
+    else
+      store_pack<16>(out + r * H, v, H, aligned, yv);
   };
 
   int parity = 0;
