@@ -21,9 +21,12 @@ units of the dtype's epsilon, #wrong beyond 4 of them).
 
     python benchmarks/bench_fused.py                  # 1 rank and a team of 2
     python benchmarks/bench_fused.py --ranks 1 --tokens 1,16 --hidden 4096
+    python benchmarks/bench_fused.py --nranks 2      # 2 GPUs over NVLink
 
-The NVLink measurement (one process per GPU, against FlashInfer's fused
-all-reduce and vLLM's unfused path) is not written yet: issue 31.
+--nranks N runs one process per GPU (symnccl.bootstrap.spawn), the ranks
+aligned by a barrier before each measurement, rank 0's times reported. The
+anchors of the NVLink measurement (FlashInfer's fused all-reduce, vLLM's
+unfused path) are not in it yet: issue 31.
 """
 from __future__ import annotations
 
@@ -78,7 +81,10 @@ def _calls(torch, team, streams, bufs, fused, algo="auto"):
         cur.wait_stream(s)
 
 
-def _time(torch, fn, iters, reps):
+def _time(torch, fn, iters, reps, sync=None):
+    """Median microseconds per call of fn() replayed from a CUDA graph of
+    `iters` calls; sync() (the ranks of separate processes: a barrier)
+    before each rep."""
     fn()
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
@@ -89,6 +95,8 @@ def _time(torch, fn, iters, reps):
     torch.cuda.synchronize()
     times = []
     for _ in range(reps):
+        if sync is not None:
+            sync()
         a = torch.cuda.Event(enable_timing=True)
         b = torch.cuda.Event(enable_timing=True)
         a.record()
@@ -113,11 +121,85 @@ def _check(torch, bufs_f, bufs_u, dtype):
     return worst, wrong
 
 
+def _measure(torch, team, n, rank, opts, sync=None):
+    """The rows of one team: `team` holds this process's ranks (all n of a
+    loopback team, or the one rank `rank` of n processes)."""
+    dtype = getattr(torch, opts["dtype"])
+    streams = [torch.cuda.Stream() for _ in team]
+    rows = []
+    for H in [int(v) for v in opts["hidden"].split(",")]:
+        for T in [int(v) for v in opts["tokens"].split(",")]:
+            # residual and weight: the same on every rank; x: each rank's
+            g = torch.Generator(device="cuda").manual_seed(T * H + n)
+            res = torch.randn(T, H, device="cuda", generator=g).to(dtype)
+            w = (1 + 0.5 * torch.randn(H, device="cuda", generator=g)).to(
+                dtype)
+            bf = []
+            for q in range(len(team)):
+                gx = torch.Generator(device="cuda").manual_seed(
+                    T * H + 7919 * (rank + q + 1))
+                x = torch.randn(T, H, device="cuda", generator=gx).to(dtype)
+                bf.append({"x": x, "res": res, "w": w,
+                           "s": torch.empty_like(x), "y": torch.empty_like(x),
+                           "h": torch.empty_like(x)})
+            bu = [dict(b, y=torch.empty_like(b["y"]),
+                       h=torch.empty_like(b["h"])) for b in bf]
+            if sync is not None:
+                sync()
+            _calls(torch, team, streams, bf, True, opts["algo"])
+            _calls(torch, team, streams, bu, False)
+            torch.cuda.synchronize()
+            worst, wrong = _check(torch, bf, bu, dtype)
+            before = team[0]._launches()
+            tf = _time(torch, lambda: _calls(torch, team, streams, bf, True,
+                                             opts["algo"]),
+                       opts["iters"], opts["reps"], sync)
+            ran = {k: v - before[k] for k, v in team[0]._launches().items()
+                   if v != before[k]}
+            tu = _time(torch, lambda: _calls(torch, team, streams, bu, False),
+                       opts["iters"], opts["reps"], sync)
+            t2 = None
+            if n > 1:   # the two-shot by rows, for information
+                t2 = _time(torch, lambda: _calls(torch, team, streams, bf,
+                                                 True, "two_shot"),
+                           opts["iters"], opts["reps"], sync)
+            rows.append({"nranks": n, "T": T, "H": H,
+                         "bytes": T * H * bf[0]["x"].element_size(),
+                         "fused_us": round(tf, 2),
+                         "unfused_us": round(tu, 2),
+                         "ratio": round(tf / tu, 3),
+                         "two_shot_us": t2 and round(t2, 2),
+                         "fused_kernels": ran,
+                         "max_diff_eps": round(worst, 2),
+                         "wrong": wrong})
+            if rank == 0:
+                print(rows[-1], flush=True)
+    return rows
+
+
+def _rank_main(rank, nranks, uid, opts):
+    """One process per GPU (--nranks): rank 0's rows, every rank aligned
+    by a barrier before each measurement."""
+    import torch
+    import symnccl
+    torch.cuda.set_device(rank)
+    comm = symnccl.Communicator(uid, rank, nranks, rank)
+    try:
+        rows = _measure(torch, [comm], nranks, rank, opts,
+                        sync=lambda: comm.barrier(blocking=True))
+        return rows, torch.cuda.get_device_name(0), torch.__version__
+    finally:
+        comm.close()
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--ranks", default="1,2",
                     help="team sizes on this GPU (1: a real 1-rank "
                     "communicator; 2+: loopback teams)")
+    ap.add_argument("--nranks", type=int, default=0,
+                    help="one process per GPU, this many GPUs (NVLink), "
+                    "instead of --ranks")
     ap.add_argument("--tokens", default=",".join(map(str, TOKENS)))
     ap.add_argument("--hidden", default=",".join(map(str, HIDDEN)))
     ap.add_argument("--dtype", default="bfloat16")
@@ -126,69 +208,27 @@ def main():
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--report", default=None, help="JSON path (default: "
-                    "results/fused_<gpu>x1_<dtype>.json beside this file)")
+                    "results/fused_<gpu>x<GPUs>_<dtype>.json beside this "
+                    "file)")
     args = ap.parse_args()
-    import torch
-    dtype = getattr(torch, args.dtype)
-    rows = []
-    for n in [int(v) for v in args.ranks.split(",")]:
-        team = _team(n)
-        streams = [torch.cuda.Stream() for _ in team]
-        for H in [int(v) for v in args.hidden.split(",")]:
-            for T in [int(v) for v in args.tokens.split(",")]:
-                g = torch.Generator(device="cuda").manual_seed(T * H + n)
-
-                def bufs():
-                    res = torch.randn(T, H, device="cuda", generator=g,
-                                      dtype=torch.float32).to(dtype)
-                    w = (1 + 0.5 * torch.randn(H, device="cuda",
-                                               generator=g)).to(dtype)
-                    out = []
-                    for _ in team:
-                        x = torch.randn(T, H, device="cuda", generator=g,
-                                        dtype=torch.float32).to(dtype)
-                        out.append({"x": x, "res": res, "w": w,
-                                    "s": torch.empty_like(x),
-                                    "y": torch.empty_like(x),
-                                    "h": torch.empty_like(x)})
-                    return out
-                bf = bufs()
-                bu = [dict(b, y=torch.empty_like(b["y"]),
-                           h=torch.empty_like(b["h"])) for b in bf]
-                _calls(torch, team, streams, bf, True, args.algo)
-                _calls(torch, team, streams, bu, False)
-                torch.cuda.synchronize()
-                worst, wrong = _check(torch, bf, bu, dtype)
-                before = team[0]._launches()
-                tf = _time(torch, lambda: _calls(torch, team, streams, bf,
-                                                 True, args.algo),
-                           args.iters, args.reps)
-                ran = {k: v - before[k] for k, v in team[0]._launches().items()
-                       if v != before[k]}
-                tu = _time(torch, lambda: _calls(torch, team, streams, bu,
-                                                 False), args.iters,
-                           args.reps)
-                t2 = None
-                if n > 1:   # the two-shot by rows, for information
-                    t2 = _time(torch, lambda: _calls(torch, team, streams,
-                                                     bf, True, "two_shot"),
-                               args.iters, args.reps)
-                rows.append({"nranks": n, "T": T, "H": H,
-                             "bytes": T * H * bf[0]["x"].element_size(),
-                             "fused_us": round(tf, 2),
-                             "unfused_us": round(tu, 2),
-                             "ratio": round(tf / tu, 3),
-                             "two_shot_us": t2 and round(t2, 2),
-                             "fused_kernels": ran,
-                             "max_diff_eps": round(worst, 2),
-                             "wrong": wrong})
-                print(rows[-1], flush=True)
-        for c in team:
-            c.close()
-    doc = run_info(1, torch.cuda.get_device_name(0), torch.__version__,
-                   dtype=args.dtype, algo=args.algo, iters=args.iters,
-                   reps=args.reps,
-                   eps=EPS, rows=rows)
+    opts = vars(args)
+    if args.nranks > 0:
+        from symnccl.bootstrap import spawn
+        rows, gpu, tv = spawn(_rank_main, args.nranks, args=(opts,))[0]
+        gpus = args.nranks
+    else:
+        import torch
+        rows, gpus = [], 1
+        gpu, tv = torch.cuda.get_device_name(0), torch.__version__
+        for n in [int(v) for v in args.ranks.split(",")]:
+            team = _team(n)
+            try:
+                rows += _measure(torch, team, n, 0, opts)
+            finally:
+                for c in team:
+                    c.close()
+    doc = run_info(gpus, gpu, tv, dtype=args.dtype, algo=args.algo,
+                   iters=args.iters, reps=args.reps, eps=EPS, rows=rows)
     where = write_results(doc, "fused_", args.report)
     print(f"\n{'ranks':>5} {'T':>5} {'H':>5} {'bytes':>9} {'fused us':>9} "
           f"{'unfused us':>10} {'ratio':>6} {'2shot us':>9} {'maxdiff':>8} "
