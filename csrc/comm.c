@@ -871,7 +871,7 @@ static PyMethodDef comm_methods[] = {
      "rank's staging window; residual and weight must be the same on every "
      "rank, as in tensor parallelism; no quant); 'nccl' (ncclAllReduce, "
      "then symnccl's add+norm kernel); 'auto' (AUTO_TABLE). A loopback team "
-     "runs 'one_shot' only.\n\n"
+     "runs the kernels only (not 'nccl').\n\n"
      "Example:\n"
      "    y, h = comm.all_reduce_rmsnorm(attn_out, residual, w, 1e-6,\n"
      "                                   residual_out=residual)"},

@@ -142,8 +142,7 @@ static int
 check_inputs(fcall *k, size_t *H)
 {
     const sn_dtype *dt = k->x.dtype;
-    if (dt->kernel != SYMNCCL_DT_F32 && dt->kernel != SYMNCCL_DT_F16 &&
-        dt->kernel != SYMNCCL_DT_BF16) {
+    if (!SYMNCCL_UNIT_FLOAT_TAKES(dt->kernel)) {   /* the kernels' units */
         PyErr_Format(PyExc_TypeError, "all_reduce_rmsnorm: x has dtype %s, "
                      "expected float32, float16 or bfloat16", dt->name);
         return -1;

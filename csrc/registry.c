@@ -215,8 +215,7 @@ sn_collective_unavailable(const sn_topology *t, int collective, int algo,
         dt = NULL, op = NULL;
     /* a FLOAT kernel exists in the float32, float16, bfloat16 units only */
     if (symnccl_kernel_row_of(k).unit == SYMNCCL_UNIT_FLOAT && dt != NULL &&
-        dt->kernel != SYMNCCL_DT_F32 && dt->kernel != SYMNCCL_DT_F16 &&
-        dt->kernel != SYMNCCL_DT_BF16)
+        !SYMNCCL_UNIT_FLOAT_TAKES(dt->kernel))
         return "this dtype has no kernel of this collective (float32, "
                "float16 and bfloat16 have)";
     return sn_algo_unavailable(t, algo, dt, op);

@@ -71,6 +71,10 @@ enum { SYMNCCL_SHOT_ONE = 0, SYMNCCL_SHOT_TWO = 1 };
  * units only (the registry refuses the other dtypes for such a kernel). */
 enum { SYMNCCL_UNIT_DTYPE = 0, SYMNCCL_UNIT_MULTIMEM = 1,
        SYMNCCL_UNIT_FLOAT = 2 };
+/* The dtypes (SYMNCCL_DT_*) whose units hold the FLOAT kernels. */
+#define SYMNCCL_UNIT_FLOAT_TAKES(dt)                     \
+    ((dt) == SYMNCCL_DT_F32 || (dt) == SYMNCCL_DT_F16 || \
+     (dt) == SYMNCCL_DT_BF16)
 
 /* The kernels:
  * X(ID, name, collective, algo, shot, family, plan, bytes, unit, entry)

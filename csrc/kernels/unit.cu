@@ -15,6 +15,11 @@
 #error "compile with -DSYMNCCL_UNIT_DT=<ID of SYMNCCL_KERNEL_DTYPES>"
 #endif
 
+#define SYMNCCL_CAT_(a, b) a##b
+#define SYMNCCL_CAT(a, b) SYMNCCL_CAT_(a, b)
+// This unit's SYMNCCL_DT_*.
+#define SYMNCCL_UNIT_ID SYMNCCL_CAT(SYMNCCL_DT_, SYMNCCL_UNIT_DT)
+
 SYMNCCL_BEGIN
 using Kernel = void (*)(ncclDevComm, const symnccl_kargs);
 
@@ -28,9 +33,7 @@ template <typename T>
 Kernel entry(const symnccl_kargs& a) {
   constexpr bool kBytesUnit =
       std::is_same<T, DType<SYMNCCL_DT_BYTES>::type>::value;
-  constexpr bool kFloatUnit = std::is_same<T, float>::value ||
-                              std::is_same<T, __half>::value ||
-                              std::is_same<T, __nv_bfloat16>::value;
+  constexpr bool kFloatUnit = SYMNCCL_UNIT_FLOAT_TAKES(SYMNCCL_UNIT_ID);
   switch (a.kernel) {
 #define SYMNCCL_ENTRY_(id, name, coll, algo, shot, family, plan, bytes, unit, \
                        fn)                                                    \
@@ -48,14 +51,11 @@ Kernel entry(const symnccl_kargs& a) {
 }
 SYMNCCL_END
 
-#define SYMNCCL_CAT_(a, b) a##b
-#define SYMNCCL_CAT(a, b) SYMNCCL_CAT_(a, b)
-
 // symnccl_launch_<ID>: declared in launch.cu.
 cudaError_t SYMNCCL_CAT(symnccl_launch_, SYMNCCL_UNIT_DT)(
     const symnccl_kargs* a, cudaStream_t stream) {
   using namespace symnccl;
-  using T = DType<SYMNCCL_CAT(SYMNCCL_DT_, SYMNCCL_UNIT_DT)>::type;
+  using T = DType<SYMNCCL_UNIT_ID>::type;
   const Kernel kernel = entry<T>(*a);
   if (kernel == nullptr) return cudaErrorInvalidValue;
   return symnccl_launch_kernel(kernel, *a, stream);
