@@ -567,10 +567,10 @@ def test_fp8_static_and_dynamic_outputs(monkeypatch, nranks):
                 torch.cuda.synchronize()
                 # the kernel's fp32 division, correctly rounded: the float64
                 # quotient rounded to float32 is the same number (53 >= 2 *
-                # 24 + 2 bits); torch's float32 tensor / scalar multiplies
-                # by the reciprocal instead
+                # 24 + 2 bits). Divided by a tensor: torch's tensor / scalar
+                # multiplies by the reciprocal instead.
                 amax = y.float().abs().amax(-1).double()
-                want = torch.clamp(amax / FP8_MAX,
+                want = torch.clamp(amax / torch.full_like(amax, FP8_MAX),
                                    min=1.0 / (FP8_MAX * 512)).float()
                 exact = torch.equal(scales[0], want)
                 bad_d = _fp8_off_by_more_than_a_step(
