@@ -73,9 +73,23 @@ def test_auto_runs_the_fused_kernel_where_measured_and_nccl_elsewhere(
                 COLL) == "nccl"
 
 
-def test_the_method_is_documented_with_an_example():
+def test_the_method_is_documented_with_an_example_and_stubbed():
+    import ast
+    import inspect
+    import os
     doc = symnccl.Communicator.all_reduce_rmsnorm.__doc__
     assert "residual_out" in doc and "Example" in doc and "rsqrt" in doc
+    stub = ast.parse(open(os.path.join(os.path.dirname(_C.__file__),
+                                       "_C.pyi")).read())
+    cls = next(n for n in stub.body if isinstance(n, ast.ClassDef)
+               and n.name == "Communicator")
+    f = next(f for f in cls.body if isinstance(f, ast.FunctionDef)
+             and f.name == COLL)
+    sig = inspect.signature(symnccl.Communicator.all_reduce_rmsnorm)
+    assert list(sig.parameters) == [a.arg for a in f.args.args +
+                                    f.args.kwonlyargs]
+    assert [p.name for p in sig.parameters.values()
+            if p.kind == p.KEYWORD_ONLY] == [a.arg for a in f.args.kwonlyargs]
 
 
 # ------------------------------------------------------------------ GPU
