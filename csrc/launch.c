@@ -15,6 +15,10 @@
  *            worth of each slice, straight from x into out
  *   ROOTED   one_shot (reduce, broadcast): one launch per staging area, x
  *            copied into the staging window first
+ *   ROWS     one_shot_rmsnorm, two_shot_rmsnorm (all_reduce_rmsnorm):
+ *            whole rows of x, as many per launch as the staging area holds
+ *            (x read in place, one launch, on one rank and after NCCL's
+ *            all-reduce)
  *   PUSH     push (every collective it runs): one launch for any size
  *            (the kernel walks every slice in chunks of a slot, or of
  *            SYMNCCL_PUSH_CHUNK_KIB when smaller), straight from x; an
@@ -261,6 +265,70 @@ push_launch(const sn_ar *r, int kernel, sn_err *err)
     return launch(r, &a, err);
 }
 
+/* all_reduce_rmsnorm: whole rows. The kernel copies x into the staging
+ * window itself, so a launch takes as many rows as the staging area holds;
+ * on one rank, or with r->local (x holds NCCL's sum), x is read in place
+ * and one launch takes every row. The block: a thread per 16-byte vector
+ * of a row, at most SYMNCCL_THREADS; the grid: a CTA per row, at most
+ * SYMNCCL_RMSNORM_CTAS. A dynamic FP8 output's scales: one per row. Both depend on the rows, H and the dtype only, so
+ * every rank (and the local launch) reduces in the same order. */
+static int
+row_launches(const sn_ar *r, int kernel, sn_err *err)
+{
+    CommObject *c = r->c;
+    const size_t is = (size_t)r->dtype->itemsize;
+    const size_t row_bytes = r->row_len * is;
+    const size_t rows = r->count / r->row_len;
+    /* two_shot: the staging area holds the launch's x, then its y and h
+     * rows (every rank's results) */
+    const int two = kernel == SYMNCCL_K_TWO_SHOT_RMSNORM;
+    const int peers = !r->local && c->nranks > 1;
+    size_t chunk = rows;
+    if (peers)
+        chunk = c->layout.staging / (row_bytes * (two ? 3 : 1));
+    if (chunk == 0)
+        return sn_fail(err, cudaErrorInvalidValue, ncclSuccess, "a row of "
+                       "%zu bytes is larger than the staging area (%zu "
+                       "bytes, staging_bytes=)", row_bytes,
+                       c->layout.staging);
+    symnccl_kargs a = kargs(r, kernel);
+    a.win = c->staging_win->win;
+    a.win_offset = 0;
+    a.weight = r->weight;
+    a.row_len = r->row_len;
+    a.eps = r->eps;
+    a.local = r->local;
+    a.quant = r->quant;
+    a.scale = r->scale;
+    /* a quantised y is float8_e4m3fn: a byte per element */
+    const size_t out_is = r->quant != SYMNCCL_QUANT_NONE ? 1 : is;
+    const size_t threads = (row_bytes / 16 + 31) / 32 * 32;
+    a.threads = threads > (size_t)c->knobs.lsa_threads ? c->knobs.lsa_threads
+                                                       : (int)threads;
+    for (size_t done = 0; done < rows; done += chunk) {
+        const size_t len = rows - done < chunk ? rows - done : chunk;
+        const size_t off = done * row_bytes;
+        a.src = r->x + off;
+        a.out = r->out + done * r->row_len * out_is;
+        if (r->quant == SYMNCCL_QUANT_DYNAMIC)
+            a.scale = r->scale + done;
+        a.residual = r->residual + off;
+        a.out_h = r->out_h + off;
+        a.count = len * r->row_len;
+        /* two_shot: each rank normalises ceil(len / n) rows */
+        const size_t grid_rows = two && peers
+            ? (len + (size_t)c->nranks - 1) / (size_t)c->nranks : len;
+        a.ctas = grid_rows > (size_t)c->knobs.rmsnorm_ctas
+                     ? c->knobs.rmsnorm_ctas
+                     : (int)grid_rows;
+        a.mid_win = a.win;
+        a.mid_offset = len * row_bytes;
+        if (launch(r, &a, err) < 0)
+            return -1;
+    }
+    return 0;
+}
+
 /* one_shot, two_shot, multimem: peers load from a window. */
 static int
 load_launches(const sn_ar *r, int kernel, sn_err *err)
@@ -349,6 +417,7 @@ sn_launch_kernels(const sn_ar *r, sn_err *err)
         case SYMNCCL_PLAN_SLICES: rc = slice_launches(r, kernel, err); break;
         case SYMNCCL_PLAN_ROOTED: rc = rooted_launches(r, kernel, err); break;
         case SYMNCCL_PLAN_PUSH: rc = push_launch(r, kernel, err); break;
+        case SYMNCCL_PLAN_ROWS: rc = row_launches(r, kernel, err); break;
         default: rc = load_launches(r, kernel, err);
         }
     }

@@ -224,6 +224,11 @@ sn_collective_unavailable(const sn_topology *t, int collective, int algo,
     /* a kernel that moves bytes takes every dtype, and no op */
     if (symnccl_kernel_row_of(k).bytes)
         dt = NULL, op = NULL;
+    /* a FLOAT kernel exists in the float32, float16, bfloat16 units only */
+    if (symnccl_kernel_row_of(k).unit == SYMNCCL_UNIT_FLOAT && dt != NULL &&
+        !SYMNCCL_UNIT_FLOAT_TAKES(dt->kernel))
+        return "this dtype has no kernel of this collective (float32, "
+               "float16 and bfloat16 have)";
     return sn_algo_unavailable(t, algo, dt, op);
 }
 
@@ -279,6 +284,19 @@ static const auto_row auto_table[] = {
     {SYMNCCL_COLL_ALL_GATHER, 2, 64 * KIB, 4 * MIB, 0, 0, 0, SN_ALGO_PUSH},
     {SYMNCCL_COLL_REDUCE, 2, 0, 0, 4 * MIB, 0, 0, SN_ALGO_NCCL},
     {SYMNCCL_COLL_BROADCAST, 2, 0, 0, 4 * MIB, 0, 0, SN_ALGO_NCCL},
+    /* all_reduce_rmsnorm, bf16, H100, CUDA-graph replay, against symnccl's
+     * all_reduce + torch's add + rms_norm
+     * (benchmarks/results/fused_h100x1_bfloat16.json). 1 rank: one_shot
+     * at every size measured, 3.9-5.7 us against 8.5-16.5 up to T 128 x
+     * H 8192 (2 MiB), 75.9 against 115.2 us at 32 MiB. A loopback team of
+     * 2 (both ranks on the one GPU): one_shot to 4 MiB (13.7 against 24.3
+     * us at 2 MiB, 29.8 against 34.7 at 4 MiB), behind from 8 MiB (56.5
+     * against 55.8; 16 MiB 121.7 against 110.0); two_shot behind one_shot
+     * at every size. One row for both: one_shot to 4 MiB, NCCL's
+     * all-reduce and symnccl's add+norm above (not measured), and from 3
+     * ranks. */
+    {SYMNCCL_COLL_ALL_REDUCE_RMSNORM, 2, 0, 0, 4 * MIB, 0, 0,
+     SN_ALGO_NCCL},
 };
 #define N_AUTO (sizeof(auto_table) / sizeof(auto_table[0]))
 
@@ -485,6 +503,10 @@ static const knob knobs[] = {
      SN_MAX_CTAS, 1, "largest one_shot grid"},
     {"SYMNCCL_TWO_SHOT_CTAS", offsetof(sn_knobs, two_shot_ctas), 64, 1,
      SN_MAX_CTAS, 1, "largest two_shot grid"},
+    /* a CTA per row up to here: one_shot's 32 would leave T 128 rows four
+     * to a CTA, one after another (kernels/rmsnorm.cuh) */
+    {"SYMNCCL_RMSNORM_CTAS", offsetof(sn_knobs, rmsnorm_ctas), 128, 1,
+     SN_MAX_CTAS, 1, "largest grid of all_reduce_rmsnorm (a CTA per row)"},
     /* 64 CTAs: 256 KiB 5.4 -> 4.6 us on 2 ranks, 8.7 -> 7.9 us (two-shot
      * packets) on 4; the same at 4 KiB (docs/PERFORMANCE.md, 'Packets: ll
      * and ll128') */
@@ -640,8 +662,8 @@ kernel_table(void)
     static const char *const families[SYMNCCL_FAMILY_COUNT] = {
         "barrier", "ll", "ll128", "push"};
     static const char *const plans[] = {"loads", "packets", "slices",
-                                        "rooted", "push"};
-    static const char *const units[] = {"dtype", "multimem"};
+                                        "rooted", "push", "rows"};
+    static const char *const units[] = {"dtype", "multimem", "float"};
     PyObject *t = PyTuple_New(SYMNCCL_K_COUNT);
     for (int k = 0; t != NULL && k < SYMNCCL_K_COUNT; k++) {
         const symnccl_kernel_row r = symnccl_kernel_row_of(k);

@@ -11,7 +11,7 @@
  *   3  lifecycle.c  watchdog.c  launch.c
  *   4  buffer.c
  *   5  dlpack.c
- *   6  collectives.c  xla_ffi.c
+ *   6  collectives.c  fused.c  xla_ffi.c
  *   7  comm.c
  *   8  module.c
  *
@@ -192,7 +192,7 @@ typedef struct {
  * path reads no environment). Equal on every rank. */
 typedef struct {
     int algo;                  /* SYMNCCL_ALGO: SN_ALGO_* or SN_ALGO_AUTO */
-    int lsa_threads, one_shot_ctas, two_shot_ctas;
+    int lsa_threads, one_shot_ctas, two_shot_ctas, rmsnorm_ctas;
     int ll_ctas, ll_threads, ll_two_shot_kib, ll128_two_shot_kib;
     int push_ctas, push_threads, push_region_mib, push_chunk_kib;
     int check;                 /* SYMNCCL_CHECK: compare calls first */
@@ -700,6 +700,16 @@ typedef struct {
                                   _REDUCE_SCATTER, _ALL_GATHER, _REDUCE,
                                   _BROADCAST */
     int root;                  /* reduce, broadcast */
+    /* all_reduce_rmsnorm (fused.c): x and out are rows of row_len; out_h
+     * <- sum + residual, out <- out_h normalised, times weight */
+    const char *residual;
+    char *out_h;
+    const char *weight;
+    size_t row_len;
+    float eps;
+    int local;                 /* x holds the sum (NCCL's): no peer */
+    int quant;                 /* SYMNCCL_QUANT_*: out is float8_e4m3fn */
+    float *scale;              /* static: [0]; dynamic: one per row */
 } sn_ar;
 
 /* Enqueues the collective on r->stream; 0, or -1 with *err filled. */
@@ -746,6 +756,15 @@ PyObject *sn_all_gather(CommObject *c, PyObject *args, PyObject *kw);
 PyObject *sn_broadcast(CommObject *c, PyObject *args, PyObject *kw);
 PyObject *sn_reduce(CommObject *c, PyObject *args, PyObject *kw);
 PyObject *sn_barrier(CommObject *c, PyObject *args, PyObject *kw);
+
+/* ------------------------------------------------------------------ */
+/* fused.c: collectives fused with the computation around them. */
+
+/* all_reduce_rmsnorm(x, residual, weight, eps, *, out=None,
+ * residual_out=None, quant=None, scale=None, algo="auto", stream=None)
+ * -> (y, h) */
+PyObject *sn_all_reduce_rmsnorm(CommObject *c, PyObject *args,
+                                PyObject *kw);
 
 /* ------------------------------------------------------------------ */
 /* xla_ffi.c: the XLA FFI handler and its module functions. */

@@ -83,6 +83,7 @@ from __future__ import annotations
 import itertools
 import os
 import threading
+from typing import Optional
 
 import torch
 
@@ -90,7 +91,8 @@ import symnccl
 
 __all__ = ["Communicator", "communicator", "wrap", "all_reduce",
            "all_reduce_", "reduce_scatter", "all_gather", "broadcast",
-           "reduce", "tp_all_reduce", "tp_copy", "comm_id",
+           "reduce", "tp_all_reduce", "tp_copy", "all_reduce_add_rmsnorm",
+           "comm_id",
            "get_communicator"]
 
 # Custom ops cannot take Python objects: communicators are passed by id.
@@ -386,6 +388,62 @@ def _(x, comm_id, algo):
     return _like(x)
 
 
+def _all_reduce_add_rmsnorm_impl(comm, x, residual, weight, eps, algo):
+    y, h = _like(x), _like(x)
+    comm.all_reduce_rmsnorm(x.contiguous(), residual.contiguous(),
+                            weight.contiguous(), eps, out=y, residual_out=h,
+                            algo=algo)
+    return y, h
+
+
+@torch.library.custom_op("symnccl::all_reduce_add_rmsnorm", mutates_args=())
+def _all_reduce_add_rmsnorm_op(x: torch.Tensor, comm_id: int,
+                               residual: torch.Tensor, weight: torch.Tensor,
+                               eps: float, algo: str
+                               ) -> tuple[torch.Tensor, torch.Tensor]:
+    return _all_reduce_add_rmsnorm_impl(get_communicator(comm_id), x,
+                                        residual, weight, eps, algo)
+
+
+@_all_reduce_add_rmsnorm_op.register_fake
+def _(x, comm_id, residual, weight, eps, algo):
+    return _like(x), _like(x)
+
+
+def _all_reduce_add_rmsnorm_fp8_impl(comm, x, residual, weight, eps, scale,
+                                     algo):
+    y = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
+    h = _like(x)
+    if scale is None:
+        quant, scale = "fp8_dynamic", x.new_empty((*x.shape[:-1], 1),
+                                                  dtype=torch.float32)
+    else:
+        quant = "fp8_static"
+    comm.all_reduce_rmsnorm(x.contiguous(), residual.contiguous(),
+                            weight.contiguous(), eps, out=y, residual_out=h,
+                            quant=quant, scale=scale, algo=algo)
+    return y, h, scale if quant == "fp8_dynamic" else scale.clone()
+
+
+@torch.library.custom_op("symnccl::all_reduce_add_rmsnorm_fp8",
+                         mutates_args=())
+def _all_reduce_add_rmsnorm_fp8_op(
+        x: torch.Tensor, comm_id: int, residual: torch.Tensor,
+        weight: torch.Tensor, eps: float, scale: Optional[torch.Tensor],
+        algo: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _all_reduce_add_rmsnorm_fp8_impl(get_communicator(comm_id), x,
+                                            residual, weight, eps, scale,
+                                            algo)
+
+
+@_all_reduce_add_rmsnorm_fp8_op.register_fake
+def _(x, comm_id, residual, weight, eps, scale, algo):
+    y = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
+    s = (x.new_empty((*x.shape[:-1], 1), dtype=torch.float32)
+         if scale is None else torch.empty_like(scale))
+    return y, _like(x), s
+
+
 _ops = torch.ops.symnccl
 
 
@@ -605,6 +663,37 @@ _reduce_op.register_autograd(_backward_reduce, setup_context=_setup_reduce)
 _tp_all_reduce_op.register_autograd(_backward_tp_all_reduce,
                                     setup_context=_setup_tp_all_reduce)
 
+def _setup_all_reduce_add_rmsnorm(ctx, inputs, output):
+    _, ctx.cid, _, weight, ctx.eps, ctx.algo = inputs
+    ctx.save_for_backward(output[1], weight)
+
+
+def _backward_all_reduce_add_rmsnorm(ctx, gy, gh):
+    """The unfused composition's: y = rms_norm(h) * weight with h =
+    all_reduce(x) + residual, so h's gradient (gh plus the norm's) is
+    residual's, and its all_reduce (sum) is x's."""
+    h, weight = ctx.saved_tensors
+    hf, wf = h.float(), weight.float()
+    rstd = torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + ctx.eps)
+    normed = hf * rstd
+    gw = None
+    g = torch.zeros_like(hf) if gh is None else gh.float()
+    if gy is not None:
+        gyf = gy.float()
+        gn = gyf * wf
+        g = g + rstd * (gn - normed * (gn * normed).mean(-1, keepdim=True))
+        if getattr(ctx, "needs_input_grad", (True,) * 4)[3]:
+            gw = (gyf * normed).reshape(-1, wf.shape[-1]).sum(0).to(
+                weight.dtype)
+    g = g.to(h.dtype)
+    return _call_all_reduce(g, ctx.cid, "sum", "auto"), None, g, gw, None, \
+        None
+
+
+_all_reduce_add_rmsnorm_op.register_autograd(
+    _backward_all_reduce_add_rmsnorm,
+    setup_context=_setup_all_reduce_add_rmsnorm)
+
 _AllReduceFn = _autograd_function("_AllReduceFn", _all_reduce_impl,
                                   _setup_all_reduce, _backward_all_reduce)
 _ReduceScatterFn = _autograd_function(
@@ -616,6 +705,9 @@ _BroadcastFn = _autograd_function("_BroadcastFn", _broadcast_impl,
                                   _setup_broadcast, _backward_broadcast)
 _ReduceFn = _autograd_function("_ReduceFn", _reduce_impl, _setup_reduce,
                                _backward_reduce)
+_AllReduceAddRMSNormFn = _autograd_function(
+    "_AllReduceAddRMSNormFn", _all_reduce_add_rmsnorm_impl,
+    _setup_all_reduce_add_rmsnorm, _backward_all_reduce_add_rmsnorm)
 _TPAllReduceFn = _autograd_function(
     "_TPAllReduceFn", _tp_all_reduce_impl, _setup_tp_all_reduce,
     _backward_tp_all_reduce)
@@ -782,3 +874,50 @@ def tp_copy(x: torch.Tensor, comm, algo: str = "auto") -> torch.Tensor:
     if x.requires_grad and torch.is_grad_enabled():
         return _TPCopyFn.apply(x, comm_id(comm), algo)
     return x
+
+
+def all_reduce_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor,
+                           weight: torch.Tensor, eps: float, comm,
+                           algo: str = "auto", quant: str | None = None,
+                           scale: torch.Tensor | None = None):
+    """The tensor-parallel all-reduce fused with the residual add and
+    RMSNorm after it (Communicator.all_reduce_rmsnorm, the custom op
+    symnccl::all_reduce_add_rmsnorm): returns (y, h) with
+
+        h = all_reduce(x) + residual
+        y = h * rsqrt(mean(h * h, -1) + eps) * weight
+
+    in vLLM's fused_add_rms_norm numerics (h rounded to x's dtype before
+    the norm, the norm in fp32). New tensors (the op mutates nothing; vLLM
+    writes h into residual). Traceable by torch.compile(fullgraph=True),
+    capturable in CUDA graphs; differentiable through the unfused
+    composition (x's gradient is the all_reduce of h's).
+
+    quant="fp8": returns (y, h, scale) with y float8_e4m3fn, y / scale
+    saturated to +-448: scale the given float32 one-element tensor
+    (static), else one per row computed in the kernel, shape (..., 1)
+    (dynamic, vLLM's per-token scale). Not differentiable.
+
+    Example::
+
+        y, residual = symnccl.torch.all_reduce_add_rmsnorm(
+            o_proj_partial, residual, norm.weight, 1e-6, comm)
+        q, residual, s = symnccl.torch.all_reduce_add_rmsnorm(
+            o_proj_partial, residual, norm.weight, 1e-6, comm, quant="fp8")
+    """
+    if quant is not None:
+        if quant != "fp8":
+            raise ValueError(f"quant={quant!r}, expected None or 'fp8'")
+        if _eager(x):
+            return _all_reduce_add_rmsnorm_fp8_impl(
+                _raw(comm), x, residual, weight, eps, scale, algo)
+        return _ops.all_reduce_add_rmsnorm_fp8(x, comm_id(comm), residual,
+                                               weight, eps, scale, algo)
+    if scale is not None:
+        raise ValueError("scale= is given without quant='fp8'")
+    if _eager(x):
+        return _eager_call(_AllReduceAddRMSNormFn,
+                           _all_reduce_add_rmsnorm_impl, x, comm, residual,
+                           weight, eps, algo)
+    return _ops.all_reduce_add_rmsnorm(x, comm_id(comm), residual, weight,
+                                       eps, algo)

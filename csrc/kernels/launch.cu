@@ -140,6 +140,18 @@ cudaError_t launch(const symnccl_kargs* a, cudaStream_t stream) {
   if (k.bytes && a->dtype != SYMNCCL_DT_BYTES) return cudaErrorInvalidValue;
   if (k.plan == SYMNCCL_PLAN_ROOTED && (a->root < 0 || a->root >= n))
     return cudaErrorInvalidValue;
+  // all_reduce_rmsnorm: whole rows of whole 16-byte vectors (rmsnorm.cuh)
+  if (k.plan == SYMNCCL_PLAN_ROWS &&
+      (a->row_len == 0 || a->row_len % 8 != 0 || a->count % a->row_len != 0 ||
+       a->residual == nullptr || a->out_h == nullptr ||
+       a->weight == nullptr || a->src == nullptr || a->out == nullptr ||
+       (!a->local && n > 1 && a->win == nullptr) || a->quant < 0 ||
+       a->quant > SYMNCCL_QUANT_DYNAMIC ||
+       (a->quant != SYMNCCL_QUANT_NONE && a->scale == nullptr) ||
+       (a->kernel == SYMNCCL_K_TWO_SHOT_RMSNORM &&
+        (a->quant != SYMNCCL_QUANT_NONE ||
+         (!a->local && n > 1 && a->mid_win == nullptr)))))
+    return cudaErrorInvalidValue;
   if (k.unit == SYMNCCL_UNIT_MULTIMEM)
     return symnccl_launch_multimem(a, stream);
   return kUnits[a->dtype](a, stream);

@@ -92,6 +92,7 @@ enum { SYMNCCL_OP_SUM = 0, SYMNCCL_OP_MAX = 1, SYMNCCL_OP_MIN = 2,
     X(ALL_GATHER, "all_gather")            \
     X(BROADCAST, "broadcast")              \
     X(REDUCE, "reduce")                    \
+    X(ALL_REDUCE_RMSNORM, "all_reduce_rmsnorm") \
     X(BARRIER, "barrier")                  \
     X(CHECK, "call check")
 
@@ -235,7 +236,27 @@ typedef struct {
                                   right after the entry wait; 0: only at
                                   completion (an NCCL before 2.30.7 may
                                   follow: nccl_policy.c, sn_nccl_pdl_early) */
+    /* all_reduce_rmsnorm (rmsnorm.cuh): src holds count / row_len rows of
+     * this rank's partial sums; out_h <- sum + residual, out <- out_h
+     * normalised and scaled by weight (row_len elements) */
+    const void *residual;
+    void *out_h;
+    const void *weight;
+    size_t row_len;            /* H, a multiple of 8 */
+    float eps;
+    int local;                 /* src holds the sum already (NCCL's): the
+                                  add and the norm only, no peer, no
+                                  barrier */
+    int quant;                 /* SYMNCCL_QUANT_*: out is float8_e4m3fn */
+    float *scale;              /* static: the scale y is divided by ([0]);
+                                  dynamic: each row's, written */
 } symnccl_kargs;
+
+/* all_reduce_rmsnorm's output quantisation (rmsnorm.cuh): none, FP8 e4m3
+ * with a given per-tensor scale, FP8 e4m3 with a scale per row computed
+ * from the row's largest |y| (amax / 448). */
+enum { SYMNCCL_QUANT_NONE = 0, SYMNCCL_QUANT_STATIC = 1,
+       SYMNCCL_QUANT_DYNAMIC = 2 };
 
 /* The entry points of one build of the kernels (one NCCL minor). */
 typedef struct {

@@ -55,7 +55,9 @@ enum {
     SYMNCCL_PLAN_PACKETS,   /* one launch per packet row's worth */
     SYMNCCL_PLAN_SLICES,    /* chunk k of every slice in launch k */
     SYMNCCL_PLAN_ROOTED,    /* reduce/broadcast: one_shot's staging chunks */
-    SYMNCCL_PLAN_PUSH       /* one launch, the kernel walks the chunks */
+    SYMNCCL_PLAN_PUSH,      /* one launch, the kernel walks the chunks */
+    SYMNCCL_PLAN_ROWS       /* all_reduce_rmsnorm: whole rows of x, as
+                               many per launch as the staging area holds */
 };
 
 /* ONE: the kernel an algorithm launches; TWO: the two-shot variant of the
@@ -65,8 +67,14 @@ enum { SYMNCCL_SHOT_ONE = 0, SYMNCCL_SHOT_TWO = 1 };
 
 /* Where the kernel is instantiated: DTYPE, unit.cu once per kernel dtype
  * (only the SYMNCCL_DT_BYTES unit for a kernel that moves bytes);
- * MULTIMEM, multimem.cu. */
-enum { SYMNCCL_UNIT_DTYPE = 0, SYMNCCL_UNIT_MULTIMEM = 1 };
+ * MULTIMEM, multimem.cu; FLOAT, unit.cu's float32, float16 and bfloat16
+ * units only (the registry refuses the other dtypes for such a kernel). */
+enum { SYMNCCL_UNIT_DTYPE = 0, SYMNCCL_UNIT_MULTIMEM = 1,
+       SYMNCCL_UNIT_FLOAT = 2 };
+/* The dtypes (SYMNCCL_DT_*) whose units hold the FLOAT kernels. */
+#define SYMNCCL_UNIT_FLOAT_TAKES(dt)                     \
+    ((dt) == SYMNCCL_DT_F32 || (dt) == SYMNCCL_DT_F16 || \
+     (dt) == SYMNCCL_DT_BF16)
 
 /* The kernels:
  * X(ID, name, collective, algo, shot, family, plan, bytes, unit, entry)
@@ -115,7 +123,11 @@ enum { SYMNCCL_UNIT_DTYPE = 0, SYMNCCL_UNIT_MULTIMEM = 1 };
     X(PUSH_ALL_GATHER, "push_all_gather", ALL_GATHER, PUSH, ONE, PUSH, PUSH, \
       1, DTYPE,                                                              \
       (push_split(a) ? push_all_gather<T, true>                              \
-                     : push_all_gather<T, false>))
+                     : push_all_gather<T, false>))                           \
+    X(ONE_SHOT_RMSNORM, "one_shot_rmsnorm", ALL_REDUCE_RMSNORM, ONE_SHOT,    \
+      ONE, BARRIER, ROWS, 0, FLOAT, (one_shot_rmsnorm<T>))                   \
+    X(TWO_SHOT_RMSNORM, "two_shot_rmsnorm", ALL_REDUCE_RMSNORM, TWO_SHOT,    \
+      ONE, BARRIER, ROWS, 0, FLOAT, (two_shot_rmsnorm<T>))
 
 #define SYMNCCL_K_ENUM_(id, ...) SYMNCCL_K_##id,
 enum { SYMNCCL_KERNEL_TABLE(SYMNCCL_K_ENUM_) SYMNCCL_K_COUNT };

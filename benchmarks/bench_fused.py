@@ -1,0 +1,247 @@
+"""Fused all-reduce + residual add + RMSNorm against the unfused
+composition, on one GPU: a one-rank communicator and loopback teams
+(Communicator._loopback: every rank on this GPU, each on its own stream).
+
+Methods:
+  fused     comm.all_reduce_rmsnorm(x, residual, w, eps, out=, residual_out=,
+            algo=--algo): one_shot by default, the measurement behind
+            AUTO_TABLE's all_reduce_rmsnorm rows (auto runs NCCL past their
+            limits, which a loopback team cannot)
+  two_shot  the same with algo="two_shot" (2+ ranks; for information)
+  unfused   comm.all_reduce(x, out=s) (algo="auto"), then h = s + residual
+            and torch.nn.functional.rms_norm(h, (H,), w, eps), torch's
+            kernels
+
+Timing: one CUDA graph holding `iters` calls of every rank of the team
+(each rank's on its stream), replayed `reps` times; device events around
+each replay; the median per call, in microseconds. At 2+ ranks a call's
+time is the team's: both ranks' work shares the one GPU. Every shape is
+checked first: the fused y and h against the unfused ones (max |diff| in
+units of the dtype's epsilon, #wrong beyond 4 of them).
+
+    python benchmarks/bench_fused.py                  # 1 rank and a team of 2
+    python benchmarks/bench_fused.py --ranks 1 --tokens 1,16 --hidden 4096
+    python benchmarks/bench_fused.py --nranks 2      # 2 GPUs over NVLink
+
+--nranks N runs one process per GPU (symnccl.bootstrap.spawn), the ranks
+aligned by a barrier before each measurement, rank 0's times reported. The
+anchors of the NVLink measurement (FlashInfer's fused all-reduce, vLLM's
+unfused path) are not in it yet: issue 31.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_allreduce import run_info, write_results  # noqa: E402
+
+TOKENS = [1, 16, 128, 512, 2048]
+HIDDEN = [4096, 8192]
+EPS = 1e-6
+
+
+def _grid(nranks):
+    """SYMNCCL_RMSNORM_CTAS of a loopback team: the team's grids must be
+    resident at once on one GPU (132 SMs, one 512-thread CTA of this kernel
+    per SM)."""
+    return {1: 128, 2: 64}.get(nranks, 128 // nranks)
+
+
+def _team(nranks):
+    import symnccl
+    if nranks == 1:
+        return [symnccl.Communicator(symnccl.get_unique_id(), 0, 1, 0)]
+    os.environ["SYMNCCL_RMSNORM_CTAS"] = str(_grid(nranks))
+    try:
+        return symnccl.Communicator._loopback(nranks, 0, timeout=60.0)
+    finally:
+        del os.environ["SYMNCCL_RMSNORM_CTAS"]
+
+
+def _calls(torch, team, streams, bufs, fused, algo="auto"):
+    """Every rank's call, each on its stream, forked from and joined to
+    the current stream (so a capture holds them all)."""
+    F = torch.nn.functional
+    cur = torch.cuda.current_stream()
+    for c, s, b in zip(team, streams, bufs):
+        s.wait_stream(cur)
+        with torch.cuda.stream(s):
+            if fused:
+                c.all_reduce_rmsnorm(b["x"], b["res"], b["w"], EPS,
+                                     out=b["y"], residual_out=b["h"],
+                                     algo=algo)
+            else:
+                c.all_reduce(b["x"], out=b["s"])
+                torch.add(b["s"], b["res"], out=b["h"])
+                # rms_norm has no out=: its output replaces b["y"]
+                b["y"] = F.rms_norm(b["h"], (b["h"].shape[-1],), b["w"], EPS)
+    for s in streams:
+        cur.wait_stream(s)
+
+
+def _time(torch, fn, iters, reps, sync=None):
+    """Median microseconds per call of fn() replayed from a CUDA graph of
+    `iters` calls; sync() (the ranks of separate processes: a barrier)
+    before each rep."""
+    fn()
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(iters):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        if sync is not None:
+            sync()
+        a = torch.cuda.Event(enable_timing=True)
+        b = torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1000.0 / iters)
+    times.sort()
+    del g
+    return times[len(times) // 2]
+
+
+def _check(torch, bufs_f, bufs_u, dtype):
+    eps = torch.finfo(dtype).eps
+    worst, wrong = 0.0, 0
+    for bf, bu in zip(bufs_f, bufs_u):
+        for k in ("y", "h"):
+            d = (bf[k].float() - bu[k].float()).abs()
+            scale = bu[k].float().abs().clamp_min(1.0) * eps
+            worst = max(worst, float((d / scale).max()))
+            wrong += int((d > 4 * scale).sum())
+    return worst, wrong
+
+
+def _measure(torch, team, n, rank, opts, sync=None):
+    """The rows of one team: `team` holds this process's ranks (all n of a
+    loopback team, or the one rank `rank` of n processes)."""
+    dtype = getattr(torch, opts["dtype"])
+    streams = [torch.cuda.Stream() for _ in team]
+    rows = []
+    for H in [int(v) for v in opts["hidden"].split(",")]:
+        for T in [int(v) for v in opts["tokens"].split(",")]:
+            # residual and weight: the same on every rank; x: each rank's
+            g = torch.Generator(device="cuda").manual_seed(T * H + n)
+            res = torch.randn(T, H, device="cuda", generator=g).to(dtype)
+            w = (1 + 0.5 * torch.randn(H, device="cuda", generator=g)).to(
+                dtype)
+            bf = []
+            for q in range(len(team)):
+                gx = torch.Generator(device="cuda").manual_seed(
+                    T * H + 7919 * (rank + q + 1))
+                x = torch.randn(T, H, device="cuda", generator=gx).to(dtype)
+                bf.append({"x": x, "res": res, "w": w,
+                           "s": torch.empty_like(x), "y": torch.empty_like(x),
+                           "h": torch.empty_like(x)})
+            bu = [dict(b, y=torch.empty_like(b["y"]),
+                       h=torch.empty_like(b["h"])) for b in bf]
+            if sync is not None:
+                sync()
+            _calls(torch, team, streams, bf, True, opts["algo"])
+            _calls(torch, team, streams, bu, False)
+            torch.cuda.synchronize()
+            worst, wrong = _check(torch, bf, bu, dtype)
+            before = team[0]._launches()
+            tf = _time(torch, lambda: _calls(torch, team, streams, bf, True,
+                                             opts["algo"]),
+                       opts["iters"], opts["reps"], sync)
+            ran = {k: v - before[k] for k, v in team[0]._launches().items()
+                   if v != before[k]}
+            tu = _time(torch, lambda: _calls(torch, team, streams, bu, False),
+                       opts["iters"], opts["reps"], sync)
+            t2 = None
+            if n > 1:   # the two-shot by rows, for information
+                t2 = _time(torch, lambda: _calls(torch, team, streams, bf,
+                                                 True, "two_shot"),
+                           opts["iters"], opts["reps"], sync)
+            rows.append({"nranks": n, "T": T, "H": H,
+                         "bytes": T * H * bf[0]["x"].element_size(),
+                         "fused_us": round(tf, 2),
+                         "unfused_us": round(tu, 2),
+                         "ratio": round(tf / tu, 3),
+                         "two_shot_us": t2 and round(t2, 2),
+                         "fused_kernels": ran,
+                         "max_diff_eps": round(worst, 2),
+                         "wrong": wrong})
+            if rank == 0:
+                print(rows[-1], flush=True)
+    return rows
+
+
+def _rank_main(rank, nranks, uid, opts):
+    """One process per GPU (--nranks): rank 0's rows, every rank aligned
+    by a barrier before each measurement."""
+    import torch
+    import symnccl
+    torch.cuda.set_device(rank)
+    comm = symnccl.Communicator(uid, rank, nranks, rank)
+    try:
+        rows = _measure(torch, [comm], nranks, rank, opts,
+                        sync=lambda: comm.barrier(blocking=True))
+        return rows, torch.cuda.get_device_name(0), torch.__version__
+    finally:
+        comm.close()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--ranks", default="1,2",
+                    help="team sizes on this GPU (1: a real 1-rank "
+                    "communicator; 2+: loopback teams)")
+    ap.add_argument("--nranks", type=int, default=0,
+                    help="one process per GPU, this many GPUs (NVLink), "
+                    "instead of --ranks")
+    ap.add_argument("--tokens", default=",".join(map(str, TOKENS)))
+    ap.add_argument("--hidden", default=",".join(map(str, HIDDEN)))
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--algo", default="one_shot",
+                    help="the fused call's algo (auto, one_shot, two_shot)")
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--report", default=None, help="JSON path (default: "
+                    "results/fused_<gpu>x<GPUs>_<dtype>.json beside this "
+                    "file)")
+    args = ap.parse_args()
+    opts = vars(args)
+    if args.nranks > 0:
+        from symnccl.bootstrap import spawn
+        rows, gpu, tv = spawn(_rank_main, args.nranks, args=(opts,))[0]
+        gpus = args.nranks
+    else:
+        import torch
+        rows, gpus = [], 1
+        gpu, tv = torch.cuda.get_device_name(0), torch.__version__
+        for n in [int(v) for v in args.ranks.split(",")]:
+            team = _team(n)
+            try:
+                rows += _measure(torch, team, n, 0, opts)
+            finally:
+                for c in team:
+                    c.close()
+    doc = run_info(gpus, gpu, tv, dtype=args.dtype, algo=args.algo,
+                   iters=args.iters, reps=args.reps, eps=EPS, rows=rows)
+    where = write_results(doc, "fused_", args.report)
+    print(f"\n{'ranks':>5} {'T':>5} {'H':>5} {'bytes':>9} {'fused us':>9} "
+          f"{'unfused us':>10} {'ratio':>6} {'2shot us':>9} {'maxdiff':>8} "
+          f"{'#wrong':>6}")
+    for r in rows:
+        print(f"{r['nranks']:>5} {r['T']:>5} {r['H']:>5} {r['bytes']:>9} "
+              f"{r['fused_us']:>9.2f} {r['unfused_us']:>10.2f} "
+              f"{r['ratio']:>6.3f} "
+              f"{r['two_shot_us'] if r['two_shot_us'] else '-':>9} "
+              f"{r['max_diff_eps']:>8.2f} "
+              f"{r['wrong']:>6}")
+    print(f"\n{doc['gpu']}, {doc['date']}, {doc['versions']}; {where}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,410 @@
+// all_reduce + residual add + RMSNorm in one kernel (all_reduce_rmsnorm),
+// on one_shot's skeleton (lsa.cuh) and symnccl's own bounded Barrier
+// (primitives.cuh).
+//
+// one_shot_rmsnorm: x holds `rows` rows of H elements (this rank's partial
+//   sums), residual and out_h rows of H, weight H elements. For every row:
+//     s = x summed over the ranks in rank order 0..n-1 (reduce_ranks, in
+//         Acc<T>, rounded to T: the bits of all_reduce),
+//     h = T(s + residual)                       -> out_h (the new residual)
+//     r = rsqrt(sum(h * h) / H + eps)           (fp32, from h as stored)
+//     y = T(T(h * r) * weight)                  -> out
+//   which is vLLM's fused_add_rms_norm and torch's rms_norm composition
+//   (the normalised value rounded to T before the weight; a no-op for
+//   float32). With a.quant, out is float8_e4m3fn: q = fp8(y * (1 / s)),
+//   saturated to +-448 (NaN stays NaN), as vLLM's fused norm + quant
+//   kernels convert; s is a.scale[0] (static), or the row's
+//   max(amax(|y|) / 448, 1 / (448 * 512)), stored to a.scale[row]
+//   (dynamic, vLLM's per-token scale).
+//
+//   Steps: each CTA takes whole rows (row i goes to CTA i % grid on every
+//   rank) and copies its rows of x into the staging window; entry barrier
+//   (the same CTA of every peer staged the same rows); each thread loads
+//   its vectors of the row from every rank (ld.cg), adds the residual,
+//   stores h and keeps up to kKeep vectors in registers (beyond that it
+//   reads back its own h from out_h); a block reduction of the row's sum of
+//   squares (fixed order: lanes by xor shuffles, then warps 0..w-1, the
+//   same on every thread, rank and launch); y; exit barrier (no peer still
+//   reads my staging rows when the next kernel overwrites them).
+//   On one rank, and with a.local (the NCCL fallback: x holds NCCL's sum
+//   already), nothing is staged and no barrier is taken: x is read in
+//   place, and the call counters are not touched.
+//
+// two_shot_rmsnorm: the same rows, split among the ranks: rank q reduces
+//   and normalises rows [q * per, q * per + per) (per = ceil(rows / n)),
+//   reading them from every rank's staging, and stores each y and h vector
+//   into every rank's result rows (the staging window after the staged x);
+//   exit barrier; each rank copies the result rows into out and out_h.
+//   Moves (n-1)/n of x in and 2 (n-1)/n of it out per rank over NVLink,
+//   against one_shot's (n-1) in. The residual and weight each rank reads
+//   are its own: they must be the same on every rank (tensor parallelism's
+//   replicated residual stream), and then the bits are one_shot's. No FP8
+//   output.
+//
+// Bits: every rank runs the same grid and block (the host derives them
+// from rows, H and the dtype only) on the same inputs, so every rank's y
+// and h are the same bits, and a.local gives the bits of the one-shot for
+// the same sums.
+//
+// Requirements: H a multiple of 8 (a row is whole 16-byte vectors, so
+// every staged row starts 16-byte aligned); x, residual, out, out_h and
+// weight of any alignment (element-wise loads and stores when any is not
+// 16-byte aligned); out and out_h do not overlap (out_h may be residual,
+// out may be x); grid <= SYMNCCL_MAX_CTAS; rows * H * sizeof(T) within the
+// staging area (two_shot: three times that); block <= 512. Float32,
+// float16, bfloat16 (unit FLOAT).
+#ifndef SYMNCCL_KERNELS_RMSNORM_CUH
+#define SYMNCCL_KERNELS_RMSNORM_CUH
+
+#include "primitives.cuh"
+
+SYMNCCL_BEGIN
+
+// 16-byte vectors of h a thread keeps in registers between the sum of
+// squares and the normalisation: a row of 4 * 512 vectors (H = 16384
+// bf16/fp16, 8192 fp32) never reads out_h back.
+constexpr int kRmsKeep = 2;
+
+// Sum of one float per thread over the CTA, in a fixed order; every thread
+// gets the same bits. `buf`: 2 x 32 floats of shared memory, alternating
+// by row parity (one __syncthreads per row: a thread can write the next
+// row's partial only after every thread read this row's).
+__device__ __forceinline__ float block_sum(float v, float* buf) {
+#pragma unroll
+  for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
+  const int warps = (int)(blockDim.x >> 5);
+  if ((threadIdx.x & 31) == 0) buf[threadIdx.x >> 5] = v;
+  __syncthreads();
+  float s = 0.f;
+  for (int w = 0; w < warps; w++) s += buf[w];
+  return s;
+}
+
+// The same reduction for the row's largest |y| (dynamic FP8 scales).
+__device__ __forceinline__ float block_max(float v, float* buf) {
+#pragma unroll
+  for (int m = 16; m > 0; m >>= 1)
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, m));
+  const int warps = (int)(blockDim.x >> 5);
+  if ((threadIdx.x & 31) == 0) buf[threadIdx.x >> 5] = v;
+  __syncthreads();
+  float s = 0.f;
+  for (int w = 0; w < warps; w++) s = fmaxf(s, buf[w]);
+  return s;
+}
+
+constexpr float kFp8Max = 448.f;
+constexpr float kFp8MinScale = 1.f / (448.f * 512.f);
+
+template <typename T>
+__device__ __forceinline__ float abs_max(uint4 w) {
+  typename Pack<T, 16>::U u;
+  u.raw = w;
+  float m = 0.f;
+#pragma unroll
+  for (int k = 0; k < Pack<T, 16>::kElems; k++)
+    m = fmaxf(m, fabsf((float)Acc<T>::to(u.t[k])));
+  return m;
+}
+
+// Vector v of y (E elements of T) as E float8_e4m3fn bytes at q + v * E.
+// aligned: q is E-byte aligned.
+template <typename T>
+__device__ __forceinline__ void store_fp8(uint8_t* q, size_t v, uint4 y,
+                                          float inv, bool aligned) {
+  constexpr int E = Pack<T, 16>::kElems;
+  typename Pack<T, 16>::U u;
+  u.raw = y;
+  union {
+    uint8_t b[E];
+    uint32_t w[E / 4];
+  } o;
+#pragma unroll
+  for (int k = 0; k < E; k++)
+    o.b[k] = __nv_cvt_float_to_fp8((float)Acc<T>::to(u.t[k]) * inv,
+                                   __NV_SATFINITE, __NV_E4M3);
+  uint8_t* p = q + v * E;
+  if (!aligned) {
+#pragma unroll
+    for (int k = 0; k < E; k++) p[k] = o.b[k];
+  } else if constexpr (E == 8) {
+    *reinterpret_cast<uint2*>(p) = make_uint2(o.w[0], o.w[1]);
+  } else {
+    *reinterpret_cast<uint32_t*>(p) = o.w[0];
+  }
+}
+
+template <typename T>
+struct RmsRow {
+  static constexpr int E = Pack<T, 16>::kElems;
+  using U = typename Pack<T, 16>::U;
+  Peers in;         // every rank's row 0 (x itself when not staged)
+  int n;            // ranks reduced (1 when not staged)
+  bool in_aligned;  // the rows read through `in` are 16-byte aligned
+  bool aligned;     // residual, out, out_h, weight all 16-byte aligned
+  size_t H;
+
+  // h's vector v of row r (reduced, plus residual), rounded to T; adds its
+  // squares to ss.
+  __device__ __forceinline__ uint4 h(size_t r, size_t v, const T* res) const {
+    Accum<T, 16, OpSum> acc[1];
+    const size_t row_off = r * H * sizeof(T);
+    reduce_ranks<T, 16, 1>(
+        n,
+        [&](int q, uint4(&raw)[1]) {
+          raw[0] = load_pack<16, true>(
+              reinterpret_cast<const T*>(in(q) + row_off), v, H, in_aligned);
+        },
+        acc);
+    U s, x, out;
+    s.raw = acc[0].result(SYMNCCL_OP_SUM, n);
+    x.raw = load_pack<16>(res + r * H, v, H, aligned);
+#pragma unroll
+    for (int k = 0; k < E; k++)
+      out.t[k] = Acc<T>::from(Acc<T>::to(s.t[k]) + Acc<T>::to(x.t[k]));
+    return out.raw;
+  }
+};
+
+template <typename T>
+__device__ __forceinline__ float sum_squares(uint4 w) {
+  typename Pack<T, 16>::U u;
+  u.raw = w;
+  float s = 0.f;
+#pragma unroll
+  for (int k = 0; k < Pack<T, 16>::kElems; k++) {
+    const float f = (float)Acc<T>::to(u.t[k]);
+    s += f * f;
+  }
+  return s;
+}
+
+// y = T(T(h * rstd) * w), elementwise, in fp32.
+template <typename T>
+__device__ __forceinline__ uint4 normalise(uint4 hw, uint4 ww, float rstd) {
+  typename Pack<T, 16>::U h, w, y;
+  h.raw = hw;
+  w.raw = ww;
+#pragma unroll
+  for (int k = 0; k < Pack<T, 16>::kElems; k++) {
+    const T t = Acc<T>::from((float)Acc<T>::to(h.t[k]) * rstd);
+    y.t[k] = Acc<T>::from((float)Acc<T>::to(t) * (float)Acc<T>::to(w.t[k]));
+  }
+  return y.raw;
+}
+
+// The row's y as FP8 (a.quant): its scale first (dynamic: a block
+// reduction of |y|, y recomputed from h, which costs no load for the kept
+// vectors), then y * (1 / scale).
+template <typename T>
+__device__ __forceinline__ void quantise_row(const symnccl_kargs& a, size_t r,
+                                             float rstd,
+                                             const uint4 (&keep)[kRmsKeep],
+                                             const uint4 (&wk)[kRmsKeep],
+                                             const T* hr, float* red) {
+  const size_t H = a.row_len, rvec = H / Pack<T, 16>::kElems;
+  const size_t tid = threadIdx.x, bd = blockDim.x;
+  const T* w = static_cast<const T*>(a.weight);
+  uint8_t* qr = static_cast<uint8_t*>(a.out) + r * H;
+  const bool aligned =
+      ((reinterpret_cast<uintptr_t>(a.out) | reinterpret_cast<uintptr_t>(hr) |
+        reinterpret_cast<uintptr_t>(w)) &
+       15) == 0;
+  const bool q_aligned =
+      (reinterpret_cast<uintptr_t>(a.out) & (Pack<T, 16>::kElems - 1)) == 0;
+  float s;
+  if (a.quant == SYMNCCL_QUANT_STATIC) {
+    s = a.scale[0];
+  } else {
+    float m = 0.f;
+#pragma unroll
+    for (int u = 0; u < kRmsKeep; u++)
+      if (tid + u * bd < rvec)
+        m = fmaxf(m, abs_max<T>(normalise<T>(keep[u], wk[u], rstd)));
+    for (size_t v = tid + kRmsKeep * bd; v < rvec; v += bd)
+      m = fmaxf(
+          m, abs_max<T>(normalise<T>(load_pack<16>(hr, v, H, aligned),
+                                     load_pack<16>(w, v, H, aligned), rstd)));
+    s = fmaxf(block_max(m, red) / kFp8Max, kFp8MinScale);
+    if (tid == 0) a.scale[r] = s;
+  }
+  const float inv = 1.f / s;
+#pragma unroll
+  for (int u = 0; u < kRmsKeep; u++)
+    if (tid + u * bd < rvec)
+      store_fp8<T>(qr, tid + u * bd, normalise<T>(keep[u], wk[u], rstd), inv,
+                   q_aligned);
+  for (size_t v = tid + kRmsKeep * bd; v < rvec; v += bd)
+    store_fp8<T>(qr, v,
+                 normalise<T>(load_pack<16>(hr, v, H, aligned),
+                              load_pack<16>(w, v, H, aligned), rstd),
+                 inv, q_aligned);
+}
+
+// The body of both kernels. kTwo (two_shot_rmsnorm, on 2+ ranks without
+// a.local): rank q normalises rows [q * per, q * per + per) only and stores
+// their y and h into every rank's result rows in the staging window (after
+// the staged x: y at mid_offset, h after it); after the exit barrier each
+// rank copies its result rows into out and out_h. CTA b stages, and copies
+// out, rows q * per + j for every q and every j = b mod grid: the rows that
+// CTA b of every rank reads and writes, so the per-CTA barriers order them.
+template <typename T, bool kTwo>
+__device__ __forceinline__ void rmsnorm_body(const ncclDevComm& dc,
+                                             const symnccl_kargs& a) {
+  constexpr int E = Pack<T, 16>::kElems;
+  __shared__ float s_sum[2][32], s_max[2][32];
+  const int n = dc.lsaSize;
+  const int me = dc.lsaRank;
+  const Entry en = enter(a, me, n);
+  const uint64_t e = en.epoch;
+  const bool peers = !a.local && n > 1;
+  const bool two = kTwo && peers;
+  const T* src = static_cast<const T*>(a.src);
+  const T* res = static_cast<const T*>(a.residual);
+  const T* w = static_cast<const T*>(a.weight);
+  T* out = static_cast<T*>(a.out);
+  T* out_h = static_cast<T*>(a.out_h);
+  const size_t H = a.row_len;
+  const size_t rows = a.count / H;
+  const size_t rvec = H / E;  // H % 8 == 0: whole vectors
+  const bool src_aligned = (reinterpret_cast<uintptr_t>(src) & 15) == 0;
+  const bool aligned =
+      ((reinterpret_cast<uintptr_t>(res) | reinterpret_cast<uintptr_t>(w) |
+        reinterpret_cast<uintptr_t>(out) | reinterpret_cast<uintptr_t>(out_h)) &
+       15) == 0;
+  const size_t tid = threadIdx.x, bd = blockDim.x;
+  // two: rows per rank, and this rank's
+  const size_t per = two ? (rows + n - 1) / n : rows;
+  const size_t lo = two ? (size_t)me * per : 0;
+  const size_t own = lo >= rows ? 0 : rows - lo < per ? rows - lo : per;
+  // two: y rows at mid(q), h rows hoff bytes after them
+  const Peers mid = two ? Peers::of(a.mid_win, a.mid_offset) : Peers{};
+  const size_t hoff = rows * H * sizeof(T);
+  const bool mid_aligned = (a.mid_offset & 15) == 0;
+  Barrier bar{};
+  RmsRow<T> row;
+  row.H = H;
+  row.aligned = aligned;
+  if (peers) {
+    bar = Barrier::of(a, me, n);
+    row.in = Peers::of(a.win, a.win_offset);
+    row.n = n;
+    row.in_aligned = (a.win_offset & 15) == 0;
+    // x into my staging rows: the rows the same CTA of every peer reads
+    // after the barrier
+    T* mine = reinterpret_cast<T*>(row.in(me));
+    if (en.ok)
+      for (int q = 0; q < (two ? n : 1); q++)
+        for (size_t j = blockIdx.x; j < per; j += gridDim.x) {
+          const size_t r = (size_t)q * per + j;
+          if (r >= rows) break;
+          for (size_t v = tid; v < rvec; v += bd)
+            store_pack<16>(mine + r * H, v, H, row.in_aligned,
+                           load_pack<16>(src + r * H, v, H, src_aligned));
+        }
+    if (!bar.sync(e + 1, a, me, n, en.ok)) return;
+  } else {
+    row.in = Peers{const_cast<char*>(reinterpret_cast<const char*>(src)), 0};
+    row.n = 1;
+    row.in_aligned = src_aligned;
+    if (!__syncthreads_and(en.ok)) return;
+  }
+  // h and y of row r, vector v: into out_h and out, or (two) into every
+  // rank's result rows
+  auto put_h = [&](size_t r, size_t v, uint4 hv) {
+    if (two)
+      for (int q = 0; q < n; q++)
+        store_pack<16>(reinterpret_cast<T*>(mid(q) + hoff) + r * H, v, H,
+                       mid_aligned, hv);
+    else
+      store_pack<16>(out_h + r * H, v, H, aligned, hv);
+  };
+  auto get_h = [&](size_t r, size_t v) {
+    return two ? load_pack<16>(
+                     reinterpret_cast<const T*>(mid(me) + hoff) + r * H, v, H,
+                     mid_aligned)
+               : load_pack<16>(out_h + r * H, v, H, aligned);
+  };
+  auto put_y = [&](size_t r, size_t v, uint4 yv) {
+    if (two)
+      for (int q = 0; q < n; q++)
+        store_pack<16>(reinterpret_cast<T*>(mid(q)) + r * H, v, H, mid_aligned,
+                       yv);
+    else
+      store_pack<16>(out + r * H, v, H, aligned, yv);
+  };
+
+  int parity = 0;
+  for (size_t j = blockIdx.x; j < own; j += gridDim.x, parity ^= 1) {
+    const size_t r = lo + j;
+    uint4 keep[kRmsKeep], wk[kRmsKeep];
+    // all the loads of the kept vectors (and their weights) first, no
+    // store between them, so they are in flight together; then the stores
+#pragma unroll
+    for (int u = 0; u < kRmsKeep; u++)
+      if (tid + u * bd < rvec) {
+        keep[u] = row.h(r, tid + u * bd, res);
+        wk[u] = load_pack<16>(w, tid + u * bd, H, aligned);
+      }
+    float ss = 0.f;
+#pragma unroll
+    for (int u = 0; u < kRmsKeep; u++)
+      if (tid + u * bd < rvec) {
+        ss += sum_squares<T>(keep[u]);
+        put_h(r, tid + u * bd, keep[u]);
+      }
+    for (size_t v = tid + kRmsKeep * bd; v < rvec; v += bd) {
+      const uint4 hv = row.h(r, v, res);
+      ss += sum_squares<T>(hv);
+      put_h(r, v, hv);
+    }
+    const float total = block_sum(ss, s_sum[parity]);
+    const float rstd = rsqrtf(total / (float)H + a.eps);
+    if (!two && a.quant != SYMNCCL_QUANT_NONE) {
+      quantise_row(a, r, rstd, keep, wk, out_h + r * H, s_max[parity]);
+      continue;
+    }
+#pragma unroll
+    for (int u = 0; u < kRmsKeep; u++)
+      if (tid + u * bd < rvec)
+        put_y(r, tid + u * bd, normalise<T>(keep[u], wk[u], rstd));
+    // past the kept vectors: this thread's own h, read back
+    for (size_t v = tid + kRmsKeep * bd; v < rvec; v += bd)
+      put_y(r, v,
+            normalise<T>(get_h(r, v), load_pack<16>(w, v, H, aligned), rstd));
+  }
+  if (!peers) return;
+  if (!bar.sync(e + 2, a, me, n)) return;
+  if (threadIdx.x == 0) a.epochs[blockIdx.x] = e + 2;
+  if (!two) return;
+  // every rank's results for the rows this CTA staged have landed
+  const T* my_y = reinterpret_cast<const T*>(mid(me));
+  const T* my_h = reinterpret_cast<const T*>(mid(me) + hoff);
+  for (int q = 0; q < n; q++)
+    for (size_t j = blockIdx.x; j < per; j += gridDim.x) {
+      const size_t r = (size_t)q * per + j;
+      if (r >= rows) break;
+      for (size_t v = tid; v < rvec; v += bd) {
+        store_pack<16>(out + r * H, v, H, aligned,
+                       load_pack<16, true>(my_y + r * H, v, H, mid_aligned));
+        store_pack<16>(out_h + r * H, v, H, aligned,
+                       load_pack<16, true>(my_h + r * H, v, H, mid_aligned));
+      }
+    }
+}
+
+template <typename T>
+__global__ void __launch_bounds__(512)
+    one_shot_rmsnorm(ncclDevComm dc, const __grid_constant__ symnccl_kargs a) {
+  rmsnorm_body<T, false>(dc, a);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(512)
+    two_shot_rmsnorm(ncclDevComm dc, const __grid_constant__ symnccl_kargs a) {
+  rmsnorm_body<T, true>(dc, a);
+}
+
+SYMNCCL_END
+
+#endif  // SYMNCCL_KERNELS_RMSNORM_CUH

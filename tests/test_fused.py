@@ -1,0 +1,666 @@
+"""all_reduce_rmsnorm: the all-reduce fused with the residual add and
+RMSNorm (csrc/fused.c, csrc/kernels/rmsnorm.cuh), against a float64
+reference of the unfused composition
+
+    h = all_reduce(x) + residual
+    y = h * rsqrt(mean(h * h, last axis) + eps) * weight
+
+on loopback teams (every rank on one GPU, Communicator._loopback) of 1 to 8
+ranks, and on a one-rank NCCL communicator. The CPU tests at the top check
+the registry's view of the collective (which algorithm runs what)."""
+import time
+
+import pytest
+
+import symnccl
+from symnccl import _C
+
+COLL = "all_reduce_rmsnorm"
+DTYPES = ["float32", "float16", "bfloat16"]
+# (T, H): T in {1, 3, 17, 128, 1000}, H in {8, 1000, 4096, 16384}, trimmed
+SHAPES = [(1, 8), (3, 1000), (17, 4096), (128, 4096), (1000, 1000),
+          (3, 16384), (1, 16384)]
+WORLDS = [1, 2, 3, 4, 8]
+EPS = 1e-6
+TOPO_2 = dict(nranks=2, lsa_size=2, symmetric=1, staging=1, push=1,
+              multicast=0)
+
+
+# ------------------------------------------------------------------ CPU
+
+def test_the_fused_kernel_is_a_row_of_the_kernel_table():
+    rows = [r for r in _C.KERNEL_TABLE if r["collective"] == COLL]
+    assert [(r["name"], r["algo"], r["plan"], r["unit"], r["family"])
+            for r in rows] == [
+        ("one_shot_rmsnorm", "one_shot", "rows", "float", "barrier"),
+        ("two_shot_rmsnorm", "two_shot", "rows", "float", "barrier")]
+    assert _C.COLLECTIVE_KERNELS[COLL] == {"one_shot": "one_shot_rmsnorm",
+                                           "two_shot": "two_shot_rmsnorm"}
+
+
+def test_only_float32_float16_bfloat16_have_the_fused_kernel():
+    gate = _C._algo_unavailable_for
+    for algo in ("one_shot", "two_shot"):
+        for dt in DTYPES:
+            assert gate(TOPO_2, algo, dt, "sum", COLL) is None, dt
+        for dt in ("float64", "float8_e4m3fn", "int32", "int64"):
+            assert "float32, float16 and bfloat16" in \
+                gate(TOPO_2, algo, dt, "sum", COLL), dt
+    for algo in ("ll", "ll128", "push"):
+        assert "no kernel of this algorithm" in \
+            gate(TOPO_2, algo, "bfloat16", "sum", COLL), algo
+    assert gate(TOPO_2, "nccl", "float64", "sum", COLL) is None
+
+
+def test_auto_runs_the_fused_kernel_where_measured_and_nccl_elsewhere(
+        monkeypatch):
+    monkeypatch.delenv("SYMNCCL_ALGO", raising=False)
+    auto = _C._auto_algo_for
+    # measured (benchmarks/results/fused_h100x1_bfloat16.json): one_shot
+    # ahead to 4 MiB on a loopback team of 2 (on 1 rank at every size)
+    for n, limit in ((1, 4 << 20), (2, 4 << 20)):
+        topo = dict(TOPO_2, nranks=n, lsa_size=n)
+        assert auto(topo, 16, "bfloat16", "sum", False, COLL) == "one_shot"
+        assert auto(topo, limit, "bfloat16", "sum", False, COLL) == \
+            "one_shot"
+        assert auto(topo, limit + 16, "bfloat16", "sum", False,
+                    COLL) == "nccl"
+    # 3+ ranks not measured; a dtype without the kernel; no device API
+    assert auto(dict(TOPO_2, nranks=4, lsa_size=4), 16, "bfloat16", "sum",
+                False, COLL) == "nccl"
+    assert auto(TOPO_2, 16, "float64", "sum", False, COLL) == "nccl"
+    assert auto(dict(TOPO_2, symmetric=0), 16, "bfloat16", "sum", False,
+                COLL) == "nccl"
+
+
+def test_the_method_is_documented_with_an_example_and_stubbed():
+    import ast
+    import inspect
+    import os
+    doc = symnccl.Communicator.all_reduce_rmsnorm.__doc__
+    assert "residual_out" in doc and "Example" in doc and "rsqrt" in doc
+    stub = ast.parse(open(os.path.join(os.path.dirname(_C.__file__),
+                                       "_C.pyi")).read())
+    cls = next(n for n in stub.body if isinstance(n, ast.ClassDef)
+               and n.name == "Communicator")
+    f = next(f for f in cls.body if isinstance(f, ast.FunctionDef)
+             and f.name == COLL)
+    sig = inspect.signature(symnccl.Communicator.all_reduce_rmsnorm)
+    assert list(sig.parameters) == [a.arg for a in f.args.args +
+                                    f.args.kwonlyargs]
+    assert [p.name for p in sig.parameters.values()
+            if p.kind == p.KEYWORD_ONLY] == [a.arg for a in f.args.kwonlyargs]
+
+
+# ------------------------------------------------------------------ GPU
+
+def _torch():
+    return pytest.importorskip("torch")
+
+
+def _grid(nranks):
+    """CTAs per rank: the whole team's grids must be resident at once on
+    one GPU (test_loopback.py's sizes)."""
+    return {1: 64, 2: 32, 3: 16, 4: 16, 8: 8}[nranks]
+
+
+def _team(monkeypatch, nranks, timeout=20.0, **kw):
+    monkeypatch.setenv("SYMNCCL_RMSNORM_CTAS", str(_grid(nranks)))
+    return symnccl.Communicator._loopback(nranks, 0, timeout=timeout, **kw)
+
+
+def _close(team):
+    for c in team:
+        c.close()
+
+
+def _inputs(torch, nranks, T, H, dtype, seed, pad=0):
+    """Every rank's x, the residual and weight (the same on every rank, as
+    in a tensor-parallel layer), as views `pad` elements into their
+    allocation (pad odd: not 16-byte aligned)."""
+    g = torch.Generator().manual_seed(seed)
+    dt = getattr(torch, dtype)
+
+    def dev(t):
+        full = torch.empty(t.numel() + pad, dtype=dt, device="cuda")
+        v = full[pad:].view(t.shape)
+        v.copy_(t.to(dt))
+        return v
+    xs = [dev(torch.randn(T, H, generator=g)) for _ in range(nranks)]
+    res = dev(torch.randn(T, H, generator=g))
+    w = dev(1.0 + 0.5 * torch.randn(H, generator=g))
+    return xs, res, w
+
+
+def _poisoned(torch, like, pad=0):
+    full = torch.full((like.numel() + pad,), float("nan"), dtype=like.dtype,
+                      device="cuda")
+    return full[pad:].view(like.shape)
+
+
+def _ulp(torch, dtype):
+    return {"float32": 2.0 ** -23, "float16": 2.0 ** -10,
+            "bfloat16": 2.0 ** -7}[dtype]
+
+
+def _wrong(torch, xs, res, w, y, h, dtype):
+    """Elements of h and y outside the rounding bounds of the float64
+    reference (NaN, from a poisoned output left unwritten, counts)."""
+    x64 = sum(x.double() for x in xs)
+    r64 = res.double()
+    h64 = x64 + r64
+    H = h64.shape[-1]
+    rstd = torch.rsqrt((h64 * h64).sum(-1, keepdim=True) / H + EPS)
+    y64 = h64 * rstd * w.double()
+    u = _ulp(torch, dtype)
+    # h: the all-reduce and the add each round once (fp32 accumulation of
+    # n terms adds n fp32 roundings)
+    mag = sum(x.double().abs() for x in xs) + r64.abs()
+    hb = 2 * u * mag + len(xs) * 2.0 ** -23 * mag + 1e-30
+    # y: h's error carried through the norm (each element's, and the
+    # row's sum of squares'), the fp32 sum of squares (at most 64 roundings
+    # deep), then two roundings
+    rel = ((h64.abs() * hb).sum(-1, keepdim=True) /
+           (h64 * h64).sum(-1, keepdim=True))
+    yb = (w.double().abs() * rstd * hb * 1.01 +
+          y64.abs() * (rel * 1.01 + 64 * 2.0 ** -24 + 3 * u) + 1e-6 * rstd)
+    bad_h = ~((h.double() - h64).abs() <= hb)
+    bad_y = ~((y.double() - y64).abs() <= yb)
+    return int(bad_h.sum()), int(bad_y.sum())
+
+
+def _call_all(torch, team, streams, xs, res, w, ys, hs, **kw):
+    torch.cuda.synchronize()
+    for c, s, x, y, h in zip(team, streams, xs, ys, hs):
+        c.all_reduce_rmsnorm(x, res, w, EPS, out=y, residual_out=h,
+                             stream=s, **kw)
+    torch.cuda.synchronize()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("nranks", WORLDS)
+def test_every_dtype_and_shape_against_float64(monkeypatch, nranks):
+    """one_shot and two_shot, poisoned outputs, every other case at an
+    unaligned offset: within the rounding bounds of the float64 reference,
+    the same bits on every rank and from both kernels."""
+    torch = _torch()
+    team = _team(monkeypatch, nranks)
+    streams = [torch.cuda.Stream() for _ in team]
+    wrong, calls = [], 0
+    try:
+        for dtype in DTYPES:
+            for i, (T, H) in enumerate(SHAPES):
+                pad = 3 if i % 2 else 0      # every other case unaligned
+                xs, res, w = _inputs(torch, nranks, T, H, dtype,
+                                     seed=T * H + nranks, pad=pad)
+                got = {}
+                for algo in ("one_shot", "two_shot"):
+                    ys = [_poisoned(torch, xs[0], pad) for _ in team]
+                    hs = [_poisoned(torch, xs[0], pad) for _ in team]
+                    _call_all(torch, team, streams, xs, res, w, ys, hs,
+                              algo=algo)
+                    got[algo] = (ys, hs)
+                    bad = _wrong(torch, xs, res, w, ys[0], hs[0], dtype)
+                    same = all(torch.equal(_bits(y), _bits(ys[0])) and
+                               torch.equal(_bits(h), _bits(hs[0]))
+                               for y, h in zip(ys[1:], hs[1:]))
+                    if bad != (0, 0) or not same:
+                        wrong.append((algo, dtype, T, H, pad, bad, same))
+                calls += 1
+                (y1, h1), (y2, h2) = got["one_shot"], got["two_shot"]
+                if not (torch.equal(_bits(y1[0]), _bits(y2[0])) and
+                        torch.equal(_bits(h1[0]), _bits(h2[0]))):
+                    wrong.append(("one_shot != two_shot", dtype, T, H))
+        launches = [c._launches() for c in team]
+    finally:
+        _close(team)
+    assert not wrong, f"{nranks} ranks: (algo, dtype, T, H, pad, (h wrong, " \
+                      f"y wrong), ranks bitwise equal): {wrong}"
+    for q, l in enumerate(launches):
+        assert {k: v for k, v in l.items() if v} == \
+            {"one_shot_rmsnorm": calls, "two_shot_rmsnorm": calls}, (q, l)
+
+
+def _bits(t):
+    import torch
+    return t.reshape(-1).view(torch.int32 if t.dtype == torch.float32
+                              else torch.int16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("algo", ["one_shot", "two_shot"])
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_in_place_residual_gives_the_same_bits(monkeypatch, nranks, algo):
+    """residual_out=residual (vLLM's in-place form) and out=x give the bits
+    of the out-of-place call."""
+    torch = _torch()
+    team = _team(monkeypatch, nranks)
+    streams = [torch.cuda.Stream() for _ in team]
+    try:
+        xs, res, w = _inputs(torch, nranks, 17, 4096, "bfloat16", seed=5)
+        ys = [torch.empty_like(x) for x in xs]
+        hs = [torch.empty_like(x) for x in xs]
+        _call_all(torch, team, streams, xs, res, w, ys, hs, algo=algo)
+        ress = [res.clone() for _ in team]
+        xcopy = [x.clone() for x in xs]
+        torch.cuda.synchronize()
+        for c, s, x, r in zip(team, streams, xcopy, ress):
+            c.all_reduce_rmsnorm(x, r, w, EPS, out=x, residual_out=r,
+                                 stream=s, algo=algo)
+        torch.cuda.synchronize()
+        for q in range(nranks):
+            assert torch.equal(_bits(xcopy[q]), _bits(ys[q])), q
+            assert torch.equal(_bits(ress[q]), _bits(hs[q])), q
+    finally:
+        _close(team)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("algo,launches", [("one_shot", 63),
+                                           ("two_shot", 200)])
+def test_rows_past_the_staging_area_take_several_launches(monkeypatch, algo,
+                                                          launches):
+    """A staging area of 64 KiB holds 16 rows of H 1000 fp32 (two_shot: 5,
+    with their y and h): 1000 rows take 63 (200) launches of whole rows, and
+    the result is unchanged."""
+    torch = _torch()
+    team = _team(monkeypatch, 3, staging_bytes=64 << 10)
+    streams = [torch.cuda.Stream() for _ in team]
+    try:
+        xs, res, w = _inputs(torch, 3, 1000, 1000, "float32", seed=9)
+        ys = [_poisoned(torch, xs[0]) for _ in team]
+        hs = [_poisoned(torch, xs[0]) for _ in team]
+        _call_all(torch, team, streams, xs, res, w, ys, hs, algo=algo)
+        for y, h in zip(ys, hs):
+            assert _wrong(torch, xs, res, w, y, h, "float32") == (0, 0)
+        assert team[0]._launches()[algo + "_rmsnorm"] == launches
+    finally:
+        _close(team)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("algo", ["one_shot", "two_shot"])
+@pytest.mark.parametrize("nranks", [2, 4])
+def test_graph_replays(monkeypatch, nranks, algo):
+    """Each rank captures its call; replays with new inputs carry the
+    barrier epochs in device memory."""
+    torch = _torch()
+    team = _team(monkeypatch, nranks)
+    streams = [torch.cuda.Stream() for _ in team]
+    try:
+        xs, res, w = _inputs(torch, nranks, 5, 4096, "bfloat16", seed=1)
+        ys = [torch.empty_like(x) for x in xs]
+        hs = [torch.empty_like(x) for x in xs]
+        graphs = []
+        torch.cuda.synchronize()
+        for c, s, x, y, h in zip(team, streams, xs, ys, hs):
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, stream=s):
+                c.all_reduce_rmsnorm(x, res, w, EPS, out=y, residual_out=h,
+                                     algo=algo)
+            graphs.append(g)
+        for rep in range(4):
+            new, nres, _ = _inputs(torch, nranks, 5, 4096, "bfloat16",
+                                   seed=100 + rep)
+            for x, n in zip(xs, new):
+                x.copy_(n)
+            res.copy_(nres)
+            torch.cuda.synchronize()
+            for g, s in zip(graphs, streams):
+                s.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(s):
+                    g.replay()
+            torch.cuda.synchronize()
+            assert _wrong(torch, xs, res, w, ys[-1], hs[-1],
+                          "bfloat16") == (0, 0), rep
+            assert all(torch.equal(_bits(y), _bits(ys[0])) for y in ys)
+    finally:
+        _close(team)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("algo", ["one_shot", "two_shot"])
+def test_a_rank_that_never_calls_times_out_on_every_other_rank(monkeypatch,
+                                                                algo):
+    torch = _torch()
+    team = _team(monkeypatch, 3, timeout=2.0)
+    streams = [torch.cuda.Stream() for _ in team]
+    xs, res, w = _inputs(torch, 3, 17, 1000, "float32", seed=3)
+    torch.cuda.synchronize()
+    t0 = time.monotonic()
+    for c, s, x in zip(team[:2], streams, xs):
+        c.all_reduce_rmsnorm(x, res, w, EPS, stream=s, algo=algo)
+    torch.cuda.synchronize()
+    took = time.monotonic() - t0
+    errors = []
+    for c in team[:2]:
+        with pytest.raises(symnccl.PeerTimeoutError) as e:
+            c.check()
+        errors.append(e.value)
+    assert 2.0 <= took < 10.0, took
+    assert any(e.reason == "timeout" and e.rank == 2 for e in errors), \
+        [str(e) for e in errors]
+    assert all(e.collective == COLL and e.kernel == algo + "_rmsnorm"
+               for e in errors), [str(e) for e in errors]
+    for c in team:
+        c.abort()
+    assert torch.arange(8, device="cuda", dtype=torch.float32).sum() == 28
+
+
+@pytest.mark.gpu
+def test_bad_arguments_name_what_was_seen_and_expected(monkeypatch):
+    torch = _torch()
+    team = _team(monkeypatch, 1)
+    c = team[0]
+    try:
+        x = torch.randn(4, 64, device="cuda", dtype=torch.bfloat16)
+        r = torch.randn(4, 64, device="cuda", dtype=torch.bfloat16)
+        w = torch.ones(64, device="cuda", dtype=torch.bfloat16)
+        f = c.all_reduce_rmsnorm
+        with pytest.raises(TypeError, match="x has dtype float64, expected "
+                                            "float32, float16 or bfloat16"):
+            f(x.double(), r.double(), w.double(), EPS)
+        with pytest.raises(TypeError, match="residual has dtype float32"):
+            f(x, r.float(), w, EPS)
+        with pytest.raises(ValueError, match="H .* is 12, expected a "
+                                             "positive multiple of 8"):
+            f(x[:, :12].contiguous(), r[:, :12].contiguous(), w[:12], EPS)
+        with pytest.raises(ValueError, match="weight has 32 elements, "
+                                             "expected 64"):
+            f(x, r, w[:32], EPS)
+        with pytest.raises(ValueError, match="residual has 128 elements"):
+            f(x, r[:2], w, EPS)
+        with pytest.raises(ValueError, match="out overlaps residual_out"):
+            f(x, r, w, EPS, out=r, residual_out=r)
+        with pytest.raises(ValueError, match="residual_out overlaps x "
+                                             "without"):
+            buf = torch.empty(4 * 64 + 8, device="cuda",
+                              dtype=torch.bfloat16)
+            f(buf[:256].view(4, 64), r, w, EPS,
+              residual_out=buf[8:].view(4, 64))
+        with pytest.raises(ValueError, match="eps is -1.0"):
+            f(x, r, w, -1.0)
+        with pytest.raises(ValueError, match="out has 64 elements"):
+            f(x, r, w, EPS, out=w)
+        with pytest.raises(ValueError, match="algo 'fast' is not"):
+            f(x, r, w, EPS, algo="fast")
+        with pytest.raises(ValueError, match="'ll' cannot run this "
+                                             "all_reduce_rmsnorm"):
+            f(x, r, w, EPS, algo="ll")
+        with pytest.raises(RuntimeError, match="loopback"):
+            f(x, r, w, EPS, algo="nccl")
+        # nothing ran
+        assert not any(c._launches().values())
+        # and a good call works after all of them
+        y, h = f(x, r, w, EPS)
+        assert y.shape == x.shape and h.dtype == x.dtype
+    finally:
+        _close(team)
+
+
+@pytest.mark.gpu
+def test_one_rank_nccl_fallback_gives_the_bits_of_the_fused_kernel():
+    """On one real rank: algo='nccl' (ncclAllReduce, then the add+norm with
+    no peer) and 'one_shot' give the same bits, and 'auto' runs the fused
+    kernel at decode sizes."""
+    torch = _torch()
+    comm = symnccl.Communicator(symnccl.get_unique_id(), 0, 1, 0)
+    try:
+        for dtype in DTYPES:
+            xs, res, w = _inputs(torch, 1, 33, 4096, dtype, seed=7)
+            y1, h1 = comm.all_reduce_rmsnorm(xs[0], res, w, EPS,
+                                             algo="one_shot")
+            y2, h2 = comm.all_reduce_rmsnorm(xs[0], res, w, EPS,
+                                             algo="nccl")
+            torch.cuda.synchronize()
+            assert torch.equal(_bits(y1), _bits(y2)), dtype
+            assert torch.equal(_bits(h1), _bits(h2)), dtype
+            assert _wrong(torch, xs, res, w, y2, h2, dtype) == (0, 0)
+        before = comm._launches()
+        comm.all_reduce_rmsnorm(xs[0], res, w, EPS)
+        after = comm._launches()
+        assert after["one_shot_rmsnorm"] == before["one_shot_rmsnorm"] + 1
+        assert after["nccl"] == before["nccl"]
+    finally:
+        comm.close()
+
+
+# ------------------------------------------------------------ torch op
+
+@pytest.mark.gpu
+def test_torch_op_eager_compiled_and_captured_give_the_method_s_bits(
+        monkeypatch):
+    torch = _torch()
+    st = pytest.importorskip("symnccl.torch")
+    team = _team(monkeypatch, 1)
+    comm = st.wrap(team[0])
+    try:
+        xs, res, w = _inputs(torch, 1, 17, 4096, "bfloat16", seed=11)
+        x = xs[0]
+        y0, h0 = comm.all_reduce_rmsnorm(x, res, w, EPS)
+
+        def f(x, res, w):
+            return st.all_reduce_add_rmsnorm(x, res, w, EPS, comm)
+        outs = {"eager": f(x, res, w),
+                "compiled": torch.compile(f, fullgraph=True)(x, res, w)}
+        g = torch.cuda.CUDAGraph()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            f(x, res, w)                       # warm-up outside capture
+        torch.cuda.current_stream().wait_stream(s)
+        with torch.cuda.graph(g):
+            yg, hg = f(x, res, w)
+        g.replay()
+        torch.cuda.synchronize()
+        outs["graph"] = (yg, hg)
+        for name, (y, h) in outs.items():
+            assert torch.equal(_bits(y), _bits(y0)), name
+            assert torch.equal(_bits(h), _bits(h0)), name
+    finally:
+        _close(team)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("compiled", [False, True])
+def test_torch_op_gradients_are_the_unfused_composition_s(monkeypatch,
+                                                          compiled):
+    torch = _torch()
+    st = pytest.importorskip("symnccl.torch")
+    team = _team(monkeypatch, 1)
+    comm = st.wrap(team[0])
+    try:
+        xs, res, w = _inputs(torch, 1, 9, 1000, "float32", seed=13)
+        gy = torch.randn_like(xs[0])
+        gh = torch.randn_like(xs[0])
+
+        def fused(x, r, w):
+            y, h = st.all_reduce_add_rmsnorm(x, r, w, EPS, comm)
+            return (y * gy).sum() + (h * gh).sum()
+
+        def unfused(x, r, w):
+            h = st.all_reduce(x, comm) + r
+            y = torch.nn.functional.rms_norm(h, (h.shape[-1],), w, EPS)
+            return (y * gy).sum() + (h * gh).sum()
+        grads = []
+        for fn in (torch.compile(fused, fullgraph=True) if compiled
+                   else fused, unfused):
+            leaves = [t.detach().clone().requires_grad_()
+                      for t in (xs[0], res, w)]
+            fn(*leaves).backward()
+            grads.append([t.grad for t in leaves])
+        for name, a, b in zip(("x", "residual", "weight"), *grads):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4,
+                                       msg=name)
+    finally:
+        _close(team)
+
+
+@pytest.mark.gpu
+def test_auto_on_an_unmeasured_world_size_is_nccl_which_loopback_refuses(
+        monkeypatch):
+    """3+ ranks have no AUTO_TABLE row: auto runs NCCL's all-reduce and
+    the add+norm, which a loopback team cannot; one_shot runs there."""
+    torch = _torch()
+    team = _team(monkeypatch, 3)
+    try:
+        xs, res, w = _inputs(torch, 3, 2, 64, "float32", seed=2)
+        with pytest.raises(RuntimeError, match="needs NCCL.*loopback"):
+            team[0].all_reduce_rmsnorm(xs[0], res, w, EPS)
+        assert not any(team[0]._launches().values())
+    finally:
+        _close(team)
+
+
+# ----------------------------------------------------------------- FP8
+
+FP8_MAX = 448.0
+
+
+def _fp8_off_by_more_than_a_step(torch, q, y, s):
+    """Elements of q (float8_e4m3fn) whose dequantised value q * s is more
+    than one e4m3 step from y (y / s saturated to +-448): a step is 2^-3 of
+    the value's binade, 2^-9 below the normal range."""
+    v = (y.double() / s).clamp(-FP8_MAX, FP8_MAX)
+    step = torch.where(v.abs() >= 2.0 ** -6,
+                       2.0 ** (torch.floor(torch.log2(v.abs())) - 3),
+                       torch.full_like(v, 2.0 ** -9))
+    return int((~((q.double() - v).abs() <= step)).sum())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("nranks", [1, 2, 4])
+def test_fp8_static_and_dynamic_outputs(monkeypatch, nranks):
+    """y as float8_e4m3fn: within one FP8 step of the unquantised call's y
+    divided by the scale (static: the given one; dynamic: each row's
+    amax / 448, bit-exact), h unchanged, every rank's bits the same."""
+    torch = _torch()
+    team = _team(monkeypatch, nranks)
+    streams = [torch.cuda.Stream() for _ in team]
+    f8 = torch.float8_e4m3fn
+    wrong = []
+    try:
+        for dtype in DTYPES:
+            for i, (T, H) in enumerate([(3, 1000), (17, 4096), (2, 16384)]):
+                pad = 3 if i == 1 else 0
+                xs, res, w = _inputs(torch, nranks, T, H, dtype, seed=T + H,
+                                     pad=pad)
+                ys = [torch.empty_like(x) for x in xs]
+                hs = [torch.empty_like(x) for x in xs]
+                _call_all(torch, team, streams, xs, res, w, ys, hs,
+                          algo="one_shot")
+                y = ys[0]
+                # static, a scale that saturates the largest values
+                s = (y.float().abs().max() / FP8_MAX / 1.5).reshape(1)
+                qs = [torch.full((T * H + pad,), 0xFF, dtype=torch.uint8,
+                                 device="cuda")[pad:].view(f8).view(T, H)
+                      for _ in team]
+                hq = [_poisoned(torch, x) for x in xs]
+                torch.cuda.synchronize()
+                for c, st, x, q, h in zip(team, streams, xs, qs, hq):
+                    c.all_reduce_rmsnorm(x, res, w, EPS, out=q,
+                                         residual_out=h, quant="fp8_static",
+                                         scale=s, stream=st,
+                                         algo="one_shot")
+                torch.cuda.synchronize()
+                bad = _fp8_off_by_more_than_a_step(torch, qs[0].float(), y,
+                                                   float(s))
+                same = all(torch.equal(q.view(torch.uint8),
+                                       qs[0].view(torch.uint8)) for q in qs)
+                same &= all(torch.equal(_bits(h), _bits(hs[0])) for h in hq)
+                # dynamic: a scale per row
+                scales = [torch.full((T,), float("nan"), device="cuda")
+                          for _ in team]
+                torch.cuda.synchronize()
+                for c, st, x, q, h, sc in zip(team, streams, xs, qs, hq,
+                                              scales):
+                    c.all_reduce_rmsnorm(x, res, w, EPS, out=q,
+                                         residual_out=h,
+                                         quant="fp8_dynamic", scale=sc,
+                                         stream=st, algo="one_shot")
+                torch.cuda.synchronize()
+                # the kernel's fp32 division, correctly rounded: the float64
+                # quotient rounded to float32 is the same number (53 >= 2 *
+                # 24 + 2 bits). Divided by a tensor: torch's tensor / scalar
+                # multiplies by the reciprocal instead.
+                amax = y.float().abs().amax(-1).double()
+                want = torch.clamp(amax / torch.full_like(amax, FP8_MAX),
+                                   min=1.0 / (FP8_MAX * 512)).float()
+                exact = torch.equal(scales[0], want)
+                bad_d = _fp8_off_by_more_than_a_step(
+                    torch, qs[0].float(), y, scales[0].double()[:, None])
+                same &= all(torch.equal(q.view(torch.uint8),
+                                        qs[0].view(torch.uint8)) and
+                            torch.equal(sc, scales[0])
+                            for q, sc in zip(qs, scales))
+                if bad or bad_d or not exact or not same:
+                    wrong.append((dtype, T, H, bad, bad_d, exact, same))
+    finally:
+        _close(team)
+    assert not wrong, "(dtype, T, H, static wrong, dynamic wrong, " \
+                      f"scales exact, ranks equal): {wrong}"
+
+
+@pytest.mark.gpu
+def test_fp8_arguments_are_checked(monkeypatch):
+    torch = _torch()
+    team = _team(monkeypatch, 1)
+    c = team[0]
+    try:
+        x = torch.randn(4, 64, device="cuda", dtype=torch.bfloat16)
+        r = torch.randn(4, 64, device="cuda", dtype=torch.bfloat16)
+        w = torch.ones(64, device="cuda", dtype=torch.bfloat16)
+        q = torch.empty(4, 64, device="cuda", dtype=torch.float8_e4m3fn)
+        one = torch.ones(1, device="cuda")
+        f = c.all_reduce_rmsnorm
+        with pytest.raises(ValueError, match="quant='int8', expected None"):
+            f(x, r, w, EPS, quant="int8")
+        with pytest.raises(ValueError, match="needs out="):
+            f(x, r, w, EPS, quant="fp8_static", scale=one)
+        with pytest.raises(ValueError, match="needs out="):
+            f(x, r, w, EPS, out=q, quant="fp8_dynamic")
+        with pytest.raises(TypeError, match="out has dtype bfloat16, "
+                                            "expected float8_e4m3fn"):
+            f(x, r, w, EPS, out=torch.empty_like(x), quant="fp8_static",
+              scale=one)
+        with pytest.raises(ValueError, match="scale has dtype float32 and "
+                                             "1 elements, expected float32 "
+                                             "and 4"):
+            f(x, r, w, EPS, out=q, quant="fp8_dynamic", scale=one)
+        with pytest.raises(ValueError, match="scale= is given without"):
+            f(x, r, w, EPS, scale=one)
+        with pytest.raises(ValueError, match="'two_shot' has no FP8"):
+            f(x, r, w, EPS, out=q, quant="fp8_static", scale=one,
+              algo="two_shot")
+        assert not any(c._launches().values())
+    finally:
+        _close(team)
+
+
+@pytest.mark.gpu
+def test_torch_fp8_op_eager_and_compiled(monkeypatch):
+    torch = _torch()
+    st = pytest.importorskip("symnccl.torch")
+    team = _team(monkeypatch, 1)
+    comm = st.wrap(team[0])
+    try:
+        xs, res, w = _inputs(torch, 1, 5, 4096, "bfloat16", seed=17)
+        q0 = torch.empty(5, 4096, device="cuda", dtype=torch.float8_e4m3fn)
+        s0 = torch.empty(5, device="cuda")
+        comm.all_reduce_rmsnorm(xs[0], res, w, EPS, out=q0,
+                                residual_out=torch.empty_like(res),
+                                quant="fp8_dynamic", scale=s0)
+
+        def f(x, r, w):
+            return st.all_reduce_add_rmsnorm(x, r, w, EPS, comm, quant="fp8")
+        for fn in (f, torch.compile(f, fullgraph=True)):
+            q, h, s = fn(xs[0], res, w)
+            assert q.dtype == torch.float8_e4m3fn and s.shape == (5, 1)
+            assert torch.equal(q.view(torch.uint8), q0.view(torch.uint8))
+            assert torch.equal(s.reshape(-1), s0)
+        one = torch.full((1,), 0.01, device="cuda")
+        q, h, s = st.all_reduce_add_rmsnorm(xs[0], res, w, EPS, comm,
+                                            quant="fp8", scale=one)
+        assert torch.equal(s, one) and q.dtype == torch.float8_e4m3fn
+    finally:
+        _close(team)
