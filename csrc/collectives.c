@@ -65,12 +65,10 @@ call_end(sn_call *k, int ok)
     return k->result;
 }
 
-/* A new output of x's framework: the framework allocates it (torch, cupy)
- * or symnccl does and hands it over zero-copy (JAX, our own buffers). */
-static PyObject *
-new_output(sn_call *k, PyObject *like, int ndim, const int64_t *shape)
+PyObject *
+sn_new_output(SNState *st, CommObject *c, PyObject *like, int ndim,
+              const int64_t *shape, const sn_dtype *dt, cudaStream_t stream)
 {
-    SNState *st = k->st;
     PyObject *shp = PyTuple_New(ndim);
     if (shp == NULL)
         return NULL;
@@ -90,19 +88,26 @@ new_output(sn_call *k, PyObject *like, int ndim, const int64_t *shape)
         !sn_is_buffer(st, like)) {
         Py_DECREF(r);
         r = PyObject_CallMethod(st->frameworks, "alloc", "OOi", like, shp,
-                                k->c->device);
+                                c->device);
     }
     Py_DECREF(shp);
     if (r != Py_None)
         return r;
     Py_DECREF(r);
-    PyObject *arr = sn_buffer_new(st, k->c, st->DeviceArrayType, ndim, shape,
-                                  k->x.dtype, 0, k->stream);
+    PyObject *arr = sn_buffer_new(st, c, st->DeviceArrayType, ndim, shape,
+                                  dt, 0, stream);
     if (arr == NULL || st->frameworks == NULL || sn_is_buffer(st, like))
         return arr;
     r = PyObject_CallMethod(st->frameworks, "wrap", "OO", like, arr);
     Py_DECREF(arr);
     return r;
+}
+
+static PyObject *
+new_output(sn_call *k, PyObject *like, int ndim, const int64_t *shape)
+{
+    return sn_new_output(k->st, k->c, like, ndim, shape, k->x.dtype,
+                         k->stream);
 }
 
 /* Chooses where the result goes: out=, else in place when allowed and x is

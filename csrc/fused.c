@@ -14,6 +14,7 @@ typedef struct {
     SNState *st;
     CommObject *c;
     cudaStream_t stream;
+    int torch_current;         /* stream is torch's current one, read here */
     int prev, pushed, entered;
     SNTensor x, res, w, y, h, scale;
     PyObject *y_obj, *h_obj;   /* new references */
@@ -50,38 +51,6 @@ fcall_end(fcall *k, int ok)
     return r;
 }
 
-/* A new tensor of like's framework, dtype and shape (as collectives.c's
- * outputs: the framework allocates it, else symnccl does and hands it
- * over). */
-static PyObject *
-new_like(fcall *k, PyObject *like, const SNTensor *t)
-{
-    SNState *st = k->st;
-    PyObject *shp = PyTuple_New(t->ndim);
-    if (shp == NULL)
-        return NULL;
-    for (int i = 0; i < t->ndim; i++)
-        PyTuple_SetItem(shp, i, PyLong_FromLongLong(t->shape[i]));
-    PyObject *r = Py_NewRef(Py_None);
-    if (st->frameworks != NULL && !sn_is_immutable(like) &&
-        !sn_is_buffer(st, like)) {
-        Py_DECREF(r);
-        r = PyObject_CallMethod(st->frameworks, "alloc", "OOi", like, shp,
-                                k->c->device);
-    }
-    Py_DECREF(shp);
-    if (r != Py_None)
-        return r;
-    Py_DECREF(r);
-    PyObject *arr = sn_buffer_new(st, k->c, st->DeviceArrayType, t->ndim,
-                                  t->shape, t->dtype, 0, k->stream);
-    if (arr == NULL || st->frameworks == NULL || sn_is_buffer(st, like))
-        return arr;
-    r = PyObject_CallMethod(st->frameworks, "wrap", "OO", like, arr);
-    Py_DECREF(arr);
-    return r;
-}
-
 /* An output: `given` (None: a new tensor like `like`), imported into *t
  * and checked against x's count and `dt` (NULL: x's dtype); *obj takes the
  * new reference. */
@@ -92,12 +61,15 @@ output(fcall *k, PyObject *given, PyObject *like, const SNTensor *shape_of,
     if (dt == NULL)
         dt = k->x.dtype;
     if (given == NULL || given == Py_None) {
-        if ((*obj = new_like(k, like, shape_of)) == NULL)
+        if ((*obj = sn_new_output(k->st, k->c, like, shape_of->ndim,
+                                  shape_of->shape, shape_of->dtype,
+                                  k->stream)) == NULL)
             return -1;
     }
     else
         *obj = Py_NewRef(given);
-    if (sn_tensor_import(k->st, *obj, k->stream, k->c->device, name, t) < 0)
+    if (sn_tensor_import(k->st, *obj, k->stream, k->c->device,
+                         k->torch_current, name, t) < 0)
         return -1;
     if (t->readonly) {
         PyErr_Format(PyExc_BufferError, "all_reduce_rmsnorm: %s is "
@@ -224,8 +196,8 @@ parse_quant(PyObject *q, PyObject *out, PyObject *scale, int *quant)
 static int
 check_scale(fcall *k, PyObject *obj, int quant, size_t rows)
 {
-    if (sn_tensor_import(k->st, obj, k->stream, k->c->device, "scale",
-                         &k->scale) < 0)
+    if (sn_tensor_import(k->st, obj, k->stream, k->c->device,
+                         k->torch_current, "scale", &k->scale) < 0)
         return -1;
     const size_t want = quant == SYMNCCL_QUANT_STATIC ? 1 : rows;
     if (k->scale.dtype != sn_dtype_by_name("float32") ||
@@ -347,16 +319,19 @@ sn_all_reduce_rmsnorm(CommObject *c, PyObject *args, PyObject *kw)
         if (sn_parse_stream(stream_obj, &k.stream) < 0)
             return fcall_end(&k, 0);
     }
-    else if (sn_default_stream(k.st, x, c->device, &k.stream) < 0)
+    else if (sn_default_stream(k.st, x, c->device, &k.stream,
+                               &k.torch_current) < 0)
         return fcall_end(&k, 0);
     if (sn_device_push(k.st, c->device, &k.prev) < 0)
         return fcall_end(&k, 0);
     k.pushed = 1;
     size_t H = 0;
-    if (sn_tensor_import(k.st, x, k.stream, c->device, "x", &k.x) < 0 ||
-        sn_tensor_import(k.st, res, k.stream, c->device, "residual",
+    const int tc = k.torch_current;
+    if (sn_tensor_import(k.st, x, k.stream, c->device, tc, "x", &k.x) < 0 ||
+        sn_tensor_import(k.st, res, k.stream, c->device, tc, "residual",
                          &k.res) < 0 ||
-        sn_tensor_import(k.st, w, k.stream, c->device, "weight", &k.w) < 0 ||
+        sn_tensor_import(k.st, w, k.stream, c->device, tc, "weight",
+                         &k.w) < 0 ||
         check_inputs(&k, &H) < 0 ||
         output(&k, out, x, &k.x, "out",
                quant ? sn_dtype_by_name("float8_e4m3fn") : NULL, &k.y,

@@ -756,6 +756,13 @@ PyObject *sn_all_gather(CommObject *c, PyObject *args, PyObject *kw);
 PyObject *sn_broadcast(CommObject *c, PyObject *args, PyObject *kw);
 PyObject *sn_reduce(CommObject *c, PyObject *args, PyObject *kw);
 PyObject *sn_barrier(CommObject *c, PyObject *args, PyObject *kw);
+/* A new output of like's framework with this shape: the framework
+ * allocates it (torch: like.new_empty, like's dtype; cupy), or symnccl
+ * does (dtype dt) and hands it over zero-copy (JAX, symnccl's own
+ * buffers). */
+PyObject *sn_new_output(SNState *st, CommObject *c, PyObject *like, int ndim,
+                        const int64_t *shape, const sn_dtype *dt,
+                        cudaStream_t stream);
 
 /* ------------------------------------------------------------------ */
 /* fused.c: collectives fused with the computation around them. */

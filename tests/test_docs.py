@@ -140,4 +140,4 @@ def test_collective_docstring_lists_its_kernels_nccl_and_auto(coll):
         {"nccl", "auto"}, doc
     # auto is a table over symnccl's kernels and NCCL, not NCCL alone
     assert "'nccl' and 'auto' run" not in doc
-    assert "COLLECTIVE_AUTO_TABLE" in doc
+    assert "symnccl.AUTO_TABLE" in doc
