@@ -242,13 +242,18 @@ RUN_ENV = ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST",
 
 def run_info(nranks: int, gpu: str, torch_version: str, **fields) -> dict:
     """The header of a results file (every benchmark's): GPU, ranks, date,
-    host, versions, the environment that shapes the run, then `fields`."""
+    host, the command that ran, versions, the environment that shapes the
+    run, then `fields`."""
+    import shlex
     import symnccl
     versions = symnccl.versions()
     versions["torch"] = torch_version
+    argv = [os.path.relpath(sys.argv[0])] + sys.argv[1:]
     return {"gpu": gpu, "nranks": nranks,
             "date": datetime.date.today().isoformat(),
-            "host": platform.node(), "versions": versions,
+            "host": platform.node(),
+            "command": "python " + shlex.join(argv),
+            "versions": versions,
             "env": {k: v for k, v in os.environ.items()
                     if k in RUN_ENV or k.startswith("SYMNCCL_")},
             **fields}
