@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# A one-GPU session (nvidia-h100-x1 / nvidia-h200), in stages that each fit
+# one device call. Build here first and carry the module:
+#   SYMNCCL_NCCL_MINORS=28,30 SYMNCCL_CUDA_ARCHS=90 python setup.py build_ext --inplace
+#   (the device machines load NCCL 2.28.9; 30 keeps this machine's 2.30 import)
+# then, there, with carry ["symnccl/_C.abi3.so"] (and ["out/ab"] for ab):
+#   STAGE=tests bash tools/gpu/one_gpu_session.sh   # the default GPU tier
+#   STAGE=bench bash tools/gpu/one_gpu_session.sh   # fused, all-to-all, eager
+#   STAGE=ab    bash tools/gpu/one_gpu_session.sh   # kernel cost against out/ab/old.tar.xz
+# Results and logs go to $OUT. Multicast variables are left as found.
+set -uo pipefail
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+export SYMNCCL_NCCL_MINORS=${SYMNCCL_NCCL_MINORS:-28,30}
+OUT=${OUT:-/tmp/symnccl-out}
+mkdir -p "$OUT"
+gpu=$(python3 -c "import torch; print(torch.cuda.get_device_name(0).split()[-1].lower())")
+for stage in ${STAGE:-tests}; do
+  case $stage in
+    tests)
+      python3 -m pytest -q -rs tests -p no:cacheprovider --durations=20 \
+        2>&1 | tee "$OUT/tier.log" | grep -v '^SKIPPED' | tail -45 ;;
+    bench)
+      python3 benchmarks/bench_fused.py --report "$OUT/fused_${gpu}x1_bfloat16.json" \
+        2>&1 | tail -24
+      python3 benchmarks/bench_alltoall.py --out "$OUT/alltoall_${gpu}x1_bfloat16.json" \
+        2>&1 | tail -30
+      python3 benchmarks/bench_eager.py --out "$OUT/eager_${gpu}x1_bfloat16.json" \
+        2>&1 | tail -30 ;;
+    ab)
+      mkdir -p /tmp/ab/old && tar -C /tmp/ab/old -xJf out/ab/old.tar.xz
+      for r in 1 2 3; do
+        for b in old new; do
+          p=$PWD; [ "$b" = old ] && p=/tmp/ab/old
+          echo "== round $r $b" >> "$OUT/one_rank.log"
+          PYTHONPATH=$p timeout 100 python3 scripts/bench_one_rank.py \
+            >> "$OUT/one_rank.log" 2>&1
+        done
+      done
+      tail -20 "$OUT/one_rank.log" ;;
+    *) echo "unknown stage $stage (tests, bench, ab)"; exit 2 ;;
+  esac
+done
