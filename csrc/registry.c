@@ -625,7 +625,7 @@ kernel_table(void)
     static const char *const families[SYMNCCL_FAMILY_COUNT] = {
         "barrier", "ll", "ll128", "push"};
     static const char *const plans[] = {"loads", "packets", "slices",
-                                        "rooted", "push"};
+                                        "rooted", "push", "all_to_all"};
     static const char *const units[] = {"dtype", "multimem"};
     PyObject *t = PyTuple_New(SYMNCCL_K_COUNT);
     for (int k = 0; t != NULL && k < SYMNCCL_K_COUNT; k++) {

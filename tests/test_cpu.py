@@ -1081,7 +1081,7 @@ def test_readme_names_every_algorithm_and_knob():
 # before it.
 LAYERS = ["abi", "errors", "wait", "registry", "dtypes", "streams", "windows",
           "staging", "faults", "loopback", "lifecycle", "watchdog", "launch", "buffer",
-          "dlpack", "collectives", "xla_ffi", "comm", "module"]
+          "dlpack", "collectives", "alltoall", "xla_ffi", "comm", "module"]
 
 
 def test_c_files_call_only_the_layers_above_them():

@@ -92,6 +92,7 @@ enum { SYMNCCL_OP_SUM = 0, SYMNCCL_OP_MAX = 1, SYMNCCL_OP_MIN = 2,
     X(ALL_GATHER, "all_gather")            \
     X(BROADCAST, "broadcast")              \
     X(REDUCE, "reduce")                    \
+    X(ALL_TO_ALL, "all_to_all")            \
     X(BARRIER, "barrier")                  \
     X(CHECK, "call check")
 
@@ -221,6 +222,19 @@ typedef struct {
                                   serialization: the kernel may start while
                                   the previous one on the stream ends, and
                                   waits for it at entry (SYMNCCL_PDL) */
+    /* all_to_all (alltoall.cuh): count is x's rows, of row_size bytes;
+     * rows sent to each rank from in_splits (int64, device) or, when it is
+     * NULL, host_splits; the rows received from each rank and where they
+     * start in out are written to out_splits and out_offsets (n int64
+     * each, either may be NULL); out holds out_rows rows; the splits'
+     * packets are at splits_offset in region_win */
+    const int64_t *in_splits;
+    int64_t *out_splits;
+    int64_t *out_offsets;
+    size_t row_size;
+    size_t out_rows;
+    size_t splits_offset;
+    int64_t host_splits[SYMNCCL_MAX_RANKS];
 } symnccl_kargs;
 
 /* The entry points of one build of the kernels (one NCCL minor). */
