@@ -39,10 +39,25 @@ def test_all_to_all_methods_are_documented_with_an_example():
     assert "synchronises" in symnccl.Communicator.all_to_all_v.__doc__
 
 
-def test_an_unknown_collective_name_lists_all_to_all():
+def test_only_push_runs_all_to_all_and_it_takes_every_dtype():
+    """The registry's answer for a 2-rank NVLink team: push and nccl run
+    all_to_all, in every dtype (bytes); the other algorithms are refused
+    naming those that do; auto is NCCL until the table has a row."""
+    topo = dict(nranks=2, lsa_size=2, symmetric=1, staging=1, push=1,
+                multicast=0)
+    gate = _C._algo_unavailable_for
+    for dtype in symnccl.DTYPES:
+        assert gate(topo, "push", dtype, "sum", "all_to_all") is None, dtype
+    for algo in ("ll", "ll128", "one_shot", "two_shot", "multimem"):
+        assert gate(topo, algo, "float32", "sum", "all_to_all") == (
+            "no kernel of this algorithm runs this collective (those that "
+            "do: push, nccl)"), algo
+    assert "push region" in gate(dict(topo, push=0), "push", "float32",
+                                 "sum", "all_to_all")
+    assert _C._auto_algo_for(topo, 1 << 20, "bfloat16", "sum", False,
+                             "all_to_all") == "nccl"
     with pytest.raises(ValueError, match="all_to_all"):
-        symnccl.algo_supported(None, "push", "float32",
-                               collective="all_to_al")
+        gate(topo, "push", "float32", "sum", "all_to_al")
 
 
 # ----------------------------------------------------------------- GPU tier
@@ -376,7 +391,14 @@ def test_stress_all_to_all_and_the_push_kernels_share_the_slots(monkeypatch,
             outs = [_poisoned(torch, n_out, 1, np.dtype(np.float32), 0)
                     for _ in team]
             calls.append((kind, m, hs, xs, outs, late, None))
-    torch.cuda._sleep(1)   # kernels loaded before any rank waits
+    # every kernel loaded before any rank waits: a kernel's first launch
+    # (CUDA's lazy loading) waits for the kernels running, which wait for
+    # the ranks not yet called (loopback.c)
+    w = [torch.zeros(nranks * 64, device="cuda") for _ in team]
+    for kind in ("all_reduce", "reduce_scatter", "all_to_all"):
+        torch.cuda.synchronize()
+        for c, s, x in zip(team, streams, w):
+            getattr(c, kind)(x, algo="push", stream=s)
     torch.cuda.synchronize()
     failures = []
     try:
