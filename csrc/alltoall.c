@@ -85,8 +85,8 @@ import_counts(sn_call *k, PyObject *obj, const char *name, SNTensor *t)
                      "nranks (%d)", name, t->count, k->c->nranks);
         return -1;
     }
-    if (t->readonly && strcmp(name, "out_splits") == 0) {
-        PyErr_SetString(PyExc_BufferError, "out_splits is read-only");
+    if (t->readonly && strcmp(name, "in_splits") != 0) {
+        PyErr_Format(PyExc_BufferError, "%s is read-only", name);
         return -1;
     }
     return 0;
@@ -140,7 +140,8 @@ parse_splits(sn_call *k, PyObject *obj, int64_t x_rows, sn_splits *s)
 /* symnccl's kernel (launch.c); the failure raised. */
 static int
 kernel_call(sn_call *k, int algo, size_t rows, size_t row_size,
-            size_t out_rows, const sn_splits *s, int64_t *out_splits)
+            size_t out_rows, const sn_splits *s, int64_t *out_splits,
+            int64_t *out_offsets)
 {
     sn_ar r = {k->c, algo, k->x.ptr, k->out.ptr, NULL, rows, k->x.dtype,
                NULL, k->stream, SYMNCCL_COLL_ALL_TO_ALL, -1};
@@ -149,6 +150,7 @@ kernel_call(sn_call *k, int algo, size_t rows, size_t row_size,
     r.in_splits = (const int64_t *)s->dev.ptr;
     r.host_splits = s->host;
     r.out_splits = out_splits;
+    r.out_offsets = out_offsets;
     sn_err err = {cudaSuccess, ncclSuccess, ""};
     if (sn_launch_kernels(&r, &err) < 0)
         return sn_fault_check(k->st, k->c) < 0 ? -1 : sn_raise(k->st, &err);
@@ -194,7 +196,8 @@ nccl_exchange(sn_call *k, const int64_t *send, const int64_t *recv,
  * the data. */
 static int
 nccl_all_to_all_v(sn_call *k, const sn_splits *s, size_t row_size,
-                  size_t x_rows, size_t out_rows, int64_t *out_splits)
+                  size_t x_rows, size_t out_rows, int64_t *out_splits,
+                  int64_t *out_offsets)
 {
     CommObject *c = k->c;
     const int n = c->nranks;
@@ -209,10 +212,11 @@ nccl_all_to_all_v(sn_call *k, const sn_splits *s, size_t row_size,
                         "capture (algo='push' can)");
         return -1;
     }
+    /* send counts, received counts, then the offsets (host only) */
     const size_t bytes = 2 * (size_t)n * sizeof(int64_t);
     int64_t *dev = NULL, *host = NULL;
     int ok = 0;
-    SN_CUDA_GOTO(k->st, cudaMallocHost((void **)&host, bytes),
+    SN_CUDA_GOTO(k->st, cudaMallocHost((void **)&host, bytes * 3 / 2),
                  "cudaMallocHost (all_to_all_v counts)", done);
     SN_CUDA_GOTO(k->st, cudaMallocAsync((void **)&dev, bytes, k->stream),
                  "cudaMallocAsync (all_to_all_v counts)", done);
@@ -270,6 +274,20 @@ nccl_all_to_all_v(sn_call *k, const sn_splits *s, size_t row_size,
                                             cudaMemcpyDeviceToDevice,
                                             k->stream),
                      "out_splits copy", done);
+    if (out_offsets != NULL) {
+        int64_t at = 0;
+        for (int q = 0; q < n; q++) {
+            host[2 * n + q] = at;
+            at += host[n + q];
+        }
+        /* the stream is drained up to here (the wait above): this waits
+         * for the copy alone, before host[] is freed */
+        e = cudaMemcpyAsync(out_offsets, host + 2 * n, bytes / 2,
+                            cudaMemcpyHostToDevice, k->stream);
+        if (e == cudaSuccess)
+            e = cudaStreamSynchronize(k->stream);
+        SN_CUDA_GOTO(k->st, e, "out_offsets copy", done);
+    }
     ok = nccl_exchange(k, host, host + n, row_size) == 0;
 done:
     if (dev != NULL) {
@@ -327,7 +345,7 @@ sn_all_to_all(CommObject *c, PyObject *args, PyObject *kw)
         s.host[q] = (int64_t)(rows / (size_t)n);
     if (algo != SN_ALGO_NCCL)
         return sn_call_end(&k, kernel_call(&k, algo, rows, row_size, rows,
-                                           &s, NULL) == 0);
+                                           &s, NULL, NULL) == 0);
     return sn_call_end(&k, nccl_exchange(&k, s.host, s.host, row_size) == 0);
 }
 
@@ -335,12 +353,12 @@ PyObject *
 sn_all_to_all_v(CommObject *c, PyObject *args, PyObject *kw)
 {
     static char *kwlist[] = {"x", "out", "in_splits", "out_splits", "algo",
-                             "stream", NULL};
+                             "stream", "out_offsets", NULL};
     PyObject *x, *out, *in_obj, *osp_obj = Py_None, *stream = Py_None;
-    PyObject *algo_obj = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|OOO:all_to_all_v",
+    PyObject *algo_obj = NULL, *off_obj = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|OOO$O:all_to_all_v",
                                      kwlist, &x, &out, &in_obj, &osp_obj,
-                                     &algo_obj, &stream))
+                                     &algo_obj, &stream, &off_obj))
         return NULL;
     int algo = SN_ALGO_AUTO;
     if (algo_obj != NULL &&
@@ -354,9 +372,10 @@ sn_all_to_all_v(CommObject *c, PyObject *args, PyObject *kw)
     }
     sn_call k;
     sn_splits s;
-    SNTensor osp;
+    SNTensor osp, off;
     memset(&s, 0, sizeof(s));
     memset(&osp, 0, sizeof(osp));
+    memset(&off, 0, sizeof(off));
     int ok = 0;
     if (sn_call_begin(&k, c, x, stream) < 0)
         goto end;
@@ -394,6 +413,9 @@ sn_all_to_all_v(CommObject *c, PyObject *args, PyObject *kw)
     if (osp_obj != Py_None &&
         import_counts(&k, osp_obj, "out_splits", &osp) < 0)
         goto end;
+    if (off_obj != Py_None &&
+        import_counts(&k, off_obj, "out_offsets", &off) < 0)
+        goto end;
     /* the size every rank agrees on is out's, sized for the worst case */
     if ((algo = sn_call_algo(&k, SYMNCCL_COLL_ALL_TO_ALL, algo,
                              k.out.count * is)) == SN_ALGO_UNKNOWN ||
@@ -401,12 +423,13 @@ sn_all_to_all_v(CommObject *c, PyObject *args, PyObject *kw)
         goto end;
     if (algo != SN_ALGO_NCCL)
         ok = kernel_call(&k, algo, x_rows, elems * is, out_rows, &s,
-                         (int64_t *)osp.ptr) == 0;
+                         (int64_t *)osp.ptr, (int64_t *)off.ptr) == 0;
     else
         ok = nccl_all_to_all_v(&k, &s, elems * is, x_rows, out_rows,
-                               (int64_t *)osp.ptr) == 0;
+                               (int64_t *)osp.ptr, (int64_t *)off.ptr) == 0;
 end:
     sn_tensor_release(&s.dev);
     sn_tensor_release(&osp);
+    sn_tensor_release(&off);
     return sn_call_end(&k, ok);
 }

@@ -854,14 +854,15 @@ static PyMethodDef comm_methods[] = {
     {"all_to_all_v", (PyCFunction)(void (*)(void))sn_all_to_all_v,
      METH_VARARGS | METH_KEYWORDS,
      "all_to_all_v($self, /, x, out, in_splits, out_splits=None, "
-     "algo='auto', stream=None)\n--\n\n"
+     "algo='auto', stream=None, *, out_offsets=None)\n--\n\n"
      "Uneven all-to-all: this rank sends in_splits[q] rows of x (the "
      "first in_splits[0] to rank 0, the next to rank 1, ...) and writes "
      "the rows it receives from ranks 0, 1, ... one after another into "
      "out, which the caller sizes for the most rows it can receive. "
      "in_splits: a host sequence of nranks ints, or a device int64 tensor "
      "of nranks. out_splits: an optional device int64 tensor of nranks "
-     "that receives the rows each rank sent here. Returns out.\n\n"
+     "that receives the rows each rank sent here; out_offsets, likewise, "
+     "the row of out where each rank's rows start. Returns out.\n\n"
      "algo='push' runs symnccl's kernel: the ranks exchange the counts on "
      "the device, so with device splits nothing synchronises with the host "
      "and the call can be captured in a CUDA graph whose replays read the "

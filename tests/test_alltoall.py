@@ -174,10 +174,10 @@ def _random_splits(rng, nranks, rows_max, mode):
     return sp
 
 
-def _check_v(hs, sp, outs, out_splits, npdt, out_rows):
+def _check_v(hs, sp, outs, out_splits, npdt, out_rows, offsets=None):
     """Rank j's out: rank 0's rows for j, then rank 1's, ...; the rest of
-    out keeps its poison; out_splits[j][i] = sp[i][j]. Returns what is
-    wrong."""
+    out keeps its poison; out_splits[j][i] = sp[i][j], offsets[j][i] =
+    where rank i's rows start. Returns what is wrong."""
     n = len(hs)
     bad = []
     for j in range(n):
@@ -195,6 +195,9 @@ def _check_v(hs, sp, outs, out_splits, npdt, out_rows):
         if out_splits is not None and \
                 out_splits[j].cpu().tolist() != [sp[i][j] for i in range(n)]:
             bad.append(("out_splits", j, out_splits[j].cpu().tolist()))
+        want_off = [sum(sp[i][j] for i in range(r)) for r in range(n)]
+        if offsets is not None and offsets[j].cpu().tolist() != want_off:
+            bad.append(("out_offsets", j, offsets[j].cpu().tolist()))
     return bad
 
 
@@ -230,15 +233,18 @@ def test_all_to_all_v_random_splits_host_and_device(monkeypatch, nranks):
             on_dev = it % 2 == 0
             got = [torch.full((nranks,), -7, dtype=torch.int64, device="cuda")
                    for _ in team]
+            offs = [torch.full((nranks,), -7, dtype=torch.int64,
+                               device="cuda") for _ in team]
             torch.cuda.synchronize()
             for q, (c, s, x, o) in enumerate(zip(team, streams, xs, outs)):
                 splits = torch.tensor(sp[q], device="cuda") if on_dev \
                     else sp[q]
                 r = c.all_to_all_v(x, o, splits, out_splits=got[q],
-                                   algo="push", stream=s)
+                                   algo="push", stream=s,
+                                   out_offsets=offs[q])
                 assert r is o
             torch.cuda.synchronize()
-            for b in _check_v(hs, sp, outs, got, npdt, out_rows):
+            for b in _check_v(hs, sp, outs, got, npdt, out_rows, offs):
                 wrong.append((it, dtype, d, mode, on_dev) + b)
         ran = _kernels_ran(team)
     finally:
@@ -569,9 +575,12 @@ def test_one_rank_all_to_all_is_a_copy_and_v_takes_the_splits(uid, algo):
         x = torch.randn(50, 8, device="cuda")
         out = torch.full((64, 8), float("nan"), device="cuda")
         got = torch.zeros(1, dtype=torch.int64, device="cuda")
+        off = torch.full((1,), 5, dtype=torch.int64, device="cuda")
         for splits in ([37], torch.tensor([37], device="cuda"), [0]):
             out.fill_(float("nan"))
-            c.all_to_all_v(x, out, splits, out_splits=got, algo=algo)
+            c.all_to_all_v(x, out, splits, out_splits=got, algo=algo,
+                           out_offsets=off)
+            assert off.item() == 0
             k = int(splits[0])
             torch.cuda.synchronize()
             assert torch.equal(out[:k], x[:k]), splits
