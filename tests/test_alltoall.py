@@ -255,19 +255,23 @@ def test_all_to_all_v_random_splits_host_and_device(monkeypatch, nranks):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("nranks", [2, 3])
-def test_all_to_all_v_takes_one_epoch_per_chunk_plus_the_splits(monkeypatch,
-                                                                 nranks):
+@pytest.mark.parametrize("chunk_kib", [0, 40])
+def test_all_to_all_v_takes_one_epoch_per_chunk_plus_the_splits(
+        monkeypatch, nranks, chunk_kib):
     """A block of 400 KB crosses a 1 MiB push region's slots in several
-    chunks: the call counter advances by 1 (the splits) + the chunks of the
-    largest block, on every rank alike; the result is right."""
+    chunks (of a slot, or of SYMNCCL_PUSH_CHUNK_KIB): the call counter
+    advances by 1 (the splits) + the chunks of the largest block, on every
+    rank alike; the result is right."""
     torch = _torch()
-    team = _team(monkeypatch, nranks, SMALL_PUSH)
+    team = _team(monkeypatch, nranks, dict(
+        SMALL_PUSH, SYMNCCL_PUSH_CHUNK_KIB=str(chunk_kib)))
     streams = [torch.cuda.Stream() for _ in team]
     slot = team[0]._staging_layout()["push_slot"]
+    step = slot if chunk_kib == 0 else min(slot, chunk_kib << 10)
     big = 100_003                       # float32 rows of 1: 400 KB
     sp = [[big if k == (q + 1) % nranks else 5 for k in range(nranks)]
           for q in range(nranks)]
-    chunks = -(-big * 4 // slot)
+    chunks = -(-big * 4 // step)
     assert chunks >= 3
     try:
         hs = [_rows("float32", sum(sp[q]), 1, q, 1) for q in range(nranks)]
