@@ -24,7 +24,8 @@ Methods per size (bytes of one rank's x, split evenly):
   copy:ce         every rank copies x into out with cudaMemcpyAsync on its
                   stream (the copy engine): the same bytes, no exchange
 
-    python benchmarks/bench_alltoall.py --nranks 2 --sizes 64K,1M,16M
+    PYTHONPATH=. python benchmarks/bench_alltoall.py --nranks 2 \
+        --sizes 64K,1M,16M
     python benchmarks/bench_alltoall.py --nranks 1 --out results/x.json
     python benchmarks/bench_alltoall.py --report results/x.json
 """
@@ -44,11 +45,14 @@ SIZES = "16K,256K,1M,4M,16M,64M"
 METHODS = ("push:equal", "push:v-device", "push:v-host", "copy:ce")
 
 
-def _team(nranks):
+def _team(nranks, ctas):
     import symnccl
     if nranks == 1:
         uid = symnccl.get_unique_id()
         return [symnccl.Communicator(uid, 0, 1, device=0, timeout=60.0)]
+    # every rank's grid resident at once on one GPU (the ranks wait for
+    # each other's CTAs)
+    os.environ["SYMNCCL_PUSH_CTAS"] = str(ctas or 128 // nranks)
     return symnccl.Communicator._loopback(nranks, 0, timeout=60.0)
 
 
@@ -159,6 +163,9 @@ def main(argv=None):
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--ctas", type=int, default=0,
+                   help="push grid per rank of a loopback team (0: 128 / "
+                        "nranks)")
     add_results_args(p)
     a = p.parse_args(argv)
     if report(a, print_table) is not None:
@@ -166,7 +173,7 @@ def main(argv=None):
     import torch
     torch.cuda._sleep(1)    # loaded before any rank waits (loopback.c)
     dt = getattr(torch, a.dtype)
-    team = _team(a.nranks)
+    team = _team(a.nranks, a.ctas)
     streams = [torch.cuda.Stream() for _ in team]
     rows = []
     host_us = {}
