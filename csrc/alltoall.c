@@ -3,7 +3,8 @@
  * ranks 0..n-1 one after another. Rows are x's first dimension; a row is
  * everything after it, moved as bytes (every dtype).
  *
- * symnccl's kernel (algo='push', kernels/alltoall.cuh) takes the splits
+ * symnccl's kernels (algo='push' for any size, 'll' for an x that fits
+ * one row of LL packets; kernels/alltoall.cuh) take the splits
  * from the host (copied into the launch's arguments: nothing waits) or
  * from a device tensor (read by the kernel: nothing synchronises, and the
  * call can be captured in a CUDA graph whose replays see new splits); the
@@ -143,6 +144,20 @@ kernel_call(sn_call *k, int algo, size_t rows, size_t row_size,
             size_t out_rows, const sn_splits *s, int64_t *out_splits,
             int64_t *out_offsets)
 {
+    const int kernel = sn_kernel_for(SYMNCCL_COLL_ALL_TO_ALL, algo,
+                                     SYMNCCL_SHOT_ONE);
+    if (symnccl_kernel_row_of(kernel).family == SYMNCCL_FAMILY_LL) {
+        /* one row of packets per source carries the count and the block:
+         * the whole of x must fit, whatever the splits */
+        const size_t room = symnccl_packet_max_count(
+            kernel, k->c->layout.ll_row, 1, k->c->nranks);
+        if (rows * row_size + 8 > room) {
+            PyErr_Format(PyExc_ValueError, "all_to_all: algo 'll' carries "
+                         "at most %zu bytes of x per rank, x has %zu: use "
+                         "algo='push'", room - 8, rows * row_size);
+            return -1;
+        }
+    }
     sn_ar r = {k->c, algo, k->x.ptr, k->out.ptr, NULL, rows, k->x.dtype,
                NULL, k->stream, SYMNCCL_COLL_ALL_TO_ALL, -1};
     r.row_size = row_size;

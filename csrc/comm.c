@@ -848,8 +848,9 @@ static PyMethodDef comm_methods[] = {
      "torch.distributed.all_to_all_single without splits, "
      "jax.lax.all_to_all(x, 0, 0, tiled=True). Without out=, a new tensor "
      "of x's shape. Every dtype (moved as bytes); out must not overlap x."
-     "\n\nalgo: 'push' runs symnccl's store-only kernel; 'nccl' and "
-     "'auto' run grouped ncclSend/ncclRecv.\n\n"
+     "\n\nalgo: 'push' runs symnccl's store-only kernel, 'll' its LL "
+     "packet kernel (small messages: x must fit one row of packets); 'nccl' "
+     "and 'auto' run grouped ncclSend/ncclRecv.\n\n"
      "Example:\n    y = comm.all_to_all(x, algo='push')   # x: (n*m, d)"},
     {"all_to_all_v", (PyCFunction)(void (*)(void))sn_all_to_all_v,
      METH_VARARGS | METH_KEYWORDS,
@@ -863,7 +864,8 @@ static PyMethodDef comm_methods[] = {
      "of nranks. out_splits: an optional device int64 tensor of nranks "
      "that receives the rows each rank sent here; out_offsets, likewise, "
      "the row of out where each rank's rows start. Returns out.\n\n"
-     "algo='push' runs symnccl's kernel: the ranks exchange the counts on "
+     "algo='push' (or 'll', for an x that fits one row of LL packets) "
+     "runs symnccl's kernel: the ranks exchange the counts on "
      "the device, so with device splits nothing synchronises with the host "
      "and the call can be captured in a CUDA graph whose replays read the "
      "splits anew. Rows that would land past the end of out are dropped "

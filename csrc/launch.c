@@ -21,8 +21,9 @@
  *            all_reduce in place on a window at a 16-byte aligned offset
  *            stores its results into the peers' output, else into their
  *            result slots
- *   ALL_TO_ALL  push (all_to_all): one launch on push's region with the
- *            splits and their packet area (kernels/alltoall.cuh)
+ *   ALL_TO_ALL  push, ll (all_to_all): one launch with the splits, on
+ *            push's region (and the splits' packet area) or in LL packets
+ *            (kernels/alltoall.cuh)
  *
  * A kernel that moves bytes (the table's `bytes`: all_gather, broadcast)
  * runs in the unit of SYMNCCL_DT_BYTES with counts in bytes.
@@ -262,20 +263,28 @@ push_launch(const sn_ar *r, int kernel, sn_err *err)
     return launch(r, &a, err);
 }
 
-/* all_to_all: one launch on push's slots and flags, in chunks of a slot
- * (or SYMNCCL_PUSH_CHUNK_KIB), bytes whatever the dtype. */
+/* all_to_all, one launch, bytes whatever the dtype: push on its slots and
+ * flags, in chunks of a slot (or SYMNCCL_PUSH_CHUNK_KIB); ll in one row of
+ * the LL region per source (the host checked that x fits). */
 static int
 all_to_all_launch(const sn_ar *r, int kernel, sn_err *err)
 {
     CommObject *c = r->c;
-    symnccl_kargs a = kargs(r, kernel);
+    symnccl_kargs a;
+    if (symnccl_kernel_row_of(kernel).family == SYMNCCL_FAMILY_LL)
+        a = packet_kargs(r, kernel);
+    else {
+        a = kargs(r, kernel);
+        a.region_win = c->staging_win->win;
+        a.region_offset = c->layout.push_offset;
+        a.data_offset = c->layout.push_data;
+        a.row_bytes = c->layout.push_slot;
+        const size_t kib = (size_t)c->knobs.push_chunk_kib << 10;
+        a.chunk_bytes = kib == 0 || kib > a.row_bytes ? a.row_bytes : kib;
+        a.ctas = c->knobs.push_ctas;
+        a.threads = c->knobs.push_threads;
+    }
     a.dtype = SYMNCCL_DT_BYTES;
-    a.region_win = c->staging_win->win;
-    a.region_offset = c->layout.push_offset;
-    a.data_offset = c->layout.push_data;
-    a.row_bytes = c->layout.push_slot;
-    const size_t kib = (size_t)c->knobs.push_chunk_kib << 10;
-    a.chunk_bytes = kib == 0 || kib > a.row_bytes ? a.row_bytes : kib;
     a.splits_offset = c->layout.splits_offset;
     a.src = r->x;
     a.out = r->out;
@@ -288,8 +297,6 @@ all_to_all_launch(const sn_ar *r, int kernel, sn_err *err)
     if (r->in_splits == NULL && r->host_splits != NULL)
         memcpy(a.host_splits, r->host_splits,
                (size_t)c->nranks * sizeof(int64_t));
-    a.ctas = c->knobs.push_ctas;
-    a.threads = c->knobs.push_threads;
     return launch(r, &a, err);
 }
 

@@ -14,6 +14,8 @@ from symnccl import _C, _check
 
 WORLDS = [2, 3, 4, 8]
 KERNEL = "push_all_to_all"
+LL_KERNEL = "ll_all_to_all"
+KERNEL_OF = {"push": KERNEL, "ll": LL_KERNEL}
 GRID_KNOBS = ("SYMNCCL_ONE_SHOT_CTAS", "SYMNCCL_TWO_SHOT_CTAS",
               "SYMNCCL_LL_CTAS", "SYMNCCL_PUSH_CTAS")
 # a 1 MiB push region: slots of 128 KiB at 2 ranks, 32 KiB at 8, so larger
@@ -23,13 +25,15 @@ SMALL_PUSH = {"SYMNCCL_PUSH_REGION_MIB": "1"}
 
 # ----------------------------------------------------------------- CPU tier
 
-def test_the_kernel_table_has_the_all_to_all_kernel_of_push():
-    row = [r for r in _C.KERNEL_TABLE if r["name"] == KERNEL]
-    assert len(row) == 1, [r["name"] for r in _C.KERNEL_TABLE]
-    r = row[0]
-    assert (r["collective"], r["algo"], r["family"], r["plan"], r["bytes"]) \
-        == ("all_to_all", "push", "push", "all_to_all", True)
-    assert _C.COLLECTIVE_KERNELS["all_to_all"] == {"push": KERNEL}
+def test_the_kernel_table_has_the_all_to_all_kernels_of_push_and_ll():
+    rows = {r["name"]: r for r in _C.KERNEL_TABLE
+            if r["collective"] == "all_to_all"}
+    assert {n: (r["algo"], r["family"], r["plan"], r["bytes"])
+            for n, r in rows.items()} == {
+        KERNEL: ("push", "push", "all_to_all", True),
+        LL_KERNEL: ("ll", "ll", "all_to_all", True)}
+    assert _C.COLLECTIVE_KERNELS["all_to_all"] == {"push": KERNEL,
+                                                   "ll": LL_KERNEL}
 
 
 def test_all_to_all_methods_are_documented_with_an_example():
@@ -39,19 +43,22 @@ def test_all_to_all_methods_are_documented_with_an_example():
     assert "synchronises" in symnccl.Communicator.all_to_all_v.__doc__
 
 
-def test_only_push_runs_all_to_all_and_it_takes_every_dtype():
-    """The registry's answer for a 2-rank NVLink team: push and nccl run
-    all_to_all, in every dtype (bytes); the other algorithms are refused
-    naming those that do; auto is NCCL until the table has a row."""
+def test_push_and_ll_run_all_to_all_in_every_dtype():
+    """The registry's answer for a 2-rank NVLink team: push, ll and nccl
+    run all_to_all, in every dtype (bytes); the other algorithms are
+    refused naming those that do; auto is NCCL until the table has a
+    row."""
     topo = dict(nranks=2, lsa_size=2, symmetric=1, staging=1, push=1,
                 multicast=0)
     gate = _C._algo_unavailable_for
     for dtype in symnccl.DTYPES:
-        assert gate(topo, "push", dtype, "sum", "all_to_all") is None, dtype
-    for algo in ("ll", "ll128", "one_shot", "two_shot", "multimem"):
+        for algo in ("push", "ll"):
+            assert gate(topo, algo, dtype, "sum", "all_to_all") is None, \
+                (algo, dtype)
+    for algo in ("ll128", "one_shot", "two_shot", "multimem"):
         assert gate(topo, algo, "float32", "sum", "all_to_all") == (
             "no kernel of this algorithm runs this collective (those that "
-            "do: push, nccl)"), algo
+            "do: ll, push, nccl)"), algo
     assert "push region" in gate(dict(topo, push=0), "push", "float32",
                                  "sum", "all_to_all")
     assert _C._auto_algo_for(topo, 1 << 20, "bfloat16", "sum", False,
@@ -119,7 +126,8 @@ def _rows(dtype, rows, d, rank, seed):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("nranks", WORLDS)
-def test_all_to_all_every_dtype_bit_exact(monkeypatch, nranks):
+@pytest.mark.parametrize("algo", ["push", "ll"])
+def test_all_to_all_every_dtype_bit_exact(monkeypatch, nranks, algo):
     """Block j of rank i's x lands in block i of rank j's out, bitwise, in
     every dtype, for unaligned views and rows of 1, 3 and 64 elements; the
     kernel that ran is push_all_to_all."""
@@ -132,7 +140,8 @@ def test_all_to_all_every_dtype_bit_exact(monkeypatch, nranks):
             npdt = _check.numpy_dtype(dtype)
             if npdt is None:
                 pytest.skip(f"{dtype} needs ml_dtypes")
-            for m, d in ((1, 1), (257, 3), (3001, 64)):
+            for m, d in ((1, 1), (257, 3)) + (((3001, 64),) if algo == "push"
+                                              else ()):
                 pad = (m + d) % 2
                 hs = [_rows(dtype, nranks * m, d, q, m) for q in range(nranks)]
                 xs = [_unaligned(torch, h) if pad else _device(torch, h)
@@ -141,7 +150,7 @@ def test_all_to_all_every_dtype_bit_exact(monkeypatch, nranks):
                         for _ in team]
                 torch.cuda.synchronize()
                 for c, s, x, o in zip(team, streams, xs, outs):
-                    c.all_to_all(x, out=o, algo="push", stream=s)
+                    c.all_to_all(x, out=o, algo=algo, stream=s)
                 torch.cuda.synchronize()
                 for j in range(nranks):
                     want = np.concatenate([h[j * m:(j + 1) * m] for h in hs])
@@ -151,7 +160,7 @@ def test_all_to_all_every_dtype_bit_exact(monkeypatch, nranks):
     finally:
         _close(team)
     assert not wrong, f"(dtype, m, d, rank): {wrong[:10]}"
-    assert all(r == {KERNEL} for r in ran), ran
+    assert all(r == {KERNEL_OF[algo]} for r in ran), ran
 
 
 def _random_splits(rng, nranks, rows_max, mode):
@@ -203,7 +212,9 @@ def _check_v(hs, sp, outs, out_splits, npdt, out_rows, offsets=None):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("nranks", WORLDS)
-def test_all_to_all_v_random_splits_host_and_device(monkeypatch, nranks):
+@pytest.mark.parametrize("algo", ["push", "ll"])
+def test_all_to_all_v_random_splits_host_and_device(monkeypatch, nranks,
+                                                    algo):
     """Random uneven splits with zeros, every rank sending to one rank, a
     rank sending nothing; splits from the host and from the device;
     several dtypes and row sizes; out sized for the worst case and
@@ -220,8 +231,10 @@ def test_all_to_all_v_random_splits_host_and_device(monkeypatch, nranks):
             npdt = _check.numpy_dtype(dtype)
             if npdt is None:
                 continue
-            d = (1, 5, 128)[it % 3]
-            rows_max = (3, 300, 4000)[(it // 3) % 3]
+            # ll: the whole of x in one row of packets
+            d = (1, 5, 128 if algo == "push" else 16)[it % 3]
+            rows_max = (3, 300, 4000 if algo == "push" else 100)[
+                (it // 3) % 3]
             mode = ("random", "one", "none")[it % 3]
             sp = _random_splits(rng, nranks, rows_max, mode)
             out_rows = nranks * rows_max + 3
@@ -240,7 +253,7 @@ def test_all_to_all_v_random_splits_host_and_device(monkeypatch, nranks):
                 splits = torch.tensor(sp[q], device="cuda") if on_dev \
                     else sp[q]
                 r = c.all_to_all_v(x, o, splits, out_splits=got[q],
-                                   algo="push", stream=s,
+                                   algo=algo, stream=s,
                                    out_offsets=offs[q])
                 assert r is o
             torch.cuda.synchronize()
@@ -250,7 +263,7 @@ def test_all_to_all_v_random_splits_host_and_device(monkeypatch, nranks):
     finally:
         _close(team)
     assert not wrong, wrong[:10]
-    assert all(r == {KERNEL} for r in ran), ran
+    assert all(r == {KERNEL_OF[algo]} for r in ran), ran
 
 
 @pytest.mark.gpu
@@ -321,7 +334,8 @@ def test_rows_past_the_end_of_out_are_dropped_and_reported(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("nranks", [3, 4])
-def test_graph_replays_read_new_device_splits(monkeypatch, nranks):
+@pytest.mark.parametrize("algo", ["push", "ll"])
+def test_graph_replays_read_new_device_splits(monkeypatch, nranks, algo):
     """Each rank captures all_to_all_v with device splits once; between
     replays the splits (and inputs) change on the device: each replay moves
     the rows the splits say and writes their counts, with no host in the
@@ -344,7 +358,7 @@ def test_graph_replays_read_new_device_splits(monkeypatch, nranks):
         for c, s, x, o, sq, g in zip(team, streams, xs, outs, splits, got):
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, stream=s):
-                c.all_to_all_v(x, o, sq, out_splits=g, algo="push")
+                c.all_to_all_v(x, o, sq, out_splits=g, algo=algo)
             graphs.append(graph)
         for rep in range(5):
             sp = _random_splits(rng, nranks, rows_max,
@@ -379,11 +393,13 @@ def test_stress_all_to_all_and_the_push_kernels_share_the_slots(monkeypatch,
     rng = random.Random(5 + nranks)
     calls = []
     for i in range(60):
-        kind = rng.choice(["v", "v", "equal", "all_reduce", "reduce_scatter"])
+        kind = rng.choice(["v", "v", "ll_v", "equal", "all_reduce",
+                           "reduce_scatter", "ll_all_reduce"])
         late = rng.randrange(nranks) if rng.random() < 0.3 else -1
-        if kind == "v":
-            sp = _random_splits(rng, nranks, rng.choice([4, 900, 20_000]),
-                                rng.choice(["random", "one", "none"]))
+        if kind in ("v", "ll_v"):
+            sp = _random_splits(rng, nranks, rng.choice(
+                [4, 900, 20_000] if kind == "v" else [4, 900, 5000]),
+                rng.choice(["random", "one", "none"]))
             hs = [_rows("float32", sum(sp[q]), 1, q, i)
                   for q in range(nranks)]
             cap = max(sum(sp[q][j] for q in range(nranks))
@@ -405,10 +421,12 @@ def test_stress_all_to_all_and_the_push_kernels_share_the_slots(monkeypatch,
     # (CUDA's lazy loading) waits for the kernels running, which wait for
     # the ranks not yet called (loopback.c)
     w = [torch.zeros(nranks * 64, device="cuda") for _ in team]
-    for kind in ("all_reduce", "reduce_scatter", "all_to_all"):
+    for kind, algo in (("all_reduce", "push"), ("reduce_scatter", "push"),
+                       ("all_to_all", "push"), ("all_reduce", "ll"),
+                       ("all_to_all", "ll")):
         torch.cuda.synchronize()
         for c, s, x in zip(team, streams, w):
-            getattr(c, kind)(x, algo="push", stream=s)
+            getattr(c, kind)(x, algo=algo, stream=s)
     torch.cuda.synchronize()
     failures = []
     try:
@@ -417,24 +435,28 @@ def test_stress_all_to_all_and_the_push_kernels_share_the_slots(monkeypatch,
                 if q == late:
                     with torch.cuda.stream(s):
                         torch.cuda._sleep(100_000)
-                if kind == "v":
-                    c.all_to_all_v(x, o, arg[q], algo="push", stream=s)
+                if kind in ("v", "ll_v"):
+                    c.all_to_all_v(x, o, arg[q], stream=s,
+                                   algo="push" if kind == "v" else "ll")
                 elif kind == "equal":
                     c.all_to_all(x, out=o, algo="push", stream=s)
+                elif kind == "ll_all_reduce":
+                    c.all_reduce(x.reshape(-1), out=o.reshape(-1),
+                                 algo="ll", stream=s)
                 else:
                     getattr(c, kind)(x.reshape(-1), out=o.reshape(-1),
                                      algo="push", stream=s)
         torch.cuda.synchronize()
         f32 = np.dtype(np.float32)
         for i, (kind, arg, hs, xs, outs, late, cap) in enumerate(calls):
-            if kind == "v":
+            if kind in ("v", "ll_v"):
                 bad = _check_v(hs, arg, outs, None, f32, cap)
             elif kind == "equal":
                 m = arg
                 bad = [j for j in range(nranks) if _host(outs[j], f32)
                        .tobytes() != np.concatenate(
                            [h[j * m:(j + 1) * m] for h in hs]).tobytes()]
-            elif kind == "all_reduce":
+            elif kind in ("all_reduce", "ll_all_reduce"):
                 bad = [j for j in range(nranks) if _check.count_wrong(
                     _host(outs[j], f32).reshape(-1), "sum",
                     [h.reshape(-1) for h in hs], "float32")]
@@ -455,8 +477,9 @@ def test_stress_all_to_all_and_the_push_kernels_share_the_slots(monkeypatch,
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("device_splits", [False, True])
-def test_a_rank_that_never_calls_times_out_on_every_other_rank(monkeypatch,
-                                                                device_splits):
+@pytest.mark.parametrize("algo", ["push", "ll"])
+def test_a_rank_that_never_calls_times_out_on_every_other_rank(
+        monkeypatch, device_splits, algo):
     torch = _torch()
     team = _team(monkeypatch, 3, timeout=2.0)
     streams = [torch.cuda.Stream() for _ in team]
@@ -467,7 +490,7 @@ def test_a_rank_that_never_calls_times_out_on_every_other_rank(monkeypatch,
     t0 = time.monotonic()
     for c, s, x, o in zip(team[:2], streams, xs, outs):
         c.all_to_all_v(x, o, torch.tensor(sp, device="cuda")
-                       if device_splits else sp, algo="push", stream=s)
+                       if device_splits else sp, algo=algo, stream=s)
     torch.cuda.synchronize()
     took = time.monotonic() - t0
     errors = []
@@ -478,7 +501,7 @@ def test_a_rank_that_never_calls_times_out_on_every_other_rank(monkeypatch,
     assert 2.0 <= took < 10.0, took
     assert any(e.reason == "timeout" and e.rank == 2 for e in errors), \
         [str(e) for e in errors]
-    assert all(e.collective == "all_to_all" and e.kernel == KERNEL
+    assert all(e.collective == "all_to_all" and e.kernel == KERNEL_OF[algo]
                for e in errors), [str(e) for e in errors]
     for c in team:
         c.abort()
@@ -486,8 +509,9 @@ def test_a_rank_that_never_calls_times_out_on_every_other_rank(monkeypatch,
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("algo", ["push", "ll"])
 def test_a_rank_that_calls_after_the_timeout_gets_an_error_not_data(
-        monkeypatch):
+        monkeypatch, algo):
     torch = _torch()
     team = _team(monkeypatch, 2, timeout=2.0)
     streams = [torch.cuda.Stream() for _ in team]
@@ -496,11 +520,11 @@ def test_a_rank_that_calls_after_the_timeout_gets_an_error_not_data(
     try:
         torch.cuda.synchronize()
         t = time.monotonic()
-        team[0].all_to_all(xs[0], out=outs[0], algo="push", stream=streams[0])
+        team[0].all_to_all(xs[0], out=outs[0], algo=algo, stream=streams[0])
         streams[0].synchronize()
         took0 = time.monotonic() - t
         t = time.monotonic()
-        team[1].all_to_all(xs[1], out=outs[1], algo="push", stream=streams[1])
+        team[1].all_to_all(xs[1], out=outs[1], algo=algo, stream=streams[1])
         streams[1].synchronize()
         took1 = time.monotonic() - t
         errs = []
@@ -554,8 +578,12 @@ def test_argument_errors_name_what_was_seen_and_expected(monkeypatch):
                            algo="push")
         with pytest.raises(TypeError, match="out is None"):
             c.all_to_all_v(x, None, [1, 1], algo="push")
-        with pytest.raises(ValueError, match="those that do: push, nccl"):
-            c.all_to_all(x, algo="ll")
+        with pytest.raises(ValueError, match="those that do: ll, push, "
+                           "nccl"):
+            c.all_to_all(x, algo="ll128")
+        big = torch.zeros(2 << 20, device="cuda")      # 8 MiB: no LL row
+        with pytest.raises(ValueError, match="algo 'll' carries at most"):
+            c.all_to_all(big, algo="ll")
         with pytest.raises(RuntimeError, match="loopback"):
             c.all_to_all(x)            # auto: no table row, NCCL
     finally:
@@ -567,7 +595,7 @@ def _one_rank(torch, uid):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("algo", ["push", "nccl"])
+@pytest.mark.parametrize("algo", ["push", "ll", "nccl"])
 def test_one_rank_all_to_all_is_a_copy_and_v_takes_the_splits(uid, algo):
     torch = _torch()
     with _one_rank(torch, uid) as c:

@@ -229,6 +229,120 @@ __global__ void __launch_bounds__(512, 1)
   if (ok && threadIdx.x == 0) a.epochs[blockIdx.x] = e0 + 1 + nch;
 }
 
+// ---------------------------------------------------------------- packets
+//
+// ll_all_to_all: small messages in one launch of LL packets, no flags:
+// rank r writes row r of every peer q's slot (the LL region, packet.cuh):
+// packet 0 carries the count S[r][q], packets 1.. the bytes of its block
+// for q, all with the call's flag, pushed at once. Rank q polls packet 0 of
+// every row, then as many data packets as the rows that fit in out; it
+// knows nothing else of the matrix and needs nothing else (one launch, no
+// chunks to agree on). One one-way trip.
+//
+// Slots: the packet kernels' two slots and call counters (family LL), so
+// the packet one-shot's argument holds as it is: every rank receives a
+// packet (the count) from every peer in every call, so a rank finishes call
+// c + 1 only after every peer finished call c, and a slot is written again
+// (call c + 2) only after everyone is done with it.
+//
+// Requirements (the host's, launch.cu checks): 1 + the packets of x's
+// whole bytes fit in a row (row_bytes / 16), so any block does.
+template <typename T>
+__global__ void __launch_bounds__(512)
+    ll_all_to_all(ncclDevComm dc, const __grid_constant__ symnccl_kargs a) {
+  static_assert(sizeof(T) == 1, "all_to_all moves bytes");
+  using F = LL;
+  __shared__ int64_t s_send[SYMNCCL_MAX_RANKS], s_in_off[SYMNCCL_MAX_RANKS];
+  __shared__ int64_t s_recv[SYMNCCL_MAX_RANKS], s_out_off[SYMNCCL_MAX_RANKS];
+  __shared__ int64_t s_cap[SYMNCCL_MAX_RANKS];
+  const int n = dc.lsaSize;
+  const int me = dc.lsaRank;
+  uint64_t epoch;
+  if (!enter_cta(a, me, n, epoch)) return;
+  const PacketCall call(epoch, a.region_offset, n, a.row_bytes);
+  const uint64_t flag = F::wire_flag(call.flag);
+  const T* src = static_cast<const T*>(a.src);
+  T* out = static_cast<T*>(a.out);
+  const size_t row = a.row_size;
+
+  if (threadIdx.x == 0) {
+    int64_t left = (int64_t)a.count;
+    for (int q = 0; q < n; q++) {
+      int64_t v = a.in_splits != nullptr ? a.in_splits[q] : a.host_splits[q];
+      v = v < 0 ? 0 : v > left ? left : v;
+      s_in_off[q] = (int64_t)a.count - left;
+      s_send[q] = v;
+      left -= v;
+    }
+  }
+  __syncthreads();
+
+  // my counts and blocks into row `me` of every peer's slot
+  const Peers rows = Peers::of(a.region_win, call.slot_off +
+                                                 (size_t)me * a.row_bytes);
+  const size_t w0 = F::worker(), nw = F::workers();
+  if (w0 < (size_t)n && (int)w0 != me)
+    F::send(rows((int)w0), F::Item{{(uint64_t)s_send[w0]}}, flag);
+  for (int k = 1; k < n; k++) {
+    const int q = (me + k) % n;
+    const size_t bytes = (size_t)s_send[q] * row;
+    const T* from = src + (size_t)s_in_off[q] * row;
+    const bool al = aligned8(from);
+    for (size_t i = w0; i < (bytes + 7) / 8; i += nw)
+      F::send(rows(q) + (1 + i) * F::kItemBytes,
+              F::load(from, i, bytes, al, flag), flag);
+  }
+
+  // the counts sent here, where each source's rows go, what fits
+  const char* mine = Peers::of(a.region_win, call.slot_off)(me);
+  bool ok = true;
+  if ((int)threadIdx.x < n) {
+    const int r = threadIdx.x;
+    s_recv[r] = r == me ? s_send[me]
+                        : (int64_t)F::recv(mine + (size_t)r * a.row_bytes,
+                                           flag, a, me, n, r, ok)
+                              .w[0];
+  }
+  const bool all_ok = __syncthreads_and(ok);
+  if (all_ok && threadIdx.x == 0) {
+    int64_t at = 0;
+    for (int r = 0; r < n; r++) {
+      const int64_t room = (int64_t)a.out_rows - at;
+      s_out_off[r] = at;
+      s_cap[r] = room <= 0 ? 0 : s_recv[r] < room ? s_recv[r] : room;
+      at += s_recv[r];
+    }
+  }
+  __syncthreads();
+  if (all_ok) {
+    if (blockIdx.x == 0 && (int)threadIdx.x < n) {
+      if (a.out_splits != nullptr) a.out_splits[threadIdx.x] = s_recv[threadIdx.x];
+      if (a.out_offsets != nullptr) a.out_offsets[threadIdx.x] = s_out_off[threadIdx.x];
+    }
+    // my own block, locally
+    {
+      const size_t bytes = (size_t)s_cap[me] * row;
+      const T* from = src + (size_t)s_in_off[me] * row;
+      T* to = out + (size_t)s_out_off[me] * row;
+      const bool fa = aligned8(from), ta = aligned8(to);
+      for (size_t i = w0; i < (bytes + 7) / 8; i += nw)
+        store_pack<8>(to, i, bytes, ta, load_pack<8>(from, i, bytes, fa));
+    }
+    for (int k = 1; k < n && ok; k++) {
+      const int r = (me + k) % n;
+      const size_t bytes = (size_t)s_cap[r] * row;
+      T* to = out + (size_t)s_out_off[r] * row;
+      const bool al = aligned8(to);
+      const char* from = mine + (size_t)r * a.row_bytes;
+      for (size_t i = w0; i < (bytes + 7) / 8 && ok; i += nw)
+        F::put(to, i, bytes, al,
+               F::recv(from + (1 + i) * F::kItemBytes, flag, a, me, n, r,
+                       ok));
+    }
+  }
+  end_call(a.epochs, call);
+}
+
 SYMNCCL_END
 
 #endif  // SYMNCCL_KERNELS_ALLTOALL_CUH
