@@ -18,6 +18,8 @@ Methods per size (bytes of one rank's x, split evenly):
   push:equal      comm.all_to_all(x, out, algo="push")
   push:v-device   comm.all_to_all_v(x, out, splits_on_device, algo="push")
   push:v-host     ... with a list of splits (copied into the launch)
+  ll:v-device     all_to_all_v(..., algo="ll"): LL packets, one launch,
+                  where x fits one row of packets (else "-")
   nccl:v-host     all_to_all_v on NCCL with host splits (a real NCCL
                   communicator only: --nranks 1 here; the multi-GPU issue
                   runs it under torchrun), which synchronises: eager only
@@ -42,7 +44,8 @@ from bench_allreduce import (  # noqa: E402
     write_results)
 
 SIZES = "16K,256K,1M,4M,16M,64M"
-METHODS = ("push:equal", "push:v-device", "push:v-host", "copy:ce")
+METHODS = ("push:equal", "push:v-device", "push:v-host", "ll:v-device",
+           "copy:ce")
 
 
 def _team(nranks, ctas):
@@ -77,6 +80,8 @@ def _call(method, c, x, o, host, dev, s):
         c.all_to_all_v(x, o, dev, None, "push", s)
     elif method == "push:v-host":
         c.all_to_all_v(x, o, host, None, "push", s)
+    elif method == "ll:v-device":
+        c.all_to_all_v(x, o, dev, None, "ll", s)
     elif method == "nccl:v-host":
         c.all_to_all_v(x, o, host, None, "nccl", s)
     else:
@@ -85,9 +90,13 @@ def _call(method, c, x, o, host, dev, s):
 
 
 def cell(torch, team, streams, method, nbytes, dt, reps, iters):
-    """Median us per call on every rank at once; -1.0: a wrong result."""
+    """Median us per call on every rank at once; -1.0: a wrong result;
+    None: the method cannot take the size."""
     n = len(team)
     xs, outs, host, dev, m = _inputs(torch, team, nbytes, dt)
+    if method.startswith("ll:") and xs[0].numel() * xs[0].element_size() \
+            + 8 > team[0]._staging_layout()["ll_row"] // 2:
+        return None
 
     def calls(k):
         for c, s, x, o, d in zip(team, streams, xs, outs, dev):
@@ -153,7 +162,8 @@ def print_table(doc):
     print(f"{'size':>8} " + " ".join(f"{m:>14}" for m in methods))
     for row in doc["rows"]:
         print(f"{_fmt_size(row['bytes']):>8} " + " ".join(
-            f"{row[m]:14.1f}" for m in methods))
+            f"{row[m]:14.1f}" if row.get(m) is not None else f"{'-':>14}"
+            for m in methods))
 
 
 def main(argv=None):
