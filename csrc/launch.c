@@ -25,8 +25,9 @@
  *            push's region (and the splits' packet area) or in LL packets
  *            (kernels/alltoall.cuh)
  *
- * A kernel that moves bytes (the table's `bytes`: all_gather, broadcast)
- * runs in the unit of SYMNCCL_DT_BYTES with counts in bytes.
+ * A kernel that moves bytes (the table's `bytes`: all_gather, broadcast,
+ * all_to_all) runs in the unit of SYMNCCL_DT_BYTES with counts in bytes
+ * (all_to_all: in rows of row_size bytes).
  */
 #include "symnccl.h"
 

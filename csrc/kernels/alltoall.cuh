@@ -164,8 +164,10 @@ __global__ void __launch_bounds__(512, 1)
   }
   __syncthreads();
   if (blockIdx.x == 0 && (int)threadIdx.x < n) {
-    if (a.out_splits != nullptr) a.out_splits[threadIdx.x] = sh.s[threadIdx.x][me];
-    if (a.out_offsets != nullptr) a.out_offsets[threadIdx.x] = sh.out_off[threadIdx.x];
+    if (a.out_splits != nullptr)
+      a.out_splits[threadIdx.x] = sh.s[threadIdx.x][me];
+    if (a.out_offsets != nullptr)
+      a.out_offsets[threadIdx.x] = sh.out_off[threadIdx.x];
   }
   const size_t nch = (size_t)sh.nch;
 
@@ -199,10 +201,10 @@ __global__ void __launch_bounds__(512, 1)
       const size_t len = a2a_part((size_t)sh.s[me][q] * row, c0, chunk);
       const T* from = src + (size_t)sh.in_off[q] * row + c0;
       if (len != 0)
-        push_copy<T, UC>(len, from, aligned(from),
-                         reinterpret_cast<T*>(data(q) +
-                                              (par * n + me) * slot_bytes),
-                         true, true, d);
+        push_copy<T, UC>(
+            len, from, aligned(from),
+            reinterpret_cast<T*>(data(q) + (par * n + me) * slot_bytes), true,
+            true, d);
     }
     signal_flags(flags, line0, me, n, e + 1, true, g);
     if (!(ok = wait_flags(my_flags + line0, me, n, e + 1, a,
@@ -278,8 +280,8 @@ __global__ void __launch_bounds__(512)
   __syncthreads();
 
   // my counts and blocks into row `me` of every peer's slot
-  const Peers rows = Peers::of(a.region_win, call.slot_off +
-                                                 (size_t)me * a.row_bytes);
+  const Peers rows =
+      Peers::of(a.region_win, call.slot_off + (size_t)me * a.row_bytes);
   const size_t w0 = F::worker(), nw = F::workers();
   if (w0 < (size_t)n && (int)w0 != me)
     F::send(rows((int)w0), F::Item{{(uint64_t)s_send[w0]}}, flag);
@@ -299,8 +301,8 @@ __global__ void __launch_bounds__(512)
   if ((int)threadIdx.x < n) {
     const int r = threadIdx.x;
     s_recv[r] = r == me ? s_send[me]
-                        : (int64_t)F::recv(mine + (size_t)r * a.row_bytes,
-                                           flag, a, me, n, r, ok)
+                        : (int64_t)F::recv(mine + (size_t)r * a.row_bytes, flag,
+                                           a, me, n, r, ok)
                               .w[0];
   }
   const bool all_ok = __syncthreads_and(ok);
@@ -316,8 +318,10 @@ __global__ void __launch_bounds__(512)
   __syncthreads();
   if (all_ok) {
     if (blockIdx.x == 0 && (int)threadIdx.x < n) {
-      if (a.out_splits != nullptr) a.out_splits[threadIdx.x] = s_recv[threadIdx.x];
-      if (a.out_offsets != nullptr) a.out_offsets[threadIdx.x] = s_out_off[threadIdx.x];
+      if (a.out_splits != nullptr)
+        a.out_splits[threadIdx.x] = s_recv[threadIdx.x];
+      if (a.out_offsets != nullptr)
+        a.out_offsets[threadIdx.x] = s_out_off[threadIdx.x];
     }
     // my own block, locally
     {
@@ -336,8 +340,7 @@ __global__ void __launch_bounds__(512)
       const char* from = mine + (size_t)r * a.row_bytes;
       for (size_t i = w0; i < (bytes + 7) / 8 && ok; i += nw)
         F::put(to, i, bytes, al,
-               F::recv(from + (1 + i) * F::kItemBytes, flag, a, me, n, r,
-                       ok));
+               F::recv(from + (1 + i) * F::kItemBytes, flag, a, me, n, r, ok));
     }
   }
   end_call(a.epochs, call);
