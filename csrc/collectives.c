@@ -10,17 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* One call's state: stream, device guard, borrowed tensors, result. */
-typedef struct {
-    SNState *st;
-    CommObject *c;
-    cudaStream_t stream;
-    int torch_current;         /* stream is torch's current one, read here */
-    int prev, pushed, entered;
-    SNTensor x, out;
-    PyObject *result;   /* new reference returned to the caller */
-} sn_call;
-
 static int
 call_begin(sn_call *k, CommObject *c, PyObject *x, PyObject *stream_obj)
 {
@@ -644,4 +633,51 @@ sn_barrier(CommObject *c, PyObject *args, PyObject *kw)
         return call_end(&k, 0);
     k.result = Py_NewRef(Py_None);
     return call_end(&k, 1);
+}
+
+/* ------------------------------------------------------------------ */
+/* For the collectives of later layers (alltoall.c). */
+
+int
+sn_call_begin(sn_call *k, CommObject *c, PyObject *x, PyObject *stream)
+{
+    return call_begin(k, c, x, stream);
+}
+
+PyObject *
+sn_call_end(sn_call *k, int ok)
+{
+    return call_end(k, ok);
+}
+
+int
+sn_call_output(sn_call *k, PyObject *x, PyObject *out, size_t count,
+               int ndim, const int64_t *shape)
+{
+    return call_output(k, x, out, count, ndim, shape, 0);
+}
+
+int
+sn_parse_algo(PyObject *obj)
+{
+    return parse_algo(obj);
+}
+
+int
+sn_call_algo(sn_call *k, int collective, int algo, size_t bytes)
+{
+    return call_algo(k, collective, algo, NULL, bytes, 0);
+}
+
+int
+sn_call_check(sn_call *k, int collective, size_t count, int algo)
+{
+    return check_call(k, collective, count, NULL, algo, -1);
+}
+
+int
+sn_call_enqueued(sn_call *k, ncclResult_t rc, int collective,
+                 const char *what)
+{
+    return enqueue_done(k, rc, collective, what);
 }

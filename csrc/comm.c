@@ -905,6 +905,43 @@ static PyMethodDef comm_methods[] = {
      "Example:\n"
      "    y, h = comm.all_reduce_rmsnorm(attn_out, residual, w, 1e-6,\n"
      "                                   residual_out=residual)"},
+    {"all_to_all", (PyCFunction)(void (*)(void))sn_all_to_all,
+     METH_VARARGS | METH_KEYWORDS,
+     "all_to_all($self, /, x, out=None, algo='auto', stream=None)\n--\n\n"
+     "x holds nranks blocks of m rows (its first dimension: nranks * m); "
+     "block j goes to rank j, and block i of the output comes from rank i: "
+     "torch.distributed.all_to_all_single without splits, "
+     "jax.lax.all_to_all(x, 0, 0, tiled=True). Without out=, a new tensor "
+     "of x's shape. Every dtype (moved as bytes); out must not overlap x."
+     "\n\nalgo: 'push' runs symnccl's store-only kernel, 'll' its LL "
+     "packet kernel (small messages: x must fit one row of packets); 'nccl' "
+     "runs grouped ncclSend/ncclRecv; 'auto' follows symnccl.AUTO_TABLE, "
+     "which has no all_to_all row until one is measured: NCCL.\n\n"
+     "Example:\n    y = comm.all_to_all(x, algo='push')   # x: (n*m, d)"},
+    {"all_to_all_v", (PyCFunction)(void (*)(void))sn_all_to_all_v,
+     METH_VARARGS | METH_KEYWORDS,
+     "all_to_all_v($self, /, x, out, in_splits, out_splits=None, "
+     "algo='auto', stream=None, *, out_offsets=None)\n--\n\n"
+     "Uneven all-to-all: this rank sends in_splits[q] rows of x (the "
+     "first in_splits[0] to rank 0, the next to rank 1, ...) and writes "
+     "the rows it receives from ranks 0, 1, ... one after another into "
+     "out, which the caller sizes for the most rows it can receive. "
+     "in_splits: a host sequence of nranks ints, or a device int64 tensor "
+     "of nranks. out_splits: an optional device int64 tensor of nranks "
+     "that receives the rows each rank sent here; out_offsets, likewise, "
+     "the row of out where each rank's rows start. Returns out.\n\n"
+     "algo='push' (or 'll', for an x that fits one row of LL packets) "
+     "runs symnccl's kernel: the ranks exchange the counts on "
+     "the device, so with device splits nothing synchronises with the host "
+     "and the call can be captured in a CUDA graph whose replays read the "
+     "splits anew. Rows that would land past the end of out are dropped "
+     "(sum(out_splits) > out rows shows it). 'nccl' (and 'auto', until "
+     "symnccl.AUTO_TABLE has an all_to_all row) exchanges the counts with "
+     "NCCL and reads them back to the host: that path synchronises with the "
+     "stream (and cannot be captured).\n\n"
+     "Example:\n    splits = torch.bincount(dest, minlength=n)  # on the "
+     "GPU\n    comm.all_to_all_v(x[order], out, splits, out_splits=got, "
+     "algo='push')"},
     {"barrier", (PyCFunction)(void (*)(void))sn_barrier,
      METH_VARARGS | METH_KEYWORDS,
      "barrier($self, /, stream=None, *, blocking=False)\n--\n\n"

@@ -25,9 +25,13 @@
  *            all_reduce in place on a window at a 16-byte aligned offset
  *            stores its results into the peers' output, else into their
  *            result slots
+ *   ALL_TO_ALL  push, ll (all_to_all): one launch with the splits, on
+ *            push's region (and the splits' packet area) or in LL packets
+ *            (kernels/alltoall.cuh)
  *
- * A kernel that moves bytes (the table's `bytes`: all_gather, broadcast)
- * runs in the unit of SYMNCCL_DT_BYTES with counts in bytes.
+ * A kernel that moves bytes (the table's `bytes`: all_gather, broadcast,
+ * all_to_all) runs in the unit of SYMNCCL_DT_BYTES with counts in bytes
+ * (all_to_all: in rows of row_size bytes).
  */
 #include "symnccl.h"
 
@@ -329,6 +333,43 @@ row_launches(const sn_ar *r, int kernel, sn_err *err)
     return 0;
 }
 
+/* all_to_all, one launch, bytes whatever the dtype: push on its slots and
+ * flags, in chunks of a slot (or SYMNCCL_PUSH_CHUNK_KIB); ll in one row of
+ * the LL region per source (the host checked that x fits). */
+static int
+all_to_all_launch(const sn_ar *r, int kernel, sn_err *err)
+{
+    CommObject *c = r->c;
+    symnccl_kargs a;
+    if (symnccl_kernel_row_of(kernel).family == SYMNCCL_FAMILY_LL)
+        a = packet_kargs(r, kernel);
+    else {
+        a = kargs(r, kernel);
+        a.region_win = c->staging_win->win;
+        a.region_offset = c->layout.push_offset;
+        a.data_offset = c->layout.push_data;
+        a.row_bytes = c->layout.push_slot;
+        const size_t kib = (size_t)c->knobs.push_chunk_kib << 10;
+        a.chunk_bytes = kib == 0 || kib > a.row_bytes ? a.row_bytes : kib;
+        a.ctas = c->knobs.push_ctas;
+        a.threads = c->knobs.push_threads;
+    }
+    a.dtype = SYMNCCL_DT_BYTES;
+    a.splits_offset = c->layout.splits_offset;
+    a.src = r->x;
+    a.out = r->out;
+    a.count = r->count;
+    a.row_size = r->row_size;
+    a.out_rows = r->out_rows;
+    a.in_splits = r->in_splits;
+    a.out_splits = r->out_splits;
+    a.out_offsets = r->out_offsets;
+    if (r->in_splits == NULL && r->host_splits != NULL)
+        memcpy(a.host_splits, r->host_splits,
+               (size_t)c->nranks * sizeof(int64_t));
+    return launch(r, &a, err);
+}
+
 /* one_shot, two_shot, multimem: peers load from a window. */
 static int
 load_launches(const sn_ar *r, int kernel, sn_err *err)
@@ -389,7 +430,8 @@ load_launches(const sn_ar *r, int kernel, sn_err *err)
 int
 sn_launch_kernels(const sn_ar *r, sn_err *err)
 {
-    if (r->count == 0)
+    /* an all_to_all rank with nothing to send may still receive */
+    if (r->count == 0 && r->collective != SYMNCCL_COLL_ALL_TO_ALL)
         return 0;
     CommObject *c = r->c;
     sn_lock(c);
@@ -418,6 +460,9 @@ sn_launch_kernels(const sn_ar *r, sn_err *err)
         case SYMNCCL_PLAN_ROOTED: rc = rooted_launches(r, kernel, err); break;
         case SYMNCCL_PLAN_PUSH: rc = push_launch(r, kernel, err); break;
         case SYMNCCL_PLAN_ROWS: rc = row_launches(r, kernel, err); break;
+        case SYMNCCL_PLAN_ALL_TO_ALL:
+            rc = all_to_all_launch(r, kernel, err);
+            break;
         default: rc = load_launches(r, kernel, err);
         }
     }

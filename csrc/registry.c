@@ -662,7 +662,8 @@ kernel_table(void)
     static const char *const families[SYMNCCL_FAMILY_COUNT] = {
         "barrier", "ll", "ll128", "push"};
     static const char *const plans[] = {"loads", "packets", "slices",
-                                        "rooted", "push", "rows"};
+                                        "rooted", "push", "rows",
+                                        "all_to_all"};
     static const char *const units[] = {"dtype", "multimem", "float"};
     PyObject *t = PyTuple_New(SYMNCCL_K_COUNT);
     for (int k = 0; t != NULL && k < SYMNCCL_K_COUNT; k++) {

@@ -13,9 +13,12 @@
  *   push region             flag lines, then 4 x nranks slots of push_slot
  *   control block           this rank's fault word, then the barrier flag
  *                           lines of the load kernels (SYMNCCL_CTL_BYTES)
+ *   splits area             all_to_all: nranks x nranks LL packets, one
+ *                           per count (kernels/alltoall.cuh)
  *
  * Every region is page-aligned and at the same offset on every rank. The
- * packet regions, push's flag lines and the control block start zeroed (a
+ * packet regions, push's flag lines, the control block and the splits
+ * area start zeroed (a
  * flag is never 0); slots need no clearing. The scratch (cudaMalloc, local)
  * holds the barrier word of barrier(), the claim word of the failure record
  * and the per-CTA call counters of the ll, ll128, push and load kernels
@@ -68,8 +71,10 @@ sn_layout_compute(CommObject *c, size_t staging_bytes)
     size_t push = symnccl_push_region_bytes(c->nranks, l->push_slot, &flags);
     l->push_data = l->push_offset + flags;
     l->ctl_offset = l->push_offset + push;
-    l->bytes = l->ctl_offset +
-               pages(SYMNCCL_CTL_BYTES(c->nranks) + PAGE - 1);
+    l->splits_offset = l->ctl_offset +
+                       pages(SYMNCCL_CTL_BYTES(c->nranks) + PAGE - 1);
+    /* one 16-byte LL packet per (source, destination) count */
+    l->bytes = l->splits_offset + pages(n * n * 16 + PAGE - 1);
 }
 
 int
@@ -86,7 +91,8 @@ sn_staging_alloc(SNState *st, CommObject *c)
     if (rc != ncclSuccess)
         return sn_set_nccl_error(st, rc, c->comm, "ncclMemAlloc (staging)");
     c->staging = p;
-    /* the packet regions, push's flag lines and the control block; no peer
+    /* the packet regions, push's flag lines, the control block and the
+     * splits area (after it); no peer
      * can write into them before the window is registered, after this
      * returns */
     cudaError_t e = cudaMemset(c->staging + l->ll_offset, 0,
@@ -194,12 +200,13 @@ sn_layout_dict(const CommObject *c)
 {
     const sn_layout *l = &c->layout;
     return Py_BuildValue(
-        "{s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n}", "staging",
+        "{s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n}", "staging",
         (Py_ssize_t)l->staging, "ll_offset", (Py_ssize_t)l->ll_offset,
         "ll_row", (Py_ssize_t)l->ll_row, "ll128_offset",
         (Py_ssize_t)l->ll128_offset, "ll128_row", (Py_ssize_t)l->ll128_row,
         "push_offset", (Py_ssize_t)l->push_offset, "push_data",
         (Py_ssize_t)l->push_data, "push_slot", (Py_ssize_t)l->push_slot,
-        "ctl_offset", (Py_ssize_t)l->ctl_offset, "bytes",
+        "ctl_offset", (Py_ssize_t)l->ctl_offset, "splits_offset",
+        (Py_ssize_t)l->splits_offset, "bytes",
         (Py_ssize_t)l->bytes);
 }

@@ -11,7 +11,7 @@
  *   3  lifecycle.c  watchdog.c  launch.c
  *   4  buffer.c
  *   5  dlpack.c
- *   6  collectives.c  fused.c  xla_ffi.c
+ *   6  collectives.c  fused.c  alltoall.c  xla_ffi.c
  *   7  comm.c
  *   8  module.c
  *
@@ -425,6 +425,7 @@ typedef struct {
     size_t push_slot;
     size_t ctl_offset;         /* the control block (SYMNCCL_CTL_BYTES):
                                   fault word, barrier flags */
+    size_t splits_offset;      /* all_to_all's splits packets */
     size_t bytes;              /* the whole allocation */
 } sn_layout;
 
@@ -710,6 +711,13 @@ typedef struct {
     int local;                 /* x holds the sum (NCCL's): no peer */
     int quant;                 /* SYMNCCL_QUANT_*: out is float8_e4m3fn */
     float *scale;              /* static: [0]; dynamic: one per row */
+    /* all_to_all (count: x's rows): bytes per row, out's rows, the rows
+     * sent to each rank (device int64, or NULL: host_splits, nranks
+     * values), where the counts received and the offsets go (device int64,
+     * may be NULL) */
+    size_t row_size, out_rows;
+    const int64_t *in_splits, *host_splits;
+    int64_t *out_splits, *out_offsets;
 } sn_ar;
 
 /* Enqueues the collective on r->stream; 0, or -1 with *err filled. */
@@ -772,6 +780,45 @@ PyObject *sn_new_output(SNState *st, CommObject *c, PyObject *like, int ndim,
  * -> (y, h) */
 PyObject *sn_all_reduce_rmsnorm(CommObject *c, PyObject *args,
                                 PyObject *kw);
+
+/* One call's state: stream, device guard, borrowed tensors, result. The
+ * collectives of later layers (alltoall.c) use it through these: */
+typedef struct {
+    SNState *st;
+    CommObject *c;
+    cudaStream_t stream;
+    int torch_current;         /* stream is torch's current one, read here */
+    int prev, pushed, entered;
+    SNTensor x, out;
+    PyObject *result;   /* new reference returned to the caller */
+} sn_call;
+
+/* Enters c, picks the stream (`stream`, else x's framework's), borrows x
+ * (NULL: none); -1 with an exception. */
+int sn_call_begin(sn_call *k, CommObject *c, PyObject *x, PyObject *stream);
+/* Releases what the call holds; k->result when ok, else NULL. */
+PyObject *sn_call_end(sn_call *k, int ok);
+/* out=, or (None) a new tensor of x's framework of that shape, borrowed
+ * into k->out and checked (dtype, count); -1 with an exception. */
+int sn_call_output(sn_call *k, PyObject *x, PyObject *out, size_t count,
+                   int ndim, const int64_t *shape);
+/* algo=: SN_ALGO_* or SN_ALGO_AUTO; SN_ALGO_UNKNOWN with ValueError. */
+int sn_parse_algo(PyObject *obj);
+/* The resolved algorithm of a call without op, whose larger buffer is
+ * `bytes` (sn_resolve); SN_ALGO_UNKNOWN with the exception set. */
+int sn_call_algo(sn_call *k, int collective, int algo, size_t bytes);
+/* SYMNCCL_CHECK=1's comparison of the ranks' calls; -1 with an
+ * exception. */
+int sn_call_check(sn_call *k, int collective, size_t count, int algo);
+/* After enqueueing an NCCL call (rc): counted, watched and completed. */
+int sn_call_enqueued(sn_call *k, ncclResult_t rc, int collective,
+                     const char *what);
+
+/* ------------------------------------------------------------------ */
+/* alltoall.c: all_to_all and all_to_all_v. */
+
+PyObject *sn_all_to_all(CommObject *c, PyObject *args, PyObject *kw);
+PyObject *sn_all_to_all_v(CommObject *c, PyObject *args, PyObject *kw);
 
 /* ------------------------------------------------------------------ */
 /* xla_ffi.c: the XLA FFI handler and its module functions. */

@@ -921,3 +921,148 @@ def all_reduce_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor,
                            weight, eps, algo)
     return _ops.all_reduce_add_rmsnorm(x, comm_id(comm), residual, weight,
                                        eps, algo)
+# --------------------------------------------------------------- all-to-all
+#
+# Expert parallelism (issue 32). all_to_all: equal blocks, its own
+# transpose. all_to_all_v: uneven splits, which may stay on the device; the
+# op returns the rows received and their counts (out_splits), and its
+# backward sends every rank's gradient rows back where they came from: the
+# all_to_all_v of the gradient with out_splits as its splits (the splits
+# transposed), into x's rows (those x did not send get zeros).
+
+
+def _all_to_all_impl(comm, x, algo):
+    out = _like(x)
+    comm.all_to_all(x.contiguous(), out, algo)
+    return out
+
+
+def _all_to_all_v_impl(comm, x, in_splits, out_rows, algo):
+    out = x.new_zeros((out_rows, *x.shape[1:]))
+    got = torch.empty(comm.nranks, dtype=torch.int64, device=x.device)
+    comm.all_to_all_v(x.contiguous(), out, in_splits, got, algo)
+    return out, got
+
+
+@torch.library.custom_op("symnccl::all_to_all", mutates_args=())
+def _all_to_all_op(x: torch.Tensor, comm_id: int, algo: str) -> torch.Tensor:
+    return _all_to_all_impl(get_communicator(comm_id), x, algo)
+
+
+@_all_to_all_op.register_fake
+def _(x, comm_id, algo):
+    return _like(x)
+
+
+@torch.library.custom_op("symnccl::all_to_all_v", mutates_args=())
+def _all_to_all_v_op(x: torch.Tensor, comm_id: int, in_splits: torch.Tensor,
+                     out_rows: int, algo: str
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    return _all_to_all_v_impl(get_communicator(comm_id), x, in_splits,
+                              out_rows, algo)
+
+
+@_all_to_all_v_op.register_fake
+def _(x, comm_id, in_splits, out_rows, algo):
+    return (x.new_empty((out_rows, *x.shape[1:])),
+            x.new_empty((_nranks(comm_id),), dtype=torch.int64))
+
+
+def _call_all_to_all(x, cid, algo):
+    if _eager(x):
+        return _eager_call(_AllToAllFn, _all_to_all_impl, x,
+                           get_communicator(cid), algo)
+    return _ops.all_to_all(x, cid, algo)
+
+
+def _setup_all_to_all(ctx, inputs, output):
+    _, ctx.cid, ctx.algo = inputs
+
+
+def _backward_all_to_all(ctx, grad):
+    return _call_all_to_all(grad, ctx.cid, ctx.algo), None, None
+
+
+def _setup_all_to_all_v(ctx, inputs, output):
+    x, ctx.cid, _, _, ctx.algo = inputs
+    ctx.x_rows = x.shape[0]
+    ctx.save_for_backward(output[1])
+
+
+def _backward_all_to_all_v(ctx, grad, _grad_splits):
+    (got,) = ctx.saved_tensors
+    if _eager(grad):
+        gx, _ = _eager_call(_AllToAllVFn, _all_to_all_v_impl, grad,
+                            get_communicator(ctx.cid), got, ctx.x_rows,
+                            ctx.algo)
+    else:
+        gx, _ = _ops.all_to_all_v(grad, ctx.cid, got, ctx.x_rows, ctx.algo)
+    return gx, None, None, None, None
+
+
+_all_to_all_op.register_autograd(_backward_all_to_all,
+                                 setup_context=_setup_all_to_all)
+_all_to_all_v_op.register_autograd(_backward_all_to_all_v,
+                                   setup_context=_setup_all_to_all_v)
+_AllToAllFn = _autograd_function("_AllToAllFn", _all_to_all_impl,
+                                 _setup_all_to_all, _backward_all_to_all)
+_AllToAllVFn = _autograd_function("_AllToAllVFn", _all_to_all_v_impl,
+                                  _setup_all_to_all_v, _backward_all_to_all_v)
+
+
+def all_to_all(x: torch.Tensor, comm, algo: str = "auto") -> torch.Tensor:
+    """All-to-all of equal blocks along dim 0, as
+    torch.distributed.all_to_all_single without splits: x of shape
+    (nranks * m, ...); block j goes to rank j, and block i of the result
+    comes from rank i. Backward: the all_to_all of the gradient.
+    algo: "push" runs symnccl's kernel, "nccl" (and "auto") NCCL's
+    send/recv.
+
+    Example::
+
+        y = symnccl.torch.all_to_all(tokens, comm, algo="push")
+    """
+    if _eager(x):
+        return _eager_call(_AllToAllFn, _all_to_all_impl, x, comm, algo)
+    return _ops.all_to_all(x, comm_id(comm), algo)
+
+
+def all_to_all_v(x: torch.Tensor, out: torch.Tensor, in_splits, comm,
+                 algo: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+    """Uneven all-to-all along dim 0 (a mixture-of-experts dispatch or
+    combine): this rank sends in_splits[q] rows of x to rank q (in order),
+    and receives the rows of ranks 0, 1, ... one after another. out is
+    sized by the caller for the most rows this rank can receive (as
+    all_to_all_vdev's); rows past those received are unspecified.
+    in_splits: a device int64 tensor of nranks (with algo="push" nothing
+    synchronises with the host, and CUDA graphs replay with new splits) or
+    a list of ints. Returns (result, out_splits): the result is out, filled
+    (a new tensor equal to it where autograd or torch.compile records the
+    op), and out_splits the rows received from each rank (int64, device).
+    Backward: the rows' gradients go back where they came from (the
+    all_to_all_v with the splits transposed); rows of x not sent get zero.
+
+    Example::
+
+        counts = torch.bincount(expert_rank, minlength=n)       # device
+        recv, got = symnccl.torch.all_to_all_v(x[order], buf, counts, comm,
+                                               algo="push")
+    """
+    recorded = x.requires_grad and _grad_enabled()
+    if _eager(x) and not recorded:
+        got = torch.empty(_raw(comm).nranks, dtype=torch.int64,
+                          device=x.device)
+        _raw(comm).all_to_all_v(x.contiguous(), out, in_splits, got, algo)
+        return out, got
+    if _eager(x):
+        y, got = _AllToAllVFn.apply(x, comm_id(comm), in_splits,
+                                    out.shape[0], algo)
+    else:
+        if not isinstance(in_splits, torch.Tensor):
+            in_splits = torch.tensor(list(in_splits), dtype=torch.int64,
+                                     device=x.device)
+        y, got = _ops.all_to_all_v(x, comm_id(comm), in_splits,
+                                   out.shape[0], algo)
+    with torch.no_grad():
+        out.copy_(y)
+    return y, got

@@ -113,7 +113,7 @@ def test_the_knob_is_declared_with_auto_by_default():
 
 def test_bad_collective_name_is_a_value_error():
     with pytest.raises(ValueError, match="collective"):
-        reason(V2289, "all_to_all", BASE, 16, BASE, 16, 0, True, True)
+        reason(V2289, "scatter", BASE, 16, BASE, 16, 0, True, True)
 
 
 # ------------------------------------------------------------- the table

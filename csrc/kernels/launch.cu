@@ -113,9 +113,14 @@ cudaError_t launch(const symnccl_kargs* a, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   const int n = a->dc->dc.lsaSize;
   if (n > SYMNCCL_MAX_RANKS) return cudaErrorInvalidValue;
+  const symnccl_kernel_row k = symnccl_kernel_row_of(a->kernel);
   size_t data, row;
   packet_format(a->kernel, &data, &row);
-  if (data != 0) {
+  // all_to_all in packets: the count and every byte of x in one row
+  if (data != 0 && k.collective == SYMNCCL_COLL_ALL_TO_ALL &&
+      (1 + (a->count * a->row_size + data - 1) / data) * row > a->row_bytes)
+    return cudaErrorInvalidValue;
+  if (data != 0 && k.collective != SYMNCCL_COLL_ALL_TO_ALL) {
     // the rows must hold the launch's items
     const size_t items = (a->count * kItemsize[a->dtype] + data - 1) / data;
     const bool two = two_shot_packets(a->kernel);
@@ -123,7 +128,6 @@ cudaError_t launch(const symnccl_kargs* a, cudaStream_t stream) {
     if (per_row * row > (two ? a->row_bytes / 2 : a->row_bytes))
       return cudaErrorInvalidValue;
   }
-  const symnccl_kernel_row k = symnccl_kernel_row_of(a->kernel);
   const bool push = k.family == SYMNCCL_FAMILY_PUSH;
   if (push &&
       (a->threads < n || a->ctas > SYMNCCL_PUSH_MAX_CTAS ||

@@ -93,6 +93,7 @@ enum { SYMNCCL_OP_SUM = 0, SYMNCCL_OP_MAX = 1, SYMNCCL_OP_MIN = 2,
     X(BROADCAST, "broadcast")              \
     X(REDUCE, "reduce")                    \
     X(ALL_REDUCE_RMSNORM, "all_reduce_rmsnorm") \
+    X(ALL_TO_ALL, "all_to_all")            \
     X(BARRIER, "barrier")                  \
     X(CHECK, "call check")
 
@@ -250,6 +251,19 @@ typedef struct {
     int quant;                 /* SYMNCCL_QUANT_*: out is float8_e4m3fn */
     float *scale;              /* static: the scale y is divided by ([0]);
                                   dynamic: each row's, written */
+    /* all_to_all (alltoall.cuh): count is x's rows, of row_size bytes;
+     * rows sent to each rank from in_splits (int64, device) or, when it is
+     * NULL, host_splits; the rows received from each rank and where they
+     * start in out are written to out_splits and out_offsets (n int64
+     * each, either may be NULL); out holds out_rows rows; the splits'
+     * packets are at splits_offset in region_win */
+    const int64_t *in_splits;
+    int64_t *out_splits;
+    int64_t *out_offsets;
+    size_t row_size;
+    size_t out_rows;
+    size_t splits_offset;
+    int64_t host_splits[SYMNCCL_MAX_RANKS];
 } symnccl_kargs;
 
 /* all_reduce_rmsnorm's output quantisation (rmsnorm.cuh): none, FP8 e4m3

@@ -56,8 +56,10 @@ enum {
     SYMNCCL_PLAN_SLICES,    /* chunk k of every slice in launch k */
     SYMNCCL_PLAN_ROOTED,    /* reduce/broadcast: one_shot's staging chunks */
     SYMNCCL_PLAN_PUSH,      /* one launch, the kernel walks the chunks */
-    SYMNCCL_PLAN_ROWS       /* all_reduce_rmsnorm: whole rows of x, as
+    SYMNCCL_PLAN_ROWS,      /* all_reduce_rmsnorm: whole rows of x, as
                                many per launch as the staging area holds */
+    SYMNCCL_PLAN_ALL_TO_ALL /* one launch with the splits, on its family's
+                               region (alltoall.cuh) */
 };
 
 /* ONE: the kernel an algorithm launches; TWO: the two-shot variant of the
@@ -127,7 +129,11 @@ enum { SYMNCCL_UNIT_DTYPE = 0, SYMNCCL_UNIT_MULTIMEM = 1,
     X(ONE_SHOT_RMSNORM, "one_shot_rmsnorm", ALL_REDUCE_RMSNORM, ONE_SHOT,    \
       ONE, BARRIER, ROWS, 0, FLOAT, (one_shot_rmsnorm<T>))                   \
     X(TWO_SHOT_RMSNORM, "two_shot_rmsnorm", ALL_REDUCE_RMSNORM, TWO_SHOT,    \
-      ONE, BARRIER, ROWS, 0, FLOAT, (two_shot_rmsnorm<T>))
+      ONE, BARRIER, ROWS, 0, FLOAT, (two_shot_rmsnorm<T>))                   \
+    X(PUSH_ALL_TO_ALL, "push_all_to_all", ALL_TO_ALL, PUSH, ONE, PUSH,       \
+      ALL_TO_ALL, 1, DTYPE, (push_all_to_all<T>))                            \
+    X(LL_ALL_TO_ALL, "ll_all_to_all", ALL_TO_ALL, LL, ONE, LL, ALL_TO_ALL,   \
+      1, DTYPE, (ll_all_to_all<T>))
 
 #define SYMNCCL_K_ENUM_(id, ...) SYMNCCL_K_##id,
 enum { SYMNCCL_KERNEL_TABLE(SYMNCCL_K_ENUM_) SYMNCCL_K_COUNT };

@@ -5,6 +5,7 @@
 // the unit by dtype. Nothing here names a kernel: the switch is the table's.
 #include <type_traits>
 
+#include "alltoall.cuh"
 #include "devcomm.cuh"
 #include "lsa.cuh"
 #include "packet.cuh"

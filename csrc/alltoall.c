@@ -1,0 +1,452 @@
+/* all_to_all and all_to_all_v, the exchange of mixture-of-experts layers
+ * (issue 32): rank r's block q goes to rank q, which places the blocks of
+ * ranks 0..n-1 one after another. Rows are x's first dimension; a row is
+ * everything after it, moved as bytes (every dtype).
+ *
+ * symnccl's kernels (algo='push' for any size, 'll' for an x that fits
+ * one row of LL packets; kernels/alltoall.cuh) take the splits
+ * from the host (copied into the launch's arguments: nothing waits) or
+ * from a device tensor (read by the kernel: nothing synchronises, and the
+ * call can be captured in a CUDA graph whose replays see new splits); the
+ * ranks exchange the counts in the kernel, which writes out_splits. NCCL
+ * (algo='nccl', and 'auto' where the auto table has no row) runs grouped
+ * ncclSend/ncclRecv; for all_to_all_v it first exchanges the counts and
+ * reads them back to the host: that path synchronises with the stream.
+ */
+#include "symnccl.h"
+
+#include <string.h>
+
+/* Rows per destination as the call gave them. */
+typedef struct {
+    int64_t host[SYMNCCL_MAX_RANKS];
+    SNTensor dev;              /* dev.ptr != NULL: a device tensor */
+} sn_splits;
+
+static size_t
+row_elems(const SNTensor *t)
+{
+    size_t e = 1;
+    for (int i = 1; i < t->ndim; i++)
+        e *= (size_t)t->shape[i];
+    return e;
+}
+
+/* 1 if [a, a + an) and [b, b + bn) overlap. */
+static int
+overlap(const char *a, size_t an, const char *b, size_t bn)
+{
+    return an != 0 && bn != 0 && a < b + bn && b < a + an;
+}
+
+static int
+check_not_in_place(const sn_call *k, size_t bytes_out)
+{
+    const size_t bx = k->x.count * (size_t)k->x.dtype->itemsize;
+    if (overlap(k->x.ptr, bx, k->out.ptr, bytes_out)) {
+        PyErr_SetString(PyExc_ValueError, "out overlaps x: all_to_all "
+                        "cannot run in place (expected separate memory)");
+        return -1;
+    }
+    return 0;
+}
+
+/* A device tensor (DLPack device CUDA) or anything else, read as a
+ * sequence of nranks Python ints. */
+static int
+is_device_tensor(PyObject *obj)
+{
+    if (!PyObject_HasAttrString(obj, "__dlpack_device__"))
+        return 0;
+    PyObject *d = PyObject_CallMethod(obj, "__dlpack_device__", NULL);
+    if (d == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    long kind = PyTuple_Check(d) && PyTuple_Size(d) >= 1
+                    ? PyLong_AsLong(PyTuple_GetItem(d, 0)) : -1;
+    Py_DECREF(d);
+    PyErr_Clear();
+    return kind == 2 || kind == 13;   /* kDLCUDA, kDLCUDAManaged */
+}
+
+/* A device int64 tensor of nranks elements, borrowed for the call. */
+static int
+import_counts(sn_call *k, PyObject *obj, const char *name, SNTensor *t)
+{
+    if (sn_tensor_import(k->st, obj, k->stream, k->c->device,
+                         k->torch_current, name, t) < 0)
+        return -1;
+    if (t->dtype->nccl != ncclInt64) {
+        PyErr_Format(PyExc_TypeError, "%s has dtype %s, expected int64",
+                     name, t->dtype->name);
+        return -1;
+    }
+    if (t->count != (size_t)k->c->nranks) {
+        PyErr_Format(PyExc_ValueError, "%s has %zu elements, expected "
+                     "nranks (%d)", name, t->count, k->c->nranks);
+        return -1;
+    }
+    if (t->readonly && strcmp(name, "in_splits") != 0) {
+        PyErr_Format(PyExc_BufferError, "%s is read-only", name);
+        return -1;
+    }
+    return 0;
+}
+
+static int
+parse_splits(sn_call *k, PyObject *obj, int64_t x_rows, sn_splits *s)
+{
+    const int n = k->c->nranks;
+    if (is_device_tensor(obj))
+        return import_counts(k, obj, "in_splits", &s->dev);
+    const Py_ssize_t len = PySequence_Check(obj) ? PySequence_Size(obj) : -1;
+    if (len < 0) {
+        PyErr_Clear();
+        PyErr_Format(PyExc_TypeError, "in_splits is %R, expected a sequence "
+                     "of nranks ints or a device int64 tensor", obj);
+        return -1;
+    }
+    int64_t sum = 0;
+    int rc = 0;
+    if (len != n) {
+        PyErr_Format(PyExc_ValueError, "in_splits has %zd entries, expected "
+                     "nranks (%d)", len, n);
+        rc = -1;
+    }
+    for (Py_ssize_t i = 0; rc == 0 && i < len; i++) {
+        PyObject *item = PySequence_GetItem(obj, i);
+        long long v = item != NULL ? PyLong_AsLongLong(item) : -1;
+        Py_XDECREF(item);
+        if (v == -1 && PyErr_Occurred())
+            rc = -1;
+        else if (v < 0) {
+            PyErr_Format(PyExc_ValueError, "in_splits[%zd] is %lld, "
+                         "expected a count of rows >= 0", i, v);
+            rc = -1;
+        }
+        else {
+            s->host[i] = v;
+            sum += v;
+        }
+    }
+    if (rc == 0 && sum > x_rows) {
+        PyErr_Format(PyExc_ValueError, "in_splits sum to %lld rows, but x "
+                     "has %lld (its first dimension)", (long long)sum,
+                     (long long)x_rows);
+        rc = -1;
+    }
+    return rc;
+}
+
+/* symnccl's kernel (launch.c); the failure raised. */
+static int
+kernel_call(sn_call *k, int algo, size_t rows, size_t row_size,
+            size_t out_rows, const sn_splits *s, int64_t *out_splits,
+            int64_t *out_offsets)
+{
+    const int kernel = sn_kernel_for(SYMNCCL_COLL_ALL_TO_ALL, algo,
+                                     SYMNCCL_SHOT_ONE);
+    if (symnccl_kernel_row_of(kernel).family == SYMNCCL_FAMILY_LL) {
+        /* one row of packets per source carries the count and the block:
+         * the whole of x must fit, whatever the splits */
+        const size_t room = symnccl_packet_max_count(
+            kernel, k->c->layout.ll_row, 1, k->c->nranks);
+        if (rows * row_size + 8 > room) {
+            PyErr_Format(PyExc_ValueError, "all_to_all: algo 'll' carries "
+                         "at most %zu bytes of x per rank, x has %zu: use "
+                         "algo='push'", room - 8, rows * row_size);
+            return -1;
+        }
+    }
+    sn_ar r = {k->c, algo, k->x.ptr, k->out.ptr, NULL, rows, k->x.dtype,
+               NULL, k->stream, SYMNCCL_COLL_ALL_TO_ALL, -1};
+    r.row_size = row_size;
+    r.out_rows = out_rows;
+    r.in_splits = (const int64_t *)s->dev.ptr;
+    r.host_splits = s->host;
+    r.out_splits = out_splits;
+    r.out_offsets = out_offsets;
+    sn_err err = {cudaSuccess, ncclSuccess, ""};
+    if (sn_launch_kernels(&r, &err) < 0)
+        return sn_fault_check(k->st, k->c) < 0 ? -1 : sn_raise(k->st, &err);
+    return 0;
+}
+
+/* Grouped ncclSend/ncclRecv of send[q] rows to and recv[q] rows from
+ * every rank q, in rank order. */
+static int
+nccl_exchange(sn_call *k, const int64_t *send, const int64_t *recv,
+              size_t row_size)
+{
+    CommObject *c = k->c;
+    const size_t is = (size_t)k->x.dtype->itemsize;
+    const size_t elems = row_size / is;
+    ncclResult_t rc = ncclGroupStart(), bad = ncclSuccess;
+    size_t so = 0, ro = 0;
+    for (int q = 0; rc == ncclSuccess && q < c->nranks; q++) {
+        if (send[q] > 0) {
+            rc = ncclSend(k->x.ptr + so * row_size, (size_t)send[q] * elems,
+                          k->x.dtype->nccl, q, c->comm, k->stream);
+            so += (size_t)send[q];
+        }
+        if (rc == ncclSuccess && recv[q] > 0) {
+            rc = ncclRecv(k->out.ptr + ro * row_size,
+                          (size_t)recv[q] * elems, k->x.dtype->nccl, q,
+                          c->comm, k->stream);
+            ro += (size_t)recv[q];
+        }
+    }
+    if (rc != ncclSuccess && rc != ncclInProgress)
+        bad = rc;
+    rc = ncclGroupEnd();
+    if (bad != ncclSuccess)
+        return sn_set_nccl_error(k->st, bad, c->comm, "ncclSend/ncclRecv "
+                                 "(all_to_all)");
+    return sn_call_enqueued(k, rc, SYMNCCL_COLL_ALL_TO_ALL,
+                            "ncclSend/ncclRecv (all_to_all)");
+}
+
+/* all_to_all_v on NCCL: the counts exchanged (ncclSend/ncclRecv of one
+ * int64 per pair) and read back to the host, bounded by the timeout; then
+ * the data. */
+static int
+nccl_all_to_all_v(sn_call *k, const sn_splits *s, size_t row_size,
+                  size_t x_rows, size_t out_rows, int64_t *out_splits,
+                  int64_t *out_offsets)
+{
+    CommObject *c = k->c;
+    const int n = c->nranks;
+    unsigned long long capture = 0;
+    cudaError_t e = sn_capture_id(k->stream, &capture);
+    if (e != cudaSuccess)
+        return sn_set_cuda_error(k->st, e, "cudaStreamGetCaptureInfo");
+    if (k->st->group_depth > 0 || capture != 0) {
+        PyErr_SetString(PyExc_NotImplementedError, "all_to_all_v with "
+                        "algo='nccl' reads the counts back to the host: it "
+                        "cannot run inside symnccl.group() or a CUDA graph "
+                        "capture (algo='push' can)");
+        return -1;
+    }
+    /* send counts, received counts, then the offsets (host only) */
+    const size_t bytes = 2 * (size_t)n * sizeof(int64_t);
+    int64_t *dev = NULL, *host = NULL;
+    int ok = 0;
+    SN_CUDA_GOTO(k->st, cudaMallocHost((void **)&host, bytes * 3 / 2),
+                 "cudaMallocHost (all_to_all_v counts)", done);
+    SN_CUDA_GOTO(k->st, cudaMallocAsync((void **)&dev, bytes, k->stream),
+                 "cudaMallocAsync (all_to_all_v counts)", done);
+    if (s->dev.ptr != NULL)
+        e = cudaMemcpyAsync(dev, s->dev.ptr, bytes / 2,
+                            cudaMemcpyDeviceToDevice, k->stream);
+    else {
+        memcpy(host, s->host, bytes / 2);
+        e = cudaMemcpyAsync(dev, host, bytes / 2, cudaMemcpyHostToDevice,
+                            k->stream);
+    }
+    SN_CUDA_GOTO(k->st, e, "all_to_all_v counts copy", done);
+    ncclResult_t rc = ncclGroupStart();
+    for (int q = 0; rc == ncclSuccess && q < n; q++) {
+        rc = ncclSend(dev + q, 1, ncclInt64, q, c->comm, k->stream);
+        if (rc == ncclSuccess)
+            rc = ncclRecv(dev + n + q, 1, ncclInt64, q, c->comm, k->stream);
+    }
+    ncclResult_t end = ncclGroupEnd();
+    if (rc == ncclSuccess)
+        rc = end;
+    if (rc != ncclSuccess && rc != ncclInProgress) {
+        sn_set_nccl_error(k->st, rc, c->comm, "all_to_all_v counts "
+                          "(ncclSend/ncclRecv)");
+        goto done;
+    }
+    if (sn_nccl_complete(k->st, c, rc, "all_to_all_v counts") < 0)
+        goto done;
+    sn_count_nccl(c);
+    SN_CUDA_GOTO(k->st, cudaMemcpyAsync(host, dev, bytes,
+                                        cudaMemcpyDeviceToHost, k->stream),
+                 "all_to_all_v counts copy", done);
+    sn_watch_nccl(c, SYMNCCL_COLL_ALL_TO_ALL, k->stream);
+    if (sn_fault_wait_nccl(k->st, c, SYMNCCL_COLL_ALL_TO_ALL) < 0)
+        goto done;
+    int64_t sent = 0, got = 0;
+    for (int q = 0; q < n; q++) {
+        if (host[q] < 0 || host[n + q] < 0) {
+            PyErr_Format(PyExc_ValueError, "all_to_all_v: a negative count "
+                         "(rank %d: sends %lld, receives %lld)", q,
+                         (long long)host[q], (long long)host[n + q]);
+            goto done;
+        }
+        sent += host[q];
+        got += host[n + q];
+    }
+    if ((size_t)sent > x_rows || (size_t)got > out_rows) {
+        PyErr_Format(PyExc_ValueError, "all_to_all_v: this rank sends %lld "
+                     "rows (x has %zu) and receives %lld (out has %zu)",
+                     (long long)sent, x_rows, (long long)got, out_rows);
+        goto done;
+    }
+    if (out_splits != NULL)
+        SN_CUDA_GOTO(k->st, cudaMemcpyAsync(out_splits, dev + n, bytes / 2,
+                                            cudaMemcpyDeviceToDevice,
+                                            k->stream),
+                     "out_splits copy", done);
+    if (out_offsets != NULL) {
+        int64_t at = 0;
+        for (int q = 0; q < n; q++) {
+            host[2 * n + q] = at;
+            at += host[n + q];
+        }
+        /* the stream is drained up to here (the wait above): this waits
+         * for the copy alone, before host[] is freed */
+        e = cudaMemcpyAsync(out_offsets, host + 2 * n, bytes / 2,
+                            cudaMemcpyHostToDevice, k->stream);
+        if (e == cudaSuccess)
+            e = cudaStreamSynchronize(k->stream);
+        SN_CUDA_GOTO(k->st, e, "out_offsets copy", done);
+    }
+    ok = nccl_exchange(k, host, host + n, row_size) == 0;
+done:
+    if (dev != NULL) {
+        e = cudaFreeAsync(dev, k->stream);
+        if (ok && e != cudaSuccess) {
+            sn_set_cuda_error(k->st, e, "cudaFreeAsync");
+            ok = 0;
+        }
+    }
+    if (host != NULL)
+        cudaFreeHost(host);
+    return ok ? 0 : -1;
+}
+
+PyObject *
+sn_all_to_all(CommObject *c, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"x", "out", "algo", "stream", NULL};
+    PyObject *x, *out = Py_None, *stream = Py_None, *algo_obj = NULL;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OOO:all_to_all", kwlist,
+                                     &x, &out, &algo_obj, &stream))
+        return NULL;
+    int algo = SN_ALGO_AUTO;
+    if (algo_obj != NULL &&
+        (algo = sn_parse_algo(algo_obj)) == SN_ALGO_UNKNOWN)
+        return NULL;
+    sn_call k;
+    if (sn_call_begin(&k, c, x, stream) < 0)
+        return sn_call_end(&k, 0);
+    const int n = c->nranks;
+    if (k.x.ndim == 0 || k.x.shape[0] % n != 0) {
+        if (k.x.ndim == 0)
+            PyErr_SetString(PyExc_ValueError, "all_to_all: x is a scalar, "
+                            "expected rows (a first dimension) to split");
+        else
+            PyErr_Format(PyExc_ValueError, "all_to_all: x has %lld rows "
+                         "(its first dimension), expected a multiple of "
+                         "nranks (%d)", (long long)k.x.shape[0], n);
+        return sn_call_end(&k, 0);
+    }
+    const size_t is = (size_t)k.x.dtype->itemsize;
+    const size_t rows = (size_t)k.x.shape[0];
+    const size_t row_size = row_elems(&k.x) * is;
+    if (sn_call_output(&k, x, out, k.x.count, k.x.ndim, k.x.shape) < 0 ||
+        check_not_in_place(&k, k.x.count * is) < 0 ||
+        (algo = sn_call_algo(&k, SYMNCCL_COLL_ALL_TO_ALL, algo,
+                             k.x.count * is)) == SN_ALGO_UNKNOWN ||
+        sn_call_check(&k, SYMNCCL_COLL_ALL_TO_ALL, k.x.count, algo) < 0)
+        return sn_call_end(&k, 0);
+    if (k.x.count == 0)   /* the same on every rank */
+        return sn_call_end(&k, 1);
+    sn_splits s;
+    memset(&s, 0, sizeof(s));
+    for (int q = 0; q < n; q++)
+        s.host[q] = (int64_t)(rows / (size_t)n);
+    if (algo != SN_ALGO_NCCL)
+        return sn_call_end(&k, kernel_call(&k, algo, rows, row_size, rows,
+                                           &s, NULL, NULL) == 0);
+    return sn_call_end(&k, nccl_exchange(&k, s.host, s.host, row_size) == 0);
+}
+
+PyObject *
+sn_all_to_all_v(CommObject *c, PyObject *args, PyObject *kw)
+{
+    static char *kwlist[] = {"x", "out", "in_splits", "out_splits", "algo",
+                             "stream", "out_offsets", NULL};
+    PyObject *x, *out, *in_obj, *osp_obj = Py_None, *stream = Py_None;
+    PyObject *algo_obj = NULL, *off_obj = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|OOO$O:all_to_all_v",
+                                     kwlist, &x, &out, &in_obj, &osp_obj,
+                                     &algo_obj, &stream, &off_obj))
+        return NULL;
+    int algo = SN_ALGO_AUTO;
+    if (algo_obj != NULL &&
+        (algo = sn_parse_algo(algo_obj)) == SN_ALGO_UNKNOWN)
+        return NULL;
+    if (out == Py_None) {
+        PyErr_SetString(PyExc_TypeError, "all_to_all_v: out is None, "
+                        "expected a tensor sized for the most rows this "
+                        "rank can receive");
+        return NULL;
+    }
+    sn_call k;
+    sn_splits s;
+    SNTensor osp, off;
+    memset(&s, 0, sizeof(s));
+    memset(&osp, 0, sizeof(osp));
+    memset(&off, 0, sizeof(off));
+    int ok = 0;
+    if (sn_call_begin(&k, c, x, stream) < 0)
+        goto end;
+    if (k.x.ndim == 0) {
+        PyErr_SetString(PyExc_ValueError, "all_to_all_v: x is a scalar, "
+                        "expected rows (a first dimension) to split");
+        goto end;
+    }
+    k.result = Py_NewRef(out);
+    if (sn_tensor_import(k.st, out, k.stream, c->device, k.torch_current,
+                         "out", &k.out) < 0)
+        goto end;
+    if (k.out.readonly) {
+        PyErr_SetString(PyExc_BufferError, "out is read-only");
+        goto end;
+    }
+    if (k.out.dtype != k.x.dtype) {
+        PyErr_Format(PyExc_TypeError, "out has dtype %s, expected %s (x's)",
+                     k.out.dtype->name, k.x.dtype->name);
+        goto end;
+    }
+    const size_t is = (size_t)k.x.dtype->itemsize;
+    const size_t elems = row_elems(&k.x);
+    if (k.out.ndim == 0 || row_elems(&k.out) != elems) {
+        PyErr_Format(PyExc_ValueError, "out has rows of %zu elements, "
+                     "expected %zu (x's rows: everything after the first "
+                     "dimension)", k.out.ndim ? row_elems(&k.out) : 0,
+                     elems);
+        goto end;
+    }
+    const size_t x_rows = (size_t)k.x.shape[0];
+    const size_t out_rows = (size_t)k.out.shape[0];
+    if (check_not_in_place(&k, k.out.count * is) < 0 ||
+        parse_splits(&k, in_obj, (int64_t)x_rows, &s) < 0)
+        goto end;
+    if (osp_obj != Py_None &&
+        import_counts(&k, osp_obj, "out_splits", &osp) < 0)
+        goto end;
+    if (off_obj != Py_None &&
+        import_counts(&k, off_obj, "out_offsets", &off) < 0)
+        goto end;
+    /* the size every rank agrees on is out's, sized for the worst case */
+    if ((algo = sn_call_algo(&k, SYMNCCL_COLL_ALL_TO_ALL, algo,
+                             k.out.count * is)) == SN_ALGO_UNKNOWN ||
+        sn_call_check(&k, SYMNCCL_COLL_ALL_TO_ALL, elems * is, algo) < 0)
+        goto end;
+    if (algo != SN_ALGO_NCCL)
+        ok = kernel_call(&k, algo, x_rows, elems * is, out_rows, &s,
+                         (int64_t *)osp.ptr, (int64_t *)off.ptr) == 0;
+    else
+        ok = nccl_all_to_all_v(&k, &s, elems * is, x_rows, out_rows,
+                               (int64_t *)osp.ptr, (int64_t *)off.ptr) == 0;
+end:
+    sn_tensor_release(&s.dev);
+    sn_tensor_release(&osp);
+    sn_tensor_release(&off);
+    return sn_call_end(&k, ok);
+}

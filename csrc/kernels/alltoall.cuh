@@ -1,0 +1,351 @@
+// All-to-all with splits that stay on the device ("push_all_to_all"): rank r
+// sends in_splits[q] rows of its input to rank q; rank q places the rows of
+// rank 0, 1, ..., n-1 one after another in its output. Equal splits
+// (Communicator.all_to_all) are the case in_splits[q] = m for every q. The
+// kernel moves bytes (SYMNCCL_DT_BYTES, every dtype); a row is a.row_size
+// bytes.
+//
+// It runs on the push kernels' region, flags and call counters (family
+// PUSH, push.cuh): any push call may follow it and it may follow any push
+// call. One call is epochs e0 (the splits) and e0 + 1 .. e0 + nch (the
+// data, in chunks of a.chunk_bytes, a multiple of 16 <= a slot):
+//
+//   splits (e0): every CTA reads this rank's in_splits (int64, device; or
+//     a.host_splits when in_splits is NULL), clamps them (negative -> 0,
+//     the rows past x's a.count rows dropped) and CTA 0 stores the clamped
+//     row into every peer's splits area (row `me`, one LL packet per count,
+//     flag (e0 mod 2^32-1) + 1: data and flag in one 16-byte store,
+//     packet.cuh). Every CTA of every rank polls the n - 1 peers' rows: the
+//     whole n x n matrix S[src][dst], so every CTA of every rank computes
+//     the same nch = the most chunks any off-diagonal block takes. CTA 0
+//     writes out_splits[r] = S[r][me] and out_offsets[r] (where rank r's
+//     rows start in out). Then each CTA raises flag 1 := e0 + 1 at every
+//     peer: "I have read your splits".
+//   own block: copied from the input into the output locally.
+//   chunk j (epoch e = e0 + 1 + j, slots of parity e & 1): as push_slices
+//     (push.cuh), unsplit:
+//       send: once every peer's flag 1 >= e - 1 (it has read chunk j - 2,
+//         the last user of these slots; chunks 0 and 1 find them free, the
+//         previous push call's end waited for that), store chunk j of my
+//         block for q into q's receive slot [e & 1][me], every q != me in
+//         rotated order; then flag 0 := e + 1 at every peer;
+//       consume: once every peer's flag 0 >= e + 1, copy chunk j of each
+//         peer's slot to its place in my output; then flag 1 := e + 1 at
+//         every peer.
+//   end: wait until every peer's flag 1 >= e0 + 1 + nch (every peer has
+//     read all I sent), then the counter := e0 + 1 + nch.
+//
+// Why it is correct:
+// - The splits area holds one row per source, no parity. Rank r stores the
+//   row of its next all-to-all into q's area only after r's kernel of this
+//   one completed (stream order; PDL waits at entry), i.e. after every CTA
+//   b of r saw CTA b of q raise flag 1 >= e0 + 1, which q raises after all
+//   its threads read the splits. A stale packet carries an older call's
+//   flag: the counters only grow and every call advances them by >= 1.
+//   Every CTA's counter agrees with every other's (every push kernel
+//   advances all CTAs of the fixed grid alike), so the packets CTA 0 sends
+//   carry the flag every CTA polls for.
+// - The slots and flags: push_slices' argument, word for word; CTA b
+//   handles the same vector positions of a slot in every chunk (Deal), so
+//   one flag per (phase, CTA, source) suffices. A block shorter than the
+//   chunk, or empty, still raises every flag of every chunk: every rank
+//   walks the same nch chunks. No cycle: a send of chunk j waits for the
+//   consumption of chunk j - 2 only.
+// - Bounds: a rank reads at most x's a.count rows (the clamp, which is
+//   also what it tells its peers) and writes at most out's a.out_rows
+//   rows: rows that would land past them are dropped (out_splits still
+//   reports what was sent, so sum(out_splits) > out rows shows it).
+// - Faults: every wait (the splits packets, flags 0 and 1) is bounded; a
+//   rank that never calls makes every other give up on its splits packets
+//   (SYMNCCL_WAIT_PACKETS, naming it). A CTA that gave up leaves; its
+//   counter is not advanced.
+//
+// Requirements (launch.cu checks them for the push family): blockDim.x >= n
+// and a multiple of 64, a.chunk_bytes a multiple of 16 and <= a slot. Any
+// alignment of x, out and the rows (unaligned blocks take the byte-wise
+// pack paths).
+#ifndef SYMNCCL_KERNELS_ALLTOALL_CUH
+#define SYMNCCL_KERNELS_ALLTOALL_CUH
+
+#include "packet.cuh"
+#include "push.cuh"
+
+SYMNCCL_BEGIN
+
+// The splits matrix and what each CTA derives from it (shared memory).
+struct A2aShared {
+  int64_t s[SYMNCCL_MAX_RANKS][SYMNCCL_MAX_RANKS];  // rows [src][dst]
+  int64_t in_off[SYMNCCL_MAX_RANKS];   // my block for q starts here (rows)
+  int64_t out_off[SYMNCCL_MAX_RANKS];  // rank r's rows start here in out
+  int64_t out_cap[SYMNCCL_MAX_RANKS];  // ... of which this many fit
+  unsigned long long nch;
+  int ok;
+};
+
+// Bytes [c0, c0 + len) of a block of `total` bytes: the part in this chunk.
+__device__ __forceinline__ size_t a2a_part(size_t total, size_t c0,
+                                           size_t chunk) {
+  return c0 >= total ? 0 : total - c0 < chunk ? total - c0 : chunk;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(512, 1)
+    push_all_to_all(ncclDevComm dc, const __grid_constant__ symnccl_kargs a) {
+  static_assert(sizeof(T) == 1, "all_to_all moves bytes");
+  constexpr int UC = PushUnroll<T>::kCopy;
+  __shared__ A2aShared sh;
+  const int n = dc.lsaSize;
+  const int me = dc.lsaRank;
+  const T* src = static_cast<const T*>(a.src);
+  T* out = static_cast<T*>(a.out);
+  const size_t row = a.row_size;
+  const size_t chunk = a.chunk_bytes;
+  const size_t slot_bytes = a.row_bytes;
+  auto aligned = [](const void* p) {
+    return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
+  };
+
+  uint64_t e0;
+  if (!enter_cta(a, me, n, e0)) return;
+  const uint64_t pflag = (uint32_t)(e0 % 0xFFFFFFFFull) + 1u;
+
+  // my row of the matrix, clamped to x's rows (every CTA alike)
+  if (threadIdx.x == 0) {
+    int64_t left = (int64_t)a.count;
+    for (int q = 0; q < n; q++) {
+      int64_t v = a.in_splits != nullptr ? a.in_splits[q] : a.host_splits[q];
+      v = v < 0 ? 0 : v > left ? left : v;
+      sh.in_off[q] = (int64_t)a.count - left;
+      sh.s[me][q] = v;
+      left -= v;
+    }
+    sh.nch = 0;
+  }
+  __syncthreads();
+
+  // the splits: CTA 0 sends my row to every peer; every CTA polls theirs
+  const Peers splits = Peers::of(a.region_win, a.splits_offset);
+  if (blockIdx.x == 0)
+    for (int t = threadIdx.x; t < n * n; t += blockDim.x) {
+      const int q = t / n, k = t % n;
+      if (q != me)
+        LL::send(splits(q) + ((size_t)me * n + k) * LL::kItemBytes,
+                 LL::Item{{(uint64_t)sh.s[me][k]}}, pflag);
+    }
+  bool ok = true;
+  for (int t = threadIdx.x; t < n * n; t += blockDim.x) {
+    const int r = t / n, k = t % n;
+    if (r == me) continue;
+    const LL::Item it =
+        LL::recv(splits(me) + ((size_t)r * n + k) * LL::kItemBytes, pflag, a,
+                 me, n, r, ok);
+    if (!ok) break;
+    sh.s[r][k] = (int64_t)it.w[0];
+  }
+  if (!__syncthreads_and(ok)) return;
+
+  // where each source's rows go, what fits, and the chunks every rank walks
+  if (threadIdx.x == 0) {
+    int64_t at = 0;
+    for (int r = 0; r < n; r++) {
+      const int64_t v = sh.s[r][me];
+      const int64_t room = (int64_t)a.out_rows - at;
+      sh.out_off[r] = at;
+      sh.out_cap[r] = room <= 0 ? 0 : v < room ? v : room;
+      at += v;
+    }
+  }
+  for (int t = threadIdx.x; t < n * n; t += blockDim.x) {
+    const int r = t / n, k = t % n;
+    if (r != k) {
+      const size_t bytes = (size_t)sh.s[r][k] * row;
+      atomicMax(&sh.nch, (unsigned long long)((bytes + chunk - 1) / chunk));
+    }
+  }
+  __syncthreads();
+  if (blockIdx.x == 0 && (int)threadIdx.x < n) {
+    if (a.out_splits != nullptr)
+      a.out_splits[threadIdx.x] = sh.s[threadIdx.x][me];
+    if (a.out_offsets != nullptr)
+      a.out_offsets[threadIdx.x] = sh.out_off[threadIdx.x];
+  }
+  const size_t nch = (size_t)sh.nch;
+
+  const Peers flags = Peers::of(a.region_win, a.region_offset);
+  const Peers data = Peers::of(a.region_win, a.data_offset);
+  const char* my_flags = flags(me);
+  const size_t line0 = push_line(0, blockIdx.x, n);
+  const size_t line1 = push_line(1, blockIdx.x, n);
+  const Group g = Group::cta();
+  const Deal<1> d = Deal<1>::of(g);
+  // "I have read your splits"
+  signal_flags(flags, line1, me, n, e0 + 1, true, g);
+
+  // my own block, locally: this CTA's vectors of it
+  {
+    const T* from = src + (size_t)sh.in_off[me] * row;
+    T* to = out + (size_t)sh.out_off[me] * row;
+    push_copy<T, UC>((size_t)sh.out_cap[me] * row, from, aligned(from), to,
+                     aligned(to), false, d);
+  }
+
+  for (size_t j = 0; j < nch && ok; j++) {
+    const uint64_t e = e0 + 1 + j;
+    const size_t c0 = j * chunk;
+    const size_t par = e & 1;
+    if (j >= 2 && !(ok = wait_flags(my_flags + line1, me, n, e - 1, a,
+                                    SYMNCCL_WAIT_RESULTS, true, g)))
+      break;
+    for (int k = 1; k < n; k++) {
+      const int q = (me + k) % n;
+      const size_t len = a2a_part((size_t)sh.s[me][q] * row, c0, chunk);
+      const T* from = src + (size_t)sh.in_off[q] * row + c0;
+      if (len != 0)
+        push_copy<T, UC>(
+            len, from, aligned(from),
+            reinterpret_cast<T*>(data(q) + (par * n + me) * slot_bytes), true,
+            true, d);
+    }
+    signal_flags(flags, line0, me, n, e + 1, true, g);
+    if (!(ok = wait_flags(my_flags + line0, me, n, e + 1, a,
+                          SYMNCCL_WAIT_SLICES, true, g)))
+      break;
+    const char* slots = data(me) + par * n * slot_bytes;
+    for (int k = 1; k < n; k++) {
+      const int r = (me + k) % n;
+      const size_t len = a2a_part((size_t)sh.out_cap[r] * row, c0, chunk);
+      T* to = out + (size_t)sh.out_off[r] * row + c0;
+      if (len != 0)
+        push_copy<T, UC>(len,
+                         reinterpret_cast<const T*>(slots + r * slot_bytes),
+                         true, to, aligned(to), false, d);
+    }
+    signal_flags(flags, line1, me, n, e + 1, true, g);
+  }
+
+  // every peer has read my splits and my last chunk: the splits area and
+  // the slots are free for the next call
+  if (ok)
+    ok = wait_flags(my_flags + line1, me, n, e0 + 1 + nch, a,
+                    SYMNCCL_WAIT_RESULTS, true, g);
+  if (ok && threadIdx.x == 0) a.epochs[blockIdx.x] = e0 + 1 + nch;
+}
+
+// ---------------------------------------------------------------- packets
+//
+// ll_all_to_all: small messages in one launch of LL packets, no flags:
+// rank r writes row r of every peer q's slot (the LL region, packet.cuh):
+// packet 0 carries the count S[r][q], packets 1.. the bytes of its block
+// for q, all with the call's flag, pushed at once. Rank q polls packet 0 of
+// every row, then as many data packets as the rows that fit in out; it
+// knows nothing else of the matrix and needs nothing else (one launch, no
+// chunks to agree on). One one-way trip.
+//
+// Slots: the packet kernels' two slots and call counters (family LL), so
+// the packet one-shot's argument holds as it is: every rank receives a
+// packet (the count) from every peer in every call, so a rank finishes call
+// c + 1 only after every peer finished call c, and a slot is written again
+// (call c + 2) only after everyone is done with it.
+//
+// Requirements (the host's, launch.cu checks): 1 + the packets of x's
+// whole bytes fit in a row (row_bytes / 16), so any block does.
+template <typename T>
+__global__ void __launch_bounds__(512)
+    ll_all_to_all(ncclDevComm dc, const __grid_constant__ symnccl_kargs a) {
+  static_assert(sizeof(T) == 1, "all_to_all moves bytes");
+  using F = LL;
+  __shared__ int64_t s_send[SYMNCCL_MAX_RANKS], s_in_off[SYMNCCL_MAX_RANKS];
+  __shared__ int64_t s_recv[SYMNCCL_MAX_RANKS], s_out_off[SYMNCCL_MAX_RANKS];
+  __shared__ int64_t s_cap[SYMNCCL_MAX_RANKS];
+  const int n = dc.lsaSize;
+  const int me = dc.lsaRank;
+  uint64_t epoch;
+  if (!enter_cta(a, me, n, epoch)) return;
+  const PacketCall call(epoch, a.region_offset, n, a.row_bytes);
+  const uint64_t flag = F::wire_flag(call.flag);
+  const T* src = static_cast<const T*>(a.src);
+  T* out = static_cast<T*>(a.out);
+  const size_t row = a.row_size;
+
+  if (threadIdx.x == 0) {
+    int64_t left = (int64_t)a.count;
+    for (int q = 0; q < n; q++) {
+      int64_t v = a.in_splits != nullptr ? a.in_splits[q] : a.host_splits[q];
+      v = v < 0 ? 0 : v > left ? left : v;
+      s_in_off[q] = (int64_t)a.count - left;
+      s_send[q] = v;
+      left -= v;
+    }
+  }
+  __syncthreads();
+
+  // my counts and blocks into row `me` of every peer's slot
+  const Peers rows =
+      Peers::of(a.region_win, call.slot_off + (size_t)me * a.row_bytes);
+  const size_t w0 = F::worker(), nw = F::workers();
+  if (w0 < (size_t)n && (int)w0 != me)
+    F::send(rows((int)w0), F::Item{{(uint64_t)s_send[w0]}}, flag);
+  for (int k = 1; k < n; k++) {
+    const int q = (me + k) % n;
+    const size_t bytes = (size_t)s_send[q] * row;
+    const T* from = src + (size_t)s_in_off[q] * row;
+    const bool al = aligned8(from);
+    for (size_t i = w0; i < (bytes + 7) / 8; i += nw)
+      F::send(rows(q) + (1 + i) * F::kItemBytes,
+              F::load(from, i, bytes, al, flag), flag);
+  }
+
+  // the counts sent here, where each source's rows go, what fits
+  const char* mine = Peers::of(a.region_win, call.slot_off)(me);
+  bool ok = true;
+  if ((int)threadIdx.x < n) {
+    const int r = threadIdx.x;
+    s_recv[r] = r == me ? s_send[me]
+                        : (int64_t)F::recv(mine + (size_t)r * a.row_bytes, flag,
+                                           a, me, n, r, ok)
+                              .w[0];
+  }
+  const bool all_ok = __syncthreads_and(ok);
+  if (all_ok && threadIdx.x == 0) {
+    int64_t at = 0;
+    for (int r = 0; r < n; r++) {
+      const int64_t room = (int64_t)a.out_rows - at;
+      s_out_off[r] = at;
+      s_cap[r] = room <= 0 ? 0 : s_recv[r] < room ? s_recv[r] : room;
+      at += s_recv[r];
+    }
+  }
+  __syncthreads();
+  if (all_ok) {
+    if (blockIdx.x == 0 && (int)threadIdx.x < n) {
+      if (a.out_splits != nullptr)
+        a.out_splits[threadIdx.x] = s_recv[threadIdx.x];
+      if (a.out_offsets != nullptr)
+        a.out_offsets[threadIdx.x] = s_out_off[threadIdx.x];
+    }
+    // my own block, locally
+    {
+      const size_t bytes = (size_t)s_cap[me] * row;
+      const T* from = src + (size_t)s_in_off[me] * row;
+      T* to = out + (size_t)s_out_off[me] * row;
+      const bool fa = aligned8(from), ta = aligned8(to);
+      for (size_t i = w0; i < (bytes + 7) / 8; i += nw)
+        store_pack<8>(to, i, bytes, ta, load_pack<8>(from, i, bytes, fa));
+    }
+    for (int k = 1; k < n && ok; k++) {
+      const int r = (me + k) % n;
+      const size_t bytes = (size_t)s_cap[r] * row;
+      T* to = out + (size_t)s_out_off[r] * row;
+      const bool al = aligned8(to);
+      const char* from = mine + (size_t)r * a.row_bytes;
+      for (size_t i = w0; i < (bytes + 7) / 8 && ok; i += nw)
+        F::put(to, i, bytes, al,
+               F::recv(from + (1 + i) * F::kItemBytes, flag, a, me, n, r, ok));
+    }
+  }
+  end_call(a.epochs, call);
+}
+
+SYMNCCL_END
+
+#endif  // SYMNCCL_KERNELS_ALLTOALL_CUH
