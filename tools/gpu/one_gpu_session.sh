@@ -22,8 +22,11 @@ for stage in ${STAGE:-tests}; do
     bench)
       python3 benchmarks/bench_fused.py --report "$OUT/fused_${gpu}x1_bfloat16.json" \
         2>&1 | tail -24
-      python3 benchmarks/bench_alltoall.py --out "$OUT/alltoall_${gpu}x1_bfloat16.json" \
-        2>&1 | tail -30
+      for n in 1 2 4; do   # 2 and 4: a loopback team on the one GPU
+        sfx=; [ "$n" -gt 1 ] && sfx=_loopback$n
+        python3 benchmarks/bench_alltoall.py --nranks $n \
+          --out "$OUT/alltoall_${gpu}x1_bfloat16$sfx.json" 2>&1 | tail -14
+      done
       python3 benchmarks/bench_eager.py --out "$OUT/eager_${gpu}x1_bfloat16.json" \
         2>&1 | tail -30 ;;
     ab)
