@@ -259,9 +259,19 @@ def run_info(nranks: int, gpu: str, torch_version: str, **fields) -> dict:
             **fields}
 
 
+def gpu_model(name: str) -> str:
+    """"NVIDIA H100 80GB HBM3" -> "h100", "NVIDIA H200" -> "h200": the
+    first word that is a letter and digits, else the last word."""
+    import re
+    words = name.split()
+    return next((w for w in words if re.fullmatch(r"[A-Za-z]+\d+", w)),
+                words[-1]).lower()
+
+
 def results_name(doc: dict, prefix: str) -> str:
-    """<prefix><gpu>x<n>_<dtype>[_eager].json, e.g. step_h200x2_bfloat16.json"""
-    return (f"{prefix}{doc['gpu'].split()[-1].lower()}x{doc['nranks']}"
+    """<prefix><gpu>x<n>_<dtype>[_eager].json, e.g. step_h200x2_bfloat16.json
+    (gpu: the model in the device name, "NVIDIA H100 80GB HBM3" -> h100)"""
+    return (f"{prefix}{gpu_model(doc['gpu'])}x{doc['nranks']}"
             f"_{doc['dtype']}{'_eager' if doc.get('eager') else ''}.json")
 
 

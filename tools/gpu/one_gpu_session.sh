@@ -13,7 +13,7 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 export SYMNCCL_NCCL_MINORS=${SYMNCCL_NCCL_MINORS:-28,30}
 OUT=${OUT:-/tmp/symnccl-out}
 mkdir -p "$OUT"
-gpu=$(python3 -c "import torch; print(torch.cuda.get_device_name(0).split()[-1].lower())")
+gpu=$(python3 -c "import sys, torch; sys.path.insert(0, 'benchmarks'); from bench_allreduce import gpu_model; print(gpu_model(torch.cuda.get_device_name(0)))")
 for stage in ${STAGE:-tests}; do
   case $stage in
     tests)
