@@ -160,6 +160,7 @@ def spawn_cpu(fn, *args):
         return pool.apply(fn, args)
 
 
+@pytest.mark.slow   # a jitted training-style gradient per collective
 @ranks_param(1, 2)
 def test_gradients_inside_shard_map_equal_jax_collectives(nranks):
     _handler_or_skip()

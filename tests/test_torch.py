@@ -106,6 +106,7 @@ def test_torch_bootstrap_eager_compile_and_graph(nranks):
         assert r["delegates"], r
 
 
+@pytest.mark.slow   # spawned ranks compile a training-style step
 @ranks_param(1, 2)
 def test_gradients_equal_torch_distributed(nranks):
     """Forward values and gradients of every op equal torch.distributed's
