@@ -659,12 +659,11 @@ static PyObject *
 kernel_table(void)
 {
     static const char *const shots[] = {"one", "two"};
-    static const char *const families[SYMNCCL_FAMILY_COUNT] = {
-        "barrier", "ll", "ll128", "push"};
-    static const char *const plans[] = {"loads", "packets", "slices",
-                                        "rooted", "push", "rows",
-                                        "all_to_all"};
-    static const char *const units[] = {"dtype", "multimem", "float"};
+#define NAME_(id, name) name,
+    static const char *const families[] = {SYMNCCL_FAMILIES(NAME_)};
+    static const char *const plans[] = {SYMNCCL_PLANS(NAME_)};
+    static const char *const units[] = {SYMNCCL_UNITS(NAME_)};
+#undef NAME_
     PyObject *t = PyTuple_New(SYMNCCL_K_COUNT);
     for (int k = 0; t != NULL && k < SYMNCCL_K_COUNT; k++) {
         const symnccl_kernel_row r = symnccl_kernel_row_of(k);

@@ -38,41 +38,53 @@
                             "granted multicast")
 
 /* Slots and call counters a kernel shares with the others of its family
- * (the staging window's regions; a kernel's counters are its family's). */
-enum {
-    SYMNCCL_FAMILY_BARRIER = 0, /* the load kernels: barrier flag lines */
-    SYMNCCL_FAMILY_LL,          /* the LL packet rows */
-    SYMNCCL_FAMILY_LL128,       /* the LL128 packet rows */
-    SYMNCCL_FAMILY_PUSH,        /* the push region's slots and flags */
-    SYMNCCL_FAMILY_COUNT
-};
+ * (the staging window's regions; a kernel's counters are its family's):
+ * X(ID, name).
+ *   BARRIER  the load kernels: barrier flag lines
+ *   LL       the LL packet rows
+ *   LL128    the LL128 packet rows
+ *   PUSH     the push region's slots and flags */
+#define SYMNCCL_FAMILIES(X) \
+    X(BARRIER, "barrier") X(LL, "ll") X(LL128, "ll128") X(PUSH, "push")
 
-/* How launch.c turns a call into launches of the kernel. */
-enum {
-    SYMNCCL_PLAN_LOADS = 0, /* peers load from a window (the input's, or
-                               the staging window it is copied into), one
-                               launch per staging area */
-    SYMNCCL_PLAN_PACKETS,   /* one launch per packet row's worth */
-    SYMNCCL_PLAN_SLICES,    /* chunk k of every slice in launch k */
-    SYMNCCL_PLAN_ROOTED,    /* reduce/broadcast: one_shot's staging chunks */
-    SYMNCCL_PLAN_PUSH,      /* one launch, the kernel walks the chunks */
-    SYMNCCL_PLAN_ROWS,      /* all_reduce_rmsnorm: whole rows of x, as
-                               many per launch as the staging area holds */
-    SYMNCCL_PLAN_ALL_TO_ALL /* one launch with the splits, on its family's
-                               region (alltoall.cuh) */
-};
+/* How launch.c turns a call into launches of the kernel: X(ID, name).
+ *   LOADS       peers load from a window (the input's, or the staging
+ *               window it is copied into), one launch per staging area
+ *   PACKETS     one launch per packet row's worth
+ *   SLICES      chunk k of every slice in launch k
+ *   ROOTED      reduce/broadcast: one_shot's staging chunks
+ *   PUSH        one launch, the kernel walks the chunks
+ *   ROWS        all_reduce_rmsnorm: whole rows of x, as many per launch as
+ *               the staging area holds
+ *   ALL_TO_ALL  one launch with the splits, on its family's region
+ *               (alltoall.cuh) */
+#define SYMNCCL_PLANS(X)                                               \
+    X(LOADS, "loads") X(PACKETS, "packets") X(SLICES, "slices")       \
+    X(ROOTED, "rooted") X(PUSH, "push") X(ROWS, "rows")               \
+    X(ALL_TO_ALL, "all_to_all")
+
+#define SYMNCCL_FAMILY_ENUM_(id, name) SYMNCCL_FAMILY_##id,
+enum { SYMNCCL_FAMILIES(SYMNCCL_FAMILY_ENUM_) SYMNCCL_FAMILY_COUNT };
+#undef SYMNCCL_FAMILY_ENUM_
+#define SYMNCCL_PLAN_ENUM_(id, name) SYMNCCL_PLAN_##id,
+enum { SYMNCCL_PLANS(SYMNCCL_PLAN_ENUM_) SYMNCCL_PLAN_COUNT };
+#undef SYMNCCL_PLAN_ENUM_
 
 /* ONE: the kernel an algorithm launches; TWO: the two-shot variant of the
  * same algorithm and collective, which ll and ll128 switch to on 3+ ranks
  * from a size (SYMNCCL_LL_TWO_SHOT_KIB, SYMNCCL_LL128_TWO_SHOT_KIB). */
 enum { SYMNCCL_SHOT_ONE = 0, SYMNCCL_SHOT_TWO = 1 };
 
-/* Where the kernel is instantiated: DTYPE, unit.cu once per kernel dtype
- * (only the SYMNCCL_DT_BYTES unit for a kernel that moves bytes);
- * MULTIMEM, multimem.cu; FLOAT, unit.cu's float32, float16 and bfloat16
- * units only (the registry refuses the other dtypes for such a kernel). */
-enum { SYMNCCL_UNIT_DTYPE = 0, SYMNCCL_UNIT_MULTIMEM = 1,
-       SYMNCCL_UNIT_FLOAT = 2 };
+/* Where the kernel is instantiated: X(ID, name). DTYPE, unit.cu once per
+ * kernel dtype (only the SYMNCCL_DT_BYTES unit for a kernel that moves
+ * bytes); MULTIMEM, multimem.cu; FLOAT, unit.cu's float32, float16 and
+ * bfloat16 units only (the registry refuses the other dtypes for such a
+ * kernel). */
+#define SYMNCCL_UNITS(X) \
+    X(DTYPE, "dtype") X(MULTIMEM, "multimem") X(FLOAT, "float")
+#define SYMNCCL_UNIT_ENUM_(id, name) SYMNCCL_UNIT_##id,
+enum { SYMNCCL_UNITS(SYMNCCL_UNIT_ENUM_) SYMNCCL_UNIT_COUNT };
+#undef SYMNCCL_UNIT_ENUM_
 /* The dtypes (SYMNCCL_DT_*) whose units hold the FLOAT kernels. */
 #define SYMNCCL_UNIT_FLOAT_TAKES(dt)                     \
     ((dt) == SYMNCCL_DT_F32 || (dt) == SYMNCCL_DT_F16 || \
