@@ -143,6 +143,26 @@ packet_kargs(const sn_ar *r, int kernel)
     return a;
 }
 
+/* A push-family kernel's arguments: the push region's slots and flags,
+ * chunks of a slot (or of SYMNCCL_PUSH_CHUNK_KIB when smaller: push.cuh),
+ * and the communicator's fixed push grid (every push kernel shares its
+ * slots, flags and call counters). */
+static symnccl_kargs
+push_kargs(const sn_ar *r, int kernel)
+{
+    CommObject *c = r->c;
+    symnccl_kargs a = kargs(r, kernel);
+    a.region_win = c->staging_win->win;
+    a.region_offset = c->layout.push_offset;
+    a.data_offset = c->layout.push_data;
+    a.row_bytes = c->layout.push_slot;
+    const size_t kib = (size_t)c->knobs.push_chunk_kib << 10;
+    a.chunk_bytes = kib == 0 || kib > a.row_bytes ? a.row_bytes : kib;
+    a.ctas = c->knobs.push_ctas;
+    a.threads = c->knobs.push_threads;
+    return a;
+}
+
 /* all_reduce's packet kernels: one launch per row's worth. */
 static int
 packet_launches(const sn_ar *r, sn_err *err)
@@ -242,12 +262,7 @@ rooted_launches(const sn_ar *r, int kernel, sn_err *err)
 static int
 push_launch(const sn_ar *r, int kernel, sn_err *err)
 {
-    CommObject *c = r->c;
-    symnccl_kargs a = kargs(r, kernel);
-    a.region_win = c->staging_win->win;
-    a.region_offset = c->layout.push_offset;
-    a.data_offset = c->layout.push_data;
-    a.row_bytes = c->layout.push_slot;
+    symnccl_kargs a = push_kargs(r, kernel);
     a.src = r->x;
     a.out = r->out;
     a.count = r->count;
@@ -256,16 +271,11 @@ push_launch(const sn_ar *r, int kernel, sn_err *err)
         a.count = r->count * r->dtype->itemsize;
     }
     a.slice_stride = a.count;
-    /* reduce_scatter and all_gather: chunks of a slice (push.cuh) */
-    const size_t kib = (size_t)c->knobs.push_chunk_kib << 10;
-    a.chunk_bytes = kib == 0 || kib > a.row_bytes ? a.row_bytes : kib;
     if (r->collective == SYMNCCL_COLL_ALL_REDUCE && r->win != NULL &&
         r->out == r->x && (size_t)(r->x - r->win->base) % 16 == 0) {
         a.out_win = r->win->win;
         a.out_offset = (size_t)(r->x - r->win->base);
     }
-    a.ctas = c->knobs.push_ctas;
-    a.threads = c->knobs.push_threads;
     return launch(r, &a, err);
 }
 
@@ -274,8 +284,9 @@ push_launch(const sn_ar *r, int kernel, sn_err *err)
  * on one rank, or with r->local (x holds NCCL's sum), x is read in place
  * and one launch takes every row. The block: a thread per 16-byte vector
  * of a row, at most SYMNCCL_THREADS; the grid: a CTA per row, at most
- * SYMNCCL_RMSNORM_CTAS. A dynamic FP8 output's scales: one per row. Both depend on the rows, H and the dtype only, so
- * every rank (and the local launch) reduces in the same order. */
+ * SYMNCCL_RMSNORM_CTAS. A dynamic FP8 output's scales: one per row. Both
+ * depend on the rows, H and the dtype only, so every rank (and the local
+ * launch) reduces in the same order. */
 static int
 row_launches(const sn_ar *r, int kernel, sn_err *err)
 {
@@ -343,17 +354,8 @@ all_to_all_launch(const sn_ar *r, int kernel, sn_err *err)
     symnccl_kargs a;
     if (symnccl_kernel_row_of(kernel).family == SYMNCCL_FAMILY_LL)
         a = packet_kargs(r, kernel);
-    else {
-        a = kargs(r, kernel);
-        a.region_win = c->staging_win->win;
-        a.region_offset = c->layout.push_offset;
-        a.data_offset = c->layout.push_data;
-        a.row_bytes = c->layout.push_slot;
-        const size_t kib = (size_t)c->knobs.push_chunk_kib << 10;
-        a.chunk_bytes = kib == 0 || kib > a.row_bytes ? a.row_bytes : kib;
-        a.ctas = c->knobs.push_ctas;
-        a.threads = c->knobs.push_threads;
-    }
+    else
+        a = push_kargs(r, kernel);
     a.dtype = SYMNCCL_DT_BYTES;
     a.splits_offset = c->layout.splits_offset;
     a.src = r->x;
