@@ -8,68 +8,53 @@
 
 #include <string.h>
 
-/* One call's state (collectives.c keeps its own for the plain
- * collectives). */
+/* One call's state: the shared call (collectives.c's sn_call: the entry,
+ * the stream, the device, x, and y as its `out`) and what the fused call
+ * borrows beyond it. */
 typedef struct {
-    SNState *st;
-    CommObject *c;
-    cudaStream_t stream;
-    int torch_current;         /* stream is torch's current one, read here */
-    int prev, pushed, entered;
-    SNTensor x, res, w, y, h, scale;
+    sn_call k;
+    SNTensor res, w, h, scale;
     PyObject *y_obj, *h_obj;   /* new references */
 } fcall;
 
-static void
-fcall_release(fcall *k)
-{
-    sn_tensor_release(&k->x);
-    sn_tensor_release(&k->res);
-    sn_tensor_release(&k->w);
-    sn_tensor_release(&k->y);
-    sn_tensor_release(&k->h);
-    sn_tensor_release(&k->scale);
-    if (k->pushed)
-        sn_device_pop(k->prev);
-    if (k->entered)
-        sn_comm_leave(k->st, k->c);
-}
-
 static PyObject *
-fcall_end(fcall *k, int ok)
+fcall_end(fcall *f, int ok)
 {
-    if (ok && k->y.own != NULL)
-        sn_buffer_mark_written(k->y.own, k->stream);
-    if (ok && k->h.own != NULL)
-        sn_buffer_mark_written(k->h.own, k->stream);
-    if (ok && k->scale.own != NULL)   /* fp8_dynamic's row scales */
-        sn_buffer_mark_written(k->scale.own, k->stream);
-    fcall_release(k);
-    PyObject *r = ok ? PyTuple_Pack(2, k->y_obj, k->h_obj) : NULL;
-    Py_XDECREF(k->y_obj);
-    Py_XDECREF(k->h_obj);
-    return r;
+    if (ok && f->h.own != NULL)
+        sn_buffer_mark_written(f->h.own, f->k.stream);
+    if (ok && f->scale.own != NULL)   /* fp8_dynamic's row scales */
+        sn_buffer_mark_written(f->scale.own, f->k.stream);
+    sn_tensor_release(&f->res);
+    sn_tensor_release(&f->w);
+    sn_tensor_release(&f->h);
+    sn_tensor_release(&f->scale);
+    if (ok && (f->k.result = PyTuple_Pack(2, f->y_obj, f->h_obj)) == NULL)
+        ok = 0;
+    Py_XDECREF(f->y_obj);
+    Py_XDECREF(f->h_obj);
+    /* marks y (k.out) written, releases x and y, leaves c */
+    return sn_call_end(&f->k, ok);
 }
 
 /* An output: `given` (None: a new tensor like `like`), imported into *t
  * and checked against x's count and `dt` (NULL: x's dtype); *obj takes the
  * new reference. */
 static int
-output(fcall *k, PyObject *given, PyObject *like, const SNTensor *shape_of,
+output(fcall *f, PyObject *given, PyObject *like, const SNTensor *shape_of,
        const char *name, const sn_dtype *dt, SNTensor *t, PyObject **obj)
 {
     if (dt == NULL)
-        dt = k->x.dtype;
+        dt = f->k.x.dtype;
     if (given == NULL || given == Py_None) {
-        if ((*obj = sn_new_output(k->st, k->c, like, shape_of->ndim,
+        if ((*obj = sn_new_output(f->k.st, f->k.c, like, shape_of->ndim,
                                   shape_of->shape, shape_of->dtype,
-                                  k->stream)) == NULL)
+                                  f->k.stream)) == NULL)
             return -1;
     }
     else
         *obj = Py_NewRef(given);
-    if (sn_tensor_import(k->st, *obj, k->stream, k->c->device,
-                         k->torch_current, name, t) < 0)
+    if (sn_tensor_import(f->k.st, *obj, f->k.stream, f->k.c->device,
+                         f->k.torch_current, name, t) < 0)
         return -1;
     if (t->readonly) {
         PyErr_Format(PyExc_BufferError, "all_reduce_rmsnorm: %s is "
@@ -81,10 +66,10 @@ output(fcall *k, PyObject *given, PyObject *like, const SNTensor *shape_of,
                      "%s, expected %s", name, t->dtype->name, dt->name);
         return -1;
     }
-    if (t->count != k->x.count) {
+    if (t->count != f->k.x.count) {
         PyErr_Format(PyExc_ValueError, "all_reduce_rmsnorm: %s has %zu "
                      "elements, expected %zu (x's)", name, t->count,
-                     k->x.count);
+                     f->k.x.count);
         return -1;
     }
     return 0;
@@ -111,46 +96,46 @@ check_overlap(const SNTensor *out, const char *oname, const SNTensor *in,
 
 /* The arguments: dtypes, shapes, H % 8, weight's length. */
 static int
-check_inputs(fcall *k, size_t *H)
+check_inputs(fcall *f, size_t *H)
 {
-    const sn_dtype *dt = k->x.dtype;
+    const sn_dtype *dt = f->k.x.dtype;
     if (!SYMNCCL_UNIT_FLOAT_TAKES(dt->kernel)) {   /* the kernels' units */
         PyErr_Format(PyExc_TypeError, "all_reduce_rmsnorm: x has dtype %s, "
                      "expected float32, float16 or bfloat16", dt->name);
         return -1;
     }
-    if (k->res.dtype != dt || k->w.dtype != dt) {
+    if (f->res.dtype != dt || f->w.dtype != dt) {
         PyErr_Format(PyExc_TypeError, "all_reduce_rmsnorm: residual has "
                      "dtype %s and weight %s, expected %s (x's)",
-                     k->res.dtype->name, k->w.dtype->name, dt->name);
+                     f->res.dtype->name, f->w.dtype->name, dt->name);
         return -1;
     }
-    if (k->x.ndim < 1) {
+    if (f->k.x.ndim < 1) {
         PyErr_SetString(PyExc_ValueError, "all_reduce_rmsnorm: x is a "
                         "scalar, expected (T, H) (or (..., H))");
         return -1;
     }
-    *H = (size_t)k->x.shape[k->x.ndim - 1];
+    *H = (size_t)f->k.x.shape[f->k.x.ndim - 1];
     if (*H == 0 || *H % 8 != 0) {
         PyErr_Format(PyExc_ValueError, "all_reduce_rmsnorm: H (x's last "
                      "dimension) is %zu, expected a positive multiple of 8",
                      *H);
         return -1;
     }
-    int same = k->res.ndim == k->x.ndim;
-    for (int i = 0; same && i < k->x.ndim; i++)
-        same = k->res.shape[i] == k->x.shape[i];
+    int same = f->res.ndim == f->k.x.ndim;
+    for (int i = 0; same && i < f->k.x.ndim; i++)
+        same = f->res.shape[i] == f->k.x.shape[i];
     if (!same) {
         PyErr_Format(PyExc_ValueError, "all_reduce_rmsnorm: residual has "
                      "%zu elements (%d dimensions), expected x's shape "
-                     "(%zu elements, %d dimensions)", k->res.count,
-                     k->res.ndim, k->x.count, k->x.ndim);
+                     "(%zu elements, %d dimensions)", f->res.count,
+                     f->res.ndim, f->k.x.count, f->k.x.ndim);
         return -1;
     }
-    if (k->w.count != *H) {
+    if (f->w.count != *H) {
         PyErr_Format(PyExc_ValueError, "all_reduce_rmsnorm: weight has %zu "
                      "elements, expected %zu (H, x's last dimension)",
-                     k->w.count, *H);
+                     f->w.count, *H);
         return -1;
     }
     return 0;
@@ -194,22 +179,22 @@ parse_quant(PyObject *q, PyObject *out, PyObject *scale, int *quant)
 /* scale=: float32, one element (static) or one per row (dynamic, which
  * writes it). */
 static int
-check_scale(fcall *k, PyObject *obj, int quant, size_t rows)
+check_scale(fcall *f, PyObject *obj, int quant, size_t rows)
 {
-    if (sn_tensor_import(k->st, obj, k->stream, k->c->device,
-                         k->torch_current, "scale", &k->scale) < 0)
+    if (sn_tensor_import(f->k.st, obj, f->k.stream, f->k.c->device,
+                         f->k.torch_current, "scale", &f->scale) < 0)
         return -1;
     const size_t want = quant == SYMNCCL_QUANT_STATIC ? 1 : rows;
-    if (k->scale.dtype != sn_dtype_by_name("float32") ||
-        k->scale.count != want) {
+    if (f->scale.dtype != sn_dtype_by_name("float32") ||
+        f->scale.count != want) {
         PyErr_Format(PyExc_ValueError, "all_reduce_rmsnorm: scale has "
                      "dtype %s and %zu elements, expected float32 and %zu "
-                     "(%s)", k->scale.dtype->name, k->scale.count, want,
+                     "(%s)", f->scale.dtype->name, f->scale.count, want,
                      quant == SYMNCCL_QUANT_STATIC ? "one per tensor"
                                                    : "one per row of x");
         return -1;
     }
-    if (quant == SYMNCCL_QUANT_DYNAMIC && k->scale.readonly) {
+    if (quant == SYMNCCL_QUANT_DYNAMIC && f->scale.readonly) {
         PyErr_SetString(PyExc_BufferError, "all_reduce_rmsnorm: scale is "
                         "read-only (fp8_dynamic writes the row scales)");
         return -1;
@@ -217,56 +202,73 @@ check_scale(fcall *k, PyObject *obj, int quant, size_t rows)
     return 0;
 }
 
-/* NCCL's all-reduce of x into a temporary, then the add and the norm by
- * symnccl's kernel with no peer (a.local), on the same stream. */
-static int
-nccl_then_norm(fcall *k, sn_ar *r)
+/* ------------------------------------------------------------------ */
+/* The call without the Python API: the Communicator method below and the
+ * XLA handler (xla_ffi.c) both run it. */
+
+const char *
+sn_rmsnorm_unavailable(int algo, int quant)
 {
-    CommObject *c = k->c;
-    if (k->st->group_depth > 0) {
-        PyErr_SetString(PyExc_NotImplementedError, "all_reduce_rmsnorm on "
-                        "NCCL cannot run inside symnccl.group() (the norm "
-                        "would be enqueued before the group's all-reduce)");
-        return -1;
-    }
+    if (algo == SN_ALGO_TWO_SHOT && quant != SYMNCCL_QUANT_NONE)
+        return "all_reduce_rmsnorm: algo 'two_shot' has no FP8 output "
+               "(quant=); use 'one_shot' or 'nccl'";
+    return NULL;
+}
+
+/* NCCL's all-reduce of x into a temporary, then the add and the norm by
+ * symnccl's kernel with no peer (r->local), on the same stream. */
+static int
+nccl_then_norm(sn_ar *r, sn_nccl_done_fn done, void *ctx, sn_err *err)
+{
+    CommObject *c = r->c;
     const sn_topology t = sn_topology_of(c);
-    if (!t.symmetric || !t.staging) {
-        PyErr_Format(PyExc_RuntimeError, "all_reduce_rmsnorm: symnccl's "
-                     "add+norm kernel needs the NCCL device API on this "
-                     "communicator, which it does not have (%s)",
-                     c->symmetric_reason != NULL ? c->symmetric_reason
-                                                 : "no staging window");
-        return -1;
-    }
-    const size_t bytes = k->x.count * (size_t)k->x.dtype->itemsize;
+    if (!t.symmetric || !t.staging)
+        return sn_fail(err, cudaSuccess, ncclSuccess,
+                       "all_reduce_rmsnorm: symnccl's add+norm kernel "
+                       "needs the NCCL device API on this communicator, "
+                       "which it does not have (%s)",
+                       c->symmetric_reason != NULL ? c->symmetric_reason
+                                                   : "no staging window");
+    const size_t bytes = r->count * (size_t)r->dtype->itemsize;
     char *tmp = NULL;
-    cudaError_t e = cudaMallocAsync((void **)&tmp, bytes, k->stream);
+    cudaError_t e = cudaMallocAsync((void **)&tmp, bytes, r->stream);
     if (e != cudaSuccess)
-        return sn_set_cuda_error(k->st, e, "cudaMallocAsync");
-    int ok = 0;
-    ncclResult_t rc = ncclAllReduce(k->x.ptr, tmp, k->x.count,
-                                    k->x.dtype->nccl, ncclSum, c->comm,
-                                    k->stream);
-    if (rc == ncclSuccess || rc == ncclInProgress) {
-        sn_count_nccl(c);
-        sn_watch_nccl(c, SYMNCCL_COLL_ALL_REDUCE_RMSNORM, k->stream);
+        return sn_fail(err, e, ncclSuccess, "cudaMallocAsync");
+    int rc = -2;   /* done() failed: its own error is set */
+    if (done(ctx, ncclAllReduce(r->x, tmp, r->count, r->dtype->nccl,
+                                ncclSum, c->comm, r->stream)) == 0) {
+        sn_ar local = *r;
+        local.algo = SN_ALGO_ONE_SHOT;
+        local.x = tmp;
+        local.local = 1;
+        rc = sn_launch_kernels(&local, err);
     }
-    if (sn_nccl_complete(k->st, c, rc, "ncclAllReduce "
-                         "(all_reduce_rmsnorm)") == 0) {
-        sn_err err = {cudaSuccess, ncclSuccess, ""};
-        r->algo = SN_ALGO_ONE_SHOT;
-        r->x = tmp;
-        r->local = 1;
-        ok = sn_launch_kernels(r, &err) == 0;
-        if (!ok && sn_fault_check(k->st, c) == 0)
-            sn_raise(k->st, &err);
-    }
-    e = cudaFreeAsync(tmp, k->stream);
-    if (ok && e != cudaSuccess) {
-        sn_set_cuda_error(k->st, e, "cudaFreeAsync");
-        ok = 0;
-    }
-    return ok ? 0 : -1;
+    e = cudaFreeAsync(tmp, r->stream);
+    if (rc == 0 && e != cudaSuccess)
+        rc = sn_fail(err, e, ncclSuccess, "cudaFreeAsync");
+    return rc;
+}
+
+int
+sn_rmsnorm_launch(sn_ar *r, sn_nccl_done_fn done, void *ctx, sn_err *err)
+{
+    if (r->count == 0)
+        return 0;
+    if (r->algo == SN_ALGO_NCCL)
+        return nccl_then_norm(r, done, ctx, err);
+    return sn_launch_kernels(r, err);
+}
+
+/* ------------------------------------------------------------------ */
+
+/* The method's completion of the NCCL all-reduce: counted, watched,
+ * waited for (sn_call_enqueued); -1 with the exception set. */
+static int
+method_nccl_done(void *ctx, ncclResult_t rc)
+{
+    return sn_call_enqueued((sn_call *)ctx, rc,
+                            SYMNCCL_COLL_ALL_REDUCE_RMSNORM,
+                            "ncclAllReduce (all_reduce_rmsnorm)");
 }
 
 PyObject *
@@ -288,18 +290,10 @@ sn_all_reduce_rmsnorm(CommObject *c, PyObject *args, PyObject *kw)
     int quant;
     if (parse_quant(quant_obj, out, scale_obj, &quant) < 0)
         return NULL;
-    int algo = SN_ALGO_AUTO, asked;
-    if (algo_obj != NULL) {
-        const char *s = PyUnicode_Check(algo_obj)
-                            ? PyUnicode_AsUTF8AndSize(algo_obj, NULL) : NULL;
-        algo = s != NULL ? sn_algo_by_name(s) : SN_ALGO_UNKNOWN;
-        if (algo == SN_ALGO_UNKNOWN) {
-            PyErr_Clear();
-            PyErr_Format(PyExc_ValueError, "algo %R is not available: "
-                         "expected one of %s", algo_obj, sn_algo_choices());
-            return NULL;
-        }
-    }
+    int algo = SN_ALGO_AUTO;
+    if (algo_obj != NULL &&
+        (algo = sn_parse_algo(algo_obj)) == SN_ALGO_UNKNOWN)
+        return NULL;
     if (!(eps >= 0.0)) {
         PyObject *e = PyFloat_FromDouble(eps);
         if (e != NULL)
@@ -308,88 +302,68 @@ sn_all_reduce_rmsnorm(CommObject *c, PyObject *args, PyObject *kw)
         Py_XDECREF(e);
         return NULL;
     }
-    fcall k;
-    memset(&k, 0, sizeof(k));
-    k.c = c;
-    k.st = sn_state_from_type(Py_TYPE((PyObject *)c));
-    if (sn_comm_enter(k.st, c) < 0)
-        return NULL;
-    k.entered = 1;
-    if (stream_obj != Py_None) {
-        if (sn_parse_stream(stream_obj, &k.stream) < 0)
-            return fcall_end(&k, 0);
-    }
-    else if (sn_default_stream(k.st, x, c->device, &k.stream,
-                               &k.torch_current) < 0)
-        return fcall_end(&k, 0);
-    if (sn_device_push(k.st, c->device, &k.prev) < 0)
-        return fcall_end(&k, 0);
-    k.pushed = 1;
+    fcall f;
+    memset(&f, 0, sizeof(f));
+    sn_call *k = &f.k;
+    if (sn_call_begin(k, c, x, stream_obj) < 0)
+        return fcall_end(&f, 0);
     size_t H = 0;
-    const int tc = k.torch_current;
-    if (sn_tensor_import(k.st, x, k.stream, c->device, tc, "x", &k.x) < 0 ||
-        sn_tensor_import(k.st, res, k.stream, c->device, tc, "residual",
-                         &k.res) < 0 ||
-        sn_tensor_import(k.st, w, k.stream, c->device, tc, "weight",
-                         &k.w) < 0 ||
-        check_inputs(&k, &H) < 0 ||
-        output(&k, out, x, &k.x, "out",
-               quant ? sn_dtype_by_name("float8_e4m3fn") : NULL, &k.y,
-               &k.y_obj) < 0 ||
-        output(&k, res_out, res, &k.x, "residual_out", NULL, &k.h,
-               &k.h_obj) < 0 ||
-        (quant && check_scale(&k, scale_obj, quant, k.x.count / H) < 0))
-        return fcall_end(&k, 0);
-    if (check_overlap(&k.y, "out", &k.h, "residual_out", 0) < 0 ||
-        check_overlap(&k.y, "out", &k.w, "weight", 0) < 0 ||
-        check_overlap(&k.h, "residual_out", &k.w, "weight", 0) < 0 ||
-        check_overlap(&k.y, "out", &k.x, "x", 1) < 0 ||
-        check_overlap(&k.y, "out", &k.res, "residual", 1) < 0 ||
-        check_overlap(&k.h, "residual_out", &k.x, "x", 1) < 0 ||
-        check_overlap(&k.h, "residual_out", &k.res, "residual", 1) < 0)
-        return fcall_end(&k, 0);
+    const int tc = k->torch_current;
+    if (sn_tensor_import(k->st, res, k->stream, c->device, tc, "residual",
+                         &f.res) < 0 ||
+        sn_tensor_import(k->st, w, k->stream, c->device, tc, "weight",
+                         &f.w) < 0 ||
+        check_inputs(&f, &H) < 0 ||
+        output(&f, out, x, &k->x, "out",
+               quant ? sn_dtype_by_name("float8_e4m3fn") : NULL, &k->out,
+               &f.y_obj) < 0 ||
+        output(&f, res_out, res, &k->x, "residual_out", NULL, &f.h,
+               &f.h_obj) < 0 ||
+        (quant && check_scale(&f, scale_obj, quant, k->x.count / H) < 0))
+        return fcall_end(&f, 0);
+    const SNTensor *y = &k->out, *xt = &k->x;
+    if (check_overlap(y, "out", &f.h, "residual_out", 0) < 0 ||
+        check_overlap(y, "out", &f.w, "weight", 0) < 0 ||
+        check_overlap(&f.h, "residual_out", &f.w, "weight", 0) < 0 ||
+        check_overlap(y, "out", xt, "x", 1) < 0 ||
+        check_overlap(y, "out", &f.res, "residual", 1) < 0 ||
+        check_overlap(&f.h, "residual_out", xt, "x", 1) < 0 ||
+        check_overlap(&f.h, "residual_out", &f.res, "residual", 1) < 0)
+        return fcall_end(&f, 0);
     if (quant == SYMNCCL_QUANT_DYNAMIC) {
-        const SNTensor *others[] = {&k.x, &k.res, &k.w, &k.y, &k.h};
+        const SNTensor *others[] = {xt, &f.res, &f.w, y, &f.h};
         static const char *const names[] = {"x", "residual", "weight",
                                             "out", "residual_out"};
         for (int i = 0; i < 5; i++)
-            if (check_overlap(&k.scale, "scale", others[i], names[i], 0) < 0)
-                return fcall_end(&k, 0);
+            if (check_overlap(&f.scale, "scale", others[i], names[i], 0) < 0)
+                return fcall_end(&f, 0);
     }
-    const size_t bytes = k.x.count * (size_t)k.x.dtype->itemsize;
-    const sn_topology topo = sn_topology_of(c);
-    asked = algo;
-    const sn_call_desc d = {SYMNCCL_COLL_ALL_REDUCE_RMSNORM, algo, bytes,
-                            k.x.dtype, sn_op_by_name("sum"), 0,
-                            k.st->group_depth > 0};
-    char why[320];
-    algo = sn_resolve(&topo, &c->knobs, &d, why, sizeof(why));
-    if (algo == SN_ALGO_UNKNOWN) {
-        PyErr_SetString(asked == SN_ALGO_AUTO || asked == SN_ALGO_NCCL
-                            ? PyExc_RuntimeError
-                            : PyExc_ValueError,
-                        why);
-        return fcall_end(&k, 0);
+    const size_t bytes = xt->count * (size_t)xt->dtype->itemsize;
+    if ((algo = sn_call_algo(k, SYMNCCL_COLL_ALL_REDUCE_RMSNORM, algo,
+                             bytes)) == SN_ALGO_UNKNOWN)
+        return fcall_end(&f, 0);
+    const char *no = sn_rmsnorm_unavailable(algo, quant);
+    if (no != NULL) {
+        PyErr_SetString(PyExc_ValueError, no);
+        return fcall_end(&f, 0);
     }
-    if (algo == SN_ALGO_TWO_SHOT && quant != SYMNCCL_QUANT_NONE) {
-        PyErr_SetString(PyExc_ValueError, "all_reduce_rmsnorm: algo "
-                        "'two_shot' has no FP8 output (quant=); use "
-                        "'one_shot' or 'nccl'");
-        return fcall_end(&k, 0);
+    if (algo == SN_ALGO_NCCL && k->st->group_depth > 0 && xt->count > 0) {
+        PyErr_SetString(PyExc_NotImplementedError, "all_reduce_rmsnorm on "
+                        "NCCL cannot run inside symnccl.group() (the norm "
+                        "would be enqueued before the group's all-reduce)");
+        return fcall_end(&f, 0);
     }
-    if (k.x.count == 0)
-        return fcall_end(&k, 1);
-    sn_ar r = {c, algo, k.x.ptr, k.y.ptr, NULL, k.x.count, k.x.dtype,
-               sn_op_by_name("sum"), k.stream,
-               SYMNCCL_COLL_ALL_REDUCE_RMSNORM, -1, k.res.ptr, k.h.ptr,
-               k.w.ptr, H, (float)eps, 0, quant, (float *)k.scale.ptr};
-    if (algo == SN_ALGO_NCCL)
-        return fcall_end(&k, nccl_then_norm(&k, &r) == 0);
+    /* SYMNCCL_CHECK=1: the ranks compare the call first (collectives.c) */
+    if (sn_call_check(k, SYMNCCL_COLL_ALL_REDUCE_RMSNORM, xt->count,
+                      algo) < 0)
+        return fcall_end(&f, 0);
+    sn_ar r = {c, algo, xt->ptr, y->ptr, NULL, xt->count, xt->dtype,
+               sn_op_by_name("sum"), k->stream,
+               SYMNCCL_COLL_ALL_REDUCE_RMSNORM, -1, f.res.ptr, f.h.ptr,
+               f.w.ptr, H, (float)eps, 0, quant, (float *)f.scale.ptr};
     sn_err err = {cudaSuccess, ncclSuccess, ""};
-    if (sn_launch_kernels(&r, &err) < 0) {
-        if (sn_fault_check(k.st, c) == 0)
-            sn_raise(k.st, &err);
-        return fcall_end(&k, 0);
-    }
-    return fcall_end(&k, 1);
+    const int rc = sn_rmsnorm_launch(&r, method_nccl_done, k, &err);
+    if (rc == -1 && sn_fault_check(k->st, c) == 0)
+        sn_raise(k->st, &err);
+    return fcall_end(&f, rc == 0);
 }

@@ -834,4 +834,22 @@ PyObject *sn_py_xla_stats(PyObject *module, PyObject *arg);
 
 extern PyType_Spec sn_communicator_spec;
 
+/* ------------------------------------------------------------------ */
+/* fused.c, for the XLA handler (xla_ffi.c): all_reduce_rmsnorm without
+ * the Python API (callable without the GIL). */
+
+/* Why the fused collective cannot run a call that sn_resolve gave `algo`
+ * (two_shot has no FP8 output), or NULL. */
+const char *sn_rmsnorm_unavailable(int algo, int quant);
+/* Completes an NCCL call that returned rc, the caller's way (the method:
+ * counted, watched, waited for with Python's exception on failure; the
+ * XLA handler: without the GIL); 0, or -1 with the caller's error set. */
+typedef int (*sn_nccl_done_fn)(void *ctx, ncclResult_t rc);
+/* Enqueues a resolved call (r->algo: a fused kernel's, or SN_ALGO_NCCL:
+ * ncclAllReduce of x into stream-ordered scratch, finished by done(ctx),
+ * then the add+norm kernel with no peer). 0; -1 with *err filled; -2 when
+ * done() failed (its error is the caller's). */
+int sn_rmsnorm_launch(sn_ar *r, sn_nccl_done_fn done, void *ctx,
+                      sn_err *err);
+
 #endif /* SYMNCCL_H */

@@ -425,6 +425,38 @@ def test_one_rank_nccl_fallback_gives_the_bits_of_the_fused_kernel():
         comm.close()
 
 
+@pytest.mark.gpu
+def test_call_check_compares_fused_calls_too(monkeypatch):
+    """SYMNCCL_CHECK=1 (the shared call helpers of collectives.c) compares
+    each all_reduce_rmsnorm call first: one NCCL all-gather more per call,
+    on the fused kernel and on the NCCL fallback alike; off, none. A
+    loopback team, which has no NCCL to compare with, refuses the call
+    with the knob on."""
+    torch = _torch()
+    xs, res, w = _inputs(torch, 1, 3, 64, "float32", seed=21)
+    for on in (0, 1):
+        monkeypatch.setenv("SYMNCCL_CHECK", str(on))
+        with symnccl.Communicator(symnccl.get_unique_id(), 0, 1,
+                                  device=0) as c:
+            assert c.knobs["SYMNCCL_CHECK"] == on
+            before = c._launches()
+            c.all_reduce_rmsnorm(xs[0], res, w, EPS, algo="one_shot")
+            c.all_reduce_rmsnorm(xs[0], res, w, EPS, algo="nccl")
+            torch.cuda.synchronize()
+            after = c._launches()
+            assert after["one_shot_rmsnorm"] == \
+                before["one_shot_rmsnorm"] + 2
+            assert after["nccl"] == before["nccl"] + 1 + 2 * on, on
+    monkeypatch.setenv("SYMNCCL_CHECK", "1")
+    team = _team(monkeypatch, 1)
+    try:
+        with pytest.raises(RuntimeError, match="needs NCCL.*loopback"):
+            team[0].all_reduce_rmsnorm(xs[0], res, w, EPS, algo="one_shot")
+        assert not any(team[0]._launches().values())
+    finally:
+        _close(team)
+
+
 # ------------------------------------------------------------ torch op
 
 @pytest.mark.gpu
