@@ -218,7 +218,8 @@ sn_rmsnorm_unavailable(int algo, int quant)
 /* NCCL's all-reduce of x into a temporary, then the add and the norm by
  * symnccl's kernel with no peer (r->local), on the same stream. */
 static int
-nccl_then_norm(sn_ar *r, sn_nccl_done_fn done, void *ctx, sn_err *err)
+nccl_then_norm(const sn_ar *r, sn_nccl_done_fn done, void *ctx,
+               sn_err *err)
 {
     CommObject *c = r->c;
     const sn_topology t = sn_topology_of(c);
@@ -250,7 +251,8 @@ nccl_then_norm(sn_ar *r, sn_nccl_done_fn done, void *ctx, sn_err *err)
 }
 
 int
-sn_rmsnorm_launch(sn_ar *r, sn_nccl_done_fn done, void *ctx, sn_err *err)
+sn_rmsnorm_launch(const sn_ar *r, sn_nccl_done_fn done, void *ctx,
+                  sn_err *err)
 {
     if (r->count == 0)
         return 0;

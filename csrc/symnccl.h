@@ -849,7 +849,7 @@ typedef int (*sn_nccl_done_fn)(void *ctx, ncclResult_t rc);
  * ncclAllReduce of x into stream-ordered scratch, finished by done(ctx),
  * then the add+norm kernel with no peer). 0; -1 with *err filled; -2 when
  * done() failed (its error is the caller's). */
-int sn_rmsnorm_launch(sn_ar *r, sn_nccl_done_fn done, void *ctx,
+int sn_rmsnorm_launch(const sn_ar *r, sn_nccl_done_fn done, void *ctx,
                       sn_err *err);
 
 #endif /* SYMNCCL_H */

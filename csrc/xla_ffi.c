@@ -593,6 +593,275 @@ handle_all_gather(snx_call_frame *call)
     return handle(call, SYMNCCL_COLL_ALL_GATHER);
 }
 
+/* ------------------------------------------------------------------ */
+/* "symnccl_all_reduce_rmsnorm": Communicator.all_reduce_rmsnorm as a
+ * custom call (symnccl.jax.all_reduce_rmsnorm). Operands x, residual,
+ * weight (and a static FP8 scale), results y and h (and the dynamic FP8
+ * row scales); attributes eps (float32) and algo (SN_ALGO_*). The
+ * quantisation follows from the buffers: a fourth operand is the static
+ * scale, a third result the row scales, and y is then float8_e4m3fn. The
+ * fused kernels copy x into the staging window themselves (launch.c,
+ * row_launches), so XLA's buffers are never registered as windows. The
+ * algorithm is the resolver's (sn_resolve) and the launch, NCCL fallback
+ * included, fused.c's (sn_rmsnorm_launch), as for the method. */
+
+static size_t
+buffer_elements(const snx_buffer *b)
+{
+    size_t n = 1;
+    for (int64_t i = 0; i < b->rank; i++)
+        n *= (size_t)b->dims[i];
+    return n;
+}
+
+/* Float attribute `name` (a float32 or float64 scalar), or dflt. */
+static double
+attr_float(const snx_call_frame *call, const char *name, double dflt)
+{
+    size_t len = strlen(name);
+    for (int64_t i = 0; i < call->attrs.size; i++) {
+        const snx_bytes *n = call->attrs.names[i];
+        if (n->len != len || memcmp(n->ptr, name, len) != 0 ||
+            call->attrs.types[i] != SNX_ATTR_SCALAR)
+            continue;
+        const snx_scalar *s = call->attrs.attrs[i];
+        if (s->dtype == SNX_F32)
+            return *(const float *)s->value;
+        if (s->dtype == SNX_F64)
+            return *(const double *)s->value;
+    }
+    return dflt;
+}
+
+/* The handler's way into a communicator (what handle() does for the
+ * other collectives): XLA's stream, the communicator registered for
+ * XLA's device, entered (c->busy counts this thread until
+ * xla_leave). NULL with *c set, or the error. */
+static snx_error *
+xla_enter(snx_call_frame *call, const char *name, CommObject **cp,
+          cudaStream_t *stream)
+{
+    const snx_api *api = call->api;
+    char msg[320];
+    snx_stream_get_args sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.struct_size = SNX_STRUCT_SIZE(snx_stream_get_args, stream);
+    sa.ctx = call->ctx;
+    snx_error *e = api->stream_get(&sa);
+    if (e != NULL)
+        return e;
+    *stream = (cudaStream_t)sa.stream;
+    if (api->struct_size < SNX_STRUCT_SIZE(snx_api, device_ordinal_get)) {
+        snprintf(msg, sizeof(msg), "symnccl_%s: this XLA's FFI API (%zu "
+                 "bytes) has no DeviceOrdinal_Get: update jaxlib", name,
+                 api->struct_size);
+        return ffi_error(api, SNX_ERR_FAILED_PRECONDITION, msg);
+    }
+    snx_device_ordinal_get_args da;
+    memset(&da, 0, sizeof(da));
+    da.struct_size =
+        SNX_STRUCT_SIZE(snx_device_ordinal_get_args, device_ordinal);
+    da.ctx = call->ctx;
+    if ((e = api->device_ordinal_get(&da)) != NULL)
+        return e;
+    const int dev = da.device_ordinal;
+    pthread_mutex_lock(&registry_lock);
+    CommObject *c = dev >= 0 && dev < SN_XLA_MAX_DEVICES ? registry[dev]
+                                                         : NULL;
+    pthread_mutex_unlock(&registry_lock);
+    if (c == NULL || c->closed || c->comm == NULL) {
+        snprintf(msg, sizeof(msg), "symnccl_%s: no open symnccl "
+                 "communicator is registered for device %d: create it with "
+                 "symnccl.jax.communicator() before running the computation",
+                 name, dev);
+        return ffi_error(api, SNX_ERR_FAILED_PRECONDITION, msg);
+    }
+    sn_lock(c);
+    const int failed = sn_fault_poll(c);
+    const int closed = c->closed || c->comm == NULL;
+    if (!failed && !closed)
+        c->busy++;
+    sn_unlock(c);
+    if (failed) {
+        char why[700];
+        sn_fault_describe(c, why, sizeof(why));
+        return ffi_error(api, SNX_ERR_ABORTED, why);
+    }
+    if (closed) {
+        snprintf(msg, sizeof(msg), "symnccl_%s: the communicator registered "
+                 "for this device was closed or aborted", name);
+        return ffi_error(api, SNX_ERR_FAILED_PRECONDITION, msg);
+    }
+    *cp = c;
+    return NULL;
+}
+
+static void
+xla_leave(CommObject *c)
+{
+    sn_lock(c);
+    c->busy--;
+    sn_unlock(c);
+}
+
+/* The buffers of a call: b[] = x, residual, weight, y, h, scale (NULL
+ * without quantisation), checked (symnccl.jax checks first, naming the
+ * arrays; this guards the kernels); 0, or -1 with msg[] filled. */
+static int
+rmsnorm_buffers(const snx_call_frame *call, const snx_buffer *b[6],
+                int *quant, size_t *H, const sn_dtype **dt, char *msg,
+                size_t len)
+{
+    const int64_t na = call->args.size, nr = call->rets.size;
+    int ok = (na == 3 || na == 4) && (nr == 2 || nr == 3) &&
+             !(na == 4 && nr == 3);
+    for (int64_t i = 0; ok && i < na; i++)
+        ok = call->args.types[i] == SNX_ARG_BUFFER;
+    for (int64_t i = 0; ok && i < nr; i++)
+        ok = call->rets.types[i] == SNX_RET_BUFFER;
+    if (!ok) {
+        snprintf(msg, len, "symnccl_all_reduce_rmsnorm: %lld operands and "
+                 "%lld results, expected buffers x, residual, weight (and "
+                 "a static scale) and y, h (and the row scales)",
+                 (long long)na, (long long)nr);
+        return -1;
+    }
+    for (int i = 0; i < 3; i++)
+        b[i] = call->args.args[i];
+    b[3] = call->rets.rets[0];
+    b[4] = call->rets.rets[1];
+    b[5] = na == 4 ? call->args.args[3] : nr == 3 ? call->rets.rets[2]
+                                                  : NULL;
+    *quant = na == 4   ? SYMNCCL_QUANT_STATIC
+             : nr == 3 ? SYMNCCL_QUANT_DYNAMIC
+                       : SYMNCCL_QUANT_NONE;
+    const snx_buffer *x = b[0];
+    *dt = xla_dtype(x->dtype);
+    const int ydt = *quant != SYMNCCL_QUANT_NONE ? SNX_F8E4M3FN : x->dtype;
+    if (*dt == NULL || !SYMNCCL_UNIT_FLOAT_TAKES((*dt)->kernel) ||
+        b[1]->dtype != x->dtype || b[2]->dtype != x->dtype ||
+        b[3]->dtype != ydt || b[4]->dtype != x->dtype ||
+        (b[5] != NULL && b[5]->dtype != SNX_F32)) {
+        snprintf(msg, len, "symnccl_all_reduce_rmsnorm: XLA dtypes x %d, "
+                 "residual %d, weight %d, y %d, h %d: expected float32, "
+                 "float16 or bfloat16 for all but y (x's, or "
+                 "float8_e4m3fn when quantised) and the scales (float32)",
+                 x->dtype, b[1]->dtype, b[2]->dtype, b[3]->dtype,
+                 b[4]->dtype);
+        return -1;
+    }
+    const size_t count = buffer_elements(x);
+    *H = x->rank >= 1 ? (size_t)x->dims[x->rank - 1] : 0;
+    if (*H == 0 || *H % 8 != 0 || buffer_elements(b[1]) != count ||
+        buffer_elements(b[2]) != *H || buffer_elements(b[3]) != count ||
+        buffer_elements(b[4]) != count ||
+        (b[5] != NULL &&
+         buffer_elements(b[5]) !=
+             (*quant == SYMNCCL_QUANT_STATIC ? 1 : count / *H))) {
+        snprintf(msg, len, "symnccl_all_reduce_rmsnorm: x has %zu elements "
+                 "in rows of H %zu: expected H a positive multiple of 8, "
+                 "residual, y and h of x's size, weight of H elements, "
+                 "and a scale per tensor (static) or per row (dynamic)",
+                 count, *H);
+        return -1;
+    }
+    return 0;
+}
+
+/* The fused call's NCCL all-reduce, finished without the GIL (as
+ * xla_nccl's): counted and watched once complete. */
+typedef struct {
+    CommObject *c;
+    cudaStream_t stream;
+    char *msg;
+    size_t len;
+} xla_done_ctx;
+
+static int
+xla_nccl_done(void *ctx, ncclResult_t rc)
+{
+    xla_done_ctx *d = ctx;
+    if ((rc = nccl_finish(d->c, rc)) == ncclSuccess) {
+        sn_count_nccl(d->c);
+        sn_watch_nccl(d->c, SYMNCCL_COLL_ALL_REDUCE_RMSNORM, d->stream);
+        return 0;
+    }
+    snprintf(d->msg, d->len, "symnccl_all_reduce_rmsnorm: NCCL: %s",
+             rc == ncclInProgress ? "timed out" : ncclGetErrorString(rc));
+    return -1;
+}
+
+static snx_error *
+all_reduce_rmsnorm(snx_call_frame *call, CommObject *c, const sn_dtype *dt,
+                   int quant, size_t H, const snx_buffer *const *b,
+                   cudaStream_t stream)
+{
+    const snx_api *api = call->api;
+    char msg[320];
+    const size_t count = buffer_elements(b[0]);
+    int algo = attr_int(call, "algo", SN_ALGO_AUTO);
+    const double eps = attr_float(call, "eps", -1.0);
+    if (algo < SN_ALGO_AUTO || algo >= SN_ALGO_COUNT || !(eps >= 0.0))
+        return ffi_error(api, SNX_ERR_INVALID_ARGUMENT,
+                         "symnccl_all_reduce_rmsnorm: bad algo or eps "
+                         "attribute");
+    if (count == 0)
+        return NULL;
+    const char *no = NULL;
+    if ((algo = resolve(c, SYMNCCL_COLL_ALL_REDUCE_RMSNORM, algo,
+                        count * (size_t)dt->itemsize, dt, NULL, 0, msg,
+                        sizeof(msg))) == SN_ALGO_UNKNOWN ||
+        (no = sn_rmsnorm_unavailable(algo, quant)) != NULL)
+        return ffi_error(api, SNX_ERR_INVALID_ARGUMENT,
+                         no != NULL ? no : msg);
+    int prev = -1;
+    cudaGetDevice(&prev);
+    if (prev != c->device)
+        cudaSetDevice(c->device);
+    sn_ar r = {c,      algo, b[0]->data, b[3]->data, NULL, count, dt,
+               sn_op_by_name("sum"), stream,
+               SYMNCCL_COLL_ALL_REDUCE_RMSNORM, -1, b[1]->data,
+               b[4]->data, b[2]->data, H, (float)eps, 0, quant,
+               b[5] != NULL ? b[5]->data : NULL};
+    xla_done_ctx d = {c, stream, msg, sizeof(msg)};
+    sn_err err = {cudaSuccess, ncclSuccess, ""};
+    const int rc = sn_rmsnorm_launch(&r, xla_nccl_done, &d, &err);
+    if (rc == -1)
+        snprintf(msg, sizeof(msg), "symnccl_all_reduce_rmsnorm: %s%s%s",
+                 err.msg, err.cuda != cudaSuccess ? ": " : "",
+                 err.cuda != cudaSuccess ? cudaGetErrorString(err.cuda)
+                                         : "");
+    if (prev >= 0 && prev != c->device)
+        cudaSetDevice(prev);
+    return rc != 0 ? ffi_error(api, SNX_ERR_INTERNAL, msg) : NULL;
+}
+
+static snx_error *
+handle_all_reduce_rmsnorm(snx_call_frame *call)
+{
+    /* XLA's metadata query, and a call with nothing to run: handle()'s
+     * answers, which it gives before it looks at the collective */
+    if ((call->extension_start != NULL &&
+         call->extension_start->type == SNX_EXTENSION_METADATA) ||
+        call->ctx == NULL || call->stage != SNX_STAGE_EXECUTE)
+        return handle(call, SYMNCCL_COLL_ALL_REDUCE_RMSNORM);
+    char msg[320];
+    const snx_buffer *b[6];
+    int quant;
+    size_t H;
+    const sn_dtype *dt;
+    if (rmsnorm_buffers(call, b, &quant, &H, &dt, msg, sizeof(msg)) < 0)
+        return ffi_error(call->api, SNX_ERR_INVALID_ARGUMENT, msg);
+    CommObject *c = NULL;
+    cudaStream_t stream;
+    snx_error *e = xla_enter(call, "all_reduce_rmsnorm", &c, &stream);
+    if (e != NULL)
+        return e;
+    e = all_reduce_rmsnorm(call, c, dt, quant, H, b, stream);
+    xla_leave(c);
+    return e;
+}
+
 /* _xla_handler(collective="all_reduce") -> PyCapsule of that collective's
  * handler, for jax.ffi.register_ffi_target. */
 PyObject *
@@ -605,10 +874,12 @@ sn_py_xla_handler(PyObject *module, PyObject *args)
         strcmp(which, "all_reduce") == 0       ? handle_all_reduce
         : strcmp(which, "reduce_scatter") == 0 ? handle_reduce_scatter
         : strcmp(which, "all_gather") == 0     ? handle_all_gather
+        : strcmp(which, "all_reduce_rmsnorm") == 0 ? handle_all_reduce_rmsnorm
                                                : NULL;
     if (fn == NULL) {
         PyErr_Format(PyExc_ValueError, "no XLA handler for '%s': expected "
-                     "'all_reduce', 'reduce_scatter' or 'all_gather'",
+                     "'all_reduce', 'reduce_scatter', 'all_gather' or "
+                     "'all_reduce_rmsnorm'",
                      which);
         return NULL;
     }

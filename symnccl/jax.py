@@ -391,3 +391,202 @@ def stats(device: int) -> dict:
     """How the handler ran on one device (for tests and debugging)."""
     w, s, r = _C._xla_stats(device)
     return {"window_calls": w, "staged_calls": s, "registrations": r}
+
+
+# ------------------------------------------------------ all_reduce_rmsnorm
+#
+# The all-reduce fused with the residual add and RMSNorm after it (issue
+# 31): one custom call, "symnccl_all_reduce_rmsnorm" (csrc/xla_ffi.c), on
+# fused.c's launch (the fused kernels, or NCCL's all-reduce and symnccl's
+# add+norm), differentiable as the unfused composition is.
+
+__all__ += ["all_reduce_rmsnorm"]
+TARGETS["all_reduce_rmsnorm"] = "symnccl_all_reduce_rmsnorm"
+#: the dtypes of the fused kernels (x, residual and weight alike)
+_RMSNORM_DTYPES = ("float32", "float16", "bfloat16")
+
+
+def _typed_like(like, shape, dtype):
+    """A result of `shape` and `dtype` that varies over like's manual axes
+    inside shard_map (check_vma): h = all_reduce(x) + residual varies where
+    residual does (the all-reduce's part is invariant, as psum's)."""
+    if _varying(like):
+        t = jax.typeof(like)
+        if hasattr(t, "update"):
+            return t.update(shape=tuple(shape), dtype=np.dtype(dtype))
+    return jax.ShapeDtypeStruct(tuple(shape), dtype)
+
+
+def _all_reduce_rmsnorm_raw(x, residual, weight, eps, quant, scale, algo):
+    """The custom call: (y, h), or with quant="fp8" (q, h) with a static
+    `scale` operand, or (q, h, row scales) when scale is None."""
+    _register_target()
+    import jax.numpy as jnp
+    f8 = jnp.float8_e4m3fn
+    results = [_typed_like(residual, x.shape, f8 if quant else x.dtype),
+               _typed_like(residual, x.shape, x.dtype)]
+    operands = [x, residual, weight]
+    if quant and scale is not None:
+        operands.append(scale)
+    elif quant:
+        results.append(_typed_like(residual, (*x.shape[:-1], 1),
+                                   jnp.float32))
+    # a custom call's operands must vary alike (the results are typed
+    # above): each takes the others' manual axes, a no-op cast
+    operands = [functools.reduce(_typed_as, operands, a) for a in operands]
+    call = jax.ffi.ffi_call(TARGETS["all_reduce_rmsnorm"], results)
+    return tuple(call(*operands, eps=np.float32(eps),
+                      algo=np.int32(_ALGO_CODES[algo])))
+
+
+def _sum_to(g, like):
+    """g, summed over the manual axes it varies over and `like` does not
+    (a weight used alike on every rank gets the sum of their gradients),
+    then typed as like (_typed_as)."""
+    extra = tuple(sorted(_varying(g) - _varying(like)))
+    if extra:
+        g = jax.lax.psum(g, extra)
+    return _typed_as(g, like)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))
+def _all_reduce_rmsnorm(x, residual, weight, eps, algo):
+    return _all_reduce_rmsnorm_raw(x, residual, weight, eps, None, None,
+                                   algo)
+
+
+def _all_reduce_rmsnorm_fwd(x, residual, weight, eps, algo):
+    y, h = _all_reduce_rmsnorm_raw(x, residual, weight, eps, None, None,
+                                   algo)
+    return (y, h), (h, weight, _like(x), _like(residual))
+
+
+def _all_reduce_rmsnorm_bwd(eps, algo, res, cts):
+    """The unfused composition's (symnccl.torch's formula): h's gradient,
+    gh plus the norm's in fp32, rounded to h's dtype, is residual's, and
+    its all-reduce x's, with the all-reduce's rules (_all_reduce_bwd: no
+    communication where JAX has summed the cotangent already)."""
+    import jax.numpy as jnp
+    h, weight, xl, rl = res
+    gy, gh = cts
+    f32 = jnp.float32
+    hf, wf = h.astype(f32), weight.astype(f32)
+    rstd = jax.lax.rsqrt(jnp.mean(hf * hf, -1, keepdims=True) + eps)
+    normed = hf * rstd
+    gyf = gy.astype(f32)
+    gn = gyf * wf
+    g = gh.astype(f32) + rstd * (
+        gn - normed * jnp.mean(gn * normed, -1, keepdims=True))
+    gw = jnp.sum((gyf * normed).reshape(-1, weight.shape[-1]), 0)
+    g = g.astype(h.dtype)
+    (gx,) = _all_reduce_bwd("sum", "auto", xl, g)
+    return gx, _sum_to(g, rl), _sum_to(gw.astype(weight.dtype), weight)
+
+
+_all_reduce_rmsnorm.defvjp(_all_reduce_rmsnorm_fwd, _all_reduce_rmsnorm_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _all_reduce_rmsnorm_fp8(x, residual, weight, scale, eps, algo):
+    return _all_reduce_rmsnorm_raw(x, residual, weight, eps, "fp8", scale,
+                                   algo)
+
+
+def _all_reduce_rmsnorm_fp8_fwd(x, residual, weight, scale, eps, algo):
+    return _all_reduce_rmsnorm_raw(x, residual, weight, eps, "fp8", scale,
+                                   algo), None
+
+
+def _all_reduce_rmsnorm_fp8_bwd(eps, algo, res, cts):
+    raise NotImplementedError(
+        "symnccl.jax.all_reduce_rmsnorm: quant='fp8' has no gradient (as "
+        "symnccl.torch.all_reduce_add_rmsnorm's): differentiate the call "
+        "without quant=")
+
+
+_all_reduce_rmsnorm_fp8.defvjp(_all_reduce_rmsnorm_fp8_fwd,
+                               _all_reduce_rmsnorm_fp8_bwd)
+
+
+def _check_rmsnorm(x, residual, weight, eps, quant, scale):
+    name = "symnccl.jax.all_reduce_rmsnorm"
+    dts = [np.dtype(a.dtype).name for a in (x, residual, weight)]
+    if dts[0] not in _RMSNORM_DTYPES or len(set(dts)) != 1:
+        raise TypeError(f"{name}: x, residual and weight have dtypes "
+                        f"{', '.join(dts)}, expected one of "
+                        f"{', '.join(_RMSNORM_DTYPES)} for all three")
+    H = x.shape[-1] if x.ndim else 0
+    if H == 0 or H % 8 != 0:
+        raise ValueError(f"{name}: x has shape {tuple(x.shape)}, expected "
+                         "(..., H) with H a positive multiple of 8")
+    if tuple(residual.shape) != tuple(x.shape) or \
+            tuple(weight.shape) != (H,):
+        raise ValueError(f"{name}: residual has shape "
+                         f"{tuple(residual.shape)} and weight "
+                         f"{tuple(weight.shape)}, expected {tuple(x.shape)} "
+                         f"(x's) and ({H},)")
+    if not eps >= 0:
+        raise ValueError(f"{name}: eps is {eps!r}, expected a number >= 0")
+    if quant not in (None, "fp8"):
+        raise ValueError(f"{name}: quant={quant!r}, expected None or 'fp8'")
+    if scale is not None:
+        if quant is None:
+            raise ValueError(f"{name}: scale= is given without "
+                             "quant='fp8'")
+        if np.dtype(scale.dtype) != np.float32 or np.size(scale) != 1:
+            raise ValueError(f"{name}: scale has dtype "
+                             f"{np.dtype(scale.dtype).name} and shape "
+                             f"{tuple(np.shape(scale))}, expected float32 "
+                             "and one element")
+
+
+def all_reduce_rmsnorm(x, residual, weight, eps: float = 1e-6, *,
+                       quant: str | None = None, scale=None,
+                       algo: str = "auto"):
+    """The tensor-parallel all-reduce fused with the residual add and
+    RMSNorm after it, as one XLA custom call (Communicator.
+    all_reduce_rmsnorm's kernels): inside jax.jit, per shard inside
+    shard_map. Returns (y, h) with
+
+        h = all_reduce(x) + residual
+        y = h * rsqrt(mean(h * h, -1) + eps) * weight
+
+    x, residual: (..., H), H a multiple of 8; weight: (H,); all float32,
+    float16 or bfloat16. h is rounded to x's dtype before the norm, which
+    runs in fp32. Inside shard_map h and y vary where residual (or weight)
+    does: the all-reduce's part is invariant, as psum's.
+    Differentiable as the unfused composition (x's gradient is the
+    all-reduce of h's, by all_reduce's rules).
+
+    quant="fp8": returns (q, h, scale) with q float8_e4m3fn, q = y / scale
+    saturated to +-448; scale the float32 one-element array given (static),
+    else one per row computed in the kernel, shape (..., 1) (dynamic).
+    Not differentiable (jax.grad raises), as symnccl.torch's op.
+
+    algo: "one_shot" or "two_shot" run the fused kernels ("two_shot" has
+    no FP8 output), "nccl" NCCL's all-reduce then symnccl's add+norm,
+    "auto" the measured table (symnccl.AUTO_TABLE); an algo that cannot
+    run the call fails the computation naming why.
+
+    Example::
+
+        def layer(o_partial, residual, w):    # per shard, in shard_map
+            y, residual = sj.all_reduce_rmsnorm(o_partial, residual, w)
+            q, _, s = sj.all_reduce_rmsnorm(o_partial, residual, w,
+                                            quant="fp8")
+            return y, residual
+    """
+    _check_rmsnorm(x, residual, weight, eps, quant, scale)
+    _check_algo(algo)
+    # a weight that varies where residual does not makes h vary there too
+    residual = _typed_as(residual, weight)
+    if quant is None:
+        return _all_reduce_rmsnorm(x, residual, weight, float(eps), algo)
+    if scale is None:
+        return _all_reduce_rmsnorm_fp8(x, residual, weight, None,
+                                       float(eps), algo)
+    import jax.numpy as jnp
+    q, h = _all_reduce_rmsnorm_fp8(x, residual, weight,
+                                   jnp.reshape(scale, (1,)), float(eps),
+                                   algo)
+    return q, h, scale
