@@ -190,17 +190,18 @@ def test_differentiation_rules_match_the_unfused_composition_on_cpu():
 # ------------------------------------------------------------------ GPU
 
 @pytest.mark.gpu
-def test_one_device_values_kernels_fp8_and_gradients():
+def test_one_device_values_kernels_and_fp8():
     """One GPU (symnccl.jax.communicator()): jit and shard_map within the
     float64 reference's rounding bounds for float32, float16 and bfloat16;
     auto and one_shot run one_shot_rmsnorm, two_shot two_shot_rmsnorm, nccl
     NCCL's all-reduce then the add+norm, all with the same bits; FP8
     static and dynamic within one e4m3 step after dequantisation (dynamic
-    scales exactly amax / 448); jit(grad) equal to the unfused
-    composition's, with the fused kernel in the forward."""
+    scales exactly amax / 448)."""
     _handler_or_skip()
     from _workers import jax_fused_workers as W
-    res = spawn(W.gpu_one_device, 1, args=(5,), timeout=600)[0]
+    res = spawn(W.gpu_one_device, 1, args=(5, ("values", "algos", "fp8")),
+                timeout=600)[0]
+    assert not res["errors"], res
     assert not res["wrong"], res["wrong"]
     assert res["algos"] == {"auto": ["one_shot_rmsnorm"],
                             "one_shot": ["one_shot_rmsnorm"],
@@ -208,9 +209,23 @@ def test_one_device_values_kernels_fp8_and_gradients():
                             "nccl": ["nccl", "one_shot_rmsnorm"]}, \
         res["algos"]
     assert res["same_bits"]
+    assert [f[0] for f in res["fp8"]] == ["static", "dynamic"]
     for kind, dtype, off, shape_or_h, exact in res["fp8"]:
         assert dtype == "float8_e4m3fn" and off == 0, (kind, off)
         assert shape_or_h and exact, kind
+
+
+@pytest.mark.gpu
+def test_one_device_gradients_are_the_unfused_composition_s():
+    """jit(grad) through shard_map (check_vma on and off) equal to the
+    unfused composition's (psum, add, RMSNorm in JAX's ops), with the fused
+    kernel in the forward: 4 launches, the calls and their gradients'
+    forwards."""
+    _handler_or_skip()
+    from _workers import jax_fused_workers as W
+    res = spawn(W.gpu_one_device, 1, args=(5, ("grads",)), timeout=600)[0]
+    assert not res["errors"], res
+    assert len(res["grads"]) == 2
     for case, dy, dh, dx, dres, dw in res["grads"]:
         assert max(dy, dh) < 1e-5, (case, dy, dh)
         assert max(dx, dres, dw) < 1e-4, (case, dx, dres, dw)

@@ -159,12 +159,14 @@ def _fp8_off(q, y, s):
     return int((~(np.abs(np.asarray(q, np.float64) - v) <= step)).sum())
 
 
-def gpu_one_device(rank, nranks, uid, seed):
+def gpu_one_device(rank, nranks, uid, seed, parts):
     """One GPU, one communicator (symnccl.jax.communicator()): the fused
     custom call in jit and shard_map for each dtype against the float64
     reference; every algorithm's bits and the kernel (or NCCL) that ran
     (the launch counters); FP8 static and dynamic after dequantisation;
-    gradients against the unfused composition's."""
+    gradients against the unfused composition's: the `parts` named. Each
+    runs even when one before it raised (out["errors"] names what
+    raised)."""
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
     import jax
     import jax.numpy as jnp
@@ -174,64 +176,89 @@ def gpu_one_device(rank, nranks, uid, seed):
     c = comms[0]
     mesh = jax.make_mesh((1,), ("x",))
     rng = np.random.default_rng(seed)
-    out = {"wrong": [], "algos": {}, "fp8": [], "grads": []}
-    T, H = 7, 1000
-    for dtype in ("float32", "float16", "bfloat16"):
-        jdt = jnp.dtype(dtype)
-        x = jnp.asarray(rng.standard_normal((T, H)), jdt)
-        r = jnp.asarray(rng.standard_normal((T, H)), jdt)
-        w = jnp.asarray(1 + 0.5 * rng.standard_normal(H), jdt)
-        f = jax.jit(lambda x, r, w: sj.all_reduce_rmsnorm(x, r, w, EPS))
-        sm = jax.jit(jax.shard_map(
-            lambda x, r, w: sj.all_reduce_rmsnorm(x, r, w, EPS), mesh=mesh,
-            in_specs=(P("x"), P(), P()), out_specs=(P("x"), P("x"))))
-        for name, fn in (("jit", f), ("shard_map", sm)):
-            y, h = fn(x, r, w)
-            bad = _wrong(x.astype(jnp.float32), r.astype(jnp.float32),
-                         w.astype(jnp.float32), y.astype(jnp.float32),
-                         h.astype(jnp.float32), dtype)
-            if bad != (0, 0) or y.dtype != jdt or h.dtype != jdt:
-                out["wrong"].append((name, dtype, bad, str(y.dtype)))
-    # every algorithm: the same bits, and the kernel the counters show
+    out = {"wrong": [], "algos": {}, "fp8": [], "grads": [], "errors": {}}
+
+    def values():
+        T, H = 7, 1000
+        for dtype in ("float32", "float16", "bfloat16"):
+            jdt = jnp.dtype(dtype)
+            # laid out as shard_map's in_specs say (it reshards nothing)
+            put = lambda a, spec: jax.device_put(jnp.asarray(a, jdt),
+                                                 NamedSharding(mesh, spec))
+            x = put(rng.standard_normal((T, H)), P("x"))
+            r = put(rng.standard_normal((T, H)), P())
+            w = put(1 + 0.5 * rng.standard_normal(H), P())
+            f = jax.jit(lambda x, r, w: sj.all_reduce_rmsnorm(x, r, w, EPS))
+            sm = jax.jit(jax.shard_map(
+                lambda x, r, w: sj.all_reduce_rmsnorm(x, r, w, EPS),
+                mesh=mesh, in_specs=(P("x"), P(), P()),
+                out_specs=(P("x"), P("x"))))
+            for name, fn in (("jit", f), ("shard_map", sm)):
+                y, h = fn(x, r, w)
+                bad = _wrong(x.astype(jnp.float32), r.astype(jnp.float32),
+                             w.astype(jnp.float32), y.astype(jnp.float32),
+                             h.astype(jnp.float32), dtype)
+                if bad != (0, 0) or y.dtype != jdt or h.dtype != jdt:
+                    out["wrong"].append((name, dtype, bad, str(y.dtype)))
+
     x = jnp.asarray(rng.standard_normal((5, 4096)), jnp.bfloat16)
     r = jnp.asarray(rng.standard_normal((5, 4096)), jnp.bfloat16)
     w = jnp.asarray(1 + 0.5 * rng.standard_normal(4096), jnp.bfloat16)
-    bits = {}
-    for algo in ("auto", "one_shot", "two_shot", "nccl"):
-        before = c._launches()
-        y, h = jax.jit(lambda x, r, w, algo=algo: sj.all_reduce_rmsnorm(
-            x, r, w, EPS, algo=algo))(x, r, w)
-        jax.block_until_ready((y, h))
-        after = c._launches()
-        out["algos"][algo] = sorted(k for k in after
-                                    if after[k] != before[k])
-        bits[algo] = (np.asarray(y).tobytes(), np.asarray(h).tobytes())
-    out["same_bits"] = len(set(bits.values())) == 1
-    # FP8: static (a scale that saturates the largest values) and dynamic
-    y, h = jax.jit(lambda x, r, w: sj.all_reduce_rmsnorm(
-        x, r, w, EPS, algo="one_shot"))(x, r, w)
-    yf = np.asarray(y.astype(jnp.float32), np.float64)
-    s = np.float32(np.abs(yf).max() / 448.0 / 1.5)
-    q, hq, sq = jax.jit(lambda x, r, w, s: sj.all_reduce_rmsnorm(
-        x, r, w, EPS, quant="fp8", scale=s))(x, r, w, jnp.asarray([s]))
-    out["fp8"].append(("static", str(q.dtype), _fp8_off(
-        np.asarray(q.astype(jnp.float32)), yf, float(s)),
-        np.asarray(hq).tobytes() == np.asarray(h).tobytes(),
-        float(np.asarray(sq)[0]) == float(s)))
-    q, hq, sd = jax.jit(lambda x, r, w: sj.all_reduce_rmsnorm(
-        x, r, w, EPS, quant="fp8"))(x, r, w)
-    amax = np.abs(yf).max(-1)
-    want = np.maximum(amax / 448.0, 1.0 / (448.0 * 512)).astype(np.float32)
-    sd = np.asarray(sd)
-    out["fp8"].append(("dynamic", str(q.dtype), _fp8_off(
-        np.asarray(q.astype(jnp.float32)), yf, sd.astype(np.float64)),
-        sd.shape == (5, 1), bool(np.array_equal(sd[:, 0], want))))
-    # gradients: jit(grad) through shard_map against the unfused
-    # composition, float32 (tolerance: rounding of the fp32 norm)
-    before = c._launches()["one_shot_rmsnorm"]
-    for vma in (True, False):
-        out["grads"] += _grad_rows(jax, jnp, sj, mesh, "x", seed, vma, P())
-    # each: the call, and the forward of its gradient
-    out["grad_launches"] = c._launches()["one_shot_rmsnorm"] - before
+
+    def algos():
+        """every algorithm: the same bits, and the kernel the counters
+        show"""
+        bits = {}
+        for algo in ("auto", "one_shot", "two_shot", "nccl"):
+            before = c._launches()
+            y, h = jax.jit(lambda x, r, w, algo=algo: sj.all_reduce_rmsnorm(
+                x, r, w, EPS, algo=algo))(x, r, w)
+            jax.block_until_ready((y, h))
+            after = c._launches()
+            out["algos"][algo] = sorted(k for k in after
+                                        if after[k] != before[k])
+            bits[algo] = (np.asarray(y).tobytes(), np.asarray(h).tobytes())
+        out["same_bits"] = len(set(bits.values())) == 1
+
+    def fp8():
+        """static (a scale that saturates the largest values) and
+        dynamic"""
+        y, h = jax.jit(lambda x, r, w: sj.all_reduce_rmsnorm(
+            x, r, w, EPS, algo="one_shot"))(x, r, w)
+        yf = np.asarray(y.astype(jnp.float32), np.float64)
+        s = np.float32(np.abs(yf).max() / 448.0 / 1.5)
+        q, hq, sq = jax.jit(lambda x, r, w, s: sj.all_reduce_rmsnorm(
+            x, r, w, EPS, quant="fp8", scale=s))(x, r, w, jnp.asarray([s]))
+        out["fp8"].append(("static", str(q.dtype), _fp8_off(
+            np.asarray(q.astype(jnp.float32)), yf, float(s)),
+            np.asarray(hq).tobytes() == np.asarray(h).tobytes(),
+            float(np.asarray(sq)[0]) == float(s)))
+        q, hq, sd = jax.jit(lambda x, r, w: sj.all_reduce_rmsnorm(
+            x, r, w, EPS, quant="fp8"))(x, r, w)
+        amax = np.abs(yf).max(-1)
+        want = np.maximum(amax / 448.0,
+                          1.0 / (448.0 * 512)).astype(np.float32)
+        sd = np.asarray(sd)
+        out["fp8"].append(("dynamic", str(q.dtype), _fp8_off(
+            np.asarray(q.astype(jnp.float32)), yf, sd.astype(np.float64)),
+            sd.shape == (5, 1), bool(np.array_equal(sd[:, 0], want))))
+
+    def grads():
+        """jit(grad) through shard_map against the unfused composition,
+        float32; each case runs the fused kernel twice (the call, and the
+        forward of its gradient)"""
+        before = c._launches()["one_shot_rmsnorm"]
+        for vma in (True, False):
+            out["grads"] += _grad_rows(jax, jnp, sj, mesh, "x", seed, vma,
+                                       P())
+        out["grad_launches"] = c._launches()["one_shot_rmsnorm"] - before
+
+    for part in (values, algos, fp8, grads):
+        if part.__name__ not in parts:
+            continue
+        try:
+            part()
+        except Exception as e:   # reported, and the next part runs
+            out["errors"][part.__name__] = f"{type(e).__name__}: {e}"[:2000]
     c.close()
     return out
