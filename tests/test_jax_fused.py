@@ -216,6 +216,7 @@ def test_one_device_values_kernels_and_fp8():
 
 
 @pytest.mark.gpu
+@pytest.mark.slow   # a JAX process and 8 compiles (4.5 s on an H100)
 def test_one_device_gradients_are_the_unfused_composition_s():
     """jit(grad) through shard_map (check_vma on and off) equal to the
     unfused composition's (psum, add, RMSNorm in JAX's ops), with the fused
