@@ -48,7 +48,7 @@ def _grid(nranks):
 # The timeout of the tests in which a rank never calls: every such test
 # waits it out once, so it sets the one-GPU tier's length (a loopback
 # rank's kernels start within milliseconds of its call).
-STOP_TIMEOUT = 1.0
+STOP_TIMEOUT = 0.5
 
 
 def _team(monkeypatch, nranks, knobs=None, timeout=20.0, **kw):
