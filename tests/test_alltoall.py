@@ -682,7 +682,8 @@ def test_nccl_all_to_all_v_waits_for_its_own_stream_only(_module_comms):
                 for _ in range(20)]
         dev = [torch.tensor([k], device="cuda") for k in range(20)]
         s, other = torch.cuda.Stream(), torch.cuda.Stream()
-        c.all_to_all_v(x, outs[0], [1], algo="nccl", stream=s)   # warm
+        warm = torch.empty(64, 8, device="cuda")
+        c.all_to_all_v(x, warm, [1], algo="nccl", stream=s)
         torch.cuda.synchronize()
         done = torch.cuda.Event()
         with torch.cuda.stream(other):
