@@ -567,6 +567,11 @@ typedef struct CommObject {
     char failure_msg[400];     /* a host-found failure's own message */
     cudaStream_t ctl_stream;   /* non-blocking: writes the fault word */
     void *check_dev, *check_host;  /* SYMNCCL_CHECK (staging.c) */
+    /* all_to_all_v on NCCL (alltoall.c): the counts' memory, 2 x
+     * SYMNCCL_MAX_RANKS int64 each, allocated at the first such call and
+     * freed with the scratch (staging.c); a2a_busy: a call is using it */
+    int64_t *a2a_dev, *a2a_host;
+    int a2a_busy;
     int busy;                  /* threads inside a method of c (lock) */
     volatile int stop;         /* abort() from another thread: waits end */
     int abort_pending;         /* abort() waits for busy to reach 0 */
