@@ -208,26 +208,6 @@ nccl_exchange(sn_call *k, const int64_t *send, const int64_t *recv,
                             "ncclSend/ncclRecv (all_to_all)");
 }
 
-/* How long nccl_all_to_all_v spins on its counts before the bounded wait
- * (sn_fault_wait_nccl, faults.c), which naps 1 ms at a time: an eager
- * call's counts arrive within microseconds, and that first nap was the
- * ~1 ms of every call (the spin-then-nap of wait.c, for an event). */
-#define COUNTS_SPIN_SECONDS 1e-3
-
-/* Spins (without the GIL) until ev completes, at most
- * COUNTS_SPIN_SECONDS; errors are left to the bounded wait after it. */
-static void
-spin_on(cudaEvent_t ev)
-{
-    if (ev == NULL)
-        return;
-    Py_BEGIN_ALLOW_THREADS
-    const double until = sn_deadline(COUNTS_SPIN_SECONDS);
-    while (cudaEventQuery(ev) == cudaErrorNotReady && sn_now() < until)
-        ;
-    Py_END_ALLOW_THREADS
-}
-
 /* all_to_all_v on NCCL: the counts exchanged (ncclSend/ncclRecv of one
  * int64 per pair) and read back to the host, bounded by the timeout; then
  * the data. Reading the counts on the host is what NCCL's path needs (it
@@ -321,7 +301,6 @@ nccl_all_to_all_v(sn_call *k, const sn_splits *s, size_t row_size,
     /* the watch event follows every use of dev and host: after this wait
      * nothing of this call reads or writes them */
     sn_watch_nccl(c, SYMNCCL_COLL_ALL_TO_ALL, k->stream);
-    spin_on(c->watch_event);
     if (sn_fault_wait_nccl(k->st, c, SYMNCCL_COLL_ALL_TO_ALL) < 0)
         goto done;
     in_flight = 0;

@@ -326,6 +326,12 @@ int sn_raise(SNState *st, const sn_err *e);
 /* ------------------------------------------------------------------ */
 /* wait.c: the one bounded wait for non-blocking NCCL communicators. */
 
+/* A wait for work that usually completes within microseconds (an NCCL
+ * enqueue, an eager call's event) spins this long before it naps (a 20 us
+ * nanosleep costs ~80 us with the default timer slack: eager algo="nccl"
+ * calls took ~110 us while every wait napped; a 1 ms first nap was the
+ * ~1 ms of each NCCL all_to_all_v). */
+#define SN_WAIT_SPIN_SECONDS 1e-3
 double sn_now(void);           /* seconds, CLOCK_MONOTONIC */
 /* The time `seconds` from now, on sn_now's clock: every deadline. */
 double sn_deadline(double seconds);
