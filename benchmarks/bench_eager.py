@@ -7,10 +7,12 @@ symmetric-memory ops where torch has them, symnccl's NCCL path
 
 A 1-rank communicator and a 1-rank torch.distributed group (NCCL, a TCP
 store on 127.0.0.1): the kernels have no peer to wait for, so what is
-measured is what a call costs the host. Each row: --calls calls in a loop,
-the median over --loops loops of the microseconds per call. Every row's
-result is checked once against its input (at 1 rank every reduction is the
-identity).
+measured is what a call costs the host. Each row: --calls calls in a loop
+made while a sleep kernel holds the GPU (so that the GPU's own time per
+call, several us for a small kernel and its copies, can neither fill the
+launch queue and show as host time nor hide host time), the median over
+--loops loops of the microseconds per call. Every row's result is checked
+once against its input (at 1 rank every reduction is the identity).
 
 The targets of issue 29, as ratios in the same run:
   - every symnccl.torch call without autograd <= 1.25x the method doing
@@ -20,7 +22,7 @@ The targets of issue 29, as ratios in the same run:
     all_reduce of the same bytes.
 
     python benchmarks/bench_eager.py
-    python benchmarks/bench_eager.py --size 64K --calls 1000
+    python benchmarks/bench_eager.py --size 64K --loops 50
     python benchmarks/bench_eager.py --report \
         benchmarks/results/eager_h100x1_bfloat16.json
 """
@@ -180,20 +182,31 @@ def _symm_mem_rows(torch, dist, dtype, x0):
         return [], f"{type(e).__name__}: {e}"[:300]
 
 
-def _time(fn, calls, loops, torch):
+def _time(fn, calls, loops, torch, hold_ms):
     """Median over loops of the host microseconds per call of `calls`
-    back-to-back calls (the GPU drained before each loop)."""
+    back-to-back calls, made while the GPU is held by a sleep kernel
+    (torch.cuda._sleep, hold_ms long): nothing the calls launched runs
+    before the loop ends, so the GPU's time neither shows in the host's
+    (a queue filling up) nor hides it. Returns (median, per-loop list,
+    loops in which the hold ended before the last call: 0 when the
+    measurement is the host's alone)."""
+    cycles = int(hold_ms * 1e-3 *
+                 torch.cuda.get_device_properties(0).clock_rate * 1e3)
     for _ in range(min(calls, 200)):
         fn()
-    per = []
+    per, overran = [], 0
     for _ in range(loops):
         torch.cuda.synchronize()
+        torch.cuda._sleep(cycles)
+        held = torch.cuda.Event()
+        held.record()
         t0 = time.perf_counter()
         for _ in range(calls):
             fn()
         per.append((time.perf_counter() - t0) / calls * 1e6)
+        overran += held.query()   # the sleep ended: the GPU ran calls
     torch.cuda.synchronize()
-    return statistics.median(per), per
+    return statistics.median(per), per, overran
 
 
 def targets(doc):
@@ -227,7 +240,8 @@ def targets(doc):
 
 def print_table(doc):
     print(f"# {doc['gpu']}, {doc['nranks']} rank, {doc['bytes']} B "
-          f"{doc['dtype']}, {doc['calls']} calls x {doc['loops']} loops, "
+          f"{doc['dtype']}, {doc['calls']} calls x {doc['loops']} loops"
+          f"{', GPU held' if doc.get('hold_ms') else ''}, "
           f"{doc['date']}; torch {doc['versions']['torch']}, NCCL "
           f"{doc['versions']['nccl_runtime']}, symnccl "
           f"{doc['versions']['symnccl']}")
@@ -242,8 +256,10 @@ def print_table(doc):
         ratio = f"{r['us'] / method:.2f}" if method and r["us"] else "-"
         t = f"{r['us']:.2f}" if r["us"] is not None else "error"
         ok = {True: "yes", False: "NO", None: "-"}[r["ok"]]
+        late = (f"  [{r['overran_loops']} loops outlasted the hold]"
+                if r.get("overran_loops") else "")
         print(f"{r['collective']:<15} {r['kind']:<18} {t:>8} {ratio:>9} "
-              f"{ok:>3}  {r['call']}")
+              f"{ok:>3}  {r['call']}{late}")
     print()
     print(f"{'target':<52} {'ratio':>7} {'limit':>6}  met")
     for name, ratio, lim, ok in doc["targets"]:
@@ -262,8 +278,14 @@ def main(argv=None):
     p.add_argument("--size", default="4K",
                    help="bytes per tensor (4K, 64K, 1M, ...)")
     p.add_argument("--dtype", default="bfloat16")
-    p.add_argument("--calls", type=int, default=3000)
-    p.add_argument("--loops", type=int, default=5)
+    p.add_argument("--calls", type=int, default=200,
+                   help="calls per loop (each launches 1-3 operations: "
+                   "keep their sum below the GPU's queue, ~1000)")
+    p.add_argument("--loops", type=int, default=25)
+    p.add_argument("--hold-ms", type=float, default=30.0,
+                   help="the sleep kernel that holds the GPU during a "
+                   "loop; loops that outlast it are counted in the JSON "
+                   "(overran_loops)")
     p.add_argument("--only", default=None,
                    help="comma-separated collectives to run")
     add_results_args(p, "JSON path (default: benchmarks/results/"
@@ -311,9 +333,12 @@ def main(argv=None):
                         else x
                 row["ok"] = bool(torch.equal(r.detach().reshape(-1),
                                              x0.reshape(-1)))
-            med, per = _time(fn, args.calls, args.loops, torch)
+            med, per, overran = _time(fn, args.calls, args.loops, torch,
+                                      args.hold_ms)
             row["us"], row["loops_us"] = round(med, 3), [round(v, 3)
                                                          for v in per]
+            if overran:
+                row["overran_loops"] = overran
         except Exception as e:
             row["error"] = f"{type(e).__name__}: {e}"[:300]
         results.append(row)
@@ -323,6 +348,7 @@ def main(argv=None):
     doc = run_info(1, torch.cuda.get_device_name(0), torch.__version__,
                    dtype=args.dtype, bytes=count * x0.element_size(),
                    count=count, calls=args.calls, loops=args.loops,
+                   hold_ms=args.hold_ms,
                    command=" ".join([os.path.basename(sys.executable)]
                                     + sys.argv),
                    skipped=skipped, rows=results)

@@ -11,7 +11,8 @@
  * ranks exchange the counts in the kernel, which writes out_splits. NCCL
  * (algo='nccl', and 'auto' where the auto table has no row) runs grouped
  * ncclSend/ncclRecv; for all_to_all_v it first exchanges the counts and
- * reads them back to the host: that path synchronises with the stream.
+ * reads them back to the host: that path waits for the caller's stream
+ * (nccl_all_to_all_v), and allocates nothing per call.
  */
 #include "symnccl.h"
 
@@ -209,7 +210,24 @@ nccl_exchange(sn_call *k, const int64_t *send, const int64_t *recv,
 
 /* all_to_all_v on NCCL: the counts exchanged (ncclSend/ncclRecv of one
  * int64 per pair) and read back to the host, bounded by the timeout; then
- * the data. */
+ * the data. Reading the counts on the host is what NCCL's path needs (it
+ * posts one ncclRecv per peer, sized by the count): it waits for the
+ * caller's stream up to the counts, whether the splits came from the host
+ * or the device, and for nothing else (no other stream, no device-wide
+ * synchronisation).
+ *
+ * The counts' memory is the communicator's (a2a_dev, a2a_host: room for
+ * 2 x SYMNCCL_MAX_RANKS int64, allocated at its first such call and freed
+ * with its scratch, staging.c), not a call's: a cudaMallocHost /
+ * cudaFreeHost per call cost ~1 ms, cudaFreeHost synchronising the whole
+ * device. Reusing it is safe by construction: every copy that reads or
+ * writes it (the splits in, the counts out, out_splits) is enqueued before
+ * the watch event that this call waits for, and nothing enqueued after
+ * that wait touches it (out_offsets is copied from this function's stack
+ * through pageable memory, which cudaMemcpyAsync has staged by the time it
+ * returns), so a call returns with nothing in flight on that memory, on
+ * any stream. a2a_busy refuses a second thread while one waits without the
+ * GIL (NCCL communicators are not for concurrent use anyway). */
 static int
 nccl_all_to_all_v(sn_call *k, const sn_splits *s, size_t row_size,
                   size_t x_rows, size_t out_rows, int64_t *out_splits,
@@ -217,6 +235,8 @@ nccl_all_to_all_v(sn_call *k, const sn_splits *s, size_t row_size,
 {
     CommObject *c = k->c;
     const int n = c->nranks;
+    const size_t half = (size_t)n * sizeof(int64_t);
+    const size_t room = 2 * SYMNCCL_MAX_RANKS * sizeof(int64_t);
     unsigned long long capture = 0;
     cudaError_t e = sn_capture_id(k->stream, &capture);
     if (e != cudaSuccess)
@@ -228,20 +248,28 @@ nccl_all_to_all_v(sn_call *k, const sn_splits *s, size_t row_size,
                         "capture (algo='push' can)");
         return -1;
     }
-    /* send counts, received counts, then the offsets (host only) */
-    const size_t bytes = 2 * (size_t)n * sizeof(int64_t);
-    int64_t *dev = NULL, *host = NULL;
-    int ok = 0;
-    SN_CUDA_GOTO(k->st, cudaMallocHost((void **)&host, bytes * 3 / 2),
-                 "cudaMallocHost (all_to_all_v counts)", done);
-    SN_CUDA_GOTO(k->st, cudaMallocAsync((void **)&dev, bytes, k->stream),
-                 "cudaMallocAsync (all_to_all_v counts)", done);
+    if (c->a2a_busy) {
+        PyErr_Format(PyExc_RuntimeError, "all_to_all_v with algo='nccl' is "
+                     "already running on rank %d's communicator in another "
+                     "thread (expected one call at a time)", c->rank);
+        return -1;
+    }
+    if (c->a2a_dev == NULL)
+        SN_CUDA_GOTO(k->st, cudaMalloc((void **)&c->a2a_dev, room),
+                     "cudaMalloc (all_to_all_v counts)", error);
+    if (c->a2a_host == NULL)
+        SN_CUDA_GOTO(k->st, cudaMallocHost((void **)&c->a2a_host, room),
+                     "cudaMallocHost (all_to_all_v counts)", error);
+    int64_t *dev = c->a2a_dev, *host = c->a2a_host;
+    c->a2a_busy = 1;
+    int ok = 0, in_flight = 1;
+    /* send counts in dev[0, n), received counts in dev[n, 2n) */
     if (s->dev.ptr != NULL)
-        e = cudaMemcpyAsync(dev, s->dev.ptr, bytes / 2,
-                            cudaMemcpyDeviceToDevice, k->stream);
+        e = cudaMemcpyAsync(dev, s->dev.ptr, half, cudaMemcpyDeviceToDevice,
+                            k->stream);
     else {
-        memcpy(host, s->host, bytes / 2);
-        e = cudaMemcpyAsync(dev, host, bytes / 2, cudaMemcpyHostToDevice,
+        memcpy(host, s->host, half);
+        e = cudaMemcpyAsync(dev, host, half, cudaMemcpyHostToDevice,
                             k->stream);
     }
     SN_CUDA_GOTO(k->st, e, "all_to_all_v counts copy", done);
@@ -262,22 +290,33 @@ nccl_all_to_all_v(sn_call *k, const sn_splits *s, size_t row_size,
     if (sn_nccl_complete(k->st, c, rc, "all_to_all_v counts") < 0)
         goto done;
     sn_count_nccl(c);
-    SN_CUDA_GOTO(k->st, cudaMemcpyAsync(host, dev, bytes,
+    SN_CUDA_GOTO(k->st, cudaMemcpyAsync(host, dev, 2 * half,
                                         cudaMemcpyDeviceToHost, k->stream),
                  "all_to_all_v counts copy", done);
+    if (out_splits != NULL)
+        SN_CUDA_GOTO(k->st, cudaMemcpyAsync(out_splits, dev + n, half,
+                                            cudaMemcpyDeviceToDevice,
+                                            k->stream),
+                     "out_splits copy", done);
+    /* the watch event follows every use of dev and host: after this wait
+     * nothing of this call reads or writes them */
     sn_watch_nccl(c, SYMNCCL_COLL_ALL_TO_ALL, k->stream);
     if (sn_fault_wait_nccl(k->st, c, SYMNCCL_COLL_ALL_TO_ALL) < 0)
         goto done;
+    in_flight = 0;
+    int64_t send[SYMNCCL_MAX_RANKS], recv[SYMNCCL_MAX_RANKS];
     int64_t sent = 0, got = 0;
+    memcpy(send, host, half);
+    memcpy(recv, host + n, half);
     for (int q = 0; q < n; q++) {
-        if (host[q] < 0 || host[n + q] < 0) {
+        if (send[q] < 0 || recv[q] < 0) {
             PyErr_Format(PyExc_ValueError, "all_to_all_v: a negative count "
                          "(rank %d: sends %lld, receives %lld)", q,
-                         (long long)host[q], (long long)host[n + q]);
+                         (long long)send[q], (long long)recv[q]);
             goto done;
         }
-        sent += host[q];
-        got += host[n + q];
+        sent += send[q];
+        got += recv[q];
     }
     if ((size_t)sent > x_rows || (size_t)got > out_rows) {
         PyErr_Format(PyExc_ValueError, "all_to_all_v: this rank sends %lld "
@@ -285,37 +324,33 @@ nccl_all_to_all_v(sn_call *k, const sn_splits *s, size_t row_size,
                      (long long)sent, x_rows, (long long)got, out_rows);
         goto done;
     }
-    if (out_splits != NULL)
-        SN_CUDA_GOTO(k->st, cudaMemcpyAsync(out_splits, dev + n, bytes / 2,
-                                            cudaMemcpyDeviceToDevice,
-                                            k->stream),
-                     "out_splits copy", done);
     if (out_offsets != NULL) {
-        int64_t at = 0;
+        /* pageable source: staged by the time the call returns, so the
+         * array may go (CUDA's "API synchronization behavior"); the stream
+         * is drained up to here, so this waits for nothing */
+        int64_t offs[SYMNCCL_MAX_RANKS], at = 0;
         for (int q = 0; q < n; q++) {
-            host[2 * n + q] = at;
-            at += host[n + q];
+            offs[q] = at;
+            at += recv[q];
         }
-        /* the stream is drained up to here (the wait above): this waits
-         * for the copy alone, before host[] is freed */
-        e = cudaMemcpyAsync(out_offsets, host + 2 * n, bytes / 2,
-                            cudaMemcpyHostToDevice, k->stream);
-        if (e == cudaSuccess)
-            e = cudaStreamSynchronize(k->stream);
-        SN_CUDA_GOTO(k->st, e, "out_offsets copy", done);
+        SN_CUDA_GOTO(k->st, cudaMemcpyAsync(out_offsets, offs, half,
+                                            cudaMemcpyHostToDevice,
+                                            k->stream),
+                     "out_offsets copy", done);
     }
-    ok = nccl_exchange(k, host, host + n, row_size) == 0;
+    ok = nccl_exchange(k, send, recv, row_size) == 0;
 done:
-    if (dev != NULL) {
-        e = cudaFreeAsync(dev, k->stream);
-        if (ok && e != cudaSuccess) {
-            sn_set_cuda_error(k->st, e, "cudaFreeAsync");
-            ok = 0;
-        }
+    if (in_flight) {
+        /* a copy of this call may still be queued (it failed before the
+         * wait): the memory is left to it and the next call allocates its
+         * own */
+        c->a2a_dev = NULL;
+        c->a2a_host = NULL;
     }
-    if (host != NULL)
-        cudaFreeHost(host);
+    c->a2a_busy = 0;
     return ok ? 0 : -1;
+error:
+    return -1;
 }
 
 PyObject *

@@ -319,13 +319,15 @@ int
 sn_fault_wait_nccl(SNState *st, CommObject *c, int collective)
 {
     double start = sn_now(), deadline = start + c->timeout;
+    const double spin = start + SN_WAIT_SPIN_SECONDS;
     for (;;) {
         int done;
         double slice = sn_deadline(0.05);
         Py_BEGIN_ALLOW_THREADS
         while (!(done = event_done(c->watch_event)) && !c->stop &&
                sn_now() < (slice < deadline ? slice : deadline))
-            nap();
+            if (sn_now() >= spin)   /* spin first (symnccl.h) */
+                nap();
         Py_END_ALLOW_THREADS
         if (done)
             return 0;

@@ -670,6 +670,7 @@ free_memory(CommObject *c, int drained)
         c->staging = NULL;
         c->scratch = NULL;
         c->check_dev = c->check_host = NULL;
+        c->a2a_dev = c->a2a_host = NULL;
         c->lsa_event = NULL;
         c->fault = c->fault_dev = NULL;
         c->fault_src = NULL;

@@ -167,6 +167,14 @@ sn_scratch_free(CommObject *c)
         cudaFreeHost(c->check_host);
         c->check_host = NULL;
     }
+    if (c->a2a_dev != NULL) {
+        cudaFree(c->a2a_dev);
+        c->a2a_dev = NULL;
+    }
+    if (c->a2a_host != NULL) {
+        cudaFreeHost(c->a2a_host);
+        c->a2a_host = NULL;
+    }
     if (c->lsa_event != NULL) {
         cudaEventDestroy(c->lsa_event);
         c->lsa_event = NULL;

@@ -326,6 +326,12 @@ int sn_raise(SNState *st, const sn_err *e);
 /* ------------------------------------------------------------------ */
 /* wait.c: the one bounded wait for non-blocking NCCL communicators. */
 
+/* A wait for work that usually completes within microseconds (an NCCL
+ * enqueue, an eager call's event) spins this long before it naps (a 20 us
+ * nanosleep costs ~80 us with the default timer slack: eager algo="nccl"
+ * calls took ~110 us while every wait napped; a 1 ms first nap was the
+ * ~1 ms of each NCCL all_to_all_v). */
+#define SN_WAIT_SPIN_SECONDS 1e-3
 double sn_now(void);           /* seconds, CLOCK_MONOTONIC */
 /* The time `seconds` from now, on sn_now's clock: every deadline. */
 double sn_deadline(double seconds);
@@ -567,6 +573,11 @@ typedef struct CommObject {
     char failure_msg[400];     /* a host-found failure's own message */
     cudaStream_t ctl_stream;   /* non-blocking: writes the fault word */
     void *check_dev, *check_host;  /* SYMNCCL_CHECK (staging.c) */
+    /* all_to_all_v on NCCL (alltoall.c): the counts' memory, 2 x
+     * SYMNCCL_MAX_RANKS int64 each, allocated at the first such call and
+     * freed with the scratch (staging.c); a2a_busy: a call is using it */
+    int64_t *a2a_dev, *a2a_host;
+    int a2a_busy;
     int busy;                  /* threads inside a method of c (lock) */
     volatile int stop;         /* abort() from another thread: waits end */
     int abort_pending;         /* abort() waits for busy to reach 0 */

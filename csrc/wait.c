@@ -12,10 +12,7 @@
 
 #include <time.h>
 
-/* An enqueue usually completes within microseconds: spin this long, then
- * nap (a 20 us nanosleep costs ~80 us with the default timer slack: eager
- * algo="nccl" calls took ~110 us while every wait napped). */
-#define SPIN_SECONDS 1e-3
+/* After the spin (SN_WAIT_SPIN_SECONDS), naps of this length. */
 #define NAP_NS 20000
 /* Python callers release the GIL for slices of this length, and check for
  * signals between them. */
@@ -62,7 +59,7 @@ wait_nccl(ncclComm_t *comms, int n, double since, double until,
         double now = sn_now();
         if (now >= until)
             return SN_WAIT_TIMEOUT;
-        if (now - since > SPIN_SECONDS) {
+        if (now - since > SN_WAIT_SPIN_SECONDS) {
             struct timespec pause = {0, NAP_NS};
             nanosleep(&pause, NULL);
         }

@@ -593,6 +593,314 @@ handle_all_gather(snx_call_frame *call)
     return handle(call, SYMNCCL_COLL_ALL_GATHER);
 }
 
+/* ------------------------------------------------------------ all-to-all
+ * "symnccl_all_to_all": x of nranks equal blocks of rows (its first
+ * dimension) -> the same shape, block j to rank j, block i of the result
+ * from rank i (Communicator.all_to_all). "symnccl_all_to_all_v": x and the
+ * rows it sends to each rank (n int64, on the device) -> out, the rows of
+ * ranks 0, 1, ... packed one after another (Communicator.all_to_all_v),
+ * and the rows received from each rank (n int64). symnccl/jax.py builds
+ * jax.lax.all_to_all and ragged_all_to_all from them (docs/FRAMEWORKS.md,
+ * "JAX: all-to-all").
+ *
+ * The splits of _v never leave the device: it runs on symnccl's kernels
+ * only (push, ll; "auto" is push), since NCCL's path would read the counts
+ * on the host. A buffer of 8 x nranks bytes holds the n int64 whatever
+ * XLA's element type says (JAX without x64 passes them as uint32 pairs). */
+
+typedef struct {
+    CommObject *c;             /* entered: c->busy counts this call */
+    int dev;
+    cudaStream_t stream;
+} a2a_ctx;
+
+static size_t
+a2a_elems(const snx_buffer *b, int from)
+{
+    size_t e = 1;
+    for (int64_t i = from; i < b->rank; i++)
+        e *= (size_t)b->dims[i];
+    return e;
+}
+
+/* What handle() does before the collective: metadata, stage, stream,
+ * device, the communicator entered. NULL with *run 0: nothing to run
+ * (metadata query, another stage); NULL with *run 1: x filled. */
+static snx_error *
+a2a_enter(snx_call_frame *call, const char *name, a2a_ctx *x, int *run)
+{
+    const snx_api *api = call->api;
+    char msg[320];
+    *run = 0;
+    if (call->extension_start != NULL &&
+        call->extension_start->type == SNX_EXTENSION_METADATA) {
+        snx_metadata_extension *ext =
+            (snx_metadata_extension *)call->extension_start;
+        ext->metadata->api_version.major_version = SNX_API_MAJOR;
+        ext->metadata->api_version.minor_version = SNX_API_MINOR;
+        ext->metadata->traits = 0;
+        return NULL;
+    }
+    if (call->ctx == NULL || call->stage != SNX_STAGE_EXECUTE)
+        return NULL;
+    snx_stream_get_args sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.struct_size = SNX_STRUCT_SIZE(snx_stream_get_args, stream);
+    sa.ctx = call->ctx;
+    snx_error *e = api->stream_get(&sa);
+    if (e != NULL)
+        return e;
+    if (api->struct_size < SNX_STRUCT_SIZE(snx_api, device_ordinal_get)) {
+        snprintf(msg, sizeof(msg), "%s: this XLA's FFI API (%zu bytes) has "
+                 "no DeviceOrdinal_Get: update jaxlib", name,
+                 api->struct_size);
+        return ffi_error(api, SNX_ERR_FAILED_PRECONDITION, msg);
+    }
+    snx_device_ordinal_get_args da;
+    memset(&da, 0, sizeof(da));
+    da.struct_size =
+        SNX_STRUCT_SIZE(snx_device_ordinal_get_args, device_ordinal);
+    da.ctx = call->ctx;
+    if ((e = api->device_ordinal_get(&da)) != NULL)
+        return e;
+    const int dev = da.device_ordinal;
+    pthread_mutex_lock(&registry_lock);
+    CommObject *c = dev >= 0 && dev < SN_XLA_MAX_DEVICES ? registry[dev]
+                                                         : NULL;
+    pthread_mutex_unlock(&registry_lock);
+    if (c == NULL || c->closed || c->comm == NULL) {
+        snprintf(msg, sizeof(msg), "%s: no open symnccl communicator is "
+                 "registered for device %d: create it with "
+                 "symnccl.jax.communicator() before running the "
+                 "computation", name, dev);
+        return ffi_error(api, SNX_ERR_FAILED_PRECONDITION, msg);
+    }
+    sn_lock(c);
+    const int failed = sn_fault_poll(c);
+    const int closed = c->closed || c->comm == NULL;
+    if (!failed && !closed)
+        c->busy++;
+    sn_unlock(c);
+    if (failed) {
+        char why[700];
+        sn_fault_describe(c, why, sizeof(why));
+        return ffi_error(api, SNX_ERR_ABORTED, why);
+    }
+    if (closed) {
+        snprintf(msg, sizeof(msg), "%s: the communicator registered for "
+                 "this device was closed or aborted", name);
+        return ffi_error(api, SNX_ERR_FAILED_PRECONDITION, msg);
+    }
+    x->c = c;
+    x->dev = dev;
+    x->stream = (cudaStream_t)sa.stream;
+    *run = 1;
+    return NULL;
+}
+
+static void
+a2a_leave(a2a_ctx *x)
+{
+    sn_lock(x->c);
+    x->c->busy--;
+    sn_unlock(x->c);
+}
+
+/* symnccl's kernel: rows of row_size bytes, splits from the device
+ * (in_splits) or the host; 0, or -1 with msg[] filled. */
+static int
+a2a_kernel(a2a_ctx *x, int algo, const sn_dtype *dt, const char *src,
+           size_t rows, size_t row_size, char *out, size_t out_rows,
+           const int64_t *in_splits, const int64_t *host_splits,
+           int64_t *out_splits, char *msg, size_t len)
+{
+    CommObject *c = x->c;
+    const int kernel = sn_kernel_for(SYMNCCL_COLL_ALL_TO_ALL, algo,
+                                     SYMNCCL_SHOT_ONE);
+    if (symnccl_kernel_row_of(kernel).family == SYMNCCL_FAMILY_LL) {
+        /* as alltoall.c: the whole of x in one row of packets */
+        const size_t room = symnccl_packet_max_count(
+            kernel, c->layout.ll_row, 1, c->nranks);
+        if (rows * row_size + 8 > room) {
+            snprintf(msg, len, "algo 'll' carries at most %zu bytes of x "
+                     "per rank, x has %zu: use algo='push'", room - 8,
+                     rows * row_size);
+            return -1;
+        }
+    }
+    sn_ar r = {c, algo, src, out, NULL, rows, dt, NULL, x->stream,
+               SYMNCCL_COLL_ALL_TO_ALL, -1};
+    r.row_size = row_size;
+    r.out_rows = out_rows;
+    r.in_splits = in_splits;
+    r.host_splits = host_splits;
+    r.out_splits = out_splits;
+    sn_err err = {cudaSuccess, ncclSuccess, ""};
+    if (sn_launch_kernels(&r, &err) < 0) {
+        snprintf(msg, len, "%s: %s", err.msg, cudaGetErrorString(err.cuda));
+        return -1;
+    }
+    return 0;
+}
+
+/* Equal blocks on NCCL: grouped ncclSend/ncclRecv of `block` bytes per
+ * rank, as bytes (every dtype); 0, or -1 with msg[] filled. */
+static int
+a2a_nccl(a2a_ctx *x, const char *src, char *out, size_t block, char *msg,
+         size_t len)
+{
+    CommObject *c = x->c;
+    ncclResult_t rc = ncclGroupStart();
+    for (int q = 0; rc == ncclSuccess && q < c->nranks; q++) {
+        rc = ncclSend(src + (size_t)q * block, block, ncclInt8, q, c->comm,
+                      x->stream);
+        if (rc == ncclSuccess)
+            rc = ncclRecv(out + (size_t)q * block, block, ncclInt8, q,
+                          c->comm, x->stream);
+    }
+    ncclResult_t end = ncclGroupEnd();
+    if (rc == ncclSuccess)
+        rc = end;
+    rc = nccl_finish(c, rc);
+    if (rc != ncclSuccess) {
+        snprintf(msg, len, "NCCL: %s", rc == ncclInProgress
+                 ? "timed out" : ncclGetErrorString(rc));
+        return -1;
+    }
+    sn_count_nccl(c);
+    sn_watch_nccl(c, SYMNCCL_COLL_ALL_TO_ALL, x->stream);
+    return 0;
+}
+
+static snx_error *
+handle_a2a(snx_call_frame *call, int ragged)
+{
+    const snx_api *api = call->api;
+    const char *name = ragged ? "symnccl_all_to_all_v"
+                              : "symnccl_all_to_all";
+    char msg[400], why[320];
+    a2a_ctx x;
+    int run;
+    snx_error *e = a2a_enter(call, name, &x, &run);
+    if (e != NULL || !run)
+        return e;
+    CommObject *c = x.c;
+    const size_t n = (size_t)c->nranks;
+    const int nbuf = ragged ? 2 : 1;
+    snx_error_code code = SNX_ERR_INVALID_ARGUMENT;
+    msg[0] = '\0';
+    int ok = call->args.size == nbuf && call->rets.size == nbuf;
+    for (int i = 0; ok && i < nbuf; i++)
+        ok = call->args.types[i] == SNX_ARG_BUFFER &&
+             call->rets.types[i] == SNX_RET_BUFFER;
+    if (!ok) {
+        snprintf(msg, sizeof(msg), "%s: expected %d buffer operand(s) and "
+                 "%d buffer result(s)", name, nbuf, nbuf);
+        goto out;
+    }
+    const snx_buffer *xb = call->args.args[0];
+    const snx_buffer *yb = call->rets.rets[0];
+    const sn_dtype *dt = xla_dtype(xb->dtype);
+    if (dt == NULL || xb->dtype != yb->dtype) {
+        snprintf(msg, sizeof(msg), "%s: XLA dtype %d is not supported (or "
+                 "differs from the result's, %d)", name, (int)xb->dtype,
+                 (int)yb->dtype);
+        goto out;
+    }
+    const size_t is = (size_t)dt->itemsize;
+    const size_t row = a2a_elems(xb, 1);
+    if (xb->rank < 1 || yb->rank < 1 || a2a_elems(yb, 1) != row) {
+        snprintf(msg, sizeof(msg), "%s: operand rows of %zu elements and "
+                 "result rows of %zu, expected rows (a first dimension) of "
+                 "the same size", name, row,
+                 yb->rank < 1 ? 0 : a2a_elems(yb, 1));
+        goto out;
+    }
+    const size_t rows = (size_t)xb->dims[0], out_rows = (size_t)yb->dims[0];
+    int algo = attr_int(call, "algo", SN_ALGO_AUTO);
+    if (algo < SN_ALGO_AUTO || algo >= SN_ALGO_COUNT) {
+        snprintf(msg, sizeof(msg), "%s: bad algo attribute %d", name, algo);
+        goto out;
+    }
+    const int64_t *splits = NULL;
+    int64_t *got = NULL;
+    if (ragged) {
+        for (int i = 1; i < 3; i++) {
+            const snx_buffer *b = i == 1 ? call->args.args[1]
+                                         : call->rets.rets[1];
+            const sn_dtype *t = xla_dtype(b->dtype);
+            if (t == NULL || a2a_elems(b, 0) * (size_t)t->itemsize != 8 * n) {
+                snprintf(msg, sizeof(msg), "%s: the %s hold %zu bytes, "
+                         "expected nranks (%zu) int64", name, i == 1
+                         ? "splits" : "received counts", t == NULL ? 0
+                         : a2a_elems(b, 0) * (size_t)t->itemsize, n);
+                goto out;
+            }
+        }
+        splits = ((const snx_buffer *)call->args.args[1])->data;
+        got = ((const snx_buffer *)call->rets.rets[1])->data;
+        if (algo == SN_ALGO_NCCL) {
+            snprintf(msg, sizeof(msg), "%s: algo 'nccl' would read the "
+                     "splits on the host; inside XLA they stay on the "
+                     "device: use 'push', 'll' or 'auto' (push)", name);
+            goto out;
+        }
+        if (algo == SN_ALGO_AUTO)
+            algo = SN_ALGO_PUSH;
+    }
+    else if (rows % n != 0 || rows != out_rows) {
+        snprintf(msg, sizeof(msg), "%s: operand has %zu rows and result "
+                 "%zu, expected the same number, a multiple of nranks (%zu)",
+                 name, rows, out_rows, n);
+        goto out;
+    }
+    const size_t bytes = (ragged ? out_rows : rows) * row * is;
+    if ((algo = resolve(c, SYMNCCL_COLL_ALL_TO_ALL, algo, bytes, dt, NULL, 0,
+                        why, sizeof(why))) == SN_ALGO_UNKNOWN) {
+        snprintf(msg, sizeof(msg), "%s", why);
+        goto out;
+    }
+    if (!ragged && rows * row == 0)   /* the same on every rank */
+        goto out;
+    code = SNX_ERR_INTERNAL;
+    int prev = -1;
+    cudaGetDevice(&prev);
+    if (prev != c->device)
+        cudaSetDevice(c->device);
+    int failed;
+    if (algo == SN_ALGO_NCCL)
+        failed = a2a_nccl(&x, xb->data, yb->data, rows / n * row * is, why,
+                          sizeof(why)) < 0;
+    else {
+        int64_t equal[SYMNCCL_MAX_RANKS];
+        for (size_t q = 0; q < n; q++)
+            equal[q] = (int64_t)(rows / n);
+        failed = a2a_kernel(&x, algo, dt, xb->data, rows, row * is,
+                            yb->data, out_rows, splits, equal, got, why,
+                            sizeof(why)) < 0;
+    }
+    if (prev >= 0 && prev != c->device)
+        cudaSetDevice(prev);
+    if (failed)
+        snprintf(msg, sizeof(msg), "%s: %s", name, why);
+out:
+    a2a_leave(&x);
+    return msg[0] != '\0' ? ffi_error(api, code, msg) : NULL;
+}
+
+static snx_error *
+handle_all_to_all(snx_call_frame *call)
+{
+    return handle_a2a(call, 0);
+}
+
+static snx_error *
+handle_all_to_all_v(snx_call_frame *call)
+{
+    return handle_a2a(call, 1);
+}
+/* ------------------------------------------------------ end all-to-all */
+
 /* ------------------------------------------------------------------ */
 /* "symnccl_all_reduce_rmsnorm": Communicator.all_reduce_rmsnorm as a
  * custom call (symnccl.jax.all_reduce_rmsnorm). Operands x, residual,
@@ -603,16 +911,8 @@ handle_all_gather(snx_call_frame *call)
  * fused kernels copy x into the staging window themselves (launch.c,
  * row_launches), so XLA's buffers are never registered as windows. The
  * algorithm is the resolver's (sn_resolve) and the launch, NCCL fallback
- * included, fused.c's (sn_rmsnorm_launch), as for the method. */
-
-static size_t
-buffer_elements(const snx_buffer *b)
-{
-    size_t n = 1;
-    for (int64_t i = 0; i < b->rank; i++)
-        n *= (size_t)b->dims[i];
-    return n;
-}
+ * included, fused.c's (sn_rmsnorm_launch), as for the method; the way
+ * into the communicator the all-to-all handlers' (a2a_enter). */
 
 /* Float attribute `name` (a float32 or float64 scalar), or dflt. */
 static double
@@ -631,77 +931,6 @@ attr_float(const snx_call_frame *call, const char *name, double dflt)
             return *(const double *)s->value;
     }
     return dflt;
-}
-
-/* The handler's way into a communicator (what handle() does for the
- * other collectives): XLA's stream, the communicator registered for
- * XLA's device, entered (c->busy counts this thread until
- * xla_leave). NULL with *c set, or the error. */
-static snx_error *
-xla_enter(snx_call_frame *call, const char *name, CommObject **cp,
-          cudaStream_t *stream)
-{
-    const snx_api *api = call->api;
-    char msg[320];
-    snx_stream_get_args sa;
-    memset(&sa, 0, sizeof(sa));
-    sa.struct_size = SNX_STRUCT_SIZE(snx_stream_get_args, stream);
-    sa.ctx = call->ctx;
-    snx_error *e = api->stream_get(&sa);
-    if (e != NULL)
-        return e;
-    *stream = (cudaStream_t)sa.stream;
-    if (api->struct_size < SNX_STRUCT_SIZE(snx_api, device_ordinal_get)) {
-        snprintf(msg, sizeof(msg), "symnccl_%s: this XLA's FFI API (%zu "
-                 "bytes) has no DeviceOrdinal_Get: update jaxlib", name,
-                 api->struct_size);
-        return ffi_error(api, SNX_ERR_FAILED_PRECONDITION, msg);
-    }
-    snx_device_ordinal_get_args da;
-    memset(&da, 0, sizeof(da));
-    da.struct_size =
-        SNX_STRUCT_SIZE(snx_device_ordinal_get_args, device_ordinal);
-    da.ctx = call->ctx;
-    if ((e = api->device_ordinal_get(&da)) != NULL)
-        return e;
-    const int dev = da.device_ordinal;
-    pthread_mutex_lock(&registry_lock);
-    CommObject *c = dev >= 0 && dev < SN_XLA_MAX_DEVICES ? registry[dev]
-                                                         : NULL;
-    pthread_mutex_unlock(&registry_lock);
-    if (c == NULL || c->closed || c->comm == NULL) {
-        snprintf(msg, sizeof(msg), "symnccl_%s: no open symnccl "
-                 "communicator is registered for device %d: create it with "
-                 "symnccl.jax.communicator() before running the computation",
-                 name, dev);
-        return ffi_error(api, SNX_ERR_FAILED_PRECONDITION, msg);
-    }
-    sn_lock(c);
-    const int failed = sn_fault_poll(c);
-    const int closed = c->closed || c->comm == NULL;
-    if (!failed && !closed)
-        c->busy++;
-    sn_unlock(c);
-    if (failed) {
-        char why[700];
-        sn_fault_describe(c, why, sizeof(why));
-        return ffi_error(api, SNX_ERR_ABORTED, why);
-    }
-    if (closed) {
-        snprintf(msg, sizeof(msg), "symnccl_%s: the communicator registered "
-                 "for this device was closed or aborted", name);
-        return ffi_error(api, SNX_ERR_FAILED_PRECONDITION, msg);
-    }
-    *cp = c;
-    return NULL;
-}
-
-static void
-xla_leave(CommObject *c)
-{
-    sn_lock(c);
-    c->busy--;
-    sn_unlock(c);
 }
 
 /* The buffers of a call: b[] = x, residual, weight, y, h, scale (NULL
@@ -750,13 +979,13 @@ rmsnorm_buffers(const snx_call_frame *call, const snx_buffer *b[6],
                  b[4]->dtype);
         return -1;
     }
-    const size_t count = buffer_elements(x);
+    const size_t count = a2a_elems(x, 0);
     *H = x->rank >= 1 ? (size_t)x->dims[x->rank - 1] : 0;
-    if (*H == 0 || *H % 8 != 0 || buffer_elements(b[1]) != count ||
-        buffer_elements(b[2]) != *H || buffer_elements(b[3]) != count ||
-        buffer_elements(b[4]) != count ||
+    if (*H == 0 || *H % 8 != 0 || a2a_elems(b[1], 0) != count ||
+        a2a_elems(b[2], 0) != *H || a2a_elems(b[3], 0) != count ||
+        a2a_elems(b[4], 0) != count ||
         (b[5] != NULL &&
-         buffer_elements(b[5]) !=
+         a2a_elems(b[5], 0) !=
              (*quant == SYMNCCL_QUANT_STATIC ? 1 : count / *H))) {
         snprintf(msg, len, "symnccl_all_reduce_rmsnorm: x has %zu elements "
                  "in rows of H %zu: expected H a positive multiple of 8, "
@@ -798,7 +1027,7 @@ all_reduce_rmsnorm(snx_call_frame *call, CommObject *c, const sn_dtype *dt,
 {
     const snx_api *api = call->api;
     char msg[320];
-    const size_t count = buffer_elements(b[0]);
+    const size_t count = a2a_elems(b[0], 0);
     int algo = attr_int(call, "algo", SN_ALGO_AUTO);
     const double eps = attr_float(call, "eps", -1.0);
     if (algo < SN_ALGO_AUTO || algo >= SN_ALGO_COUNT || !(eps >= 0.0))
@@ -839,26 +1068,23 @@ all_reduce_rmsnorm(snx_call_frame *call, CommObject *c, const sn_dtype *dt,
 static snx_error *
 handle_all_reduce_rmsnorm(snx_call_frame *call)
 {
-    /* XLA's metadata query, and a call with nothing to run: handle()'s
-     * answers, which it gives before it looks at the collective */
-    if ((call->extension_start != NULL &&
-         call->extension_start->type == SNX_EXTENSION_METADATA) ||
-        call->ctx == NULL || call->stage != SNX_STAGE_EXECUTE)
-        return handle(call, SYMNCCL_COLL_ALL_REDUCE_RMSNORM);
+    /* the prologue the all-to-all handlers share: metadata, stage, stream,
+     * device, the communicator entered */
+    a2a_ctx x;
+    int run;
+    snx_error *e = a2a_enter(call, "symnccl_all_reduce_rmsnorm", &x, &run);
+    if (e != NULL || !run)
+        return e;
     char msg[320];
     const snx_buffer *b[6];
     int quant;
     size_t H;
     const sn_dtype *dt;
     if (rmsnorm_buffers(call, b, &quant, &H, &dt, msg, sizeof(msg)) < 0)
-        return ffi_error(call->api, SNX_ERR_INVALID_ARGUMENT, msg);
-    CommObject *c = NULL;
-    cudaStream_t stream;
-    snx_error *e = xla_enter(call, "all_reduce_rmsnorm", &c, &stream);
-    if (e != NULL)
-        return e;
-    e = all_reduce_rmsnorm(call, c, dt, quant, H, b, stream);
-    xla_leave(c);
+        e = ffi_error(call->api, SNX_ERR_INVALID_ARGUMENT, msg);
+    else
+        e = all_reduce_rmsnorm(call, x.c, dt, quant, H, b, x.stream);
+    a2a_leave(&x);
     return e;
 }
 
@@ -874,11 +1100,14 @@ sn_py_xla_handler(PyObject *module, PyObject *args)
         strcmp(which, "all_reduce") == 0       ? handle_all_reduce
         : strcmp(which, "reduce_scatter") == 0 ? handle_reduce_scatter
         : strcmp(which, "all_gather") == 0     ? handle_all_gather
+        : strcmp(which, "all_to_all") == 0     ? handle_all_to_all
+        : strcmp(which, "all_to_all_v") == 0   ? handle_all_to_all_v
         : strcmp(which, "all_reduce_rmsnorm") == 0 ? handle_all_reduce_rmsnorm
                                                : NULL;
     if (fn == NULL) {
         PyErr_Format(PyExc_ValueError, "no XLA handler for '%s': expected "
-                     "'all_reduce', 'reduce_scatter', 'all_gather' or "
+                     "'all_reduce', 'reduce_scatter', 'all_gather', "
+                     "'all_to_all', 'all_to_all_v' or "
                      "'all_reduce_rmsnorm'",
                      which);
         return NULL;

@@ -393,6 +393,303 @@ def stats(device: int) -> dict:
     return {"window_calls": w, "staged_calls": s, "registrations": r}
 
 
+# ---------------------------------------------------------------- all-to-all
+#
+# jax.lax.all_to_all and ragged_all_to_all (issue 32) on two custom calls
+# (csrc/xla_ffi.c, "all-to-all"): "symnccl_all_to_all" moves nranks equal
+# blocks of rows (axis 0), "symnccl_all_to_all_v" the rows of device splits,
+# packed rank after rank (Communicator.all_to_all_v). Other axes are
+# transposes and reshapes in jnp around the equal one; ragged's explicit
+# offsets are a gather before the packed exchange and a scatter after it,
+# on the device (docs/FRAMEWORKS.md, "JAX: all-to-all").
+
+TARGETS.update({k: f"symnccl_{k}" for k in ("all_to_all", "all_to_all_v")})
+__all__ += ["all_to_all", "ragged_all_to_all"]
+
+
+def _vma_union(*xs):
+    """xs, each made to vary over every manual axis any of them varies
+    over (a custom call's operands and its result then agree, as
+    shard_map's check_vma wants)."""
+    axes = frozenset().union(*(_varying(x) for x in xs))
+    return [_pvary(x, axes) for x in xs]
+
+
+def _pvary(x, axes):
+    missing = tuple(sorted(axes - _varying(x)))
+    if not missing:
+        return x
+    if hasattr(jax.lax, "pvary"):
+        return jax.lax.pvary(x, missing)
+    return jax.lax.pcast(x, missing, to="varying")
+
+
+def _typed(x, shape, dtype):
+    """A result of `shape` and `dtype` that varies as x does."""
+    shape = tuple(shape)
+    if hasattr(jax, "typeof") and _varying(x):
+        t = jax.typeof(x)
+        if hasattr(t, "update"):
+            return t.update(shape=shape, dtype=np.dtype(dtype))
+    return jax.ShapeDtypeStruct(shape, dtype)
+
+
+def _a2a_rows_raw(x, algo):
+    """Block j of x's rows (axis 0, nranks equal blocks) to rank j; block
+    i of the result from rank i."""
+    _register_target()
+    call = jax.ffi.ffi_call(TARGETS["all_to_all"],
+                            _typed(x, x.shape, x.dtype))
+    return call(x, algo=np.int32(_ALGO_CODES[algo]))
+
+
+def _as_pairs(v):
+    """n int64 counts as 2n uint32 (little-endian halves): the handler
+    reads 8 x nranks bytes, and JAX without x64 has no int64."""
+    import jax.numpy as jnp
+    v = v.astype(jnp.int32)
+    lo = jax.lax.bitcast_convert_type(v, jnp.uint32)
+    hi = jnp.where(v < 0, jnp.uint32(0xFFFFFFFF), jnp.uint32(0))
+    return jnp.stack([lo, hi], axis=1).reshape(-1)
+
+
+def _a2a_v_raw(x, splits, out_rows, algo):
+    """Packed uneven all-to-all: splits[q] rows of x (in order) to rank q;
+    returns (out of out_rows rows: the rows of ranks 0, 1, ... one after
+    another, the rest unspecified; the rows received from each rank,
+    int32)."""
+    import jax.numpy as jnp
+    _register_target()
+    n = _nranks()
+    pairs = _as_pairs(splits)
+    x, pairs = _vma_union(x, pairs)
+    call = jax.ffi.ffi_call(TARGETS["all_to_all_v"], (
+        _typed(x, (out_rows, *x.shape[1:]), x.dtype),
+        _typed(x, (2 * n,), jnp.uint32)))
+    out, got = call(x, pairs, algo=np.int32(_ALGO_CODES[algo]))
+    got = jax.lax.bitcast_convert_type(got.reshape(n, 2)[:, 0], jnp.int32)
+    return out, got
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _a2a_rows(x, algo):
+    return _a2a_rows_raw(x, algo)
+
+
+def _a2a_rows_fwd(x, algo):
+    return _a2a_rows_raw(x, algo), _like(x)
+
+
+def _a2a_rows_bwd(algo, res, g):
+    # equal blocks: the exchange is its own transpose (block i of the
+    # cotangent goes back to rank i)
+    return (_typed_as(_a2a_rows_raw(g, algo), res),)
+
+
+_a2a_rows.defvjp(_a2a_rows_fwd, _a2a_rows_bwd)
+
+
+def all_to_all(x, split_axis: int, concat_axis: int, *, tiled: bool = False,
+               algo: str = "auto"):
+    """jax.lax.all_to_all(x, axis, split_axis, concat_axis, tiled=tiled)
+    over the ranks of the communicators made by communicator(), as an XLA
+    custom call (inside jax.jit / shard_map): x is split along split_axis
+    into nranks chunks, chunk j goes to rank j, and the chunks received are
+    concatenated along concat_axis in rank order (tiled=True), or stacked
+    on a new axis at concat_axis (tiled=False, x.shape[split_axis] ==
+    nranks). Differentiable: its transpose is the all-to-all with the axes
+    swapped. algo: "push" or "ll" run symnccl's kernels, "nccl" NCCL's
+    send/recv, "auto" the measured table (symnccl.AUTO_TABLE).
+
+    Example::
+
+        # (E, T, H) per shard, experts split over ranks -> (E/n, n*T, H)
+        y = sj.all_to_all(x, 0, 1, tiled=True, algo="push")
+    """
+    import jax.numpy as jnp
+    _check_algo(algo)
+    n = _nranks()
+    nd = x.ndim
+    if nd == 0:
+        raise ValueError("all_to_all: x is a scalar, expected an axis to "
+                         "split")
+    for name, a in (("split_axis", split_axis), ("concat_axis", concat_axis)):
+        if not -nd <= a < nd:
+            raise ValueError(f"all_to_all: {name} {a} is out of range for x "
+                             f"of shape {x.shape}")
+    split_axis %= nd
+    concat_axis %= nd
+    if not tiled:
+        if x.shape[split_axis] != n:
+            raise ValueError(
+                f"all_to_all: x.shape[{split_axis}] is "
+                f"{x.shape[split_axis]}, expected nranks ({n}) with "
+                "tiled=False")
+        # as jax.lax.all_to_all: a new axis of 1 where the ranks' chunks
+        # are to be stacked (concat_axis counts without split_axis), the
+        # tiled exchange, then split_axis (now of 1) dropped
+        if split_axis < concat_axis:
+            concat_axis += 1
+            x = jnp.expand_dims(x, concat_axis)
+        elif split_axis > concat_axis:
+            x = jnp.expand_dims(x, concat_axis)
+            split_axis += 1
+        y = _tiled_all_to_all(x, split_axis, concat_axis, n, algo)
+        return y if split_axis == concat_axis else jnp.squeeze(y, split_axis)
+    if x.shape[split_axis] % n:
+        raise ValueError(f"all_to_all: x.shape[{split_axis}] is "
+                         f"{x.shape[split_axis]}, expected a multiple of "
+                         f"nranks ({n})")
+    return _tiled_all_to_all(x, split_axis, concat_axis, n, algo)
+
+
+def _tiled_all_to_all(x, split_axis, concat_axis, n, algo):
+    import jax.numpy as jnp
+    # chunk j of split_axis becomes block j of the rows the kernel moves
+    rows = jnp.moveaxis(x, split_axis, 0)
+    y = _a2a_rows(rows, algo)
+    m = rows.shape[0] // n
+    chunks = jnp.moveaxis(y.reshape((n, m) + rows.shape[1:]), 1,
+                          split_axis + 1)   # (n, *x.shape / n on split)
+    shape = list(x.shape)
+    shape[split_axis] //= n
+    shape[concat_axis] *= n
+    # rank i's chunk before rank i + 1's along concat_axis
+    return jnp.moveaxis(chunks, 0, concat_axis).reshape(shape)
+
+
+def _segments(sizes, length):
+    """For positions 0..length-1 of a buffer holding len(sizes) segments
+    packed one after another: the segment of each (len(sizes) past the
+    end) and its position inside it."""
+    import jax.numpy as jnp
+    ends = jnp.cumsum(sizes)
+    j = jnp.arange(length, dtype=ends.dtype)
+    seg = jnp.searchsorted(ends, j, side="right")
+    last = jnp.minimum(seg, sizes.shape[0] - 1)
+    return seg, last, j - (ends - sizes)[last]
+
+
+def _ragged_core(operand, output, input_offsets, send_sizes, land, algo):
+    """operand's slices [input_offsets[q], + send_sizes[q]) to rank q,
+    where each lands in its output at land[r] (this rank's output, the
+    chunk of rank r). Returns (result, rows received from each rank)."""
+    import jax.numpy as jnp
+    n = _nranks()
+    send = jnp.maximum(send_sizes.astype(jnp.int32), 0)
+    # gather: the slices packed rank after rank (the packed exchange's x)
+    seg, last, k = _segments(send, operand.shape[0])
+    packed = jnp.take(operand, input_offsets.astype(jnp.int32)[last] + k,
+                      axis=0, mode="clip")
+    recv, got = _a2a_v_raw(packed, send, output.shape[0], algo)
+    # scatter: rank r's rows to land[r] onwards; the rest dropped
+    seg, last, k = _segments(got, output.shape[0])
+    to = jnp.where(seg < n, land.astype(jnp.int32)[last] + k,
+                   output.shape[0])
+    recv, output = _vma_union(recv, output)
+    return output.at[to].set(recv, mode="drop"), got
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
+def _ragged(operand, output, input_offsets, send_sizes, output_offsets,
+            recv_sizes, algo):
+    return _ragged_fwd(operand, output, input_offsets, send_sizes,
+                       output_offsets, recv_sizes, algo)[0]
+
+
+def _ragged_fwd(operand, output, input_offsets, send_sizes, output_offsets,
+                recv_sizes, algo):
+    import jax.numpy as jnp
+    # where this rank's chunk from rank r lands: r's output_offsets[me]
+    land = _a2a_rows_raw(output_offsets.astype(jnp.int32).reshape(-1, 1),
+                         algo).reshape(-1)
+    y, got = _ragged_core(operand, output, input_offsets, send_sizes, land,
+                          algo)
+    return y, (_like(operand), input_offsets, land, got)
+
+
+def _ragged_bwd(algo, res, g):
+    # as jax's transpose: every received slice's cotangent goes back to
+    # where it came from (the offsets' roles swapped: sent from land[r],
+    # landing at this rank's input_offsets[r]); the output's cotangent is
+    # g where nothing was received
+    import jax.numpy as jnp
+    like, input_offsets, land, got = res
+    zeros = jnp.zeros(like.shape[1:], g.dtype)
+    d_operand, _ = _ragged_core(g, zeros, land, got, input_offsets, algo)
+    j = jnp.arange(g.shape[0], dtype=jnp.int32)[:, None]
+    hit = jnp.any((j >= land[None, :]) & (j < (land + got)[None, :]),
+                  axis=1)
+    d_output = jnp.where(hit.reshape((-1,) + (1,) * (g.ndim - 1)), 0, g)
+    return (_typed_as(d_operand, like), d_output, None, None, None, None)
+
+
+_ragged.defvjp(_ragged_fwd, _ragged_bwd)
+
+
+def ragged_all_to_all(operand, output, input_offsets, send_sizes,
+                      output_offsets, recv_sizes, *, algo: str = "auto"):
+    """jax.lax.ragged_all_to_all over the ranks of the communicators made
+    by communicator(), as XLA custom calls: this rank sends
+    operand[input_offsets[q]:][:send_sizes[q]] to rank q, where it lands at
+    output_offsets[q] of rank q's output (an offset in the receiver's
+    output, as in JAX); the result is `output` with the slices received
+    written in. The offset and size arrays have one entry per rank (JAX
+    allows a multiple; not here), any integer dtype, and stay on the
+    device: nothing synchronises with the host. Differentiable in operand
+    and output (the transpose sends the cotangents back, the offsets'
+    roles swapped, as JAX's rule does).
+
+    Implementation: the slices are gathered into a packed buffer of
+    operand's rows, exchanged by symnccl's kernel (algo "push", "ll";
+    "auto" is push; "nccl" cannot keep the sizes on the device), and
+    scattered into the result. Rows received come from the senders' sizes
+    (recv_sizes must agree, as JAX requires); the slices a rank sends must
+    fit operand's rows together, and those it receives output's rows
+    (further rows are dropped).
+
+    Example::
+
+        y = sj.ragged_all_to_all(tokens, jnp.zeros_like(buf), in_off,
+                                 send, out_off, recv, algo="push")
+    """
+    _check_algo(algo)
+    n = _nranks()
+    if operand.ndim == 0 or output.ndim != operand.ndim or \
+            output.shape[1:] != operand.shape[1:]:
+        raise ValueError(f"ragged_all_to_all: operand has shape "
+                         f"{operand.shape} and output {output.shape}, "
+                         "expected rows (a first dimension) of the same "
+                         "shape")
+    if output.dtype != operand.dtype:
+        raise TypeError(f"ragged_all_to_all: output has dtype "
+                        f"{output.dtype}, expected {operand.dtype} "
+                        "(operand's)")
+    for name, a in (("input_offsets", input_offsets),
+                    ("send_sizes", send_sizes),
+                    ("output_offsets", output_offsets),
+                    ("recv_sizes", recv_sizes)):
+        if not np.issubdtype(a.dtype, np.integer):
+            raise TypeError(f"ragged_all_to_all: {name} has dtype "
+                            f"{a.dtype}, expected an integer dtype")
+        if a.shape != (n,):
+            raise ValueError(f"ragged_all_to_all: {name} has shape "
+                             f"{a.shape}, expected ({n},): one entry per "
+                             "rank")
+    if algo == "nccl":
+        raise ValueError("ragged_all_to_all: algo 'nccl' would read the "
+                         "sizes on the host; expected 'push', 'll' or "
+                         "'auto'")
+    # "auto" is push for both of its exchanges (the offsets' and the
+    # rows'), as for the handler (xla_ffi.c, "all-to-all")
+    algo = "push" if algo == "auto" else algo
+    # every operand varying alike (inside shard_map): the result then
+    # varies as jax.lax.ragged_all_to_all's does
+    return _ragged(*_vma_union(operand, output, input_offsets, send_sizes,
+                               output_offsets, recv_sizes), algo)
+# ------------------------------------------------------------ end all-to-all
+
+
 # ------------------------------------------------------ all_reduce_rmsnorm
 #
 # The all-reduce fused with the residual add and RMSNorm after it (issue
@@ -406,34 +703,23 @@ TARGETS["all_reduce_rmsnorm"] = "symnccl_all_reduce_rmsnorm"
 _RMSNORM_DTYPES = ("float32", "float16", "bfloat16")
 
 
-def _typed_like(like, shape, dtype):
-    """A result of `shape` and `dtype` that varies over like's manual axes
-    inside shard_map (check_vma): h = all_reduce(x) + residual varies where
-    residual does (the all-reduce's part is invariant, as psum's)."""
-    if _varying(like):
-        t = jax.typeof(like)
-        if hasattr(t, "update"):
-            return t.update(shape=tuple(shape), dtype=np.dtype(dtype))
-    return jax.ShapeDtypeStruct(tuple(shape), dtype)
-
-
 def _all_reduce_rmsnorm_raw(x, residual, weight, eps, quant, scale, algo):
     """The custom call: (y, h), or with quant="fp8" (q, h) with a static
     `scale` operand, or (q, h, row scales) when scale is None."""
     _register_target()
     import jax.numpy as jnp
     f8 = jnp.float8_e4m3fn
-    results = [_typed_like(residual, x.shape, f8 if quant else x.dtype),
-               _typed_like(residual, x.shape, x.dtype)]
+    results = [_typed(residual, x.shape, f8 if quant else x.dtype),
+               _typed(residual, x.shape, x.dtype)]
     operands = [x, residual, weight]
     if quant and scale is not None:
         operands.append(scale)
     elif quant:
-        results.append(_typed_like(residual, (*x.shape[:-1], 1),
+        results.append(_typed(residual, (*x.shape[:-1], 1),
                                    jnp.float32))
     # a custom call's operands must vary alike (the results are typed
-    # above): each takes the others' manual axes, a no-op cast
-    operands = [functools.reduce(_typed_as, operands, a) for a in operands]
+    # above: h varies where residual does)
+    operands = _vma_union(*operands)
     call = jax.ffi.ffi_call(TARGETS["all_reduce_rmsnorm"], results)
     return tuple(call(*operands, eps=np.float32(eps),
                       algo=np.int32(_ALGO_CODES[algo])))

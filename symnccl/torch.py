@@ -271,8 +271,9 @@ def _gather_shape(x: torch.Tensor, n: int) -> list[int]:
 
 
 def _all_reduce_impl(comm, x, op, algo):
-    out = _like(x)
-    comm.all_reduce(x.contiguous(), out, op, algo)
+    x = x.contiguous()
+    out = torch.empty_like(x)   # contiguous as x (cheaper than _like)
+    comm.all_reduce(x, out, op, algo)
     return out
 
 
@@ -283,26 +284,30 @@ def _check_inplace(x):
 
 
 def _reduce_scatter_impl(comm, x, op, algo):
-    out = x.new_empty(_scatter_shape(x, comm.nranks))
+    if x.dim() and x.size(0) % comm.nranks == 0:
+        # the method makes the (m, ...) output in C, as _scatter_shape
+        return comm.reduce_scatter(x.contiguous(), None, op, algo)
+    out = x.new_empty(_scatter_shape(x, comm.nranks))   # raises
     comm.reduce_scatter(x.contiguous(), out, op, algo)
     return out
 
 
 def _all_gather_impl(comm, x, algo):
-    out = x.new_empty(_gather_shape(x, comm.nranks))
-    comm.all_gather(x.contiguous(), out, algo)
-    return out
+    # the method makes the output in C, of _gather_shape's shape
+    return comm.all_gather(x.contiguous(), None, algo)
 
 
 def _broadcast_impl(comm, x, root, algo):
-    out = _like(x)
-    comm.broadcast(x.contiguous(), root, out, algo)
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    comm.broadcast(x, root, out, algo)
     return out
 
 
 def _reduce_impl(comm, x, root, op, algo):
-    out = _like(x)
-    comm.reduce(x.contiguous(), root, out, op, algo)
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    comm.reduce(x, root, out, op, algo)
     return out
 
 
@@ -494,15 +499,28 @@ def _autograd_function(name, impl, setup, backward):
         y = impl(get_communicator(cid), x, *args)
         setup(ctx, (x, cid, *args), y)
         return y
-    return type(name, (torch.autograd.Function,),
-                {"forward": staticmethod(forward),
-                 "backward": staticmethod(backward)})
+    fn = type(name, (torch.autograd.Function,),
+              {"forward": staticmethod(forward),
+               "backward": staticmethod(backward)})
+    fn.eager_apply = _C_APPLY.__get__(None, fn)
+    return fn
+
+
+# Function.apply is a Python layer (functorch's dead-wrapper unwrapping,
+# argument binding) over this C++ apply, and costs a third of an eager
+# call that autograd records (docs/PERFORMANCE.md, 'Eager host path').
+# _eager() has ruled out functorch transforms; a tensor a finished
+# transform left wrapped still takes the Python layer.
+_C_APPLY = torch._C._FunctionBase.__dict__["apply"]
+_functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 
 
 def _eager_call(fn, impl, x, comm, *args):
     """The eager path of a call whose _eager(x) holds."""
     if x.requires_grad and _grad_enabled():
-        return fn.apply(x, comm_id(comm), *args)
+        if _functorch_wrapped(x):
+            return fn.apply(x, comm_id(comm), *args)
+        return fn.eager_apply(x, comm_id(comm), *args)
     return impl(_raw(comm), x, *args)
 
 

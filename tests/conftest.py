@@ -50,3 +50,27 @@ def ranks_param(*ns):
 @pytest.fixture
 def uid():
     return symnccl.get_unique_id()
+
+
+@pytest.fixture(scope="module")
+def _module_comms():
+    """The one-rank communicators of a module's `comm` fixture. Closing a
+    communicator waits for NCCL's teardown (~0.5 s on an H100), which made
+    a fresh one per test a tenth of the GPU tier; a test that closes,
+    aborts or breaks its communicator gets a new one for the next test."""
+    live = []
+    yield live
+    for c, _ in live:
+        if not c.closed:
+            c.close()
+
+
+def one_rank_comm(live, wrap=lambda c: c):
+    """The module's shared one-rank communicator on GPU 0 (a new one when
+    the last was closed or failed). Tests that use it compare counters
+    before and after their call, never against zero."""
+    if not live or live[-1][0].closed or live[-1][0].failure is not None:
+        c = symnccl.Communicator(symnccl.get_unique_id(), 0, 1, device=0,
+                                 timeout=60)
+        live.append((c, wrap(c)))
+    return live[-1][1]

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import symnccl
+from conftest import one_rank_comm
 from symnccl import _C, _check
 
 WORLDS = [2, 3, 4, 8]
@@ -590,15 +591,19 @@ def test_argument_errors_name_what_was_seen_and_expected(monkeypatch):
         _close(team)
 
 
-def _one_rank(torch, uid):
-    return symnccl.Communicator(uid, 0, 1, device=0, timeout=60)
+def _one_rank(torch, live):
+    """The module's shared one-rank communicator (conftest), as a context
+    that leaves it open."""
+    import contextlib
+    return contextlib.nullcontext(one_rank_comm(live))
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("algo", ["push", "ll", "nccl"])
-def test_one_rank_all_to_all_is_a_copy_and_v_takes_the_splits(uid, algo):
+def test_one_rank_all_to_all_is_a_copy_and_v_takes_the_splits(
+        _module_comms, algo):
     torch = _torch()
-    with _one_rank(torch, uid) as c:
+    with _one_rank(torch, _module_comms) as c:
         for dtype in (torch.float32, torch.bfloat16, torch.int64, torch.uint8):
             x = (torch.arange(3003, device="cuda") % 251).to(dtype)
             x = x.reshape(1001, 3)
@@ -621,7 +626,7 @@ def test_one_rank_all_to_all_is_a_copy_and_v_takes_the_splits(uid, algo):
 
 
 @pytest.mark.gpu
-def test_one_rank_all_to_all_single_semantics(uid):
+def test_one_rank_all_to_all_single_semantics(_module_comms):
     """torch.distributed.all_to_all_single at world size 1: the output is
     the input (equal splits) or its first in_split rows."""
     torch = _torch()
@@ -639,7 +644,8 @@ def test_one_rank_all_to_all_single_semantics(uid):
         x = torch.randn(40, 6, device="cuda")
         ref = torch.empty(23, 6, device="cuda")
         dist.all_to_all_single(ref, x[:23], [23], [23])
-        with _one_rank(torch, uid) as c:
+        import symnccl.torch as snt
+        with _one_rank(torch, _module_comms) as c:
             out = torch.empty(23, 6, device="cuda")
             c.all_to_all_v(x, out, [23], algo="push")
             torch.cuda.synchronize()
@@ -647,9 +653,95 @@ def test_one_rank_all_to_all_single_semantics(uid):
             ref2 = torch.empty_like(x)
             dist.all_to_all_single(ref2, x)
             assert torch.equal(c.all_to_all(x, algo="push"), ref2)
+            # the torch ops alike
+            assert torch.equal(snt.all_to_all(x, c, algo="push"), ref2)
+            y, got = snt.all_to_all_v(x, torch.empty(23, 6, device="cuda"),
+                                      torch.tensor([23], device="cuda"), c,
+                                      algo="push")
+            assert torch.equal(y, ref) and got.tolist() == [23]
     finally:
         if started:
             dist.destroy_process_group()
+
+
+@pytest.mark.gpu
+def test_nccl_all_to_all_v_waits_for_its_own_stream_only(_module_comms):
+    """algo='nccl' reads the counts on the host, so it waits for its
+    stream; it no longer allocates and frees pinned memory per call
+    (cudaFreeHost synchronised the whole device): a kernel sleeping on
+    another stream still runs after 20 calls with host and device splits,
+    each of which moved the right rows and wrote its counts."""
+    torch = _torch()
+    with _one_rank(torch, _module_comms) as c:
+        x = torch.randn(50, 8, device="cuda")
+        outs = [torch.full((64, 8), float("nan"), device="cuda")
+                for _ in range(20)]
+        gots = [torch.full((1,), -1, dtype=torch.int64, device="cuda")
+                for _ in range(20)]
+        offs = [torch.full((1,), -1, dtype=torch.int64, device="cuda")
+                for _ in range(20)]
+        dev = [torch.tensor([k], device="cuda") for k in range(20)]
+        s, other = torch.cuda.Stream(), torch.cuda.Stream()
+        warm = torch.empty(64, 8, device="cuda")
+        c.all_to_all_v(x, warm, [1], algo="nccl", stream=s)
+        torch.cuda.synchronize()
+        done = torch.cuda.Event()
+        with torch.cuda.stream(other):
+            torch.cuda._sleep(int(3e9))       # > 1 s on any current GPU
+            done.record()
+        for k in range(20):
+            c.all_to_all_v(x, outs[k], dev[k] if k % 2 else [k],
+                           out_splits=gots[k], algo="nccl", stream=s,
+                           out_offsets=offs[k])
+        running = not done.query()
+        s.synchronize()
+        torch.cuda.synchronize()
+        bad = [k for k in range(20)
+               if not torch.equal(outs[k][:k], x[:k]) or
+               not outs[k][k:].isnan().all() or gots[k].item() != k or
+               offs[k].item() != 0]
+    assert running, "the calls waited for another stream's kernel"
+    assert not bad, bad
+
+
+@pytest.mark.gpu
+def test_torch_ops_on_a_loopback_team_equal_all_to_all_single(monkeypatch):
+    """torch.distributed cannot run 3 ranks in one process: the torch ops
+    on a loopback team of 3 against all_to_all_single's documented result,
+    computed per rank: rank j's output is, for i = 0, 1, 2, rank i's rows
+    [sum(in_splits_i[:j]), + in_splits_i[j]) (equal splits: block j of
+    every rank); output_split_sizes are the counts received."""
+    torch = _torch()
+    import symnccl.torch as snt
+    team = _team(monkeypatch, 3)
+    streams = [torch.cuda.Stream() for _ in team]
+    sp = [[2, 0, 5], [1, 3, 0], [4, 4, 4]]
+    try:
+        xs = [torch.randn(12, 5, device="cuda") for _ in team]
+        bufs = [torch.full((16, 5), float("nan"), device="cuda")
+                for _ in team]
+        splits = [torch.tensor(v, device="cuda") for v in sp]
+        torch.cuda.synchronize()
+        ys, vs = [], []
+        for c, s, x in zip(team, streams, xs):
+            with torch.cuda.stream(s):
+                ys.append(snt.all_to_all(x, c, algo="push"))
+        for c, s, x, b, q in zip(team, streams, xs, bufs, splits):
+            with torch.cuda.stream(s):
+                vs.append(snt.all_to_all_v(x, b, q, c, algo="push"))
+        torch.cuda.synchronize()
+        for j in range(3):
+            want = torch.cat([x[4 * j:4 * j + 4] for x in xs])
+            assert torch.equal(ys[j], want), j
+            parts = [xs[i][sum(sp[i][:j]):sum(sp[i][:j + 1])]
+                     for i in range(3)]
+            rows = sum(p.shape[0] for p in parts)
+            y, got = vs[j]
+            assert torch.equal(y[:rows], torch.cat(parts)), j
+            assert got.tolist() == [sp[i][j] for i in range(3)], j
+        assert all(r == {KERNEL} for r in _kernels_ran(team))
+    finally:
+        _close(team)
 
 
 # ------------------------------------------------------------ symnccl.torch
@@ -694,13 +786,14 @@ def test_torch_ops_have_fake_kernels_and_transposed_backwards():
 
 
 @pytest.mark.gpu
-def test_torch_all_to_all_v_value_gradient_compile_and_graph(uid):
+def test_torch_all_to_all_v_value_gradient_compile_and_graph(
+        _module_comms):
     """At 1 rank: the rows the splits send, their gradient back (zeros for
     rows not sent), the same under torch.compile(fullgraph=True), and a CUDA
     graph of the eager call replayed with new device splits."""
     torch = _torch()
     import symnccl.torch as snt
-    with _one_rank(torch, uid) as comm:
+    with _one_rank(torch, _module_comms) as comm:
         x = torch.randn(50, 8, device="cuda", requires_grad=True)
         buf = torch.empty(64, 8, device="cuda")
         splits = torch.tensor([37], device="cuda")

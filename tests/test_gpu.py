@@ -5,15 +5,14 @@ import pytest
 
 import symnccl
 from symnccl import _check
+from conftest import one_rank_comm
 
 pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture
-def comm(uid):
-    c = symnccl.Communicator(uid, 0, 1, device=0, timeout=60)
-    yield c
-    c.close()
+def comm(_module_comms):
+    return one_rank_comm(_module_comms)
 
 
 def test_one_rank_communicator_properties(comm):

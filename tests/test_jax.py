@@ -121,24 +121,16 @@ def test_jax_distributed_processes_equal_psum(nranks, user_buffers):
         assert st["registrations"] > 0 and st["window_calls"] > 0, st
 
 
-@pytest.mark.parametrize("varying", [False, True],
-                         ids=["invariant_result", "varying_result"])
-def test_differentiation_rules_match_jax_collectives_on_cpu(varying):
+def test_differentiation_rules_match_jax_collectives_on_cpu():
     """No GPU: the custom_vjp rules, with the custom calls replaced by JAX's
     collectives of the same meaning, give JAX's gradients inside shard_map
     (check_vma on and off), whether JAX types the all-reduce's result
-    invariant (then the cotangent arrives summed) or varying."""
-    import os
+    invariant (then the cotangent arrives summed) or varying (one process
+    for both: JAX's start is most of the cost)."""
     from _workers import jax_workers as J
-    env = {"SYMNCCL_TEST_VARYING": "1"} if varying else {}
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        rows = spawn_cpu(J.rules_on_cpu, 3)
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
+    rows = spawn_cpu(J.rules_on_cpu, 3)
+    assert {c.split(":")[0] for c, _, _ in rows} == {
+        "invariant result", "varying result"}, rows
     for case, dy, dx in rows:
         assert dy < 1e-5 and dx < 1e-5, (case, dy, dx)
 

@@ -48,7 +48,7 @@ def _grid(nranks):
 # The timeout of the tests in which a rank never calls: every such test
 # waits it out once, so it sets the one-GPU tier's length (a loopback
 # rank's kernels start within milliseconds of its call).
-STOP_TIMEOUT = 1.0
+STOP_TIMEOUT = 0.5
 
 
 def _team(monkeypatch, nranks, knobs=None, timeout=20.0, **kw):
@@ -371,8 +371,11 @@ def test_reduce_scatter_is_every_rank_s_block_of_the_all_reduce(
             npdt = _check.numpy_dtype(dtype)
             if npdt is None:
                 pytest.skip(f"{dtype} needs ml_dtypes, which is not installed")
+            # the largest block up to 4 ranks only (its host reference is
+            # the cost); at 8 ranks 50_001-element blocks already span
+            # several rounds of the 1 MiB push region (4- and 8-byte dtypes)
             sizes = RS_SIZES + ([300_007] if dtype in ("float32", "bfloat16")
-                                else [])
+                                and nranks <= 4 else [])
             for op in OPS:
                 for m in sizes:
                     pad = m % 2

@@ -5,6 +5,7 @@ against a single-GPU model, at 1 rank and on loopback teams."""
 import pytest
 
 import symnccl
+from conftest import one_rank_comm
 
 torch = pytest.importorskip("torch", reason="torch is not installed")
 snt = pytest.importorskip("symnccl.torch")
@@ -15,10 +16,8 @@ F = torch.nn.functional
 
 
 @pytest.fixture
-def comm(uid):
-    c = snt.wrap(symnccl.Communicator(uid, 0, 1, device=0, timeout=60))
-    yield c
-    c.close()
+def comm(_module_comms):
+    return one_rank_comm(_module_comms, snt.wrap)
 
 
 # (name, call, input shape): every public op, with the arguments that

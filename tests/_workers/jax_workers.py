@@ -238,14 +238,30 @@ def gradients(rank, nranks, uid, seed):
 def rules_on_cpu(seed):
     """The differentiation rules alone, on 2 CPU devices: symnccl.jax's
     custom calls replaced by JAX's collectives with the same meaning (the
-    FFI handlers need GPUs), gradients against JAX's own. Runs in a fresh
-    process (XLA_FLAGS must be set before JAX starts)."""
+    FFI handlers need GPUs), gradients against JAX's own; once with the
+    all-reduce's result typed invariant (as psum's), once varying
+    (SYMNCCL_TEST_VARYING, read while tracing). Rows: (case, dy, dx), the
+    case prefixed by the typing. Runs in a fresh process (XLA_FLAGS must
+    be set before JAX starts)."""
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                                " --xla_force_host_platform_device_count=2")
     os.environ["JAX_PLATFORMS"] = "cpu"
     import jax
     import jax.numpy as jnp
     import symnccl.jax as sj
+    raw = (sj._nranks, sj._all_reduce_raw, sj._reduce_scatter_raw,
+           sj._all_gather_raw)
+    rows = []
+    for varying in ("", "1"):
+        os.environ["SYMNCCL_TEST_VARYING"] = varying
+        (sj._nranks, sj._all_reduce_raw, sj._reduce_scatter_raw,
+         sj._all_gather_raw) = raw
+        rows += [(f"{'varying' if varying else 'invariant'} result: {c}",
+                  dy, dx) for c, dy, dx in _rules(jax, jnp, sj, seed)]
+    return rows
+
+
+def _rules(jax, jnp, sj, seed):
     axis = "x"
 
     def all_reduce(x, op, algo):
