@@ -1,7 +1,8 @@
-/* XLA FFI handlers "symnccl_all_reduce", "symnccl_reduce_scatter" and
- * "symnccl_all_gather": symnccl's collectives as custom calls inside
- * jax.jit / shard_map (symnccl/jax.py registers and calls them, and gives
- * them their gradients).
+/* XLA FFI handlers "symnccl_all_reduce", "symnccl_reduce_scatter",
+ * "symnccl_all_gather", "symnccl_all_to_all", "symnccl_all_to_all_v" and
+ * "symnccl_all_reduce_rmsnorm": symnccl's collectives as custom calls
+ * inside jax.jit / shard_map (symnccl/jax.py registers and calls them, and
+ * gives them their gradients).
  *
  * Written against XLA's stable FFI C ABI, as symnccl declares it itself
  * (xla_ffi_abi.h), so every build has the handlers: jaxlib is needed only
@@ -451,171 +452,16 @@ slice_collective(const snx_api *api, snx_call_frame *call,
     return NULL;
 }
 
-static snx_error *
-handle(snx_call_frame *call, int collective)
-{
-    const snx_api *api = call->api;
-    /* Metadata query at registration: report the API version we speak. */
-    if (call->extension_start != NULL &&
-        call->extension_start->type == SNX_EXTENSION_METADATA) {
-        snx_metadata_extension *ext =
-            (snx_metadata_extension *)call->extension_start;
-        ext->metadata->api_version.major_version = SNX_API_MAJOR;
-        ext->metadata->api_version.minor_version = SNX_API_MINOR;
-        ext->metadata->traits = 0;   /* not command-buffer compatible */
-        return NULL;
-    }
-    if (call->ctx == NULL)
-        return NULL;
-    if (call->stage != SNX_STAGE_EXECUTE)
-        return NULL;
-    char msg[320];
-    const char *name = sn_collective_name(collective);
-    if (call->args.size != 1 || call->rets.size != 1 ||
-        call->args.types[0] != SNX_ARG_BUFFER ||
-        call->rets.types[0] != SNX_RET_BUFFER) {
-        snprintf(msg, sizeof(msg), "symnccl_%s: expected one buffer operand "
-                 "and one buffer result", name);
-        return ffi_error(api, SNX_ERR_INVALID_ARGUMENT, msg);
-    }
-    const snx_buffer *x = call->args.args[0];
-    const snx_buffer *y = call->rets.rets[0];
-    const sn_dtype *dt = xla_dtype(x->dtype);
-    if (dt == NULL || x->dtype != y->dtype) {
-        snprintf(msg, sizeof(msg), "symnccl_%s: XLA dtype %d is not "
-                 "supported (or differs from the result's, %d)", name,
-                 (int)x->dtype, (int)y->dtype);
-        return ffi_error(api, SNX_ERR_INVALID_ARGUMENT, msg);
-    }
-    size_t count = 1, ycount = 1;
-    for (int64_t i = 0; i < x->rank; i++)
-        count *= (size_t)x->dims[i];
-    for (int64_t i = 0; i < y->rank; i++)
-        ycount *= (size_t)y->dims[i];
-
-    snx_stream_get_args sa;
-    memset(&sa, 0, sizeof(sa));
-    sa.struct_size = SNX_STRUCT_SIZE(snx_stream_get_args, stream);
-    sa.ctx = call->ctx;
-    snx_error *e = api->stream_get(&sa);
-    if (e != NULL)
-        return e;
-    /* the table grows at its end: an XLA without DeviceOrdinal_Get has a
-     * shorter one (jaxlib 0.10 and 0.11 have it) */
-    if (api->struct_size < SNX_STRUCT_SIZE(snx_api, device_ordinal_get)) {
-        snprintf(msg, sizeof(msg), "symnccl_%s: this XLA's FFI API (%zu "
-                 "bytes) has no DeviceOrdinal_Get: update jaxlib", name,
-                 api->struct_size);
-        return ffi_error(api, SNX_ERR_FAILED_PRECONDITION, msg);
-    }
-    snx_device_ordinal_get_args da;
-    memset(&da, 0, sizeof(da));
-    da.struct_size =
-        SNX_STRUCT_SIZE(snx_device_ordinal_get_args, device_ordinal);
-    da.ctx = call->ctx;
-    if ((e = api->device_ordinal_get(&da)) != NULL)
-        return e;
-    int dev = da.device_ordinal;
-    pthread_mutex_lock(&registry_lock);
-    CommObject *c = dev >= 0 && dev < SN_XLA_MAX_DEVICES ? registry[dev]
-                                                         : NULL;
-    pthread_mutex_unlock(&registry_lock);
-    if (c == NULL || c->closed || c->comm == NULL) {
-        snprintf(msg, sizeof(msg), "symnccl_%s: no open symnccl "
-                 "communicator is registered for device %d: create it with "
-                 "symnccl.jax.communicator() before running the computation",
-                 name, dev);
-        return ffi_error(api, SNX_ERR_FAILED_PRECONDITION, msg);
-    }
-    /* operand and result sizes: equal, or nranks times the other */
-    const size_t n = (size_t)c->nranks;
-    size_t want = collective == SYMNCCL_COLL_REDUCE_SCATTER ? ycount * n
-                  : collective == SYMNCCL_COLL_ALL_GATHER   ? ycount / n
-                                                            : ycount;
-    if (count != want ||
-        (collective == SYMNCCL_COLL_ALL_GATHER && ycount % n != 0)) {
-        snprintf(msg, sizeof(msg), "symnccl_%s: operand has %zu elements "
-                 "and result %zu, expected %s on %zu ranks", name, count,
-                 ycount, collective == SYMNCCL_COLL_ALL_REDUCE
-                             ? "the same number"
-                         : collective == SYMNCCL_COLL_REDUCE_SCATTER
-                             ? "the operand nranks times the result"
-                             : "the result nranks times the operand", n);
-        return ffi_error(api, SNX_ERR_INVALID_ARGUMENT, msg);
-    }
-    /* a failed communicator answers with its failure; else this thread
-     * counts in c->busy, so the watchdog leaves c alone meanwhile */
-    sn_lock(c);
-    int failed = sn_fault_poll(c);
-    int closed = c->closed || c->comm == NULL;
-    if (!failed && !closed)
-        c->busy++;
-    sn_unlock(c);
-    if (failed) {
-        char why[700];
-        sn_fault_describe(c, why, sizeof(why));
-        return ffi_error(api, SNX_ERR_ABORTED, why);
-    }
-    if (closed) {
-        snprintf(msg, sizeof(msg), "symnccl_%s: the communicator registered "
-                 "for this device was closed or aborted", name);
-        return ffi_error(api, SNX_ERR_FAILED_PRECONDITION, msg);
-    }
-    if (count == 0)
-        e = NULL;
-    else if (collective == SYMNCCL_COLL_ALL_REDUCE)
-        e = all_reduce(api, call, c, dev, dt, count, x, y,
-                       (cudaStream_t)sa.stream);
-    else
-        e = slice_collective(api, call, c, collective, dt, count, ycount,
-                             x, y, (cudaStream_t)sa.stream);
-    sn_lock(c);
-    c->busy--;
-    sn_unlock(c);
-    return e;
-}
-
-static snx_error *
-handle_all_reduce(snx_call_frame *call)
-{
-    return handle(call, SYMNCCL_COLL_ALL_REDUCE);
-}
-
-static snx_error *
-handle_reduce_scatter(snx_call_frame *call)
-{
-    return handle(call, SYMNCCL_COLL_REDUCE_SCATTER);
-}
-
-static snx_error *
-handle_all_gather(snx_call_frame *call)
-{
-    return handle(call, SYMNCCL_COLL_ALL_GATHER);
-}
-
-/* ------------------------------------------------------------ all-to-all
- * "symnccl_all_to_all": x of nranks equal blocks of rows (its first
- * dimension) -> the same shape, block j to rank j, block i of the result
- * from rank i (Communicator.all_to_all). "symnccl_all_to_all_v": x and the
- * rows it sends to each rank (n int64, on the device) -> out, the rows of
- * ranks 0, 1, ... packed one after another (Communicator.all_to_all_v),
- * and the rows received from each rank (n int64). symnccl/jax.py builds
- * jax.lax.all_to_all and ragged_all_to_all from them (docs/FRAMEWORKS.md,
- * "JAX: all-to-all").
- *
- * The splits of _v never leave the device: it runs on symnccl's kernels
- * only (push, ll; "auto" is push), since NCCL's path would read the counts
- * on the host. A buffer of 8 x nranks bytes holds the n int64 whatever
- * XLA's element type says (JAX without x64 passes them as uint32 pairs). */
+/* ------------------------------------------------- every handler's entry */
 
 typedef struct {
     CommObject *c;             /* entered: c->busy counts this call */
     int dev;
     cudaStream_t stream;
-} a2a_ctx;
+} xla_call;
 
 static size_t
-a2a_elems(const snx_buffer *b, int from)
+elems(const snx_buffer *b, int from)
 {
     size_t e = 1;
     for (int64_t i = from; i < b->rank; i++)
@@ -623,11 +469,14 @@ a2a_elems(const snx_buffer *b, int from)
     return e;
 }
 
-/* What handle() does before the collective: metadata, stage, stream,
- * device, the communicator entered. NULL with *run 0: nothing to run
- * (metadata query, another stage); NULL with *run 1: x filled. */
+/* What every handler does before its collective: answers the metadata
+ * query, skips stages other than execute, finds the stream, the device
+ * and the communicator registered for it, and enters it (a failed
+ * communicator answers with its failure; else this thread counts in
+ * c->busy, so the watchdog leaves c alone until xla_leave). NULL with
+ * *run 0: nothing to run; NULL with *run 1: x filled. */
 static snx_error *
-a2a_enter(snx_call_frame *call, const char *name, a2a_ctx *x, int *run)
+xla_enter(snx_call_frame *call, const char *name, xla_call *x, int *run)
 {
     const snx_api *api = call->api;
     char msg[320];
@@ -699,17 +548,111 @@ a2a_enter(snx_call_frame *call, const char *name, a2a_ctx *x, int *run)
 }
 
 static void
-a2a_leave(a2a_ctx *x)
+xla_leave(xla_call *x)
 {
     sn_lock(x->c);
     x->c->busy--;
     sn_unlock(x->c);
 }
 
+static snx_error *
+handle(snx_call_frame *call, int collective)
+{
+    const snx_api *api = call->api;
+    char msg[320], target[48];
+    const char *name = sn_collective_name(collective);
+    snprintf(target, sizeof(target), "symnccl_%s", name);
+    xla_call xc;
+    int run;
+    snx_error *e = xla_enter(call, target, &xc, &run);
+    if (e != NULL || !run)
+        return e;
+    CommObject *c = xc.c;
+    if (call->args.size != 1 || call->rets.size != 1 ||
+        call->args.types[0] != SNX_ARG_BUFFER ||
+        call->rets.types[0] != SNX_RET_BUFFER) {
+        snprintf(msg, sizeof(msg), "%s: expected one buffer operand and one "
+                 "buffer result", target);
+        e = ffi_error(api, SNX_ERR_INVALID_ARGUMENT, msg);
+        goto leave;
+    }
+    const snx_buffer *x = call->args.args[0];
+    const snx_buffer *y = call->rets.rets[0];
+    const sn_dtype *dt = xla_dtype(x->dtype);
+    if (dt == NULL || x->dtype != y->dtype) {
+        snprintf(msg, sizeof(msg), "%s: XLA dtype %d is not supported (or "
+                 "differs from the result's, %d)", target, (int)x->dtype,
+                 (int)y->dtype);
+        e = ffi_error(api, SNX_ERR_INVALID_ARGUMENT, msg);
+        goto leave;
+    }
+    const size_t count = elems(x, 0), ycount = elems(y, 0);
+    /* operand and result sizes: equal, or nranks times the other */
+    const size_t n = (size_t)c->nranks;
+    size_t want = collective == SYMNCCL_COLL_REDUCE_SCATTER ? ycount * n
+                  : collective == SYMNCCL_COLL_ALL_GATHER   ? ycount / n
+                                                            : ycount;
+    if (count != want ||
+        (collective == SYMNCCL_COLL_ALL_GATHER && ycount % n != 0)) {
+        snprintf(msg, sizeof(msg), "%s: operand has %zu elements and result "
+                 "%zu, expected %s on %zu ranks", target, count, ycount,
+                 collective == SYMNCCL_COLL_ALL_REDUCE
+                     ? "the same number"
+                 : collective == SYMNCCL_COLL_REDUCE_SCATTER
+                     ? "the operand nranks times the result"
+                     : "the result nranks times the operand", n);
+        e = ffi_error(api, SNX_ERR_INVALID_ARGUMENT, msg);
+        goto leave;
+    }
+    if (count == 0)
+        e = NULL;
+    else if (collective == SYMNCCL_COLL_ALL_REDUCE)
+        e = all_reduce(api, call, c, xc.dev, dt, count, x, y, xc.stream);
+    else
+        e = slice_collective(api, call, c, collective, dt, count, ycount,
+                             x, y, xc.stream);
+leave:
+    xla_leave(&xc);
+    return e;
+}
+
+static snx_error *
+handle_all_reduce(snx_call_frame *call)
+{
+    return handle(call, SYMNCCL_COLL_ALL_REDUCE);
+}
+
+static snx_error *
+handle_reduce_scatter(snx_call_frame *call)
+{
+    return handle(call, SYMNCCL_COLL_REDUCE_SCATTER);
+}
+
+static snx_error *
+handle_all_gather(snx_call_frame *call)
+{
+    return handle(call, SYMNCCL_COLL_ALL_GATHER);
+}
+
+/* ------------------------------------------------------------ all-to-all
+ * "symnccl_all_to_all": x of nranks equal blocks of rows (its first
+ * dimension) -> the same shape, block j to rank j, block i of the result
+ * from rank i (Communicator.all_to_all). "symnccl_all_to_all_v": x and the
+ * rows it sends to each rank (n int64, on the device) -> out, the rows of
+ * ranks 0, 1, ... packed one after another (Communicator.all_to_all_v),
+ * and the rows received from each rank (n int64). symnccl/jax.py builds
+ * jax.lax.all_to_all and ragged_all_to_all from them (docs/FRAMEWORKS.md,
+ * "JAX: all-to-all").
+ *
+ * The splits of _v never leave the device: it runs on symnccl's kernels
+ * only (push, ll; "auto" is push), since NCCL's path would read the counts
+ * on the host. A buffer of 8 x nranks bytes holds the n int64 whatever
+ * XLA's element type says (JAX without x64 passes them as uint32 pairs). */
+
 /* symnccl's kernel: rows of row_size bytes, splits from the device
  * (in_splits) or the host; 0, or -1 with msg[] filled. */
 static int
-a2a_kernel(a2a_ctx *x, int algo, const sn_dtype *dt, const char *src,
+a2a_kernel(xla_call *x, int algo, const sn_dtype *dt, const char *src,
            size_t rows, size_t row_size, char *out, size_t out_rows,
            const int64_t *in_splits, const int64_t *host_splits,
            int64_t *out_splits, char *msg, size_t len)
@@ -746,7 +689,7 @@ a2a_kernel(a2a_ctx *x, int algo, const sn_dtype *dt, const char *src,
 /* Equal blocks on NCCL: grouped ncclSend/ncclRecv of `block` bytes per
  * rank, as bytes (every dtype); 0, or -1 with msg[] filled. */
 static int
-a2a_nccl(a2a_ctx *x, const char *src, char *out, size_t block, char *msg,
+a2a_nccl(xla_call *x, const char *src, char *out, size_t block, char *msg,
          size_t len)
 {
     CommObject *c = x->c;
@@ -779,9 +722,9 @@ handle_a2a(snx_call_frame *call, int ragged)
     const char *name = ragged ? "symnccl_all_to_all_v"
                               : "symnccl_all_to_all";
     char msg[400], why[320];
-    a2a_ctx x;
+    xla_call x;
     int run;
-    snx_error *e = a2a_enter(call, name, &x, &run);
+    snx_error *e = xla_enter(call, name, &x, &run);
     if (e != NULL || !run)
         return e;
     CommObject *c = x.c;
@@ -808,12 +751,12 @@ handle_a2a(snx_call_frame *call, int ragged)
         goto out;
     }
     const size_t is = (size_t)dt->itemsize;
-    const size_t row = a2a_elems(xb, 1);
-    if (xb->rank < 1 || yb->rank < 1 || a2a_elems(yb, 1) != row) {
+    const size_t row = elems(xb, 1);
+    if (xb->rank < 1 || yb->rank < 1 || elems(yb, 1) != row) {
         snprintf(msg, sizeof(msg), "%s: operand rows of %zu elements and "
                  "result rows of %zu, expected rows (a first dimension) of "
                  "the same size", name, row,
-                 yb->rank < 1 ? 0 : a2a_elems(yb, 1));
+                 yb->rank < 1 ? 0 : elems(yb, 1));
         goto out;
     }
     const size_t rows = (size_t)xb->dims[0], out_rows = (size_t)yb->dims[0];
@@ -829,11 +772,11 @@ handle_a2a(snx_call_frame *call, int ragged)
             const snx_buffer *b = i == 1 ? call->args.args[1]
                                          : call->rets.rets[1];
             const sn_dtype *t = xla_dtype(b->dtype);
-            if (t == NULL || a2a_elems(b, 0) * (size_t)t->itemsize != 8 * n) {
+            if (t == NULL || elems(b, 0) * (size_t)t->itemsize != 8 * n) {
                 snprintf(msg, sizeof(msg), "%s: the %s hold %zu bytes, "
                          "expected nranks (%zu) int64", name, i == 1
                          ? "splits" : "received counts", t == NULL ? 0
-                         : a2a_elems(b, 0) * (size_t)t->itemsize, n);
+                         : elems(b, 0) * (size_t)t->itemsize, n);
                 goto out;
             }
         }
@@ -884,7 +827,7 @@ handle_a2a(snx_call_frame *call, int ragged)
     if (failed)
         snprintf(msg, sizeof(msg), "%s: %s", name, why);
 out:
-    a2a_leave(&x);
+    xla_leave(&x);
     return msg[0] != '\0' ? ffi_error(api, code, msg) : NULL;
 }
 
@@ -911,8 +854,7 @@ handle_all_to_all_v(snx_call_frame *call)
  * fused kernels copy x into the staging window themselves (launch.c,
  * row_launches), so XLA's buffers are never registered as windows. The
  * algorithm is the resolver's (sn_resolve) and the launch, NCCL fallback
- * included, fused.c's (sn_rmsnorm_launch), as for the method; the way
- * into the communicator the all-to-all handlers' (a2a_enter). */
+ * included, fused.c's (sn_rmsnorm_launch), as for the method. */
 
 /* Float attribute `name` (a float32 or float64 scalar), or dflt. */
 static double
@@ -979,13 +921,13 @@ rmsnorm_buffers(const snx_call_frame *call, const snx_buffer *b[6],
                  b[4]->dtype);
         return -1;
     }
-    const size_t count = a2a_elems(x, 0);
+    const size_t count = elems(x, 0);
     *H = x->rank >= 1 ? (size_t)x->dims[x->rank - 1] : 0;
-    if (*H == 0 || *H % 8 != 0 || a2a_elems(b[1], 0) != count ||
-        a2a_elems(b[2], 0) != *H || a2a_elems(b[3], 0) != count ||
-        a2a_elems(b[4], 0) != count ||
+    if (*H == 0 || *H % 8 != 0 || elems(b[1], 0) != count ||
+        elems(b[2], 0) != *H || elems(b[3], 0) != count ||
+        elems(b[4], 0) != count ||
         (b[5] != NULL &&
-         a2a_elems(b[5], 0) !=
+         elems(b[5], 0) !=
              (*quant == SYMNCCL_QUANT_STATIC ? 1 : count / *H))) {
         snprintf(msg, len, "symnccl_all_reduce_rmsnorm: x has %zu elements "
                  "in rows of H %zu: expected H a positive multiple of 8, "
@@ -1027,7 +969,7 @@ all_reduce_rmsnorm(snx_call_frame *call, CommObject *c, const sn_dtype *dt,
 {
     const snx_api *api = call->api;
     char msg[320];
-    const size_t count = a2a_elems(b[0], 0);
+    const size_t count = elems(b[0], 0);
     int algo = attr_int(call, "algo", SN_ALGO_AUTO);
     const double eps = attr_float(call, "eps", -1.0);
     if (algo < SN_ALGO_AUTO || algo >= SN_ALGO_COUNT || !(eps >= 0.0))
@@ -1070,9 +1012,9 @@ handle_all_reduce_rmsnorm(snx_call_frame *call)
 {
     /* the prologue the all-to-all handlers share: metadata, stage, stream,
      * device, the communicator entered */
-    a2a_ctx x;
+    xla_call x;
     int run;
-    snx_error *e = a2a_enter(call, "symnccl_all_reduce_rmsnorm", &x, &run);
+    snx_error *e = xla_enter(call, "symnccl_all_reduce_rmsnorm", &x, &run);
     if (e != NULL || !run)
         return e;
     char msg[320];
@@ -1084,7 +1026,7 @@ handle_all_reduce_rmsnorm(snx_call_frame *call)
         e = ffi_error(call->api, SNX_ERR_INVALID_ARGUMENT, msg);
     else
         e = all_reduce_rmsnorm(call, x.c, dt, quant, H, b, x.stream);
-    a2a_leave(&x);
+    xla_leave(&x);
     return e;
 }
 
