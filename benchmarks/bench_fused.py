@@ -136,7 +136,8 @@ def _check(torch, bufs_f, bufs_u, dtype):
     return worst, wrong
 
 
-def _measure(torch, team, n, rank, opts, sync=None, anchors=None):
+def _measure(torch, team, n, rank, opts, sync=None, anchors=None,
+             verbose=True):
     """The rows of one team: `team` holds this process's ranks (all n of a
     loopback team, or the one rank `rank` of n processes). anchors(T, H,
     b, ref, timer) (torchrun only) returns more fields of the row: b holds
@@ -195,9 +196,23 @@ def _measure(torch, team, n, rank, opts, sync=None, anchors=None):
                     T, H, bf[0], bu[0],
                     lambda fn: _time(torch, fn, opts["iters"], opts["reps"],
                                      sync)))
-            if rank == 0:
+            if rank == 0 and verbose:
                 print(rows[-1], flush=True)
     return rows
+
+
+def _load_kernels(torch, opts):
+    """Every torch kernel of the grid run once by a one-rank team, before a
+    loopback team's first call: a kernel loaded lazily (CUDA's lazy module
+    loading) while one rank's kernel spins waiting for the other would
+    wait on it, and the team would stall until the timeout. (--ranks 1,2
+    does this by its order; --nranks 2 alone needs it.)"""
+    team = _team(1)
+    try:
+        _measure(torch, team, 1, 0, dict(opts, iters=1, reps=1),
+                 verbose=False)
+    finally:
+        team[0].close()
 
 
 class _Anchors:
@@ -336,6 +351,8 @@ def main():
         rows, gpus = [], 1
         teams = [args.nranks] if args.nranks > 0 else \
             [int(v) for v in args.ranks.split(",")]
+        if teams[0] > 1:
+            _load_kernels(torch, opts)
         for n in teams:
             team = _team(n)
             try:
