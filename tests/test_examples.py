@@ -1,6 +1,9 @@
 """The training examples and the step benchmark, run as a user runs them
 (torchrun / python), on small shapes: symnccl's loss curve must agree with
-torch.distributed's (JAX's) to bf16 tolerance, and the loss must fall."""
+torch.distributed's (JAX's) to bf16 tolerance, and the loss must fall; the
+decode (fused all-reduce + RMSNorm) and expert-parallel MoE examples at one
+rank without a launcher and under torchrun at two, each exiting non-zero
+when its own check against torch.distributed fails."""
 import json
 import os
 import subprocess
