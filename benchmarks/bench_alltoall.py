@@ -30,6 +30,25 @@ Methods per size (bytes of one rank's x, split evenly):
         --sizes 64K,1M,16M
     python benchmarks/bench_alltoall.py --nranks 1 --out results/x.json
     python benchmarks/bench_alltoall.py --report results/x.json
+
+Several GPUs (issue 32): launched by torchrun (WORLD_SIZE set), one
+process per GPU over NVLink; --nranks, if given, must equal WORLD_SIZE.
+Every cell is checked, then CUDA-graph replay of --iters calls, the ranks
+aligned by a barrier before each of --reps replays, rank 0's median:
+
+    torchrun --standalone --nproc-per-node 2 benchmarks/bench_alltoall.py \
+        --out results/alltoall_h200x2_bfloat16.json
+    torchrun --standalone --nproc-per-node 8 benchmarks/bench_alltoall.py \
+        --sizes 16K,1M,64M
+
+There the methods are push:equal, push:v-device, push:v-host, ll:v-device
+and the anchors (equal splits, so every method moves the same bytes):
+  torch:a2a-single    torch.distributed.all_to_all_single(out, x, splits,
+                      splits) (NCCL; host split sizes)
+  symm_mem:a2a-vdev   PyTorch symmetric memory's all_to_all_vdev (NVSHMEM
+                      backend; device splits), on symm_mem buffers; where
+                      torch lacks it or NVSHMEM, the column is empty and
+                      the JSON's "skipped" says why
 """
 from __future__ import annotations
 
@@ -134,6 +153,166 @@ def cell(torch, team, streams, method, nbytes, dt, reps, iters):
     return times[len(times) // 2]
 
 
+DIST_METHODS = ("push:equal", "push:v-device", "push:v-host", "ll:v-device",
+                "torch:a2a-single", "symm_mem:a2a-vdev")
+
+
+def _symm_mem(torch):
+    """torch's symmetric memory on NVSHMEM with all_to_all_vdev, or None
+    and why not."""
+    try:
+        import torch.distributed._symmetric_memory as symm
+        if hasattr(symm, "is_nvshmem_available") and \
+                not symm.is_nvshmem_available():
+            return None, "NVSHMEM is not available to torch"
+        if not hasattr(torch.ops.symm_mem, "all_to_all_vdev"):
+            return None, "torch.ops.symm_mem has no all_to_all_vdev"
+        symm.set_backend("NVSHMEM")
+        return symm, None
+    except Exception as e:
+        return None, f"{type(e).__name__}: {e}"[:200]
+
+
+class _VDev:
+    """all_to_all_vdev on symm_mem buffers of `numel` elements, equal
+    splits of `per` elements: the op's two schemas (torch 2.8: one
+    (3, n) splits tensor; later: in_splits and (2, n) out splits and
+    offsets) told apart by its argument count."""
+
+    def __init__(self, torch, dist, symm, numel, per, dt):
+        n = dist.get_world_size()
+        self.group = dist.group.WORLD.group_name
+        self.x = symm.empty(numel, dtype=dt, device="cuda")
+        self.out = symm.empty(numel, dtype=dt, device="cuda")
+        op = torch.ops.symm_mem.all_to_all_vdev
+        self.new = len(op.default._schema.arguments) >= 5
+        if self.new:
+            self.splits = symm.empty(n, dtype=torch.int64, device="cuda")
+            self.splits.fill_(per)
+            self.so = symm.empty((2, n), dtype=torch.int64, device="cuda")
+            bufs = (self.x, self.out, self.splits, self.so)
+        else:
+            self.splits = symm.empty((3, n), dtype=torch.int64,
+                                     device="cuda")
+            self.splits[0].fill_(per)
+            bufs = (self.x, self.out, self.splits)
+        for b in bufs:
+            symm.rendezvous(b, self.group)
+        self.op = op
+
+    def __call__(self):
+        if self.new:
+            self.op(self.x, self.out, self.splits, self.so, self.group)
+        else:
+            self.op(self.x, self.out, self.splits, self.group)
+
+
+def dist_cell(torch, dist, comm, method, nbytes, dt, reps, iters, symm):
+    """One process's cell under torchrun: median us per call on rank 0's
+    clock; -1.0: a wrong result; None: the method cannot take the size."""
+    rank, n = dist.get_rank(), dist.get_world_size()
+    es = torch.empty(0, dtype=dt).element_size()
+    rows = max(n, nbytes // es // 256 // n * n)      # rows of 256 elements
+    m = rows // n
+
+    def rank_x(j):        # every rank can rebuild every rank's input
+        g = torch.Generator(device="cuda").manual_seed(nbytes * 64 + j)
+        return torch.randint(-8, 9, (rows, 256), generator=g,
+                             device="cuda").to(dt)
+
+    x = rank_x(rank)
+    want = torch.cat([rank_x(j)[rank * m:(rank + 1) * m] for j in range(n)])
+    out = torch.empty_like(x)
+    host = [m] * n
+    dev = torch.tensor(host, device="cuda")
+    if method.startswith("ll:") and x.numel() * es + 8 > \
+            comm._staging_layout()["ll_row"] // 2:
+        return None
+    if method == "symm_mem:a2a-vdev":
+        v = _VDev(torch, dist, symm, x.numel(), m * 256, dt)
+        v.x.copy_(x.view(-1))
+        out = v.out.view(rows, 256)
+        call = v
+    elif method == "torch:a2a-single":
+        def call():
+            dist.all_to_all_single(out, x, host, host)
+    else:
+        def call():
+            _call(method, comm, x, out, host, dev,
+                  torch.cuda.current_stream())
+    dist.barrier()
+    call()
+    torch.cuda.synchronize()
+    if not torch.equal(out, want):
+        return -1.0
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=s):
+        for _ in range(iters):
+            call()
+    times = []
+    for _ in range(reps + 1):
+        dist.barrier()
+        torch.cuda.synchronize()
+        a, b = (torch.cuda.Event(enable_timing=True) for _ in "ab")
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1000 / iters)
+    del g
+    times = sorted(times[1:])
+    return times[len(times) // 2]
+
+
+def torchrun_main(a):
+    """One process per GPU (WORLD_SIZE set): rank 0 prints and writes."""
+    import torch
+    import torch.distributed as dist
+    import symnccl.torch as snt
+    rank, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if a.nranks not in (None, n):
+        raise SystemExit(f"--nranks {a.nranks} under torchrun of {n} "
+                         "processes: leave it out or make them equal")
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
+    torch.cuda.set_device(device)
+    dist.init_process_group("nccl", device_id=device)
+    dt = getattr(torch, a.dtype)
+    symm, why = _symm_mem(torch)
+    skipped = {"symm_mem:a2a-vdev": why} if why else {}
+    comm = snt.communicator().comm
+    rows = []
+    try:
+        for nb in parse_sizes(a.sizes):
+            row = {"bytes": nb}
+            for m in DIST_METHODS:
+                if m.startswith("symm_mem") and symm is None:
+                    row[m] = None
+                    continue
+                try:
+                    row[m] = dist_cell(torch, dist, comm, m, nb, dt, a.reps,
+                                       a.iters, symm)
+                except Exception as e:    # an anchor this torch lacks
+                    if not m.startswith(("torch:", "symm_mem:")):
+                        raise
+                    skipped[f"{m} {nb}"] = f"{type(e).__name__}: {e}"[:200]
+                    row[m] = None
+            rows.append(row)
+    finally:
+        comm.close()
+    if rank == 0:
+        doc = run_info(n, torch.cuda.get_device_name(), torch.__version__,
+                       dtype=a.dtype, loopback=False,
+                       methods=list(DIST_METHODS), host_us={}, rows=rows,
+                       skipped=skipped)
+        print_table(doc)
+        for k, v in skipped.items():
+            print(f"skipped {k}: {v}")
+        print("wrote", write_results(doc, "alltoall_", a.out))
+    dist.destroy_process_group()
+
+
 def host_cost(torch, comm, method, reps, iters):
     """Median host microseconds of one eager call (1 rank, 1 KiB rows)."""
     s = torch.cuda.current_stream()
@@ -152,8 +331,9 @@ def host_cost(torch, comm, method, reps, iters):
 
 
 def print_table(doc):
-    print(f"{doc['gpu']}, {doc['nranks']} rank(s) "
-          f"({'loopback team' if doc['nranks'] > 1 else 'one GPU'}), "
+    where = "one GPU" if doc["nranks"] == 1 else \
+        "loopback team" if doc.get("loopback", True) else "one per GPU"
+    print(f"{doc['gpu']}, {doc['nranks']} rank(s) ({where}), "
           f"{doc['dtype']}, {doc['date']}; us per call (-1: wrong)")
     if doc.get("host_us"):
         print("eager host cost, us per call: " + ", ".join(
@@ -168,7 +348,10 @@ def print_table(doc):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--nranks", type=int, default=2)
+    p.add_argument("--nranks", type=int, default=None,
+                   help="1: one GPU; 2+: a loopback team on one GPU "
+                        "(default 2); under torchrun the processes "
+                        "(WORLD_SIZE if left out)")
     p.add_argument("--sizes", default=SIZES)
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--reps", type=int, default=5)
@@ -180,6 +363,10 @@ def main(argv=None):
     a = p.parse_args(argv)
     if report(a, print_table) is not None:
         return
+    if "WORLD_SIZE" in os.environ:
+        return torchrun_main(a)
+    if a.nranks is None:
+        a.nranks = 2
     import torch
     torch.cuda._sleep(1)    # loaded before any rank waits (loopback.c)
     dt = getattr(torch, a.dtype)

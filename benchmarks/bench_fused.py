@@ -21,12 +21,27 @@ units of the dtype's epsilon, #wrong beyond 4 of them).
 
     python benchmarks/bench_fused.py                  # 1 rank and a team of 2
     python benchmarks/bench_fused.py --ranks 1 --tokens 1,16 --hidden 4096
-    python benchmarks/bench_fused.py --nranks 2      # 2 GPUs over NVLink
+    python benchmarks/bench_fused.py --nranks 2      # a loopback team of 2
 
---nranks N runs one process per GPU (symnccl.bootstrap.spawn), the ranks
-aligned by a barrier before each measurement, rank 0's times reported. The
-anchors of the NVLink measurement (FlashInfer's fused all-reduce, vLLM's
-unfused path) are not in it yet: issue 31.
+Several GPUs (issue 31): launched by torchrun (WORLD_SIZE set), one
+process per GPU, the ranks aligned by a barrier before each measurement,
+rank 0's times reported (--nranks, if given, must equal WORLD_SIZE):
+
+    torchrun --standalone --nproc-per-node 2 benchmarks/bench_fused.py
+    torchrun --standalone --nproc-per-node 8 benchmarks/bench_fused.py \
+        --tokens 1,16,128 --hidden 4096 --report results/fused_h200x8.json
+
+There each row also times the anchors:
+  nccl_unfused   torch.distributed.all_reduce (NCCL) + torch.add +
+                 rms_norm, the unfused path of a framework without symnccl
+  flashinfer     FlashInfer's fused all-reduce + residual + RMSNorm
+                 (flashinfer.comm.trtllm_allreduce_fusion, pattern
+                 kARResidualRMSNorm, its IPC workspace), checked against
+                 the unfused result like the fused call; when flashinfer
+                 is not importable (or its setup fails) the column is
+                 empty and the JSON's "skipped" says why
+Without torchrun, --nranks N is a loopback team of N on this GPU (as
+--ranks N).
 """
 from __future__ import annotations
 
@@ -121,9 +136,13 @@ def _check(torch, bufs_f, bufs_u, dtype):
     return worst, wrong
 
 
-def _measure(torch, team, n, rank, opts, sync=None):
+def _measure(torch, team, n, rank, opts, sync=None, anchors=None,
+             verbose=True):
     """The rows of one team: `team` holds this process's ranks (all n of a
-    loopback team, or the one rank `rank` of n processes)."""
+    loopback team, or the one rank `rank` of n processes). anchors(T, H,
+    b, ref, timer) (torchrun only) returns more fields of the row: b holds
+    this rank's inputs, ref the unfused y and h, timer(fn) the median us
+    of fn as the other methods are timed."""
     dtype = getattr(torch, opts["dtype"])
     streams = [torch.cuda.Stream() for _ in team]
     rows = []
@@ -172,24 +191,131 @@ def _measure(torch, team, n, rank, opts, sync=None):
                          "fused_kernels": ran,
                          "max_diff_eps": round(worst, 2),
                          "wrong": wrong})
-            if rank == 0:
+            if anchors is not None:
+                rows[-1].update(anchors(
+                    T, H, bf[0], bu[0],
+                    lambda fn: _time(torch, fn, opts["iters"], opts["reps"],
+                                     sync)))
+            if rank == 0 and verbose:
                 print(rows[-1], flush=True)
     return rows
 
 
-def _rank_main(rank, nranks, uid, opts):
-    """One process per GPU (--nranks): rank 0's rows, every rank aligned
-    by a barrier before each measurement."""
-    import torch
-    import symnccl
-    torch.cuda.set_device(rank)
-    comm = symnccl.Communicator(uid, rank, nranks, rank)
+def _load_kernels(torch, opts):
+    """Every torch kernel of the grid run once by a one-rank team, before a
+    loopback team's first call: a kernel loaded lazily (CUDA's lazy module
+    loading) while one rank's kernel spins waiting for the other would
+    wait on it, and the team would stall until the timeout. (--ranks 1,2
+    does this by its order; --nranks 2 alone needs it.)"""
+    team = _team(1)
     try:
-        rows = _measure(torch, [comm], nranks, rank, opts,
-                        sync=lambda: comm.barrier(blocking=True))
-        return rows, torch.cuda.get_device_name(0), torch.__version__
+        _measure(torch, team, 1, 0, dict(opts, iters=1, reps=1),
+                 verbose=False)
     finally:
+        team[0].close()
+
+
+class _Anchors:
+    """The multi-GPU anchors of one torchrun rank: NCCL's unfused path and,
+    where importable, FlashInfer's fused all-reduce (one IPC workspace per
+    hidden size, for the largest T). Every rank makes the same calls in
+    the same order; `skipped` names what could not run and why."""
+
+    def __init__(self, torch, dist, rank, n, opts):
+        self.torch, self.dist, self.rank, self.n = torch, dist, rank, n
+        self.max_tokens = max(int(v) for v in opts["tokens"].split(","))
+        self.dtype = getattr(torch, opts["dtype"])
+        self.skipped, self.fi, self.ws = {}, None, {}
+        try:
+            import flashinfer.comm as fi
+            self.fi = fi
+        except Exception as e:    # not installed, or its import fails
+            self.skipped["flashinfer"] = f"{type(e).__name__}: {e}"[:200]
+
+    def _workspace(self, H):
+        if H not in self.ws:
+            make = self.fi.trtllm_create_ipc_workspace_for_all_reduce_fusion
+            self.ws[H] = make(
+                tp_rank=self.rank, tp_size=self.n,
+                max_token_num=self.max_tokens, hidden_dim=H,
+                group=self.dist.group.WORLD)
+        return self.ws[H][1]
+
+    def close(self):
+        for handles, _ in self.ws.values():
+            try:
+                self.fi.trtllm_destroy_ipc_workspace_for_all_reduce(
+                    handles, self.dist.group.WORLD)
+            except Exception:
+                pass
+
+    def __call__(self, T, H, b, ref, timer):
+        torch, F, dist = self.torch, self.torch.nn.functional, self.dist
+        s, h, y = (torch.empty_like(b["x"]) for _ in range(3))
+
+        def nccl_unfused():
+            s.copy_(b["x"])         # all_reduce is in place: x stays
+            dist.all_reduce(s)
+            torch.add(s, b["res"], out=h)
+            y.copy_(F.rms_norm(h, (H,), b["w"], EPS))
+
+        row = {"nccl_unfused_us": round(timer(nccl_unfused), 2)}
+        if self.fi is None:
+            return row | {"flashinfer_us": None}
+        fy, fh = torch.empty_like(b["x"]), torch.empty_like(b["x"])
+
+        def flashinfer():
+            fi = self.fi
+            fi.trtllm_allreduce_fusion(
+                allreduce_in=b["x"], world_size=self.n, world_rank=self.rank,
+                token_num=T, hidden_dim=H, workspace_ptrs=self._workspace(H),
+                launch_with_pdl=False, use_oneshot=None,
+                trigger_completion_at_end=True, fp32_acc=True,
+                pattern_code=fi.AllReduceFusionPattern.kARResidualRMSNorm,
+                allreduce_out=None, residual_in=b["res"], residual_out=fh,
+                norm_out=fy, quant_out=None, scale_out=None,
+                rms_gamma=b["w"], rms_eps=EPS, scale_factor=None,
+                layout_code=None)
+
+        try:
+            flashinfer()
+            torch.cuda.synchronize()
+            worst, wrong = _check(torch, [{"y": fy, "h": fh}], [ref],
+                                  self.dtype)
+            return row | {"flashinfer_us": round(timer(flashinfer), 2),
+                          "flashinfer_max_diff_eps": round(worst, 2),
+                          "flashinfer_wrong": wrong}
+        except Exception as e:     # an API or size this version lacks
+            self.skipped[f"flashinfer T={T} H={H}"] = \
+                f"{type(e).__name__}: {e}"[:200]
+            return row | {"flashinfer_us": None}
+
+
+def _torchrun_main(opts):
+    """One process per GPU under torchrun: rank 0's rows (None on the
+    other ranks), every rank aligned by a barrier before each
+    measurement."""
+    import torch
+    import torch.distributed as dist
+    import symnccl.torch as snt
+    rank, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if opts["nranks"] not in (0, n):
+        raise SystemExit(f"--nranks {opts['nranks']} under torchrun of "
+                         f"{n} processes: leave it out or make them equal")
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
+    torch.cuda.set_device(device)
+    dist.init_process_group("nccl", device_id=device)
+    comm = snt.communicator().comm
+    anchors = _Anchors(torch, dist, rank, n, opts)
+    try:
+        rows = _measure(torch, [comm], n, rank, opts,
+                        sync=lambda: comm.barrier(blocking=True),
+                        anchors=anchors)
+    finally:
+        anchors.close()
         comm.close()
+    dist.destroy_process_group()
+    return rank, n, rows, anchors.skipped
 
 
 def main():
@@ -198,8 +324,9 @@ def main():
                     help="team sizes on this GPU (1: a real 1-rank "
                     "communicator; 2+: loopback teams)")
     ap.add_argument("--nranks", type=int, default=0,
-                    help="one process per GPU, this many GPUs (NVLink), "
-                    "instead of --ranks")
+                    help="under torchrun: the number of processes (one "
+                    "GPU each; WORLD_SIZE if left out); without it, a "
+                    "loopback team of this many ranks instead of --ranks")
     ap.add_argument("--tokens", default=",".join(map(str, TOKENS)))
     ap.add_argument("--hidden", default=",".join(map(str, HIDDEN)))
     ap.add_argument("--dtype", default="bfloat16")
@@ -212,15 +339,21 @@ def main():
                     "file)")
     args = ap.parse_args()
     opts = vars(args)
-    if args.nranks > 0:
-        from symnccl.bootstrap import spawn
-        rows, gpu, tv = spawn(_rank_main, args.nranks, args=(opts,))[0]
-        gpus = args.nranks
+    import torch
+    gpu, tv = torch.cuda.get_device_name(0), torch.__version__
+    extra = {}
+    if "WORLD_SIZE" in os.environ:      # torchrun: one process per GPU
+        rank, gpus, rows, skipped = _torchrun_main(opts)
+        if rank != 0:
+            return
+        extra = {"loopback": False, "skipped": skipped}
     else:
-        import torch
         rows, gpus = [], 1
-        gpu, tv = torch.cuda.get_device_name(0), torch.__version__
-        for n in [int(v) for v in args.ranks.split(",")]:
+        teams = [args.nranks] if args.nranks > 0 else \
+            [int(v) for v in args.ranks.split(",")]
+        if teams[0] > 1:
+            _load_kernels(torch, opts)
+        for n in teams:
             team = _team(n)
             try:
                 rows += _measure(torch, team, n, 0, opts)
@@ -228,7 +361,8 @@ def main():
                 for c in team:
                     c.close()
     doc = run_info(gpus, gpu, tv, dtype=args.dtype, algo=args.algo,
-                   iters=args.iters, reps=args.reps, eps=EPS, rows=rows)
+                   iters=args.iters, reps=args.reps, eps=EPS, rows=rows,
+                   **extra)
     where = write_results(doc, "fused_", args.report)
     print(f"\n{'ranks':>5} {'T':>5} {'H':>5} {'bytes':>9} {'fused us':>9} "
           f"{'unfused us':>10} {'ratio':>6} {'2shot us':>9} {'maxdiff':>8} "
@@ -240,6 +374,16 @@ def main():
               f"{r['two_shot_us'] if r['two_shot_us'] else '-':>9} "
               f"{r['max_diff_eps']:>8.2f} "
               f"{r['wrong']:>6}")
+    if "skipped" in doc:      # torchrun: the anchors, us
+        print(f"\n{'T':>5} {'H':>5} {'fused us':>9} {'nccl unfused':>12} "
+              f"{'flashinfer':>10}")
+        for r in rows:
+            fi = r.get("flashinfer_us")
+            print(f"{r['T']:>5} {r['H']:>5} {r['fused_us']:>9.2f} "
+                  f"{r['nccl_unfused_us']:>12.2f} "
+                  f"{fi if fi is not None else '-':>10}")
+        for k, why in doc["skipped"].items():
+            print(f"skipped {k}: {why}")
     print(f"\n{doc['gpu']}, {doc['date']}, {doc['versions']}; {where}")
 
 

@@ -1,6 +1,9 @@
 """The training examples and the step benchmark, run as a user runs them
 (torchrun / python), on small shapes: symnccl's loss curve must agree with
-torch.distributed's (JAX's) to bf16 tolerance, and the loss must fall."""
+torch.distributed's (JAX's) to bf16 tolerance, and the loss must fall; the
+decode (fused all-reduce + RMSNorm) and expert-parallel MoE examples at one
+rank without a launcher and under torchrun at two, each exiting non-zero
+when its own check against torch.distributed fails."""
 import json
 import os
 import subprocess
@@ -97,3 +100,66 @@ def test_step_benchmark_runs_and_matches_torch_distributed(nranks,
                                       "none")), r
         if r["step"] == "decode":   # two ranks' sums: exact in any order
             assert r["same_output"], r
+
+
+def _example(script, nranks, *args):
+    """The command a user types: python at one rank (no launcher: the
+    example makes its own one-rank group), torchrun at two or more."""
+    if nranks == 1:
+        return [sys.executable, script, *args]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc-per-node={nranks}", script, *args]
+
+
+@ranks_param(1, 2)
+@pytest.mark.parametrize("compiled", [False, True],
+                         ids=["graph", "compiled-graph"])
+def test_decode_tp_torch_example(nranks, compiled, tmp_path):
+    """The fused decode stack (all_reduce_add_rmsnorm in a CUDA graph)
+    against the unfused one on torch.distributed: the example exits 1 when
+    they differ beyond its tolerance, and the fused kernel ran."""
+    pytest.importorskip("torch")
+    from symnccl import _C
+    out = tmp_path / "res.json"
+    tokens = "16" if compiled else "1,16,128"
+    _run(_example("examples/decode_tp_torch.py", nranks, "--tokens", tokens,
+                  "--hidden", "1024", "--ffn", "2048", "--layers", "2",
+                  "--iters", "3", "--reps", "3", "--json", str(out),
+                  *(["--compile"] if compiled else [])), nranks)
+    res = json.loads(out.read_text())
+    assert res["args"]["nranks"] == nranks and res["ok"], res
+    assert [r["T"] for r in res["rows"]] == [int(t) for t in
+                                             tokens.split(",")]
+    for r in res["rows"]:
+        want = {"symnccl fused"} | ({"symnccl fused, compiled"}
+                                    if compiled else set())
+        assert set(r["rel_err"]) == want, r
+        assert all(e < 2e-2 for e in r["rel_err"].values()), r
+        assert all(us > 0 for us in r["us"].values()), r
+    # auto: one_shot at these sizes (AUTO_TABLE's all_reduce_rmsnorm row)
+    fused = _C.COLLECTIVE_KERNELS["all_reduce_rmsnorm"].values()
+    assert sum(res["kernels"].get(k, 0) for k in fused) > 0, res["kernels"]
+
+
+@ranks_param(1, 2)
+@pytest.mark.parametrize("eager", [False, True], ids=["graph", "eager"])
+def test_moe_ep_torch_example(nranks, eager, tmp_path):
+    """Expert-parallel MoE training on all_to_all_v with device splits
+    (the step in a CUDA graph, or eager) against torch.distributed's
+    all_to_all_single with host splits: the same loss at every step (the
+    example exits 1 otherwise), the loss falls, push's kernel ran."""
+    pytest.importorskip("torch")
+    from symnccl import _C
+    out = tmp_path / "res.json"
+    _run(_example("examples/moe_ep_torch.py", nranks, "--steps", "12",
+                  "--tokens", "64", "--hidden", "128", "--ffn", "256",
+                  "--json", str(out), *(["--eager"] if eager else [])),
+         nranks)
+    res = json.loads(out.read_text())
+    assert res["args"]["nranks"] == nranks and res["ok"], res
+    a, b = res["symnccl"]["losses"], res["torch.distributed"]["losses"]
+    assert len(a) == len(b) == 12
+    assert res["max_rel_diff"] <= 1e-3, res["max_rel_diff"]
+    assert sum(a[-3:]) < sum(a[:3]), a
+    push = _C.COLLECTIVE_KERNELS["all_to_all"]["push"]
+    assert res["kernels"].get(push, 0) > 0, res["kernels"]
