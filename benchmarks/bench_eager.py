@@ -11,7 +11,9 @@ measured is what a call costs the host. Each row: --calls calls in a loop
 made while a sleep kernel holds the GPU (so that the GPU's own time per
 call, several us for a small kernel and its copies, can neither fill the
 launch queue and show as host time nor hide host time), the median over
---loops loops of the microseconds per call. Every row's result is checked
+--loops loops of the microseconds per call; the loops go round the rows
+(one loop of every row, then the next), so that the machine's drift
+moves every row alike. Every row's result is checked
 once against its input (at 1 rank every reduction is the identity).
 
 The targets of issue 29, as ratios in the same run:
@@ -182,31 +184,21 @@ def _symm_mem_rows(torch, dist, dtype, x0):
         return [], f"{type(e).__name__}: {e}"[:300]
 
 
-def _time(fn, calls, loops, torch, hold_ms):
-    """Median over loops of the host microseconds per call of `calls`
-    back-to-back calls, made while the GPU is held by a sleep kernel
-    (torch.cuda._sleep, hold_ms long): nothing the calls launched runs
-    before the loop ends, so the GPU's time neither shows in the host's
-    (a queue filling up) nor hides it. Returns (median, per-loop list,
-    loops in which the hold ended before the last call: 0 when the
-    measurement is the host's alone)."""
-    cycles = int(hold_ms * 1e-3 *
-                 torch.cuda.get_device_properties(0).clock_rate * 1e3)
-    for _ in range(min(calls, 200)):
-        fn()
-    per, overran = [], 0
-    for _ in range(loops):
-        torch.cuda.synchronize()
-        torch.cuda._sleep(cycles)
-        held = torch.cuda.Event()
-        held.record()
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        per.append((time.perf_counter() - t0) / calls * 1e6)
-        overran += held.query()   # the sleep ended: the GPU ran calls
+def _loop(fn, calls, torch, cycles):
+    """Host microseconds per call of `calls` back-to-back calls, made
+    while the GPU is held by a sleep kernel (torch.cuda._sleep, `cycles`
+    long): nothing the calls launched runs before the loop ends, so the
+    GPU's time neither shows in the host's (a queue filling up) nor hides
+    it. Returns (us, whether the hold ended before the last call)."""
     torch.cuda.synchronize()
-    return statistics.median(per), per, overran
+    torch.cuda._sleep(cycles)
+    held = torch.cuda.Event()
+    held.record()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    us = (time.perf_counter() - t0) / calls * 1e6
+    return us, held.query()   # the sleep ended: the GPU ran calls
 
 
 def targets(doc):
@@ -313,7 +305,9 @@ def main(argv=None):
     symm, why = _symm_mem_rows(torch, dist, dtype, x0)
     skipped = {"symm_mem": why} if why else {}
     only = set(args.only.split(",")) if args.only else None
-    results = []
+    cycles = int(args.hold_ms * 1e-3 *
+                 torch.cuda.get_device_properties(0).clock_rate * 1e3)
+    results, timed = [], []
     for coll, kind, call, fn, check in rows + [
             (c, k, n, f, True) for c, k, n, f, _ in symm]:
         if only and coll not in only and coll != "scale":
@@ -333,16 +327,36 @@ def main(argv=None):
                         else x
                 row["ok"] = bool(torch.equal(r.detach().reshape(-1),
                                              x0.reshape(-1)))
-            med, per, overran = _time(fn, args.calls, args.loops, torch,
-                                      args.hold_ms)
-            row["us"], row["loops_us"] = round(med, 3), [round(v, 3)
-                                                         for v in per]
-            if overran:
-                row["overran_loops"] = overran
+            for _ in range(min(args.calls, 200)):   # warm
+                fn()
+            torch.cuda.synchronize()
+            timed.append((row, fn))
         except Exception as e:
             row["error"] = f"{type(e).__name__}: {e}"[:300]
         results.append(row)
-        print(f"{coll:<15} {kind:<18} "
+    # loop by loop, every row once per round: the machine's drift (seen:
+    # 2x between runs) moves every row alike, and the ratios hold
+    per = {id(row): [] for row, _ in timed}
+    overran = {id(row): 0 for row, _ in timed}
+    for _ in range(args.loops):
+        for row, fn in timed:
+            if "error" in row:
+                continue
+            try:
+                us, late = _loop(fn, args.calls, torch, cycles)
+                per[id(row)].append(us)
+                overran[id(row)] += late
+            except Exception as e:
+                row["error"] = f"{type(e).__name__}: {e}"[:300]
+    torch.cuda.synchronize()
+    for row, _ in timed:
+        if per[id(row)] and "error" not in row:
+            row["us"] = round(statistics.median(per[id(row)]), 3)
+            row["loops_us"] = [round(v, 3) for v in per[id(row)]]
+            if overran[id(row)]:
+                row["overran_loops"] = overran[id(row)]
+    for row in results:
+        print(f"{row['collective']:<15} {row['kind']:<18} "
               f"{row['us'] if row['us'] is not None else row.get('error')}",
               file=sys.stderr)
     doc = run_info(1, torch.cuda.get_device_name(0), torch.__version__,

@@ -164,11 +164,14 @@ class _MirrorComm:
         out = x if out is None else out
         return out.copy_(self._reduced(x, op))
 
+    # out=None: a new tensor, as the methods make one
     def reduce_scatter(self, x, out=None, op="sum", algo="auto"):
-        return out.copy_(self._reduced(x, op)[:x.shape[0] // 2])
+        r = self._reduced(x, op)[:x.shape[0] // 2]
+        return r.clone() if out is None else out.copy_(r)
 
     def all_gather(self, x, out=None, algo="auto"):
-        return out.copy_(torch.cat([x.reshape(-1, *x.shape[1:])] * 2))
+        r = torch.cat([x.reshape(-1, *x.shape[1:])] * 2)
+        return r if out is None else out.copy_(r)
 
     def broadcast(self, x, root=0, out=None, algo="auto"):
         return out.copy_(x)
