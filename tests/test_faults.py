@@ -435,10 +435,16 @@ STOP_KNOBS = ("SYMNCCL_ONE_SHOT_CTAS", "SYMNCCL_TWO_SHOT_CTAS",
               "SYMNCCL_LL_CTAS", "SYMNCCL_PUSH_CTAS")
 
 
+# 8 ranks for every case; 4 (other grids) for one case of each family
+STOP_RUNS = [(8, c, a) for c, a in STOP_CASES] + \
+    [(4, c, a) for c, a in (("all_reduce", "one_shot"), ("all_reduce", "ll"),
+                            ("all_gather", "ll128"),
+                            ("reduce_scatter", "push"))]
+
+
 @pytest.mark.gpu
-@pytest.mark.parametrize("nranks", [4, 8])
-@pytest.mark.parametrize("collective,algo", STOP_CASES,
-                         ids=[f"{c}-{a}" for c, a in STOP_CASES])
+@pytest.mark.parametrize("nranks,collective,algo", STOP_RUNS,
+                         ids=[f"{c}-{a}-{n}" for n, c, a in STOP_RUNS])
 def test_every_survivor_names_the_rank_that_stopped(monkeypatch, nranks,
                                                     collective, algo):
     """The last rank of a loopback team never makes the call. Every other
@@ -449,7 +455,7 @@ def test_every_survivor_names_the_rank_that_stopped(monkeypatch, nranks,
     torch = pytest.importorskip("torch")
     for k in STOP_KNOBS:
         monkeypatch.setenv(k, str(STOP_GRID[nranks]))
-    timeout = 0.5   # waited out once per case (26): the tier's length
+    timeout = 0.5   # waited out once per run (17): the tier's length
     team = symnccl.Communicator._loopback(nranks, 0, timeout=timeout)
     dead = nranks - 1
     streams = [torch.cuda.Stream() for _ in team]

@@ -97,12 +97,14 @@ def test_jnp_and_gradient_rules_match_jax_collectives_on_cpu():
     """No GPU: with the custom calls replaced by JAX's collectives of the
     same meaning (2 CPU devices), every split/concat axis pair, tiled and
     not, and ragged exchanges with padding and empty slices give jax.lax's
-    values and gradients inside shard_map (check_vma on and off): the
-    reshapes around the call and the custom_vjp rules (the transposes)."""
+    values and gradients inside shard_map (check_vma on; off for the
+    ragged cases and two of the others): the reshapes around the call and
+    the custom_vjp rules (the transposes)."""
     from _workers import jax_alltoall_workers as W
     rows = spawn_cpu(W.rules_on_cpu, 3)
-    untiled = sum(1 for _, sa, ca, t in W.A2A_CASES if not t and sa != ca)
-    assert len(rows) == 2 * (len(W.A2A_CASES) + untiled + 2)
+    def cases(c):   # a row per case (+ 1: an untiled pair's values)
+        return sum(2 if not t and sa != ca else 1 for _, sa, ca, t in c)
+    assert len(rows) == cases(W.A2A_CASES) + cases(W.A2A_VMA_OFF) + 2 * 2
     for case, dy, dx in rows:
         assert dy == 0.0 and dx < 1e-6, (case, dy, dx)
 

@@ -10,6 +10,7 @@ A2A_CASES = [((4, 3), 0, 0, True), ((4, 6), 0, 1, True),
              ((3, 4, 2), 1, 0, True), ((2, 6, 4), 2, 1, True),
              ((2, 5), 0, 1, False), ((3, 2, 4), 1, 0, False),
              ((5, 2), 1, 1, False), ((2, 3, 2), 2, 0, False)]
+A2A_VMA_OFF = [A2A_CASES[1], A2A_CASES[4]]
 
 
 def _cpu(ndev):
@@ -142,7 +143,10 @@ def rules_on_cpu(seed):
         rows.append((f"{name} vma={vma}", dy, dx))
 
     for vma in (True, False):
-        for shape, sa, ca, tiled in A2A_CASES:
+        # check_vma off changes no rule of ours, only JAX's typing: every
+        # case with it on, one tiled and one untiled case with it off
+        # (compiles are the test's cost)
+        for shape, sa, ca, tiled in (A2A_CASES if vma else A2A_VMA_OFF):
             x = jax.device_put(
                 jnp.asarray(rng.standard_normal((n * shape[0], *shape[1:])),
                             jnp.float32), NamedSharding(mesh, P(AXIS)))
@@ -239,7 +243,8 @@ def one_gpu(rank, nranks, uid, seed):
         return {k: after[k] - before[k] for k in after if after[k] != before[k]}
 
     # jax.lax's result once per input, then every algo against it
-    for dtype in ("float32", "bfloat16", "int32", "int8", "float16"):
+    # the kernels move bytes: an element of 4, 2 and 1 bytes
+    for dtype in ("float32", "bfloat16", "int8"):
         npdt = _check.numpy_dtype(dtype)
         algos = ("push", "ll", "nccl", "auto") if dtype == "float32" \
             else ("push",)
@@ -260,7 +265,7 @@ def one_gpu(rank, nranks, uid, seed):
                              sorted(got)))
         # ragged at 1 rank: one slice from input_offsets into
         # output_offsets; padding around it, or an empty one
-        if dtype not in ("float32", "bfloat16", "int32"):
+        if dtype == "int8":
             continue
         for in_off, size, out_off in ((2, 5, 3), (0, 0, 1), (0, 9, 0)):
             op = jax.device_put(jnp.asarray(
