@@ -215,11 +215,12 @@ sn_rmsnorm_unavailable(int algo, int quant)
     return NULL;
 }
 
-/* NCCL's all-reduce of x into a temporary, then the add and the norm by
- * symnccl's kernel with no peer (r->local), on the same stream. */
+/* The all-reduce of x into a temporary (NCCL's, or symnccl's kernel of
+ * r->ar_algo: sn_then_norm_algo), then the add and the norm by symnccl's
+ * kernel with no peer (r->local), on the same stream. */
 static int
-nccl_then_norm(const sn_ar *r, sn_nccl_done_fn done, void *ctx,
-               sn_err *err)
+all_reduce_then_norm(const sn_ar *r, sn_nccl_done_fn done, void *ctx,
+                     sn_err *err)
 {
     CommObject *c = r->c;
     const sn_topology t = sn_topology_of(c);
@@ -235,9 +236,18 @@ nccl_then_norm(const sn_ar *r, sn_nccl_done_fn done, void *ctx,
     cudaError_t e = cudaMallocAsync((void **)&tmp, bytes, r->stream);
     if (e != cudaSuccess)
         return sn_fail(err, e, ncclSuccess, "cudaMallocAsync");
-    int rc = -2;   /* done() failed: its own error is set */
-    if (done(ctx, ncclAllReduce(r->x, tmp, r->count, r->dtype->nccl,
-                                ncclSum, c->comm, r->stream)) == 0) {
+    int rc;
+    if (r->ar_algo != SN_ALGO_NCCL) {
+        const sn_ar ar = {c, r->ar_algo, r->x, tmp, NULL, r->count,
+                          r->dtype, sn_op_by_name("sum"), r->stream,
+                          SYMNCCL_COLL_ALL_REDUCE, -1};
+        rc = sn_launch_kernels(&ar, err);
+    }
+    else   /* done() failed: -2, its own error set */
+        rc = done(ctx, ncclAllReduce(r->x, tmp, r->count, r->dtype->nccl,
+                                     ncclSum, c->comm, r->stream)) == 0
+                 ? 0 : -2;
+    if (rc == 0) {
         sn_ar local = *r;
         local.algo = SN_ALGO_ONE_SHOT;
         local.x = tmp;
@@ -257,7 +267,7 @@ sn_rmsnorm_launch(const sn_ar *r, sn_nccl_done_fn done, void *ctx,
     if (r->count == 0)
         return 0;
     if (r->algo == SN_ALGO_NCCL)
-        return nccl_then_norm(r, done, ctx, err);
+        return all_reduce_then_norm(r, done, ctx, err);
     return sn_launch_kernels(r, err);
 }
 
@@ -341,6 +351,7 @@ sn_all_reduce_rmsnorm(CommObject *c, PyObject *args, PyObject *kw)
                 return fcall_end(&f, 0);
     }
     const size_t bytes = xt->count * (size_t)xt->dtype->itemsize;
+    const int asked = algo;
     if ((algo = sn_call_algo(k, SYMNCCL_COLL_ALL_REDUCE_RMSNORM, algo,
                              bytes)) == SN_ALGO_UNKNOWN)
         return fcall_end(&f, 0);
@@ -363,6 +374,11 @@ sn_all_reduce_rmsnorm(CommObject *c, PyObject *args, PyObject *kw)
                sn_op_by_name("sum"), k->stream,
                SYMNCCL_COLL_ALL_REDUCE_RMSNORM, -1, f.res.ptr, f.h.ptr,
                f.w.ptr, H, (float)eps, 0, quant, (float *)f.scale.ptr};
+    if (algo == SN_ALGO_NCCL) {
+        const sn_topology topo = sn_topology_of(c);
+        r.ar_algo = sn_then_norm_algo(&topo, &c->knobs, asked, xt->dtype,
+                                      bytes);
+    }
     sn_err err = {cudaSuccess, ncclSuccess, ""};
     const int rc = sn_rmsnorm_launch(&r, method_nccl_done, k, &err);
     if (rc == -1 && sn_fault_check(k->st, c) == 0)

@@ -267,6 +267,7 @@ sn_collective_unavailable(const sn_topology *t, int collective, int algo,
 
 #define KIB ((size_t)1 << 10)
 #define MIB ((size_t)1 << 20)
+#define ANY_SIZE ((size_t)1 << 60)   /* a limit no call reaches */
 
 typedef struct {
     int collective, max_ranks;
@@ -292,9 +293,13 @@ static const auto_row auto_table[] = {
      * 2 (both ranks on the one GPU): one_shot to 4 MiB (13.7 against 24.3
      * us at 2 MiB, 29.8 against 34.7 at 4 MiB), behind from 8 MiB (56.5
      * against 55.8; 16 MiB 121.7 against 110.0); two_shot behind one_shot
-     * at every size. One row for both: one_shot to 4 MiB, NCCL's
-     * all-reduce and symnccl's add+norm above (not measured), and from 3
-     * ranks. */
+     * at every size. 1 rank: one_shot at every size. 2 ranks: one_shot
+     * to 4 MiB; above, and from 3 ranks, "nccl" resolved from "auto":
+     * the all-reduce all_reduce's own table picks (push above 4 MiB at 2
+     * ranks), then symnccl's add+norm (sn_then_norm_algo): the unfused
+     * composition with one kernel for torch's add and rms_norm. */
+    {SYMNCCL_COLL_ALL_REDUCE_RMSNORM, 1, 0, 0, ANY_SIZE, 0, 0,
+     SN_ALGO_NCCL},
     {SYMNCCL_COLL_ALL_REDUCE_RMSNORM, 2, 0, 0, 4 * MIB, 0, 0,
      SN_ALGO_NCCL},
 };
@@ -333,6 +338,17 @@ auto_algo(const sn_topology *t, const sn_knobs *k, const sn_call_desc *d)
 }
 
 int
+sn_then_norm_algo(const sn_topology *t, const sn_knobs *k, int asked,
+                  const sn_dtype *dt, size_t bytes)
+{
+    if (asked != SN_ALGO_AUTO)
+        return SN_ALGO_NCCL;
+    const sn_call_desc ar = {SYMNCCL_COLL_ALL_REDUCE, SN_ALGO_AUTO, bytes,
+                             dt, sn_op_by_name("sum"), 0, 0};
+    return auto_algo(t, k, &ar);
+}
+
+int
 sn_resolve(const sn_topology *t, const sn_knobs *k, const sn_call_desc *d,
            char *why, size_t len)
 {
@@ -365,7 +381,12 @@ sn_resolve(const sn_topology *t, const sn_knobs *k, const sn_call_desc *d,
             return SN_ALGO_UNKNOWN;
         }
     }
-    if (algo == SN_ALGO_NCCL && !t->nccl) {
+    /* all_reduce_rmsnorm's "auto" beyond its kernels runs all_reduce's
+     * own choice, then the add+norm: NCCL only where that is NCCL */
+    if (algo == SN_ALGO_NCCL && !t->nccl &&
+        !(d->collective == SYMNCCL_COLL_ALL_REDUCE_RMSNORM &&
+          sn_then_norm_algo(t, k, d->algo, d->dtype, d->bytes) !=
+              SN_ALGO_NCCL)) {
         snprintf(why, len, "%s: this call needs NCCL, and a loopback "
                  "communicator (Communicator._loopback) runs symnccl's "
                  "kernels only", cname);

@@ -230,7 +230,6 @@ extern const int sn_n_dtypes;
 extern const sn_op sn_ops[];
 extern const int sn_n_ops;
 extern const sn_algo sn_algos[SN_ALGO_COUNT];
-
 const sn_dtype *sn_dtype_by_name(const char *name);   /* aliases too */
 const sn_dtype *sn_dtype_by_dlpack(SN_DLDataType dt);
 const sn_op *sn_op_by_name(const char *name);
@@ -265,6 +264,14 @@ const char *sn_collective_name(int collective);
  * and why it cannot run. */
 int sn_resolve(const sn_topology *t, const sn_knobs *k, const sn_call_desc *d,
                char *why, size_t len);
+/* all_reduce_rmsnorm resolved to SN_ALGO_NCCL (no fused kernel serves it):
+ * the all-reduce before symnccl's add+norm. Asked "nccl": NCCL's. Asked
+ * "auto": the one all_reduce's auto table picks for the same bytes (a
+ * kernel, or NCCL), so the call costs the unfused composition's
+ * all-reduce and one kernel (docs/PERFORMANCE.md, 'Fused all-reduce and
+ * RMSNorm'). */
+int sn_then_norm_algo(const sn_topology *t, const sn_knobs *k, int asked,
+                      const sn_dtype *dt, size_t bytes);
 /* SYMNCCL_COLL_* of a collective with kernels ("all_reduce", ...); -1
  * with ValueError for another name. */
 int sn_collective_by_name(const char *cname);
@@ -722,6 +729,8 @@ typedef struct {
     int local;                 /* x holds the sum (NCCL's): no peer */
     int quant;                 /* SYMNCCL_QUANT_*: out is float8_e4m3fn */
     float *scale;              /* static: [0]; dynamic: one per row */
+    int ar_algo;               /* algo SN_ALGO_NCCL: the all-reduce before
+                                  the add+norm (sn_then_norm_algo) */
     /* all_to_all (count: x's rows): bytes per row, out's rows, the rows
      * sent to each rank (device int64, or NULL: host_splits, nranks
      * values), where the counts received and the offsets go (device int64,

@@ -979,6 +979,7 @@ all_reduce_rmsnorm(snx_call_frame *call, CommObject *c, const sn_dtype *dt,
     if (count == 0)
         return NULL;
     const char *no = NULL;
+    const int asked = algo;
     if ((algo = resolve(c, SYMNCCL_COLL_ALL_REDUCE_RMSNORM, algo,
                         count * (size_t)dt->itemsize, dt, NULL, 0, msg,
                         sizeof(msg))) == SN_ALGO_UNKNOWN ||
@@ -994,6 +995,11 @@ all_reduce_rmsnorm(snx_call_frame *call, CommObject *c, const sn_dtype *dt,
                SYMNCCL_COLL_ALL_REDUCE_RMSNORM, -1, b[1]->data,
                b[4]->data, b[2]->data, H, (float)eps, 0, quant,
                b[5] != NULL ? b[5]->data : NULL};
+    if (algo == SN_ALGO_NCCL) {
+        const sn_topology topo = sn_topology_of(c);
+        r.ar_algo = sn_then_norm_algo(&topo, &c->knobs, asked, dt,
+                                      count * (size_t)dt->itemsize);
+    }
     xla_done_ctx d = {c, stream, msg, sizeof(msg)};
     sn_err err = {cudaSuccess, ncclSuccess, ""};
     const int rc = sn_rmsnorm_launch(&r, xla_nccl_done, &d, &err);

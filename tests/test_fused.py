@@ -57,14 +57,16 @@ def test_auto_runs_the_fused_kernel_where_measured_and_nccl_elsewhere(
     monkeypatch.delenv("SYMNCCL_ALGO", raising=False)
     auto = _C._auto_algo_for
     # measured (benchmarks/results/fused_h100x1_bfloat16.json): one_shot
-    # ahead to 4 MiB on a loopback team of 2 (on 1 rank at every size)
-    for n, limit in ((1, 4 << 20), (2, 4 << 20)):
-        topo = dict(TOPO_2, nranks=n, lsa_size=n)
-        assert auto(topo, 16, "bfloat16", "sum", False, COLL) == "one_shot"
-        assert auto(topo, limit, "bfloat16", "sum", False, COLL) == \
+    # ahead to 4 MiB on a loopback team of 2, on 1 rank at every size;
+    # "nccl" is the all-reduce then the add+norm (the all-reduce of
+    # all_reduce's own table when asked "auto": the test below)
+    one = dict(TOPO_2, nranks=1, lsa_size=1)
+    for nbytes in (16, 4 << 20, 1 << 40):
+        assert auto(one, nbytes, "bfloat16", "sum", False, COLL) == \
             "one_shot"
-        assert auto(topo, limit + 16, "bfloat16", "sum", False,
-                    COLL) == "nccl"
+    for nbytes, algo in ((16, "one_shot"), (4 << 20, "one_shot"),
+                         ((4 << 20) + 16, "nccl")):
+        assert auto(TOPO_2, nbytes, "bfloat16", "sum", False, COLL) == algo
     # 3+ ranks not measured; a dtype without the kernel; no device API
     assert auto(dict(TOPO_2, nranks=4, lsa_size=4), 16, "bfloat16", "sum",
                 False, COLL) == "nccl"
@@ -534,19 +536,43 @@ def test_torch_op_gradients_are_the_unfused_composition_s(monkeypatch,
 
 
 @pytest.mark.gpu
-def test_auto_on_an_unmeasured_world_size_is_nccl_which_loopback_refuses(
-        monkeypatch):
-    """3+ ranks have no AUTO_TABLE row: auto runs NCCL's all-reduce and
-    the add+norm, which a loopback team cannot; one_shot runs there."""
+@pytest.mark.parametrize("nranks,T,H,algo", [(3, 2, 64, "ll128"),
+                                             (2, 520, 4096, "push")])
+def test_auto_beyond_the_fused_rows_is_all_reduce_s_choice_then_the_norm(
+        monkeypatch, nranks, T, H, algo):
+    """Where no fused kernel serves "auto" (3+ ranks; over 4 MiB at 2) the
+    call is the unfused composition with one kernel for the add and the
+    norm: the all-reduce all_reduce's own auto table picks (ll128 for 512
+    B at 3 ranks, push over 4 MiB at 2), then symnccl's add+norm. Within
+    the float64 bounds, the same bits on every rank, and it runs on a
+    loopback team; asked "nccl", the all-reduce is NCCL's, which a
+    loopback team refuses."""
     torch = _torch()
-    team = _team(monkeypatch, 3)
+    for k in ("SYMNCCL_LL_CTAS", "SYMNCCL_PUSH_CTAS"):   # all resident
+        monkeypatch.setenv(k, str(_grid(nranks)))
+    team = _team(monkeypatch, nranks)
+    streams = [torch.cuda.Stream() for _ in team]
     try:
-        xs, res, w = _inputs(torch, 3, 2, 64, "float32", seed=2)
+        xs, res, w = _inputs(torch, nranks, T, H, "bfloat16", seed=T + H)
+        ys = [_poisoned(torch, xs[0]) for _ in team]
+        hs = [_poisoned(torch, xs[0]) for _ in team]
+        before = [c._launches() for c in team]
+        _call_all(torch, team, streams, xs, res, w, ys, hs)
+        ran = [{k: v - b[k] for k, v in c._launches().items() if v != b[k]}
+               for c, b in zip(team, before)]
+        bad = _wrong(torch, xs, res, w, ys[0], hs[0], "bfloat16")
+        same = all(torch.equal(_bits(y), _bits(ys[0])) and
+                   torch.equal(_bits(h), _bits(hs[0]))
+                   for y, h in zip(ys[1:], hs[1:]))
         with pytest.raises(RuntimeError, match="needs NCCL.*loopback"):
-            team[0].all_reduce_rmsnorm(xs[0], res, w, EPS)
-        assert not any(team[0]._launches().values())
+            team[0].all_reduce_rmsnorm(xs[0], res, w, EPS, algo="nccl")
     finally:
         _close(team)
+    assert bad == (0, 0) and same, (bad, same)
+    for r in ran:
+        ar = set(r) - {"one_shot_rmsnorm"}
+        assert r.get("one_shot_rmsnorm") == 1 and len(ar) == 1 and \
+            ar <= set(symnccl._C.ALGO_KERNELS[algo]), r
 
 
 # ----------------------------------------------------------------- FP8
