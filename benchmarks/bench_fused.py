@@ -4,9 +4,10 @@ composition, on one GPU: a one-rank communicator and loopback teams
 
 Methods:
   fused     comm.all_reduce_rmsnorm(x, residual, w, eps, out=, residual_out=,
-            algo=--algo): one_shot by default, the measurement behind
-            AUTO_TABLE's all_reduce_rmsnorm rows (auto runs NCCL past their
-            limits, which a loopback team cannot)
+            algo=--algo): auto by default, what a caller gets (one_shot
+            within AUTO_TABLE's all_reduce_rmsnorm rows, past them
+            all_reduce's own choice then symnccl's add+norm); the JSON's
+            fused_kernels say which ran
   two_shot  the same with algo="two_shot" (2+ ranks; for information)
   unfused   comm.all_reduce(x, out=s) (algo="auto"), then h = s + residual
             and torch.nn.functional.rms_norm(h, (H,), w, eps), torch's
@@ -29,7 +30,7 @@ rank 0's times reported (--nranks, if given, must equal WORLD_SIZE):
 
     torchrun --standalone --nproc-per-node 2 benchmarks/bench_fused.py
     torchrun --standalone --nproc-per-node 8 benchmarks/bench_fused.py \
-        --tokens 1,16,128 --hidden 4096 --report results/fused_h200x8.json
+        --tokens 1,16,128 --hidden 4096 --out results/fused_h200x8.json
 
 There each row also times the anchors:
   nccl_unfused   torch.distributed.all_reduce (NCCL) + torch.add +
@@ -330,13 +331,14 @@ def main():
     ap.add_argument("--tokens", default=",".join(map(str, TOKENS)))
     ap.add_argument("--hidden", default=",".join(map(str, HIDDEN)))
     ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--algo", default="one_shot",
-                    help="the fused call's algo (auto, one_shot, two_shot)")
+    ap.add_argument("--algo", default="auto",
+                    help="the fused call's algo (auto: what a caller gets; "
+                    "one_shot, two_shot)")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--reps", type=int, default=15)
-    ap.add_argument("--report", default=None, help="JSON path (default: "
-                    "results/fused_<gpu>x<GPUs>_<dtype>.json beside this "
-                    "file)")
+    ap.add_argument("--out", default=None, metavar="PATH", help="JSON path "
+                    "(default: results/fused_<gpu>x<GPUs>_<dtype>.json "
+                    "beside this file)")
     args = ap.parse_args()
     opts = vars(args)
     import torch
@@ -363,7 +365,7 @@ def main():
     doc = run_info(gpus, gpu, tv, dtype=args.dtype, algo=args.algo,
                    iters=args.iters, reps=args.reps, eps=EPS, rows=rows,
                    **extra)
-    where = write_results(doc, "fused_", args.report)
+    where = write_results(doc, "fused_", args.out)
     print(f"\n{'ranks':>5} {'T':>5} {'H':>5} {'bytes':>9} {'fused us':>9} "
           f"{'unfused us':>10} {'ratio':>6} {'2shot us':>9} {'maxdiff':>8} "
           f"{'#wrong':>6}")

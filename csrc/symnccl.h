@@ -268,8 +268,8 @@ int sn_resolve(const sn_topology *t, const sn_knobs *k, const sn_call_desc *d,
  * the all-reduce before symnccl's add+norm. Asked "nccl": NCCL's. Asked
  * "auto": the one all_reduce's auto table picks for the same bytes (a
  * kernel, or NCCL), so the call costs the unfused composition's
- * all-reduce and one kernel (docs/PERFORMANCE.md, 'Fused all-reduce and
- * RMSNorm'). */
+ * all-reduce and one kernel (docs/PERFORMANCE.md, 'Fused all-reduce,
+ * all-to-all and steps'). */
 int sn_then_norm_algo(const sn_topology *t, const sn_knobs *k, int asked,
                       const sn_dtype *dt, size_t bytes);
 /* SYMNCCL_COLL_* of a collective with kernels ("all_reduce", ...); -1

@@ -20,7 +20,7 @@ for stage in ${STAGE:-tests}; do
       python3 -m pytest -q -rs tests -p no:cacheprovider --durations=20 \
         2>&1 | tee "$OUT/tier.log" | grep -v '^SKIPPED' | tail -45 ;;
     bench)
-      python3 benchmarks/bench_fused.py --report "$OUT/fused_${gpu}x1_bfloat16.json" \
+      python3 benchmarks/bench_fused.py --out "$OUT/fused_${gpu}x1_bfloat16.json" \
         2>&1 | tail -24
       for n in 1 2 4; do   # 2 and 4: a loopback team on the one GPU
         sfx=; [ "$n" -gt 1 ] && sfx=_loopback$n
