@@ -333,9 +333,11 @@ row_launches(const sn_ar *r, int kernel, sn_err *err)
         /* two_shot: each rank normalises ceil(len / n) rows */
         const size_t grid_rows = two && peers
             ? (len + (size_t)c->nranks - 1) / (size_t)c->nranks : len;
-        a.ctas = grid_rows > (size_t)c->knobs.rmsnorm_ctas
-                     ? c->knobs.rmsnorm_ctas
-                     : (int)grid_rows;
+        /* the add+norm after an all-reduce (r->local) waits for no
+         * peer: no team's grids need be resident at once, whatever the
+         * knob allows the kernels that do */
+        const int cap = r->local ? SN_MAX_CTAS : c->knobs.rmsnorm_ctas;
+        a.ctas = grid_rows > (size_t)cap ? cap : (int)grid_rows;
         a.mid_win = a.win;
         a.mid_offset = len * row_bytes;
         if (launch(r, &a, err) < 0)
