@@ -1,15 +1,19 @@
-"""JAX integration: symnccl's all-reduce, reduce-scatter and all-gather
+"""JAX integration: symnccl's all-reduce, reduce-scatter, all-gather,
+all-to-all (equal and ragged) and fused all-reduce + residual add + RMSNorm
 inside jax.jit, shard_map and jax.grad.
 
 Each is an XLA FFI custom call ("symnccl_all_reduce",
-"symnccl_reduce_scatter", "symnccl_all_gather") whose handler is C
+"symnccl_reduce_scatter", "symnccl_all_gather", "symnccl_all_to_all",
+"symnccl_all_to_all_v", "symnccl_all_reduce_rmsnorm") whose handler is C
 (csrc/xla_ffi.c): it takes XLA's stream and device, and uses the
 communicator created for that device by communicator(). Communicators are
 made before the computation runs, never inside it. Each is differentiable
 (jax.custom_vjp), with the gradients of jax.lax.psum, psum_scatter(tiled=
-True) and all_gather(tiled=True) at the same place inside shard_map: the
-transpose of an all-reduce is an all-reduce, of a reduce-scatter an
-all-gather, of an all-gather a reduce-scatter.
+True), all_gather(tiled=True), all_to_all and ragged_all_to_all at the same
+place inside shard_map: the transpose of an all-reduce is an all-reduce,
+of a reduce-scatter an all-gather, of an all-gather a reduce-scatter, of
+an all-to-all the all-to-all with the axes (or the offsets' roles)
+swapped; all_reduce_rmsnorm's is the unfused composition's.
 
 Example (one process, every local GPU)::
 

@@ -13,6 +13,7 @@
 #             push         push RS/AG by SYMNCCL_PUSH_CHUNK_KIB     (~3 min)
 #             ab           old / new all-reduce, 2 rounds        (60 s)
 #             bench        all-reduce anchors, TP steps          (80 s)
+#             serving      fused all-reduce+RMSNorm, all-to-all   (new)
 #             tests        GPU tier less faults and examples (~5-7 min)
 #             faults       failure scenarios            (~20-60 s a test)
 #             examples     the examples' tests, then each example (~6 min)
@@ -113,14 +114,27 @@ push)    # push reduce_scatter/all_gather by SYMNCCL_PUSH_CHUNK_KIB
       --collectives reduce_scatter,all_gather --sizes 1M,4M,16M,64M \
       --out "$OUT/collectives_h200x2_push_chunk$kib.json" 2>&1 | tail -12
   done ;;
+serving)    # issues 31 and 32 over NVLink: the fused all-reduce + RMSNorm
+            # against the unfused path (and FlashInfer's where installed),
+            # the all-to-all against all_to_all_single and all_to_all_vdev
+  timeout 200 torchrun --standalone --nproc-per-node 2 \
+    benchmarks/bench_fused.py --out "$OUT/fused_h200x2_bfloat16.json" \
+    2>&1 | tail -14
+  timeout 200 torchrun --standalone --nproc-per-node 2 \
+    benchmarks/bench_alltoall.py --out "$OUT/alltoall_h200x2_bfloat16.json" \
+    2>&1 | tail -12 ;;
 examples)   # the examples' tests (2 ranks), then each example as is
   timeout 300 python3 -m pytest -q -rfE --tb=line tests/test_examples.py \
     2>&1 | tee "$OUT/pytest_examples.log" | tail -8
   timeout 100 torchrun --standalone --nproc-per-node 2 \
     examples/train_tp_torch.py 2>&1 | tail -8
-  timeout 80 python3 examples/train_tp_jax.py 2>&1 | tail -6 ;;
+  timeout 80 python3 examples/train_tp_jax.py 2>&1 | tail -6
+  for ex in decode_tp_torch moe_ep_torch; do
+    timeout 150 torchrun --standalone --nproc-per-node 2 \
+      examples/$ex.py 2>&1 | tail -6
+  done ;;
 *)
-  echo "usage: $0 prep | STAGE=\"build|tests|faults|ab|bench|collectives|push|examples" \
+  echo "usage: $0 prep | STAGE=\"build|tests|faults|ab|bench|collectives|push|serving|examples" \
     "...\" $0"; exit 2 ;;
 esac
 }
