@@ -74,3 +74,20 @@ def one_rank_comm(live, wrap=lambda c: c):
                                  timeout=60)
         live.append((c, wrap(c)))
     return live[-1][1]
+
+
+def xla_handler_or_skip(*name):
+    """Skips with the build's reason where symnccl has no XLA FFI handler
+    (`name`, or the all-reduce's)."""
+    from symnccl import _C
+    try:
+        _C._xla_handler(*name)
+    except RuntimeError as e:
+        pytest.skip(str(e))
+
+
+def spawn_cpu(fn, *args):
+    """fn(*args) in a fresh process (JAX reads XLA_FLAGS once)."""
+    import multiprocessing as mp
+    with mp.get_context("spawn").Pool(1) as pool:
+        return pool.apply(fn, args)

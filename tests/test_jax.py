@@ -4,24 +4,16 @@ collectives; one process driving every GPU, and one process per GPU under
 jax.distributed."""
 import pytest
 
-from conftest import ranks_param
+from conftest import ranks_param, spawn_cpu, xla_handler_or_skip
 from symnccl.bootstrap import free_port, spawn
 
 jax = pytest.importorskip("jax", reason="jax is not installed")
 
 
-def _handler_or_skip():
-    from symnccl import _C
-    try:
-        _C._xla_handler()
-    except RuntimeError as e:
-        pytest.skip(str(e))
-
-
 def test_custom_call_lowers_with_memory_space_attributes():
     """No GPU needed: lowering for CUDA shows the custom call, its
     attributes and the collective memory space requests."""
-    _handler_or_skip()
+    xla_handler_or_skip()
     import jax.numpy as jnp
     import symnccl.jax as sj
     f = jax.jit(lambda a: sj.all_reduce(a, op="max", algo="ll"))
@@ -35,7 +27,7 @@ def test_custom_call_lowers_with_memory_space_attributes():
 
 def test_reduce_scatter_and_all_gather_lower_with_their_algo(monkeypatch):
     """No GPU: the algo reaches the handler as an attribute."""
-    _handler_or_skip()
+    xla_handler_or_skip()
     import jax.numpy as jnp
     import symnccl.jax as sj
     monkeypatch.setattr(sj, "_nranks", lambda: 2)
@@ -51,7 +43,7 @@ def test_reduce_scatter_and_all_gather_lower_with_their_algo(monkeypatch):
 
 
 def test_bad_arguments_raise_before_lowering():
-    _handler_or_skip()
+    xla_handler_or_skip()
     import jax.numpy as jnp
     import symnccl.jax as sj
     with pytest.raises(ValueError, match="op 'mean' is not supported"):
@@ -92,7 +84,7 @@ def _assert_rows(rows):
 
 @ranks_param(2)
 def test_one_process_shard_map_equals_psum(nranks):
-    _handler_or_skip()
+    xla_handler_or_skip()
     from _workers import jax_workers as J
     res = spawn(J.single_process, 1, args=(5,), timeout=900)[0]
     assert res["n"] >= 2
@@ -107,7 +99,7 @@ def test_one_process_shard_map_equals_psum(nranks):
 @pytest.mark.parametrize("user_buffers", [False, True],
                          ids=["xla_buffers", "nccl_user_buffers"])
 def test_jax_distributed_processes_equal_psum(nranks, user_buffers):
-    _handler_or_skip()
+    xla_handler_or_skip()
     from _workers import jax_workers as J
     res = spawn(J.multi_process, nranks,
                 args=(free_port(), user_buffers, 7), timeout=900)
@@ -145,17 +137,10 @@ def test_results_are_typed_like_jax_collectives_inside_shard_map():
         "all_reduce": [], "reduce_scatter": ["x"], "all_gather": ["x"]}
 
 
-def spawn_cpu(fn, *args):
-    """fn(*args) in a fresh process (JAX reads XLA_FLAGS once)."""
-    import multiprocessing as mp
-    with mp.get_context("spawn").Pool(1) as pool:
-        return pool.apply(fn, args)
-
-
 @pytest.mark.slow   # a jitted training-style gradient per collective
 @ranks_param(1, 2)
 def test_gradients_inside_shard_map_equal_jax_collectives(nranks):
-    _handler_or_skip()
+    xla_handler_or_skip()
     from _workers import jax_workers as J
     res = spawn(J.gradients, 1, args=(9,), timeout=900)[0]
     assert res["n"] >= nranks

@@ -4,25 +4,11 @@ arguments, the lowering, and the jnp and gradient rules around the custom
 calls with the calls replaced by JAX's collectives on 2 CPU devices; the
 GPU tier runs the custom calls at 1 device against jax.lax's own."""
 import pytest
+from conftest import spawn_cpu, xla_handler_or_skip
 
 from symnccl.bootstrap import spawn
 
 jax = pytest.importorskip("jax", reason="jax is not installed")
-
-
-def _handler_or_skip():
-    from symnccl import _C
-    try:
-        _C._xla_handler("all_to_all")
-    except RuntimeError as e:
-        pytest.skip(str(e))
-
-
-def spawn_cpu(fn, *args):
-    """fn(*args) in a fresh process (JAX reads XLA_FLAGS once)."""
-    import multiprocessing as mp
-    with mp.get_context("spawn").Pool(1) as pool:
-        return pool.apply(fn, args)
 
 
 # ----------------------------------------------------------------- CPU tier
@@ -39,7 +25,7 @@ def test_custom_calls_lower_with_their_algo(monkeypatch):
     """No GPU: all_to_all lowers to one symnccl_all_to_all, ragged to the
     offsets' symnccl_all_to_all and the rows' symnccl_all_to_all_v, each
     with its algo code; ragged's "auto" is push."""
-    _handler_or_skip()
+    xla_handler_or_skip("all_to_all")
     import jax.numpy as jnp
     import symnccl.jax as sj
     monkeypatch.setattr(sj, "_nranks", lambda: 2)
@@ -124,7 +110,7 @@ def test_one_device_equals_jax_lax_and_names_its_kernels():
     jax.lax.ragged_all_to_all bit for bit (several dtypes, tiled and not,
     an empty x, an empty slice), gradients included; the launch counters
     show the kernel of each algo ran (ragged's "auto": push)."""
-    _handler_or_skip()
+    xla_handler_or_skip("all_to_all")
     from _workers import jax_alltoall_workers as W
     res = spawn(W.one_gpu, 1, args=(13,), timeout=600)[0]
     bad = [r for r in res["rows"] if not r[1]]

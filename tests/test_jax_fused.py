@@ -6,27 +6,13 @@ calls); GPU tests: one device, against the float64 reference and the
 unfused composition's gradients, in a fresh process (JAX must not take the
 GPU's memory from the tests that follow)."""
 import pytest
+from conftest import spawn_cpu, xla_handler_or_skip
 
 from symnccl.bootstrap import spawn
 
 jax = pytest.importorskip("jax", reason="jax is not installed")
 
 TARGET = "symnccl_all_reduce_rmsnorm"
-
-
-def _handler_or_skip():
-    from symnccl import _C
-    try:
-        _C._xla_handler("all_reduce_rmsnorm")
-    except RuntimeError as e:
-        pytest.skip(str(e))
-
-
-def spawn_cpu(fn, *args):
-    """fn(*args) in a fresh process (JAX reads XLA_FLAGS once)."""
-    import multiprocessing as mp
-    with mp.get_context("spawn").Pool(1) as pool:
-        return pool.apply(fn, args)
 
 
 def _specs(jnp, T=5, H=64, dtype=None):
@@ -46,7 +32,7 @@ def test_custom_call_lowers_with_its_operands_and_attributes():
     """No GPU: one custom call, x, residual and weight in, y and h out; eps
     and the algorithm as attributes; no collective memory space (the fused
     kernels copy x into the staging window themselves)."""
-    _handler_or_skip()
+    xla_handler_or_skip("all_reduce_rmsnorm")
     import jax.numpy as jnp
     import symnccl.jax as sj
     text = _lowered(lambda x, r, w: sj.all_reduce_rmsnorm(
@@ -62,7 +48,7 @@ def test_custom_call_lowers_with_its_operands_and_attributes():
 
 
 def test_fp8_static_has_a_scale_operand_and_dynamic_a_scale_result():
-    _handler_or_skip()
+    xla_handler_or_skip("all_reduce_rmsnorm")
     import jax.numpy as jnp
     import symnccl.jax as sj
     x, r, w = _specs(jnp)
@@ -197,7 +183,7 @@ def test_one_device_values_kernels_and_fp8():
     NCCL's all-reduce then the add+norm, all with the same bits; FP8
     static and dynamic within one e4m3 step after dequantisation (dynamic
     scales exactly amax / 448)."""
-    _handler_or_skip()
+    xla_handler_or_skip("all_reduce_rmsnorm")
     from _workers import jax_fused_workers as W
     res = spawn(W.gpu_one_device, 1, args=(5, ("values", "algos", "fp8")),
                 timeout=600)[0]
@@ -222,7 +208,7 @@ def test_one_device_gradients_are_the_unfused_composition_s():
     unfused composition's (psum, add, RMSNorm in JAX's ops), with the fused
     kernel in the forward: 4 launches, the calls and their gradients'
     forwards."""
-    _handler_or_skip()
+    xla_handler_or_skip("all_reduce_rmsnorm")
     from _workers import jax_fused_workers as W
     res = spawn(W.gpu_one_device, 1, args=(5, ("grads",)), timeout=600)[0]
     assert not res["errors"], res
