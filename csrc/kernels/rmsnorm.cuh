@@ -65,16 +65,10 @@ SYMNCCL_BEGIN
 // bf16/fp16, 8192 fp32) never reads out_h back.
 constexpr int kRmsKeep = 2;
 
-// Rows a CTA works on at once (docs/PERFORMANCE.md, 'Fused all-reduce,
-// all-to-all and steps'): one row's loads, a 16-byte vector per thread at
-// H = 4096 bf16, left the CTA waiting on memory for most of each row.
-constexpr int kRmsRows = 2;
-
 // Sum of one float per thread over the CTA, in a fixed order; every thread
-// gets the same bits. `buf`: 32 floats of shared memory, one set per row
-// of an iteration and alternating by iteration parity (one __syncthreads
-// per row: a thread can write a set again only after every thread read it,
-// which the next iteration's first sync orders).
+// gets the same bits. `buf`: 2 x 32 floats of shared memory, alternating
+// by row parity (one __syncthreads per row: a thread can write the next
+// row's partial only after every thread read this row's).
 __device__ __forceinline__ float block_sum(float v, float* buf) {
 #pragma unroll
   for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
@@ -258,7 +252,7 @@ template <typename T, bool kTwo>
 __device__ __forceinline__ void rmsnorm_body(const ncclDevComm& dc,
                                              const symnccl_kargs& a) {
   constexpr int E = Pack<T, 16>::kElems;
-  __shared__ float s_sum[2][kRmsRows][32], s_max[2][kRmsRows][32];
+  __shared__ float s_sum[2][32], s_max[2][32];
   const int n = dc.lsaSize;
   const int me = dc.lsaRank;
   const Entry en = enter(a, me, n);
@@ -340,67 +334,44 @@ __device__ __forceinline__ void rmsnorm_body(const ncclDevComm& dc,
       store_pack<16>(out + r * H, v, H, aligned, yv);
   };
 
-  // kRmsRows rows at a time (j0, j0 + grid, ...): all their loads are in
-  // flight together, so a CTA waits on memory once for several rows; each
-  // row's own arithmetic and reduction order are unchanged
   int parity = 0;
-  for (size_t j0 = blockIdx.x; j0 < own;
-       j0 += kRmsRows * (size_t)gridDim.x, parity ^= 1) {
-    uint4 keep[kRmsRows][kRmsKeep], wk[kRmsKeep];
-    // the loads of the kept vectors (and their weights) first, no store
-    // between them; then the stores
+  for (size_t j = blockIdx.x; j < own; j += gridDim.x, parity ^= 1) {
+    const size_t r = lo + j;
+    uint4 keep[kRmsKeep], wk[kRmsKeep];
+    // all the loads of the kept vectors (and their weights) first, no
+    // store between them, so they are in flight together; then the stores
 #pragma unroll
-    for (int i = 0; i < kRmsRows; i++) {
-      const size_t j = j0 + (size_t)i * gridDim.x;
+    for (int u = 0; u < kRmsKeep; u++)
+      if (tid + u * bd < rvec) {
+        keep[u] = row.h(r, tid + u * bd, res);
+        wk[u] = load_pack<16>(w, tid + u * bd, H, aligned);
+      }
+    float ss = 0.f;
 #pragma unroll
-      for (int u = 0; u < kRmsKeep; u++)
-        if (j < own && tid + u * bd < rvec)
-          keep[i][u] = row.h(lo + j, tid + u * bd, res);
+    for (int u = 0; u < kRmsKeep; u++)
+      if (tid + u * bd < rvec) {
+        ss += sum_squares<T>(keep[u]);
+        put_h(r, tid + u * bd, keep[u]);
+      }
+    for (size_t v = tid + kRmsKeep * bd; v < rvec; v += bd) {
+      const uint4 hv = row.h(r, v, res);
+      ss += sum_squares<T>(hv);
+      put_h(r, v, hv);
+    }
+    const float total = block_sum(ss, s_sum[parity]);
+    const float rstd = rsqrtf(total / (float)H + a.eps);
+    if (!two && a.quant != SYMNCCL_QUANT_NONE) {
+      quantise_row(a, r, rstd, keep, wk, out_h + r * H, s_max[parity]);
+      continue;
     }
 #pragma unroll
     for (int u = 0; u < kRmsKeep; u++)
       if (tid + u * bd < rvec)
-        wk[u] = load_pack<16>(w, tid + u * bd, H, aligned);
-    float rstd[kRmsRows];
-#pragma unroll
-    for (int i = 0; i < kRmsRows; i++) {
-      const size_t j = j0 + (size_t)i * gridDim.x;
-      if (j >= own) break;   // the same for every thread of the CTA
-      const size_t r = lo + j;
-      float ss = 0.f;
-#pragma unroll
-      for (int u = 0; u < kRmsKeep; u++)
-        if (tid + u * bd < rvec) {
-          ss += sum_squares<T>(keep[i][u]);
-          put_h(r, tid + u * bd, keep[i][u]);
-        }
-      for (size_t v = tid + kRmsKeep * bd; v < rvec; v += bd) {
-        const uint4 hv = row.h(r, v, res);
-        ss += sum_squares<T>(hv);
-        put_h(r, v, hv);
-      }
-      const float total = block_sum(ss, s_sum[parity][i]);
-      rstd[i] = rsqrtf(total / (float)H + a.eps);
-    }
-#pragma unroll
-    for (int i = 0; i < kRmsRows; i++) {
-      const size_t j = j0 + (size_t)i * gridDim.x;
-      if (j >= own) break;
-      const size_t r = lo + j;
-      if (!two && a.quant != SYMNCCL_QUANT_NONE) {
-        quantise_row(a, r, rstd[i], keep[i], wk, out_h + r * H,
-                     s_max[parity][i]);
-        continue;
-      }
-#pragma unroll
-      for (int u = 0; u < kRmsKeep; u++)
-        if (tid + u * bd < rvec)
-          put_y(r, tid + u * bd, normalise<T>(keep[i][u], wk[u], rstd[i]));
-      // past the kept vectors: this thread's own h, read back
-      for (size_t v = tid + kRmsKeep * bd; v < rvec; v += bd)
-        put_y(r, v, normalise<T>(get_h(r, v), load_pack<16>(w, v, H, aligned),
-                                 rstd[i]));
-    }
+        put_y(r, tid + u * bd, normalise<T>(keep[u], wk[u], rstd));
+    // past the kept vectors: this thread's own h, read back
+    for (size_t v = tid + kRmsKeep * bd; v < rvec; v += bd)
+      put_y(r, v,
+            normalise<T>(get_h(r, v), load_pack<16>(w, v, H, aligned), rstd));
   }
   if (!peers) return;
   if (!bar.sync(e + 2, a, me, n)) return;
