@@ -520,6 +520,8 @@ sn_exec(PyObject *module)
     }
     Py_DECREF(builds);
     sn_xla_init(st);
+    if (sn_xla_export(module) < 0)
+        return -1;
     return sn_registry_export(module);
 }
 

@@ -846,6 +846,8 @@ PyObject *sn_all_to_all_v(CommObject *c, PyObject *args, PyObject *kw);
 /* Installs the close hook (SNState.on_close). */
 void sn_xla_init(SNState *st);
 PyObject *sn_py_xla_handler(PyObject *module, PyObject *args);
+/* _C.XLA_HANDLERS: the handlers' names, from xla_ffi.c's one table. */
+int sn_xla_export(PyObject *module);
 PyObject *sn_py_xla_register(PyObject *module, PyObject *arg);
 PyObject *sn_py_xla_stats(PyObject *module, PyObject *arg);
 

@@ -1038,29 +1038,56 @@ handle_all_reduce_rmsnorm(snx_call_frame *call)
 
 /* _xla_handler(collective="all_reduce") -> PyCapsule of that collective's
  * handler, for jax.ffi.register_ffi_target. */
+/* Every handler, by the name symnccl/jax.py registers it under (its target
+ * is "symnccl_" + name; _C.XLA_HANDLERS lists them). */
+static const struct {
+    const char *name;
+    snx_error *(*fn)(snx_call_frame *);
+} handlers[] = {
+    {"all_reduce", handle_all_reduce},
+    {"reduce_scatter", handle_reduce_scatter},
+    {"all_gather", handle_all_gather},
+    {"all_to_all", handle_all_to_all},
+    {"all_to_all_v", handle_all_to_all_v},
+    {"all_reduce_rmsnorm", handle_all_reduce_rmsnorm},
+};
+#define N_HANDLERS (sizeof(handlers) / sizeof(handlers[0]))
+
 PyObject *
 sn_py_xla_handler(PyObject *module, PyObject *args)
 {
     const char *which = "all_reduce";
     if (!PyArg_ParseTuple(args, "|s:_xla_handler", &which))
         return NULL;
-    snx_error *(*fn)(snx_call_frame *) =
-        strcmp(which, "all_reduce") == 0       ? handle_all_reduce
-        : strcmp(which, "reduce_scatter") == 0 ? handle_reduce_scatter
-        : strcmp(which, "all_gather") == 0     ? handle_all_gather
-        : strcmp(which, "all_to_all") == 0     ? handle_all_to_all
-        : strcmp(which, "all_to_all_v") == 0   ? handle_all_to_all_v
-        : strcmp(which, "all_reduce_rmsnorm") == 0 ? handle_all_reduce_rmsnorm
-                                               : NULL;
-    if (fn == NULL) {
-        PyErr_Format(PyExc_ValueError, "no XLA handler for '%s': expected "
-                     "'all_reduce', 'reduce_scatter', 'all_gather', "
-                     "'all_to_all', 'all_to_all_v' or "
-                     "'all_reduce_rmsnorm'",
-                     which);
-        return NULL;
+    char names[256];
+    size_t len = 0;
+    for (size_t i = 0; i < N_HANDLERS; i++) {
+        if (strcmp(which, handlers[i].name) == 0)
+            return PyCapsule_New((void *)handlers[i].fn, NULL, NULL);
+        len += (size_t)snprintf(names + len, sizeof(names) - len, "%s'%s'",
+                                i == 0 ? "" : i + 1 < N_HANDLERS ? ", "
+                                                                 : " or ",
+                                handlers[i].name);
     }
-    return PyCapsule_New((void *)fn, NULL, NULL);
+    PyErr_Format(PyExc_ValueError, "no XLA handler for '%s': expected %s",
+                 which, names);
+    return NULL;
+}
+
+int
+sn_xla_export(PyObject *module)
+{
+    PyObject *names = PyTuple_New((Py_ssize_t)N_HANDLERS);
+    for (size_t i = 0; names != NULL && i < N_HANDLERS; i++) {
+        PyObject *s = PyUnicode_FromString(handlers[i].name);
+        /* PyTuple_SetItem steals s, even when it fails */
+        if (s == NULL || PyTuple_SetItem(names, (Py_ssize_t)i, s) < 0)
+            Py_CLEAR(names);
+    }
+    const int bad = names == NULL ||
+                    PyModule_AddObjectRef(module, "XLA_HANDLERS", names) < 0;
+    Py_XDECREF(names);
+    return bad ? -1 : 0;
 }
 
 

@@ -29,6 +29,7 @@ NCCL_WINDOW_POLICY: tuple[dict[str, Any], ...]
 NCCL_DEVICE_API_HEADERS: dict[int, int]
 NCCL_PDL_WAITS_FROM: int
 DEFAULT_TIMEOUT: float
+XLA_HANDLERS: tuple[str, ...]
 KNOBS: dict[str, tuple[Any, ...]]
 
 

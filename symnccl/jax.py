@@ -48,9 +48,8 @@ from . import _C, Communicator, OPS
 __all__ = ["communicator", "all_reduce", "reduce_scatter", "all_gather",
            "TARGET", "TARGETS"]
 
-#: collective -> the FFI target of its handler
-TARGETS = {k: f"symnccl_{k}" for k in ("all_reduce", "reduce_scatter",
-                                       "all_gather")}
+#: collective -> the FFI target of its handler (csrc/xla_ffi.c's table)
+TARGETS = {k: f"symnccl_{k}" for k in _C.XLA_HANDLERS}
 TARGET = TARGETS["all_reduce"]
 #: op name -> the ncclRedOp_t the handler takes (the C registry's).
 _OP_CODES = dict(_C.OP_CODES)
@@ -407,7 +406,6 @@ def stats(device: int) -> dict:
 # offsets are a gather before the packed exchange and a scatter after it,
 # on the device (docs/FRAMEWORKS.md, "JAX: all-to-all").
 
-TARGETS.update({k: f"symnccl_{k}" for k in ("all_to_all", "all_to_all_v")})
 __all__ += ["all_to_all", "ragged_all_to_all"]
 
 
@@ -702,7 +700,6 @@ def ragged_all_to_all(operand, output, input_offsets, send_sizes,
 # add+norm), differentiable as the unfused composition is.
 
 __all__ += ["all_reduce_rmsnorm"]
-TARGETS["all_reduce_rmsnorm"] = "symnccl_all_reduce_rmsnorm"
 #: the dtypes of the fused kernels (x, residual and weight alike)
 _RMSNORM_DTYPES = ("float32", "float16", "bfloat16")
 

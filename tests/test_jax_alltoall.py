@@ -14,9 +14,13 @@ jax = pytest.importorskip("jax", reason="jax is not installed")
 # ----------------------------------------------------------------- CPU tier
 
 def test_all_to_all_handlers_exist_and_others_are_refused():
+    import symnccl.jax as sj
     from symnccl import _C
     for name in ("all_to_all", "all_to_all_v"):
         assert type(_C._xla_handler(name)).__name__ == "PyCapsule", name
+    # symnccl.jax registers every handler of the C table, by its target
+    assert {f"symnccl_{k}" for k in _C.XLA_HANDLERS} == set(
+        sj.TARGETS.values()) and "all_to_all_v" in _C.XLA_HANDLERS
     with pytest.raises(ValueError, match="no XLA handler for 'ragged'"):
         _C._xla_handler("ragged")
 
