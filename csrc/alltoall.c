@@ -33,6 +33,20 @@ row_elems(const SNTensor *t)
     return e;
 }
 
+/* The splits travel in arrays of SYMNCCL_MAX_RANKS (sn_splits, the
+ * kernels' launch arguments, the NCCL path's counts): a larger
+ * communicator is refused, never overrun. */
+static int
+check_ranks(const CommObject *c, const char *name)
+{
+    if (c->nranks <= SYMNCCL_MAX_RANKS)
+        return 0;
+    PyErr_Format(PyExc_ValueError, "%s: this communicator has %d ranks, "
+                 "expected at most %d (all-to-all's limit for now)", name,
+                 c->nranks, SYMNCCL_MAX_RANKS);
+    return -1;
+}
+
 /* 1 if [a, a + an) and [b, b + bn) overlap. */
 static int
 overlap(const char *a, size_t an, const char *b, size_t bn)
@@ -362,8 +376,9 @@ sn_all_to_all(CommObject *c, PyObject *args, PyObject *kw)
                                      &x, &out, &algo_obj, &stream))
         return NULL;
     int algo = SN_ALGO_AUTO;
-    if (algo_obj != NULL &&
-        (algo = sn_parse_algo(algo_obj)) == SN_ALGO_UNKNOWN)
+    if ((algo_obj != NULL &&
+         (algo = sn_parse_algo(algo_obj)) == SN_ALGO_UNKNOWN) ||
+        check_ranks(c, "all_to_all") < 0)
         return NULL;
     sn_call k;
     if (sn_call_begin(&k, c, x, stream) < 0)
@@ -386,7 +401,7 @@ sn_all_to_all(CommObject *c, PyObject *args, PyObject *kw)
         check_not_in_place(&k, k.x.count * is) < 0 ||
         (algo = sn_call_algo(&k, SYMNCCL_COLL_ALL_TO_ALL, algo,
                              k.x.count * is)) == SN_ALGO_UNKNOWN ||
-        sn_call_check(&k, SYMNCCL_COLL_ALL_TO_ALL, k.x.count, algo) < 0)
+        sn_call_check(&k, SYMNCCL_COLL_ALL_TO_ALL, k.x.count, algo, -1) < 0)
         return sn_call_end(&k, 0);
     if (k.x.count == 0)   /* the same on every rank */
         return sn_call_end(&k, 1);
@@ -412,8 +427,9 @@ sn_all_to_all_v(CommObject *c, PyObject *args, PyObject *kw)
                                      &algo_obj, &stream, &off_obj))
         return NULL;
     int algo = SN_ALGO_AUTO;
-    if (algo_obj != NULL &&
-        (algo = sn_parse_algo(algo_obj)) == SN_ALGO_UNKNOWN)
+    if ((algo_obj != NULL &&
+         (algo = sn_parse_algo(algo_obj)) == SN_ALGO_UNKNOWN) ||
+        check_ranks(c, "all_to_all_v") < 0)
         return NULL;
     if (out == Py_None) {
         PyErr_SetString(PyExc_TypeError, "all_to_all_v: out is None, "
@@ -471,7 +487,8 @@ sn_all_to_all_v(CommObject *c, PyObject *args, PyObject *kw)
     /* the size every rank agrees on is out's, sized for the worst case */
     if ((algo = sn_call_algo(&k, SYMNCCL_COLL_ALL_TO_ALL, algo,
                              k.out.count * is)) == SN_ALGO_UNKNOWN ||
-        sn_call_check(&k, SYMNCCL_COLL_ALL_TO_ALL, elems * is, algo) < 0)
+        sn_call_check(&k, SYMNCCL_COLL_ALL_TO_ALL, elems * is, algo,
+                      -1) < 0)
         goto end;
     if (algo != SN_ALGO_NCCL)
         ok = kernel_call(&k, algo, x_rows, elems * is, out_rows, &s,

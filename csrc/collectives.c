@@ -223,7 +223,9 @@ enqueue_done(sn_call *k, ncclResult_t rc, int collective, const char *what)
  * compared (nothing can be read back there). */
 
 typedef struct {
-    int32_t collective, dtype, op, algo, root, pad;
+    int32_t collective, dtype, op, algo, root;
+    int32_t then;              /* all_reduce_rmsnorm on "nccl": the
+                                  all-reduce before the add+norm; else -1 */
     uint64_t count;
 } sn_sig;
 
@@ -234,14 +236,17 @@ format_sig(const sn_sig *g, char *buf, size_t size)
                       g->collective < SYMNCCL_COLL_COUNT &&
                       g->dtype >= 0 && g->dtype < sn_n_dtypes &&
                       g->op >= 0 && g->op < sn_n_ops &&
-                      g->algo >= 0 && g->algo < SN_ALGO_COUNT;
+                      g->algo >= 0 && g->algo < SN_ALGO_COUNT &&
+                      g->then >= -1 && g->then < SN_ALGO_COUNT;
     if (!known)
         snprintf(buf, size, "(unreadable signature)");
     else
-        snprintf(buf, size, "%s(%s, count %llu, op %s, algo %s, root %d)",
-                 sn_collective_name(g->collective), sn_dtypes[g->dtype].name,
-                 (unsigned long long)g->count, sn_ops[g->op].name,
-                 sn_algos[g->algo].name, g->root);
+        snprintf(buf, size, "%s(%s, count %llu, op %s, algo %s%s%s, root "
+                 "%d)", sn_collective_name(g->collective),
+                 sn_dtypes[g->dtype].name, (unsigned long long)g->count,
+                 sn_ops[g->op].name, sn_algos[g->algo].name,
+                 g->then >= 0 ? " after an all-reduce on " : "",
+                 g->then >= 0 ? sn_algos[g->then].name : "", g->root);
 }
 
 /* A loopback rank (loopback.c) has no NCCL communicator. */
@@ -258,7 +263,7 @@ no_nccl(sn_call *k, int collective)
 
 static int
 check_call(sn_call *k, int collective, size_t count, const sn_op *op,
-           int algo, int root)
+           int algo, int root, int then)
 {
     CommObject *c = k->c;
     unsigned long long capture = 0;
@@ -270,7 +275,7 @@ check_call(sn_call *k, int collective, size_t count, const sn_op *op,
         sn_capture_id(k->stream, &capture) != cudaSuccess || capture != 0)
         return 0;
     sn_sig mine = {collective, (int32_t)(k->x.dtype - sn_dtypes),
-                   op != NULL ? (int32_t)(op - sn_ops) : 0, algo, root, 0,
+                   op != NULL ? (int32_t)(op - sn_ops) : 0, algo, root, then,
                    count};
     char *dev;
     sn_sig *all;
@@ -458,7 +463,8 @@ sn_all_reduce(CommObject *c, PyObject *args, PyObject *kw)
     if ((algo = call_algo(&k, SYMNCCL_COLL_ALL_REDUCE, algo, op, bytes,
                           win != NULL)) == SN_ALGO_UNKNOWN)
         return call_end(&k, 0);
-    if (check_call(&k, SYMNCCL_COLL_ALL_REDUCE, k.x.count, op, algo, -1) < 0)
+    if (check_call(&k, SYMNCCL_COLL_ALL_REDUCE, k.x.count, op, algo, -1,
+                   -1) < 0)
         return call_end(&k, 0);
     if (algo != SN_ALGO_NCCL)
         return call_end(&k, kernel_call(&k, SYMNCCL_COLL_ALL_REDUCE, algo, op,
@@ -505,7 +511,7 @@ sn_reduce_scatter(CommObject *c, PyObject *args, PyObject *kw)
                           k.x.count * (size_t)k.x.dtype->itemsize, 0)) ==
             SN_ALGO_UNKNOWN ||
         check_call(&k, SYMNCCL_COLL_REDUCE_SCATTER, k.x.count, op, algo,
-                   -1) < 0)
+                   -1, -1) < 0)
         return call_end(&k, 0);
     if (algo != SN_ALGO_NCCL)
         return call_end(&k, kernel_call(&k, SYMNCCL_COLL_REDUCE_SCATTER, algo,
@@ -544,7 +550,7 @@ sn_all_gather(CommObject *c, PyObject *args, PyObject *kw)
                           k.out.count * (size_t)k.x.dtype->itemsize, 0)) ==
             SN_ALGO_UNKNOWN ||
         check_call(&k, SYMNCCL_COLL_ALL_GATHER, k.x.count, NULL, algo,
-                   -1) < 0)
+                   -1, -1) < 0)
         return call_end(&k, 0);
     if (algo != SN_ALGO_NCCL)
         return call_end(&k, kernel_call(&k, SYMNCCL_COLL_ALL_GATHER, algo,
@@ -588,7 +594,7 @@ rooted(CommObject *c, PyObject *args, PyObject *kw, int collective)
         (algo = call_algo(&k, collective, algo, rop,
                           k.x.count * (size_t)k.x.dtype->itemsize, 0)) ==
             SN_ALGO_UNKNOWN ||
-        check_call(&k, collective, k.x.count, rop, algo, root) < 0)
+        check_call(&k, collective, k.x.count, rop, algo, root, -1) < 0)
         return call_end(&k, 0);
     if (algo != SN_ALGO_NCCL)
         return call_end(&k, kernel_call(&k, collective, algo, rop, NULL,
@@ -670,9 +676,9 @@ sn_call_algo(sn_call *k, int collective, int algo, size_t bytes)
 }
 
 int
-sn_call_check(sn_call *k, int collective, size_t count, int algo)
+sn_call_check(sn_call *k, int collective, size_t count, int algo, int then)
 {
-    return check_call(k, collective, count, NULL, algo, -1);
+    return check_call(k, collective, count, NULL, algo, -1, then);
 }
 
 int

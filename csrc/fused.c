@@ -215,6 +215,16 @@ sn_rmsnorm_unavailable(int algo, int quant)
     return NULL;
 }
 
+int
+sn_rmsnorm_ar_algo(CommObject *c, int asked, int algo, const sn_dtype *dt,
+                   size_t bytes)
+{
+    if (algo != SN_ALGO_NCCL)
+        return -1;
+    const sn_topology topo = sn_topology_of(c);
+    return sn_then_norm_algo(&topo, &c->knobs, asked, dt, bytes);
+}
+
 /* The all-reduce of x into a temporary (NCCL's, or symnccl's kernel of
  * r->ar_algo: sn_then_norm_algo), then the add and the norm by symnccl's
  * kernel with no peer (r->local), on the same stream. */
@@ -366,19 +376,17 @@ sn_all_reduce_rmsnorm(CommObject *c, PyObject *args, PyObject *kw)
                         "would be enqueued before the group's all-reduce)");
         return fcall_end(&f, 0);
     }
-    /* SYMNCCL_CHECK=1: the ranks compare the call first (collectives.c) */
-    if (sn_call_check(k, SYMNCCL_COLL_ALL_REDUCE_RMSNORM, xt->count,
-                      algo) < 0)
+    /* SYMNCCL_CHECK=1: the ranks compare the call first (collectives.c),
+     * the all-reduce before the add+norm included */
+    const int then = sn_rmsnorm_ar_algo(c, asked, algo, xt->dtype, bytes);
+    if (sn_call_check(k, SYMNCCL_COLL_ALL_REDUCE_RMSNORM, xt->count, algo,
+                      then) < 0)
         return fcall_end(&f, 0);
     sn_ar r = {c, algo, xt->ptr, y->ptr, NULL, xt->count, xt->dtype,
                sn_op_by_name("sum"), k->stream,
                SYMNCCL_COLL_ALL_REDUCE_RMSNORM, -1, f.res.ptr, f.h.ptr,
-               f.w.ptr, H, (float)eps, 0, quant, (float *)f.scale.ptr};
-    if (algo == SN_ALGO_NCCL) {
-        const sn_topology topo = sn_topology_of(c);
-        r.ar_algo = sn_then_norm_algo(&topo, &c->knobs, asked, xt->dtype,
-                                      bytes);
-    }
+               f.w.ptr, H, (float)eps, 0, quant, (float *)f.scale.ptr,
+               then};
     sn_err err = {cudaSuccess, ncclSuccess, ""};
     const int rc = sn_rmsnorm_launch(&r, method_nccl_done, k, &err);
     if (rc == -1 && sn_fault_check(k->st, c) == 0)

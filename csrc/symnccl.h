@@ -828,8 +828,10 @@ int sn_parse_algo(PyObject *obj);
  * `bytes` (sn_resolve); SN_ALGO_UNKNOWN with the exception set. */
 int sn_call_algo(sn_call *k, int collective, int algo, size_t bytes);
 /* SYMNCCL_CHECK=1's comparison of the ranks' calls; -1 with an
- * exception. */
-int sn_call_check(sn_call *k, int collective, size_t count, int algo);
+ * exception. then: all_reduce_rmsnorm on "nccl"'s all-reduce
+ * (sn_rmsnorm_ar_algo), else -1. */
+int sn_call_check(sn_call *k, int collective, size_t count, int algo,
+                  int then);
 /* After enqueueing an NCCL call (rc): counted, watched and completed. */
 int sn_call_enqueued(sn_call *k, ncclResult_t rc, int collective,
                      const char *what);
@@ -867,10 +869,16 @@ const char *sn_rmsnorm_unavailable(int algo, int quant);
  * counted, watched, waited for with Python's exception on failure; the
  * XLA handler: without the GIL); 0, or -1 with the caller's error set. */
 typedef int (*sn_nccl_done_fn)(void *ctx, ncclResult_t rc);
+/* A call that resolved to `algo`: the all-reduce before the add+norm
+ * (SN_ALGO_NCCL or a kernel's, sn_then_norm_algo) when algo is
+ * SN_ALGO_NCCL, else -1. */
+int sn_rmsnorm_ar_algo(CommObject *c, int asked, int algo,
+                       const sn_dtype *dt, size_t bytes);
 /* Enqueues a resolved call (r->algo: a fused kernel's, or SN_ALGO_NCCL:
- * ncclAllReduce of x into stream-ordered scratch, finished by done(ctx),
- * then the add+norm kernel with no peer). 0; -1 with *err filled; -2 when
- * done() failed (its error is the caller's). */
+ * the all-reduce of x into stream-ordered scratch -- NCCL's, finished by
+ * done(ctx), or r->ar_algo's kernel -- then the add+norm kernel with no
+ * peer). 0; -1 with *err filled; -2 when done() failed (its error is the
+ * caller's). */
 int sn_rmsnorm_launch(const sn_ar *r, sn_nccl_done_fn done, void *ctx,
                       sn_err *err);
 

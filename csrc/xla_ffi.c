@@ -680,7 +680,9 @@ a2a_kernel(xla_call *x, int algo, const sn_dtype *dt, const char *src,
     r.out_splits = out_splits;
     sn_err err = {cudaSuccess, ncclSuccess, ""};
     if (sn_launch_kernels(&r, &err) < 0) {
-        snprintf(msg, len, "%s: %s", err.msg, cudaGetErrorString(err.cuda));
+        snprintf(msg, len, "%s%s%s", err.msg,
+                 err.cuda != cudaSuccess ? ": " : "",
+                 err.cuda != cudaSuccess ? cudaGetErrorString(err.cuda) : "");
         return -1;
     }
     return 0;
@@ -994,12 +996,9 @@ all_reduce_rmsnorm(snx_call_frame *call, CommObject *c, const sn_dtype *dt,
                sn_op_by_name("sum"), stream,
                SYMNCCL_COLL_ALL_REDUCE_RMSNORM, -1, b[1]->data,
                b[4]->data, b[2]->data, H, (float)eps, 0, quant,
-               b[5] != NULL ? b[5]->data : NULL};
-    if (algo == SN_ALGO_NCCL) {
-        const sn_topology topo = sn_topology_of(c);
-        r.ar_algo = sn_then_norm_algo(&topo, &c->knobs, asked, dt,
-                                      count * (size_t)dt->itemsize);
-    }
+               b[5] != NULL ? b[5]->data : NULL,
+               sn_rmsnorm_ar_algo(c, asked, algo, dt,
+                                  count * (size_t)dt->itemsize)};
     xla_done_ctx d = {c, stream, msg, sizeof(msg)};
     sn_err err = {cudaSuccess, ncclSuccess, ""};
     const int rc = sn_rmsnorm_launch(&r, xla_nccl_done, &d, &err);
@@ -1064,10 +1063,12 @@ sn_py_xla_handler(PyObject *module, PyObject *args)
     for (size_t i = 0; i < N_HANDLERS; i++) {
         if (strcmp(which, handlers[i].name) == 0)
             return PyCapsule_New((void *)handlers[i].fn, NULL, NULL);
-        len += (size_t)snprintf(names + len, sizeof(names) - len, "%s'%s'",
-                                i == 0 ? "" : i + 1 < N_HANDLERS ? ", "
-                                                                 : " or ",
-                                handlers[i].name);
+        if (len < sizeof(names))
+            len += (size_t)snprintf(names + len, sizeof(names) - len,
+                                    "%s'%s'", i == 0 ? ""
+                                              : i + 1 < N_HANDLERS ? ", "
+                                                                   : " or ",
+                                    handlers[i].name);
     }
     PyErr_Format(PyExc_ValueError, "no XLA handler for '%s': expected %s",
                  which, names);

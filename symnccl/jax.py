@@ -417,6 +417,21 @@ def _vma_union(*xs):
     return [_pvary(x, axes) for x in xs]
 
 
+def _manual_axes() -> frozenset:
+    """The manual axes of the shard_map being traced (empty outside one)."""
+    get = getattr(jax.sharding, "get_abstract_mesh", None)
+    mesh = get() if get is not None else None
+    return frozenset(getattr(mesh, "manual_axes", None) or ())
+
+
+def _vary_everywhere(*xs):
+    """xs, each made to vary over every manual axis: an all-to-all's result
+    differs on every rank whatever its operands (as jax.lax.all_to_all's,
+    which varies even for an invariant operand)."""
+    axes = _manual_axes().union(*(_varying(x) for x in xs))
+    return [_pvary(x, axes) for x in xs]
+
+
 def _pvary(x, axes):
     missing = tuple(sorted(axes - _varying(x)))
     if not missing:
@@ -548,7 +563,7 @@ def all_to_all(x, split_axis: int, concat_axis: int, *, tiled: bool = False,
 def _tiled_all_to_all(x, split_axis, concat_axis, n, algo):
     import jax.numpy as jnp
     # chunk j of split_axis becomes block j of the rows the kernel moves
-    rows = jnp.moveaxis(x, split_axis, 0)
+    rows, = _vary_everywhere(jnp.moveaxis(x, split_axis, 0))
     y = _a2a_rows(rows, algo)
     m = rows.shape[0] // n
     chunks = jnp.moveaxis(y.reshape((n, m) + rows.shape[1:]), 1,
@@ -687,8 +702,9 @@ def ragged_all_to_all(operand, output, input_offsets, send_sizes,
     algo = "push" if algo == "auto" else algo
     # every operand varying alike (inside shard_map): the result then
     # varies as jax.lax.ragged_all_to_all's does
-    return _ragged(*_vma_union(operand, output, input_offsets, send_sizes,
-                               output_offsets, recv_sizes), algo)
+    return _ragged(*_vary_everywhere(operand, output, input_offsets,
+                                      send_sizes, output_offsets,
+                                      recv_sizes), algo)
 # ------------------------------------------------------------ end all-to-all
 
 

@@ -271,9 +271,8 @@ def _gather_shape(x: torch.Tensor, n: int) -> list[int]:
 
 
 def _all_reduce_impl(comm, x, op, algo):
-    x = x.contiguous()
-    out = torch.empty_like(x)   # contiguous as x (cheaper than _like)
-    comm.all_reduce(x, out, op, algo)
+    out = _like(x)
+    comm.all_reduce(x.contiguous(), out, op, algo)
     return out
 
 
@@ -298,16 +297,14 @@ def _all_gather_impl(comm, x, algo):
 
 
 def _broadcast_impl(comm, x, root, algo):
-    x = x.contiguous()
-    out = torch.empty_like(x)
-    comm.broadcast(x, root, out, algo)
+    out = _like(x)
+    comm.broadcast(x.contiguous(), root, out, algo)
     return out
 
 
 def _reduce_impl(comm, x, root, op, algo):
-    x = x.contiguous()
-    out = torch.empty_like(x)
-    comm.reduce(x, root, out, op, algo)
+    out = _like(x)
+    comm.reduce(x.contiguous(), root, out, op, algo)
     return out
 
 
@@ -934,6 +931,12 @@ def all_reduce_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor,
     if scale is not None:
         raise ValueError("scale= is given without quant='fp8'")
     if _eager(x):
+        if not x.requires_grad and _grad_enabled() and (
+                residual.requires_grad or weight.requires_grad):
+            # autograd records the call for the residual's or the
+            # weight's gradient (_eager_call looks at x alone)
+            return _AllReduceAddRMSNormFn.apply(x, comm_id(comm), residual,
+                                                weight, eps, algo)
         return _eager_call(_AllReduceAddRMSNormFn,
                            _all_reduce_add_rmsnorm_impl, x, comm, residual,
                            weight, eps, algo)

@@ -521,16 +521,22 @@ def test_torch_op_gradients_are_the_unfused_composition_s(monkeypatch,
             h = st.all_reduce(x, comm) + r
             y = torch.nn.functional.rms_norm(h, (h.shape[-1],), w, EPS)
             return (y * gy).sum() + (h * gh).sum()
-        grads = []
-        for fn in (torch.compile(fused, fullgraph=True) if compiled
-                   else fused, unfused):
-            leaves = [t.detach().clone().requires_grad_()
-                      for t in (xs[0], res, w)]
-            fn(*leaves).backward()
-            grads.append([t.grad for t in leaves])
-        for name, a, b in zip(("x", "residual", "weight"), *grads):
-            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4,
-                                       msg=name)
+        # every input requiring grad; then x alone not (a frozen layer's
+        # output: the residual's and the weight's gradients still flow)
+        for needs in ((True, True, True), (False, True, True)):
+            grads = []
+            for fn in (torch.compile(fused, fullgraph=True) if compiled
+                       else fused, unfused):
+                leaves = [t.detach().clone().requires_grad_(q)
+                          for t, q in zip((xs[0], res, w), needs)]
+                fn(*leaves).backward()
+                grads.append([t.grad for t in leaves])
+            for name, a, b in zip(("x", "residual", "weight"), *grads):
+                if a is None or b is None:
+                    assert a is None and b is None, (name, needs)
+                    continue
+                torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4,
+                                           msg=name)
     finally:
         _close(team)
 

@@ -200,17 +200,22 @@ def result_types_on_cpu():
     mesh = jax.make_mesh((2,), (AXIS,))
     seen = {}
 
-    def f(a):
-        seen["all_to_all"] = sorted(sj._varying(sj.all_to_all(a, 0, 1,
-                                                              tiled=True)))
-        z = jnp.zeros(2, jnp.int32)   # invariant offsets and sizes
-        seen["ragged_all_to_all"] = sorted(sj._varying(
-            sj.ragged_all_to_all(a, jnp.zeros_like(a), z, z, z, z)))
+    def f(a, b):
+        # a varies over the axis, b (replicated) does not: every rank's
+        # result differs either way, as jax.lax.all_to_all's does
+        for name, x in (("", a), (" of an invariant x", b)):
+            seen["all_to_all" + name] = sorted(sj._varying(
+                sj.all_to_all(x, 0, 1, tiled=True)))
+            z = jnp.zeros(2, jnp.int32)   # invariant offsets and sizes
+            seen["ragged_all_to_all" + name] = sorted(sj._varying(
+                sj.ragged_all_to_all(x, jnp.zeros_like(x), z, z, z, z)))
         return a
     spec = jax.ShapeDtypeStruct((8, 2), jnp.float32,
                                 sharding=NamedSharding(mesh, P(AXIS)))
-    jax.make_jaxpr(jax.shard_map(f, mesh=mesh, in_specs=P(AXIS),
-                                 out_specs=P(AXIS)))(spec)
+    rep = jax.ShapeDtypeStruct((4, 2), jnp.float32,
+                               sharding=NamedSharding(mesh, P()))
+    jax.make_jaxpr(jax.shard_map(f, mesh=mesh, in_specs=(P(AXIS), P()),
+                                 out_specs=P(AXIS)))(spec, rep)
     return seen
 
 
