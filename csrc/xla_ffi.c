@@ -1035,8 +1035,6 @@ handle_all_reduce_rmsnorm(snx_call_frame *call)
     return e;
 }
 
-/* _xla_handler(collective="all_reduce") -> PyCapsule of that collective's
- * handler, for jax.ffi.register_ffi_target. */
 /* Every handler, by the name symnccl/jax.py registers it under (its target
  * is "symnccl_" + name; _C.XLA_HANDLERS lists them). */
 static const struct {
@@ -1052,6 +1050,8 @@ static const struct {
 };
 #define N_HANDLERS (sizeof(handlers) / sizeof(handlers[0]))
 
+/* _xla_handler(collective="all_reduce") -> PyCapsule of that collective's
+ * handler, for jax.ffi.register_ffi_target. */
 PyObject *
 sn_py_xla_handler(PyObject *module, PyObject *args)
 {
