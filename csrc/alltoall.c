@@ -314,7 +314,12 @@ nccl_all_to_all_v(sn_call *k, const sn_splits *s, size_t row_size,
                      "out_splits copy", done);
     /* the watch event follows every use of dev and host: after this wait
      * nothing of this call reads or writes them */
-    sn_watch_nccl(c, SYMNCCL_COLL_ALL_TO_ALL, k->stream);
+    if (!sn_watch_nccl(c, SYMNCCL_COLL_ALL_TO_ALL, k->stream)) {
+        PyErr_SetString(PyExc_RuntimeError, "all_to_all_v: the event its "
+                        "counts are read after could not be recorded (a "
+                        "CUDA error is pending)");
+        goto done;
+    }
     if (sn_fault_wait_nccl(k->st, c, SYMNCCL_COLL_ALL_TO_ALL) < 0)
         goto done;
     in_flight = 0;

@@ -301,7 +301,12 @@ check_call(sn_call *k, int collective, size_t count, const sn_op *op,
     e = cudaMemcpyAsync(all, dev, n * sz, cudaMemcpyDeviceToHost, k->stream);
     if (e != cudaSuccess)
         return sn_set_cuda_error(k->st, e, "SYMNCCL_CHECK copy");
-    sn_watch_nccl(c, SYMNCCL_COLL_CHECK, k->stream);
+    if (!sn_watch_nccl(c, SYMNCCL_COLL_CHECK, k->stream)) {
+        PyErr_SetString(PyExc_RuntimeError, "SYMNCCL_CHECK: the event its "
+                        "signatures are read after could not be recorded "
+                        "(a CUDA error is pending)");
+        return -1;
+    }
     if (sn_fault_wait_nccl(k->st, c, SYMNCCL_COLL_CHECK) < 0)
         return -1;
     for (size_t q = 0; q < n; q++) {

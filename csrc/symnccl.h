@@ -696,8 +696,10 @@ int sn_comm_shutdown_all(SNState *st, double timeout);
  * completed within its timeout. */
 
 /* After an eager NCCL call of `collective` on `stream`: sn_watch_arm, and
- * the thread started if it is not running. */
-void sn_watch_nccl(CommObject *c, int collective, cudaStream_t stream);
+ * the thread started if it is not running. 1 when the watch event was
+ * recorded; 0 when not (a capture, or a failed record: a caller that
+ * reads results after sn_fault_wait_nccl must not then read them). */
+int sn_watch_nccl(CommObject *c, int collective, cudaStream_t stream);
 /* Interpreter exit: stops the thread. */
 void sn_watch_shutdown(void);
 

@@ -88,16 +88,17 @@ watch_main(void *unused)
     return NULL;
 }
 
-void
+int
 sn_watch_nccl(CommObject *c, int collective, cudaStream_t stream)
 {
     if (!sn_watch_arm(c, collective, stream))
-        return;
+        return 0;
     pthread_mutex_lock(&mu);
     if (!running && !stopping &&
         pthread_create(&thread, NULL, watch_main, NULL) == 0)
         running = 1;
     pthread_mutex_unlock(&mu);
+    return 1;
 }
 
 void
