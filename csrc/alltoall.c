@@ -232,7 +232,8 @@ nccl_exchange(sn_call *k, const int64_t *send, const int64_t *recv,
  *
  * The counts' memory is the communicator's (a2a_dev, a2a_host: room for
  * 2 x SYMNCCL_MAX_RANKS int64, allocated at its first such call and freed
- * with its scratch, staging.c), not a call's: a cudaMallocHost /
+ * with its scratch, staging.c; a failed call's are kept apart until then),
+ * not a call's: a cudaMallocHost /
  * cudaFreeHost per call cost ~1 ms, cudaFreeHost synchronising the whole
  * device. Reusing it is safe by construction: every copy that reads or
  * writes it (the splits in, the counts out, out_splits) is enqueued before
@@ -361,8 +362,14 @@ nccl_all_to_all_v(sn_call *k, const sn_splits *s, size_t row_size,
 done:
     if (in_flight) {
         /* a copy of this call may still be queued (it failed before the
-         * wait): the memory is left to it and the next call allocates its
-         * own */
+         * wait): the memory is left to it, freed once the communicator's
+         * work has drained (sn_scratch_free), and the next call allocates
+         * its own; a second failed call's stays allocated (a communicator
+         * that failed is aborted, and 1 KiB is the cost) */
+        if (c->a2a_lost_dev == NULL && c->a2a_lost_host == NULL) {
+            c->a2a_lost_dev = c->a2a_dev;
+            c->a2a_lost_host = c->a2a_host;
+        }
         c->a2a_dev = NULL;
         c->a2a_host = NULL;
     }

@@ -671,6 +671,7 @@ free_memory(CommObject *c, int drained)
         c->scratch = NULL;
         c->check_dev = c->check_host = NULL;
         c->a2a_dev = c->a2a_host = NULL;
+        c->a2a_lost_dev = c->a2a_lost_host = NULL;
         c->lsa_event = NULL;
         c->fault = c->fault_dev = NULL;
         c->fault_src = NULL;

@@ -167,13 +167,14 @@ sn_scratch_free(CommObject *c)
         cudaFreeHost(c->check_host);
         c->check_host = NULL;
     }
-    if (c->a2a_dev != NULL) {
-        cudaFree(c->a2a_dev);
-        c->a2a_dev = NULL;
-    }
-    if (c->a2a_host != NULL) {
-        cudaFreeHost(c->a2a_host);
-        c->a2a_host = NULL;
+    int64_t **devs[] = {&c->a2a_dev, &c->a2a_lost_dev};
+    int64_t **hosts[] = {&c->a2a_host, &c->a2a_lost_host};
+    for (int i = 0; i < 2; i++) {
+        if (*devs[i] != NULL)
+            cudaFree(*devs[i]);
+        if (*hosts[i] != NULL)
+            cudaFreeHost(*hosts[i]);
+        *devs[i] = *hosts[i] = NULL;
     }
     if (c->lsa_event != NULL) {
         cudaEventDestroy(c->lsa_event);

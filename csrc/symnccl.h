@@ -582,8 +582,11 @@ typedef struct CommObject {
     void *check_dev, *check_host;  /* SYMNCCL_CHECK (staging.c) */
     /* all_to_all_v on NCCL (alltoall.c): the counts' memory, 2 x
      * SYMNCCL_MAX_RANKS int64 each, allocated at the first such call and
-     * freed with the scratch (staging.c); a2a_busy: a call is using it */
+     * freed with the scratch (staging.c); a2a_busy: a call is using it;
+     * a2a_lost_*: a failed call's, which a queued copy may still use,
+     * freed with the scratch once the communicator's work has drained */
     int64_t *a2a_dev, *a2a_host;
+    int64_t *a2a_lost_dev, *a2a_lost_host;
     int a2a_busy;
     int busy;                  /* threads inside a method of c (lock) */
     volatile int stop;         /* abort() from another thread: waits end */
