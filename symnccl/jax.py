@@ -233,6 +233,39 @@ def _varying(x) -> frozenset:
     return frozenset(getattr(t, "vma", ()))
 
 
+def _vma_union(*xs):
+    """xs, each made to vary over every manual axis any of them varies
+    over (a custom call's operands and its result then agree, as
+    shard_map's check_vma wants)."""
+    axes = frozenset().union(*(_varying(x) for x in xs))
+    return [_pvary(x, axes) for x in xs]
+
+
+def _manual_axes() -> frozenset:
+    """The manual axes of the shard_map being traced (empty outside one)."""
+    get = getattr(jax.sharding, "get_abstract_mesh", None)
+    mesh = get() if get is not None else None
+    return frozenset(getattr(mesh, "manual_axes", None) or ())
+
+
+def _vary_everywhere(*xs):
+    """xs, each made to vary over every manual axis: the operands of a
+    collective whose result JAX types varying even for an invariant operand
+    (jax.lax.all_to_all's, psum_scatter's, all_gather's: every rank's
+    result may differ)."""
+    axes = _manual_axes().union(*(_varying(x) for x in xs))
+    return [_pvary(x, axes) for x in xs]
+
+
+def _pvary(x, axes):
+    missing = tuple(sorted(axes - _varying(x)))
+    if not missing:
+        return x
+    if hasattr(jax.lax, "pvary"):
+        return jax.lax.pvary(x, missing)
+    return jax.lax.pcast(x, missing, to="varying")
+
+
 def _typed_as(g, like):
     """g with the varying manual axes of `like` (shard_map's check_vma: a
     cotangent must vary over the axes its primal varies over, and a custom
@@ -372,6 +405,8 @@ def reduce_scatter(x, op: str = "sum", algo: str = "auto"):
     """
     _check_op(op)
     _check_algo(algo)
+    # every rank's block differs, whatever x: varying, as psum_scatter's
+    x, = _vary_everywhere(x)
     return _reduce_scatter(x, op, algo)
 
 
@@ -387,6 +422,7 @@ def all_gather(x, algo: str = "auto"):
         h = sj.all_gather(x_shard, algo="ll")     # (n * T, H)
     """
     _check_algo(algo)
+    x, = _vary_everywhere(x)   # typed varying, as jax.lax.all_gather's
     return _all_gather(x, algo)
 
 
@@ -407,38 +443,6 @@ def stats(device: int) -> dict:
 # on the device (docs/FRAMEWORKS.md, "JAX: all-to-all").
 
 __all__ += ["all_to_all", "ragged_all_to_all"]
-
-
-def _vma_union(*xs):
-    """xs, each made to vary over every manual axis any of them varies
-    over (a custom call's operands and its result then agree, as
-    shard_map's check_vma wants)."""
-    axes = frozenset().union(*(_varying(x) for x in xs))
-    return [_pvary(x, axes) for x in xs]
-
-
-def _manual_axes() -> frozenset:
-    """The manual axes of the shard_map being traced (empty outside one)."""
-    get = getattr(jax.sharding, "get_abstract_mesh", None)
-    mesh = get() if get is not None else None
-    return frozenset(getattr(mesh, "manual_axes", None) or ())
-
-
-def _vary_everywhere(*xs):
-    """xs, each made to vary over every manual axis: an all-to-all's result
-    differs on every rank whatever its operands (as jax.lax.all_to_all's,
-    which varies even for an invariant operand)."""
-    axes = _manual_axes().union(*(_varying(x) for x in xs))
-    return [_pvary(x, axes) for x in xs]
-
-
-def _pvary(x, axes):
-    missing = tuple(sorted(axes - _varying(x)))
-    if not missing:
-        return x
-    if hasattr(jax.lax, "pvary"):
-        return jax.lax.pvary(x, missing)
-    return jax.lax.pcast(x, missing, to="varying")
 
 
 def _typed(x, shape, dtype):

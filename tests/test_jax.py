@@ -129,12 +129,16 @@ def test_differentiation_rules_match_jax_collectives_on_cpu():
 
 def test_results_are_typed_like_jax_collectives_inside_shard_map():
     """No GPU: with check_vma, the all-reduce's result is invariant (as
-    psum's), the reduce-scatter's and all-gather's vary with the input (as
-    psum_scatter's and all_gather's): the types the gradient rules rely
-    on."""
+    psum's), the reduce-scatter's and all-gather's vary, even for a
+    replicated input (as psum_scatter's and all_gather's): the types the
+    gradient rules rely on."""
     from _workers import jax_workers as J
     assert spawn_cpu(J.result_types_on_cpu) == {
-        "all_reduce": [], "reduce_scatter": ["x"], "all_gather": ["x"]}
+        "all_reduce": [], "reduce_scatter": ["x"], "all_gather": ["x"],
+        # as psum's, psum_scatter's and all_gather's of a replicated x
+        "all_reduce of an invariant x": [],
+        "reduce_scatter of an invariant x": ["x"],
+        "all_gather of an invariant x": ["x"]}
 
 
 @pytest.mark.slow   # a jitted training-style gradient per collective

@@ -338,12 +338,17 @@ def result_types_on_cpu():
     mesh = jax.make_mesh((2,), ("x",))
     seen = {}
 
-    def f(a):
+    def f(a, b):
+        # a varies over the axis, b (replicated) does not
         for name in ("all_reduce", "reduce_scatter", "all_gather"):
             seen[name] = sorted(sj._varying(getattr(sj, name)(a)))
+            seen[name + " of an invariant x"] = sorted(
+                sj._varying(getattr(sj, name)(b)))
         return a
     spec = jax.ShapeDtypeStruct((8, 2), jnp.float32,
                                 sharding=NamedSharding(mesh, P("x")))
-    jax.make_jaxpr(jax.shard_map(f, mesh=mesh, in_specs=P("x"),
-                                 out_specs=P("x")))(spec)
+    rep = jax.ShapeDtypeStruct((4, 2), jnp.float32,
+                               sharding=NamedSharding(mesh, P()))
+    jax.make_jaxpr(jax.shard_map(f, mesh=mesh, in_specs=(P("x"), P()),
+                                 out_specs=P("x")))(spec, rep)
     return seen
