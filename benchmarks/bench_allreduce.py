@@ -79,6 +79,28 @@ def median_us(run, iters, reps, torch):
     return times[len(times) // 2]
 
 
+def team_replay_us(torch, graphs, streams, iters, reps):
+    """A loopback team's time per call: every rank's graph (`iters` calls)
+    replayed on its own stream between one pair of events on the current
+    stream; the median over `reps` (after one untimed), in microseconds."""
+    times = []
+    cur = torch.cuda.current_stream()
+    for _ in range(reps + 1):
+        a, b = (torch.cuda.Event(enable_timing=True) for _ in "ab")
+        a.record(cur)
+        for g, s in zip(graphs, streams):
+            s.wait_stream(cur)
+            with torch.cuda.stream(s):
+                g.replay()
+        for s in streams:
+            cur.wait_stream(s)
+        b.record(cur)
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1000 / iters)
+    times = sorted(times[1:])
+    return times[len(times) // 2]
+
+
 def _init_torch(rank, nranks, port):
     """symnccl.bootstrap.init_torch, spelled out where the symnccl being
     measured predates it (scripts/ab_builds.sh runs this script against

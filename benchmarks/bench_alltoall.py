@@ -59,8 +59,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_allreduce import (  # noqa: E402
-    _fmt_size, add_results_args, parse_sizes, report, run_info,
-    write_results)
+    _fmt_size, add_results_args, median_us, parse_sizes, report, run_info,
+    team_replay_us, write_results)
 
 SIZES = "16K,256K,1M,4M,16M,64M"
 METHODS = ("push:equal", "push:v-device", "push:v-host", "ll:v-device",
@@ -135,22 +135,7 @@ def cell(torch, team, streams, method, nbytes, dt, reps, iters):
         with torch.cuda.graph(g, stream=s):
             for _ in range(iters):
                 _call(method, c, x, o, host, d, s)
-    times = []
-    cur = torch.cuda.current_stream()
-    for _ in range(reps + 1):
-        a, b = (torch.cuda.Event(enable_timing=True) for _ in "ab")
-        a.record(cur)
-        for g, s in zip(graphs, streams):
-            s.wait_stream(cur)
-            with torch.cuda.stream(s):
-                g.replay()
-        for s in streams:
-            cur.wait_stream(s)
-        b.record(cur)
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000 / iters)
-    times = sorted(times[1:])
-    return times[len(times) // 2]
+    return team_replay_us(torch, graphs, streams, iters, reps)
 
 
 DIST_METHODS = ("push:equal", "push:v-device", "push:v-host", "ll:v-device",
@@ -251,19 +236,10 @@ def dist_cell(torch, dist, comm, method, nbytes, dt, reps, iters, symm):
     with torch.cuda.graph(g, stream=s):
         for _ in range(iters):
             call()
-    times = []
-    for _ in range(reps + 1):
-        dist.barrier()
-        torch.cuda.synchronize()
-        a, b = (torch.cuda.Event(enable_timing=True) for _ in "ab")
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000 / iters)
+    g.replay()   # untimed
+    us = median_us(g.replay, iters, reps, torch)
     del g
-    times = sorted(times[1:])
-    return times[len(times) // 2]
+    return us
 
 
 def torchrun_main(a):

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
 import torch
@@ -45,23 +44,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import symnccl.torch as snt
+from symnccl.bootstrap import init_torch_launched
 
 EPS = 1e-6
-
-
-def init():
-    """torch.distributed under torchrun, or a one-rank group on GPU 0 when
-    the script runs without a launcher."""
-    if "RANK" not in os.environ:
-        from symnccl.bootstrap import free_port
-        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0",
-                          MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=str(free_port()))
-    rank, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
-    torch.cuda.set_device(device)
-    dist.init_process_group("nccl", device_id=device)
-    return rank, n, device
 
 
 class Layers:
@@ -176,7 +161,8 @@ def main():
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--json", default=None, help="write the results here")
     args = p.parse_args()
-    rank, n, device = init()
+    # torchrun, or one rank without a launcher
+    rank, n, device = init_torch_launched()
     if args.hidden % n or args.ffn % n:
         raise SystemExit(f"--hidden and --ffn must divide by {n} ranks")
     dtype = torch.bfloat16

@@ -43,7 +43,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 import time
 
@@ -53,21 +52,7 @@ import torch.distributed.nn.functional as dist_fn
 import torch.nn.functional as F
 
 import symnccl.torch as snt
-
-
-def init():
-    """torch.distributed under torchrun, or a one-rank group on GPU 0 when
-    the script runs without a launcher."""
-    if "RANK" not in os.environ:
-        from symnccl.bootstrap import free_port
-        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0",
-                          MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=str(free_port()))
-    rank, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
-    torch.cuda.set_device(device)
-    dist.init_process_group("nccl", device_id=device)
-    return rank, n, device
+from symnccl.bootstrap import init_torch_launched
 
 
 class SymncclExchange:
@@ -268,7 +253,8 @@ def main():
                    help="symnccl's step without the CUDA graph")
     p.add_argument("--json", default=None, help="write the results here")
     args = p.parse_args()
-    rank, n, device = init()
+    # torchrun, or one rank without a launcher
+    rank, n, device = init_torch_launched()
     if args.top_k > n * args.experts_per_rank:
         raise SystemExit(f"--top-k {args.top_k} is more than the "
                          f"{n * args.experts_per_rank} experts")

@@ -16,7 +16,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))), "benchmarks"))
-from bench_allreduce import parse_sizes  # noqa: E402
+from bench_allreduce import parse_sizes, team_replay_us  # noqa: E402
 
 
 def team_for(nranks, chunk_kib, ctas):
@@ -62,22 +62,7 @@ def cell(torch, team, streams, coll, nbytes, dt, reps, iters):
         with torch.cuda.graph(g, stream=s):
             for _ in range(iters):
                 getattr(c, coll)(x, out=o, algo="push", stream=s)
-    times = []
-    cur = torch.cuda.current_stream()
-    for _ in range(reps + 1):
-        a, b = (torch.cuda.Event(enable_timing=True) for _ in "ab")
-        a.record(cur)
-        for g, s in zip(graphs, streams):
-            s.wait_stream(cur)
-            with torch.cuda.stream(s):
-                g.replay()
-        for s in streams:
-            cur.wait_stream(s)
-        b.record(cur)
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000 / iters)
-    times = sorted(times[1:])
-    return times[len(times) // 2]
+    return team_replay_us(torch, graphs, streams, iters, reps)
 
 
 def main():

@@ -22,7 +22,8 @@ import warnings
 
 from . import _C
 
-__all__ = ["spawn", "local_device_count", "free_port", "init_torch"]
+__all__ = ["spawn", "local_device_count", "free_port", "init_torch",
+           "init_torch_launched"]
 
 
 def free_port() -> int:
@@ -56,6 +57,31 @@ def init_torch(rank: int, nranks: int, port: int) -> None:
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", rank=rank, world_size=nranks,
                             device_id=torch.device("cuda", rank))
+
+
+def init_torch_launched():
+    """torch.distributed as a script's launcher set it up (torchrun's RANK,
+    WORLD_SIZE, LOCAL_RANK), or a one-rank group on GPU 0 when the script
+    runs without one; returns (rank, nranks, device).
+
+    Example::
+
+        rank, nranks, device = init_torch_launched()
+        comm = symnccl.torch.communicator()
+    """
+    import os
+
+    import torch
+    import torch.distributed as dist
+    if "RANK" not in os.environ:
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0",
+                          MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=str(free_port()))
+    rank, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)))
+    torch.cuda.set_device(device)
+    dist.init_process_group("nccl", device_id=device)
+    return rank, n, device
 
 
 def local_device_count() -> int:
