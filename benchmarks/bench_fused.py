@@ -58,22 +58,27 @@ HIDDEN = [4096, 8192]
 EPS = 1e-6
 
 
-def _grid(nranks):
-    """SYMNCCL_RMSNORM_CTAS of a loopback team: the team's grids must be
-    resident at once on one GPU (132 SMs, one 512-thread CTA of this kernel
-    per SM)."""
-    return {1: 128, 2: 64}.get(nranks, 128 // nranks)
+def _grids(torch, nranks):
+    """The knobs of a loopback team, whose ranks share one GPU: the fused
+    kernels' grids must be resident at once (SYMNCCL_RMSNORM_CTAS; one
+    512-thread CTA of them per SM), and the add+norm's two CTAs per SM
+    (SYMNCCL_RMSNORM_LOCAL_CTAS's default) are shared among the ranks."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    return {"SYMNCCL_RMSNORM_CTAS": str(min(128, sms) // nranks),
+            "SYMNCCL_RMSNORM_LOCAL_CTAS": str(2 * sms // nranks)}
 
 
-def _team(nranks):
+def _team(torch, nranks):
     import symnccl
     if nranks == 1:
         return [symnccl.Communicator(symnccl.get_unique_id(), 0, 1, 0)]
-    os.environ["SYMNCCL_RMSNORM_CTAS"] = str(_grid(nranks))
+    knobs = _grids(torch, nranks)
+    os.environ.update(knobs)
     try:
         return symnccl.Communicator._loopback(nranks, 0, timeout=60.0)
     finally:
-        del os.environ["SYMNCCL_RMSNORM_CTAS"]
+        for k in knobs:
+            del os.environ[k]
 
 
 def _calls(torch, team, streams, bufs, fused, algo="auto"):
@@ -208,7 +213,7 @@ def _load_kernels(torch, opts):
     loading) while one rank's kernel spins waiting for the other would
     wait on it, and the team would stall until the timeout. (--ranks 1,2
     does this by its order; --nranks 2 alone needs it.)"""
-    team = _team(1)
+    team = _team(torch, 1)
     try:
         _measure(torch, team, 1, 0, dict(opts, iters=1, reps=1),
                  verbose=False)
@@ -356,7 +361,7 @@ def main():
         if teams[0] > 1:
             _load_kernels(torch, opts)
         for n in teams:
-            team = _team(n)
+            team = _team(torch, n)
             try:
                 rows += _measure(torch, team, n, 0, opts)
             finally:

@@ -281,12 +281,14 @@ push_launch(const sn_ar *r, int kernel, sn_err *err)
 
 /* all_reduce_rmsnorm: whole rows. The kernel copies x into the staging
  * window itself, so a launch takes as many rows as the staging area holds;
- * on one rank, or with r->local (x holds NCCL's sum), x is read in place
- * and one launch takes every row. The block: a thread per 16-byte vector
- * of a row, at most SYMNCCL_THREADS; the grid: a CTA per row, at most
- * SYMNCCL_RMSNORM_CTAS. A dynamic FP8 output's scales: one per row. Both
- * depend on the rows, H and the dtype only, so every rank (and the local
- * launch) reduces in the same order. */
+ * on one rank, or with r->local (x holds an all-reduce's sum), x is read
+ * in place, one launch takes every row, and the kernel is the add+norm
+ * with no peer (kargs.local). The block: a thread per 16-byte vector of a
+ * row, at most SYMNCCL_THREADS; it depends on H and the dtype only, so
+ * every rank (and the local launch) reduces a row in the same order. The
+ * grid: a CTA per row, at most SYMNCCL_RMSNORM_CTAS with peers (a team's
+ * grids must be resident at once), SYMNCCL_RMSNORM_LOCAL_CTAS without. A
+ * dynamic FP8 output's scales: one per row. */
 static int
 row_launches(const sn_ar *r, int kernel, sn_err *err)
 {
@@ -312,7 +314,7 @@ row_launches(const sn_ar *r, int kernel, sn_err *err)
     a.weight = r->weight;
     a.row_len = r->row_len;
     a.eps = r->eps;
-    a.local = r->local;
+    a.local = !peers;
     a.quant = r->quant;
     a.scale = r->scale;
     /* a quantised y is float8_e4m3fn: a byte per element */
@@ -333,10 +335,8 @@ row_launches(const sn_ar *r, int kernel, sn_err *err)
         /* two_shot: each rank normalises ceil(len / n) rows */
         const size_t grid_rows = two && peers
             ? (len + (size_t)c->nranks - 1) / (size_t)c->nranks : len;
-        /* the add+norm after an all-reduce (r->local) waits for no
-         * peer: no team's grids need be resident at once, whatever the
-         * knob allows the kernels that do */
-        const int cap = r->local ? SN_MAX_CTAS : c->knobs.rmsnorm_ctas;
+        const int cap = peers ? c->knobs.rmsnorm_ctas
+                              : c->knobs.rmsnorm_local_ctas;
         a.ctas = grid_rows > (size_t)cap ? cap : (int)grid_rows;
         a.mid_win = a.win;
         a.mid_offset = len * row_bytes;

@@ -528,8 +528,14 @@ static const knob knobs[] = {
      * to a CTA, one after another (kernels/rmsnorm.cuh) */
     {"SYMNCCL_RMSNORM_CTAS", offsetof(sn_knobs, rmsnorm_ctas), 128, 1,
      SN_MAX_CTAS, 1, "largest grid of all_reduce_rmsnorm's kernels with "
-     "peers (a CTA per row; the add+norm after an all-reduce is not held "
-     "to it)"},
+     "peers (a CTA per row)"},
+    /* 0: two CTAs per SM, each with rows in flight, the most that are
+     * resident at once (kernels/rmsnorm.cuh, add_rmsnorm; docs/
+     * PERFORMANCE.md, 'Fused all-reduce, all-to-all and steps') */
+    {"SYMNCCL_RMSNORM_LOCAL_CTAS", offsetof(sn_knobs, rmsnorm_local_ctas),
+     0, 0, SYMNCCL_LOCAL_MAX_CTAS, 1, "largest grid of all_reduce_rmsnorm's "
+     "add+norm with no peer (one rank, or after an all-reduce); 0: two per "
+     "SM"},
     /* 64 CTAs: 256 KiB 5.4 -> 4.6 us on 2 ranks, 8.7 -> 7.9 us (two-shot
      * packets) on 4; the same at 4 KiB (docs/PERFORMANCE.md, 'Packets: ll
      * and ll128') */

@@ -193,6 +193,7 @@ typedef struct {
 typedef struct {
     int algo;                  /* SYMNCCL_ALGO: SN_ALGO_* or SN_ALGO_AUTO */
     int lsa_threads, one_shot_ctas, two_shot_ctas, rmsnorm_ctas;
+    int rmsnorm_local_ctas;
     int ll_ctas, ll_threads, ll_two_shot_kib, ll128_two_shot_kib;
     int push_ctas, push_threads, push_region_mib, push_chunk_kib;
     int check;                 /* SYMNCCL_CHECK: compare calls first */

@@ -408,8 +408,8 @@ def test_bad_arguments_name_what_was_seen_and_expected(monkeypatch):
 @pytest.mark.gpu
 def test_one_rank_nccl_fallback_gives_the_bits_of_the_fused_kernel():
     """On one real rank: algo='nccl' (ncclAllReduce, then the add+norm with
-    no peer) and 'one_shot' give the same bits, and 'auto' runs the fused
-    kernel at decode sizes."""
+    no peer) and 'one_shot' (the add+norm alone) give the same bits, and
+    'auto' runs the fused kernel at decode sizes."""
     torch = _torch()
     comm = symnccl.Communicator(symnccl.get_unique_id(), 0, 1, 0)
     try:
@@ -430,6 +430,56 @@ def test_one_rank_nccl_fallback_gives_the_bits_of_the_fused_kernel():
         assert after["nccl"] == before["nccl"]
     finally:
         comm.close()
+
+
+@pytest.mark.gpu
+def test_the_add_norm_s_grid_and_in_place_outputs_keep_the_bits(
+        monkeypatch):
+    """The add+norm with no peer (one rank, or after an all-reduce) goes
+    round its grid's CTAs, each loading its next row before it stores this
+    one: a grid of 3 CTAs for 1000 rows gives the bits of the default grid
+    (two CTAs per SM), and so do y written over x and h over the residual
+    (each CTA's next row is loaded before this row's stores), with rows
+    past the kept vectors (H = 16384) and with an FP8 output."""
+    torch = _torch()
+    monkeypatch.setenv("SYMNCCL_RMSNORM_LOCAL_CTAS", "3")
+    narrow = symnccl.Communicator(symnccl.get_unique_id(), 0, 1, 0)
+    monkeypatch.delenv("SYMNCCL_RMSNORM_LOCAL_CTAS")
+    wide = symnccl.Communicator(symnccl.get_unique_id(), 0, 1, 0)
+    wrong = []
+    try:
+        for dtype in DTYPES:
+            for T, H in ((1000, 4096), (300, 16384)):
+                xs, res, w = _inputs(torch, 1, T, H, dtype, seed=T + H)
+                y0, h0 = wide.all_reduce_rmsnorm(xs[0], res, w, EPS)
+                y1, h1 = narrow.all_reduce_rmsnorm(xs[0], res, w, EPS)
+                x, r = xs[0].clone(), res.clone()
+                narrow.all_reduce_rmsnorm(x, r, w, EPS, out=x,
+                                          residual_out=r)
+                torch.cuda.synchronize()
+                if _wrong(torch, xs, res, w, y0, h0, dtype) != (0, 0):
+                    wrong.append(("reference", dtype, T, H))
+                for name, y, h in (("grid 3", y1, h1), ("in place", x, r)):
+                    if not (torch.equal(_bits(y), _bits(y0)) and
+                            torch.equal(_bits(h), _bits(h0))):
+                        wrong.append((name, dtype, T, H))
+        xs, res, w = _inputs(torch, 1, 1000, 4096, "bfloat16", seed=5)
+        qs = []
+        for comm in (wide, narrow):
+            q = torch.empty(1000, 4096, dtype=torch.float8_e4m3fn,
+                            device="cuda")
+            s = torch.empty(1000, dtype=torch.float32, device="cuda")
+            comm.all_reduce_rmsnorm(xs[0], res, w, EPS, out=q,
+                                    quant="fp8_dynamic", scale=s)
+            qs.append((q.view(torch.uint8), s))
+        torch.cuda.synchronize()
+        if not (torch.equal(qs[0][0], qs[1][0]) and
+                torch.equal(qs[0][1], qs[1][1])):
+            wrong.append(("fp8_dynamic grid 3",))
+    finally:
+        narrow.close()
+        wide.close()
+    assert not wrong, wrong
 
 
 @pytest.mark.gpu
@@ -550,9 +600,10 @@ def test_auto_beyond_the_fused_rows_is_all_reduce_s_choice_then_the_norm(
     call is the unfused composition with one kernel for the add and the
     norm: the all-reduce all_reduce's own auto table picks (ll128 for 512
     B at 3 ranks, push over 4 MiB at 2), then symnccl's add+norm. Within
-    the float64 bounds, the same bits on every rank, and it runs on a
-    loopback team; asked "nccl", the all-reduce is NCCL's, which a
-    loopback team refuses."""
+    the float64 bounds, the same bits on every rank, on 2 ranks the bits
+    of the fused one_shot (whose sums are push's: one rounding of x0 + x1),
+    and it runs on a loopback team; asked "nccl", the all-reduce is
+    NCCL's, which a loopback team refuses."""
     torch = _torch()
     for k in ("SYMNCCL_LL_CTAS", "SYMNCCL_PUSH_CTAS"):   # all resident
         monkeypatch.setenv(k, str(_grid(nranks)))
@@ -570,6 +621,13 @@ def test_auto_beyond_the_fused_rows_is_all_reduce_s_choice_then_the_norm(
         same = all(torch.equal(_bits(y), _bits(ys[0])) and
                    torch.equal(_bits(h), _bits(hs[0]))
                    for y, h in zip(ys[1:], hs[1:]))
+        if nranks == 2:
+            y1 = [_poisoned(torch, xs[0]) for _ in team]
+            h1 = [_poisoned(torch, xs[0]) for _ in team]
+            _call_all(torch, team, streams, xs, res, w, y1, h1,
+                      algo="one_shot")
+            same = same and torch.equal(_bits(y1[0]), _bits(ys[0])) and \
+                torch.equal(_bits(h1[0]), _bits(hs[0]))
         with pytest.raises(RuntimeError, match="needs NCCL.*loopback"):
             team[0].all_reduce_rmsnorm(xs[0], res, w, EPS, algo="nccl")
     finally:

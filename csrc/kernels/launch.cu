@@ -106,7 +106,7 @@ size_t push_region_bytes(int nranks, size_t slot_bytes,
 cudaError_t launch(const symnccl_kargs* a, cudaStream_t stream) {
   if (a->dc == nullptr || a->kernel < 0 || a->kernel >= SYMNCCL_K_COUNT ||
       a->dtype < 0 || a->dtype >= SYMNCCL_DT_COUNT || a->ctas < 1 ||
-      a->ctas > SYMNCCL_MAX_CTAS || a->threads < 32 || a->threads > 512 ||
+      a->threads < 32 || a->threads > 512 ||
       a->threads % 32 != 0 || a->epochs == nullptr ||
       a->fault == nullptr || a->claim == nullptr ||
       a->fault_word == nullptr || a->ctl_win == nullptr)
@@ -114,6 +114,11 @@ cudaError_t launch(const symnccl_kargs* a, cudaStream_t stream) {
   const int n = a->dc->dc.lsaSize;
   if (n > SYMNCCL_MAX_RANKS) return cudaErrorInvalidValue;
   const symnccl_kernel_row k = symnccl_kernel_row_of(a->kernel);
+  // the add+norm with no peer counts no call: its grid is not the counters'
+  if (a->ctas > (k.plan == SYMNCCL_PLAN_ROWS && a->local
+                     ? SYMNCCL_LOCAL_MAX_CTAS
+                     : SYMNCCL_MAX_CTAS))
+    return cudaErrorInvalidValue;
   size_t data, row;
   packet_format(a->kernel, &data, &row);
   // all_to_all in packets: the count and every byte of x in one row

@@ -70,6 +70,10 @@ enum { SYMNCCL_OP_SUM = 0, SYMNCCL_OP_MAX = 1, SYMNCCL_OP_MIN = 2,
 /* Largest grid of any kernel: the barrier flag lines and the per-CTA call
  * counters are laid out for it. */
 #define SYMNCCL_MAX_CTAS 128
+/* Largest grid of the add+norm with no peer (all_reduce_rmsnorm with
+ * `local`: on one rank, or after an all-reduce): it reads no call counter
+ * and takes no barrier (rmsnorm.cuh, add_rmsnorm). */
+#define SYMNCCL_LOCAL_MAX_CTAS 4096
 /* Largest grid of the push kernels (their flag lines are laid out for
  * it). */
 #define SYMNCCL_PUSH_MAX_CTAS 128
@@ -245,9 +249,10 @@ typedef struct {
     const void *weight;
     size_t row_len;            /* H, a multiple of 8 */
     float eps;
-    int local;                 /* src holds the sum already (NCCL's): the
-                                  add and the norm only, no peer, no
-                                  barrier */
+    int local;                 /* no peer: src holds the sum already (one
+                                  rank, or an all-reduce's result): the
+                                  add and the norm only (add_rmsnorm), no
+                                  barrier, no call counter */
     int quant;                 /* SYMNCCL_QUANT_*: out is float8_e4m3fn */
     float *scale;              /* static: the scale y is divided by ([0]);
                                   dynamic: each row's, written */

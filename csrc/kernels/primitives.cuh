@@ -255,6 +255,19 @@ __device__ __forceinline__ Entry enter(const symnccl_kargs& a, int me,
   return r;
 }
 
+// enter() for a kernel that counts no call and waits for no peer (the
+// add+norm with no peer, whose grid may be larger than the counters):
+// the fault word only.
+__device__ __forceinline__ bool enter_uncounted(const symnccl_kargs& a,
+                                                int me, int n) {
+  pdl_wait(a.pdl_early);
+  const uint64_t word = load_relaxed(a.fault_word);
+  bool ok = word == 0;
+  if (threadIdx.x == 0 && (word != 0 || a.inject))
+    ok = entry_slow(&a, me, n, 0, word);
+  return ok;
+}
+
 // The CTA's verdict before anything else, through thread 0 and shared
 // memory (every thread holding its own Entry across the agreement cost the
 // packet kernels and push registers and spills). false: the CTA must

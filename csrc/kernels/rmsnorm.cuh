@@ -26,9 +26,18 @@
 //   squares (fixed order: lanes by xor shuffles, then warps 0..w-1, the
 //   same on every thread, rank and launch); y; exit barrier (no peer still
 //   reads my staging rows when the next kernel overwrites them).
-//   On one rank, and with a.local (the NCCL fallback: x holds NCCL's sum
-//   already), nothing is staged and no barrier is taken: x is read in
-//   place, and the call counters are not touched.
+//
+// add_rmsnorm: the same rows with no peer, run for every launch with
+//   a.local (one rank, or x holds an all-reduce's sum already: the
+//   composed path's add+norm): nothing staged, no barrier, no call
+//   counter. The rows of one SM must be in flight together to reach HBM's
+//   bandwidth (one 512-thread CTA per SM, waiting for each row's loads
+//   before it issued the next, read ~1.4 TB/s on H100), so: two CTAs per
+//   SM (at most 64 registers a thread), a grid of SYMNCCL_RMSNORM_LOCAL_CTAS
+//   CTAs whose rows go round them, and each CTA's next row loaded while it
+//   reduces and stores this one. Its first row is loaded before the
+//   entry's verdict (local memory only: a failed communicator's launch
+//   stores nothing).
 //
 // two_shot_rmsnorm: the same rows, split among the ranks: rank q reduces
 //   and normalises rows [q * per, q * per + per) (per = ceil(rows / n)),
@@ -41,10 +50,10 @@
 //   replicated residual stream), and then the bits are one_shot's. No FP8
 //   output.
 //
-// Bits: every rank runs the same grid and block (the host derives them
-// from rows, H and the dtype only) on the same inputs, so every rank's y
-// and h are the same bits, and a.local gives the bits of the one-shot for
-// the same sums.
+// Bits: a row's arithmetic depends on the block only (the host derives it
+// from H and the dtype), never on the grid; every rank runs it on the same
+// inputs, so every rank's y and h are the same bits, and add_rmsnorm gives
+// the bits of the one-shot for the same sums.
 //
 // Requirements: H a multiple of 8 (a row is whole 16-byte vectors, so
 // every staged row starts 16-byte aligned); x, residual, out, out_h and
@@ -134,10 +143,20 @@ __device__ __forceinline__ void store_fp8(uint8_t* q, size_t v, uint4 y,
   }
 }
 
+// h = T(s + residual), elementwise, in fp32 (s: the sum, rounded to T).
+template <typename T>
+__device__ __forceinline__ uint4 add_residual(uint4 sw, uint4 rw) {
+  typename Pack<T, 16>::U s, x, h;
+  s.raw = sw;
+  x.raw = rw;
+#pragma unroll
+  for (int k = 0; k < Pack<T, 16>::kElems; k++)
+    h.t[k] = Acc<T>::from(Acc<T>::to(s.t[k]) + Acc<T>::to(x.t[k]));
+  return h.raw;
+}
+
 template <typename T>
 struct RmsRow {
-  static constexpr int E = Pack<T, 16>::kElems;
-  using U = typename Pack<T, 16>::U;
   Peers in;         // every rank's row 0 (x itself when not staged)
   int n;            // ranks reduced (1 when not staged)
   bool in_aligned;  // the rows read through `in` are 16-byte aligned
@@ -156,13 +175,8 @@ struct RmsRow {
               reinterpret_cast<const T*>(in(q) + row_off), v, H, in_aligned);
         },
         acc);
-    U s, x, out;
-    s.raw = acc[0].result(SYMNCCL_OP_SUM, n);
-    x.raw = load_pack<16>(res + r * H, v, H, aligned);
-#pragma unroll
-    for (int k = 0; k < E; k++)
-      out.t[k] = Acc<T>::from(Acc<T>::to(s.t[k]) + Acc<T>::to(x.t[k]));
-    return out.raw;
+    return add_residual<T>(acc[0].result(SYMNCCL_OP_SUM, n),
+                           load_pack<16>(res + r * H, v, H, aligned));
   }
 };
 
@@ -403,6 +417,81 @@ template <typename T>
 __global__ void __launch_bounds__(512)
     two_shot_rmsnorm(ncclDevComm dc, const __grid_constant__ symnccl_kargs a) {
   rmsnorm_body<T, true>(dc, a);
+}
+
+// Two CTAs of 512 threads per SM: at most 64 registers a thread. kQuant:
+// a.quant (a kernel of its own, so the FP8 path costs the plain one no
+// registers).
+template <typename T, bool kQuant>
+__global__ void __launch_bounds__(512, 2)
+    add_rmsnorm(ncclDevComm dc, const __grid_constant__ symnccl_kargs a) {
+  __shared__ float s_sum[2][32], s_max[2][32];
+  const T* x = static_cast<const T*>(a.src);
+  const T* res = static_cast<const T*>(a.residual);
+  const T* w = static_cast<const T*>(a.weight);
+  T* out = static_cast<T*>(a.out);
+  T* out_h = static_cast<T*>(a.out_h);
+  const size_t H = a.row_len;
+  const size_t rows = a.count / H;
+  const size_t rvec = H / Pack<T, 16>::kElems;
+  const bool aligned =
+      ((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(res) |
+        reinterpret_cast<uintptr_t>(w) | reinterpret_cast<uintptr_t>(out) |
+        reinterpret_cast<uintptr_t>(out_h)) &
+       15) == 0;
+  const size_t tid = threadIdx.x, bd = blockDim.x;
+  // the kept vectors of row r's x and residual (none past the last row):
+  // in flight while the row before is reduced
+  uint4 nx[kRmsKeep], nr[kRmsKeep];
+  auto fetch = [&](size_t r) {
+#pragma unroll
+    for (int u = 0; u < kRmsKeep; u++)
+      if (r < rows && tid + u * bd < rvec) {
+        nx[u] = load_pack<16>(x + r * H, tid + u * bd, H, aligned);
+        nr[u] = load_pack<16>(res + r * H, tid + u * bd, H, aligned);
+      }
+  };
+  fetch(blockIdx.x);
+  if (!__syncthreads_and(enter_uncounted(a, dc.lsaRank, dc.lsaSize))) return;
+  int parity = 0;
+  for (size_t r = blockIdx.x; r < rows; r += gridDim.x, parity ^= 1) {
+    uint4 keep[kRmsKeep], wk[kRmsKeep];
+#pragma unroll
+    for (int u = 0; u < kRmsKeep; u++)
+      if (tid + u * bd < rvec) {
+        keep[u] = add_residual<T>(nx[u], nr[u]);
+        wk[u] = load_pack<16>(w, tid + u * bd, H, aligned);
+      }
+    fetch(r + gridDim.x);
+    float ss = 0.f;
+#pragma unroll
+    for (int u = 0; u < kRmsKeep; u++)
+      if (tid + u * bd < rvec) {
+        ss += sum_squares<T>(keep[u]);
+        store_pack<16>(out_h + r * H, tid + u * bd, H, aligned, keep[u]);
+      }
+    for (size_t v = tid + kRmsKeep * bd; v < rvec; v += bd) {
+      const uint4 hv =
+          add_residual<T>(load_pack<16>(x + r * H, v, H, aligned),
+                          load_pack<16>(res + r * H, v, H, aligned));
+      ss += sum_squares<T>(hv);
+      store_pack<16>(out_h + r * H, v, H, aligned, hv);
+    }
+    const float rstd = rsqrtf(block_sum(ss, s_sum[parity]) / (float)H + a.eps);
+    if constexpr (kQuant) {
+      quantise_row(a, r, rstd, keep, wk, out_h + r * H, s_max[parity]);
+      continue;
+    }
+#pragma unroll
+    for (int u = 0; u < kRmsKeep; u++)
+      if (tid + u * bd < rvec)
+        store_pack<16>(out + r * H, tid + u * bd, H, aligned,
+                       normalise<T>(keep[u], wk[u], rstd));
+    for (size_t v = tid + kRmsKeep * bd; v < rvec; v += bd)
+      store_pack<16>(out + r * H, v, H, aligned,
+                     normalise<T>(load_pack<16>(out_h + r * H, v, H, aligned),
+                                  load_pack<16>(w, v, H, aligned), rstd));
+  }
 }
 
 SYMNCCL_END

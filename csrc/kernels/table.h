@@ -139,9 +139,13 @@ enum { SYMNCCL_UNITS(SYMNCCL_UNIT_ENUM_) SYMNCCL_UNIT_COUNT };
       (push_split(a) ? push_all_gather<T, true>                              \
                      : push_all_gather<T, false>))                           \
     X(ONE_SHOT_RMSNORM, "one_shot_rmsnorm", ALL_REDUCE_RMSNORM, ONE_SHOT,    \
-      ONE, BARRIER, ROWS, 0, FLOAT, (one_shot_rmsnorm<T>))                   \
+      ONE, BARRIER, ROWS, 0, FLOAT,                                          \
+      (!a.local  ? one_shot_rmsnorm<T>                                       \
+       : a.quant ? add_rmsnorm<T, true>                                      \
+                 : add_rmsnorm<T, false>))                                   \
     X(TWO_SHOT_RMSNORM, "two_shot_rmsnorm", ALL_REDUCE_RMSNORM, TWO_SHOT,    \
-      ONE, BARRIER, ROWS, 0, FLOAT, (two_shot_rmsnorm<T>))                   \
+      ONE, BARRIER, ROWS, 0, FLOAT,                                          \
+      (a.local ? add_rmsnorm<T, false> : two_shot_rmsnorm<T>))               \
     X(PUSH_ALL_TO_ALL, "push_all_to_all", ALL_TO_ALL, PUSH, ONE, PUSH,       \
       ALL_TO_ALL, 1, DTYPE, (push_all_to_all<T>))                            \
     X(LL_ALL_TO_ALL, "ll_all_to_all", ALL_TO_ALL, LL, ONE, LL, ALL_TO_ALL,   \

@@ -7,6 +7,7 @@
 #   STAGE=tests bash tools/gpu/one_gpu_session.sh   # the default GPU tier
 #   STAGE=bench bash tools/gpu/one_gpu_session.sh   # fused, all-to-all, eager
 #   STAGE=ab    bash tools/gpu/one_gpu_session.sh   # kernel cost against out/ab/old.tar.xz
+#   STAGE=abfused bash tools/gpu/one_gpu_session.sh # bench_fused, the same
 # Results and logs go to $OUT. Multicast variables are left as found.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
@@ -40,6 +41,13 @@ for stage in ${STAGE:-tests}; do
         done
       done
       tail -20 "$OUT/one_rank.log" ;;
-    *) echo "unknown stage $stage (tests, bench, ab)"; exit 2 ;;
+    abfused)   # bench_fused, old build then new, in one run
+      mkdir -p /tmp/ab/old && tar -C /tmp/ab/old -xJf out/ab/old.tar.xz
+      for b in old new; do
+        p=$PWD; [ "$b" = old ] && p=/tmp/ab/old
+        PYTHONPATH=$p python3 benchmarks/bench_fused.py \
+          --out "$OUT/fused_ab_$b.json" 2>&1 | tail -24
+      done ;;
+    *) echo "unknown stage $stage (tests, bench, ab, abfused)"; exit 2 ;;
   esac
 done
