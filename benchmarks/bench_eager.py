@@ -13,7 +13,8 @@ call, several us for a small kernel and its copies, can neither fill the
 launch queue and show as host time nor hide host time), the median over
 --loops loops of the microseconds per call; the loops go round the rows
 (one loop of every row, then the next), so that the machine's drift
-moves every row alike. Every row's result is checked
+moves every row alike, and a ratio is the median of the two rows'
+ratios round by round. Every row's result is checked
 once against its input (at 1 rank every reduction is the identity).
 
 The targets of issue 29, as ratios in the same run:
@@ -203,30 +204,39 @@ def _loop(fn, calls, torch, cycles):
 
 def targets(doc):
     """The issue's ratios from a results doc: [(target, measured, limit,
-    ok)]."""
-    us = {(r["collective"], r["kind"]): r["us"] for r in doc["rows"]
-          if r.get("us") is not None}
+    ok)]. A ratio is the median over the loops of the two rows' ratio
+    within one round (the rounds go through the rows in turn, so a round's
+    two loops ran on the same phase of the host, whose speed drifts ~20%
+    between rounds); the ratio of the medians where the doc has no loops."""
+    rows = {(r["collective"], r["kind"]): r for r in doc["rows"]
+            if r.get("us") is not None}
+
+    def ratio(a, b):
+        la, lb = rows[a].get("loops_us"), rows[b].get("loops_us")
+        if la and lb and len(la) == len(lb):
+            return statistics.median(x / y for x, y in zip(la, lb))
+        return rows[a]["us"] / rows[b]["us"]
+
     out = []
-    two_shot = us.get(("all_reduce_", "symm_mem"))
-    for (coll, kind), t in sorted(us.items()):
-        method = us.get((coll, "method"))
-        if kind == "op" and method:
-            out.append((f"{coll}: op / method", t / method, TARGET_OP))
-            if two_shot:
+    two_shot = ("all_reduce_", "symm_mem")
+    for coll, kind in sorted(rows):
+        method = (coll, "method")
+        if kind == "op" and method in rows:
+            out.append((f"{coll}: op / method", ratio((coll, kind), method),
+                        TARGET_OP))
+            if two_shot in rows:
                 out.append((f"{coll}: op / symm_mem two_shot (us)",
-                            t / two_shot, 1.0))
-        if kind == "grad" and method:
-            out.append((f"{coll}: requires_grad / method", t / method,
-                        TARGET_GRAD))
-    inplace = us.get(("all_reduce_", "method"))
-    inplace_ll = us.get(("all_reduce_", "method ll"))
+                            ratio((coll, kind), two_shot), 1.0))
+        if kind == "grad" and method in rows:
+            out.append((f"{coll}: requires_grad / method",
+                        ratio((coll, kind), method), TARGET_GRAD))
     for coll in ("reduce_scatter", "all_gather"):   # new-tensor methods
-        if us.get((coll, "method")) and inplace:
-            out.append((f"comm.{coll}(x) / comm.all_reduce(x)",
-                        us[(coll, "method")] / inplace, TARGET_NEW))
-        if us.get((coll, "method ll")) and inplace_ll:
-            out.append((f'comm.{coll}(x, algo="ll") / all_reduce ll',
-                        us[(coll, "method ll")] / inplace_ll, TARGET_NEW))
+        for kind, name in (("method", f"comm.{coll}(x) / comm.all_reduce(x)"),
+                           ("method ll", f'comm.{coll}(x, algo="ll") / '
+                                         "all_reduce ll")):
+            if (coll, kind) in rows and ("all_reduce_", kind) in rows:
+                out.append((name, ratio((coll, kind), ("all_reduce_", kind)),
+                            TARGET_NEW))
     return [(name, round(r, 3), lim, r <= lim) for name, r, lim in out]
 
 

@@ -379,6 +379,13 @@ static PyMethodDef sn_methods[] = {
     {"_shutdown", py_shutdown, METH_O, NULL},
     {"_abort_on_signal", sn_py_abort_on_signal, METH_O,
      "_abort_on_signal(signum): symnccl.abort_on_signal installs it"},
+    {"_torch_eager_install", sn_py_torch_eager_install, METH_VARARGS,
+     "_torch_eager_install(types, attr, checks): symnccl.torch's eager "
+     "gate"},
+    {"_torch_eager", sn_py_torch_eager, METH_O,
+     "_torch_eager(x) -> bool: type(x) is one of the installed types, "
+     "getattr(x, attr) is true, and every installed check returns a false "
+     "value"},
     {"_group_start", py_group_start, METH_NOARGS, NULL},
     {"_group_end", py_group_end, METH_NOARGS, NULL},
     {"_group_depth", py_group_depth, METH_NOARGS, NULL},
@@ -541,6 +548,9 @@ sn_traverse(PyObject *module, visitproc visit, void *arg)
     Py_VISIT(st->group_pending);
     Py_VISIT(st->torch_tensor);
     Py_VISIT(st->torch_raw_stream);
+    Py_VISIT(st->eager_types);
+    Py_VISIT(st->eager_attr);
+    Py_VISIT(st->eager_checks);
     for (int i = 0; i < st->n_torch_dtypes; i++)
         Py_VISIT(st->torch_dtypes[i].obj);
     return 0;
@@ -566,6 +576,9 @@ sn_clear(PyObject *module)
         Py_CLEAR(st->torch_names[i]);
     Py_CLEAR(st->torch_tensor);
     Py_CLEAR(st->torch_raw_stream);
+    Py_CLEAR(st->eager_types);
+    Py_CLEAR(st->eager_attr);
+    Py_CLEAR(st->eager_checks);
     for (int i = 0; i < st->n_torch_dtypes; i++)
         Py_CLEAR(st->torch_dtypes[i].obj);
     st->n_torch_dtypes = 0;

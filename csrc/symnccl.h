@@ -89,6 +89,11 @@ typedef struct {
      * and the dtypes seen so far (torch dtypes are singletons). */
     PyObject *torch_tensor;
     PyObject *torch_raw_stream;
+    /* symnccl.torch's eager gate (_torch_eager_install): the tensor types
+     * that skip the custom op, the attribute that must be true ("is_cuda"),
+     * and torch's queries that must all return a false value (no mode,
+     * transform or tracer active) */
+    PyObject *eager_types, *eager_attr, *eager_checks;
     struct { PyObject *obj; const struct sn_dtype *dt; } torch_dtypes[16];
     int n_torch_dtypes;
     struct CommObject *live;   /* communicators not yet closed (borrowed) */
@@ -383,6 +388,10 @@ int sn_parse_stream(PyObject *obj, cudaStream_t *out);
 int sn_torch_lookup(SNState *st);
 /* 1 when obj is a torch.Tensor (subclasses too). */
 int sn_is_torch_tensor(SNState *st, PyObject *obj);
+/* _torch_eager_install(types, attr, checks) and _torch_eager(x):
+ * symnccl.torch's eager gate in one call (symnccl/torch.py, _eager). */
+PyObject *sn_py_torch_eager_install(PyObject *module, PyObject *args);
+PyObject *sn_py_torch_eager(PyObject *module, PyObject *x);
 /* The framework's current stream for `tensor`: torch's read directly for a
  * torch tensor (*torch_current = 1, may be NULL), else through
  * symnccl/_frameworks.py's hook. */

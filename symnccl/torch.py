@@ -271,8 +271,9 @@ def _gather_shape(x: torch.Tensor, n: int) -> list[int]:
 
 
 def _all_reduce_impl(comm, x, op, algo):
-    out = _like(x)
-    comm.all_reduce(x.contiguous(), out, op, algo)
+    x = x.contiguous()
+    out = torch.empty_like(x)   # _like(x): x is contiguous
+    comm.all_reduce(x, out, op, algo)
     return out
 
 
@@ -297,14 +298,16 @@ def _all_gather_impl(comm, x, algo):
 
 
 def _broadcast_impl(comm, x, root, algo):
-    out = _like(x)
-    comm.broadcast(x.contiguous(), root, out, algo)
+    x = x.contiguous()
+    out = torch.empty_like(x)   # _like(x): x is contiguous
+    comm.broadcast(x, root, out, algo)
     return out
 
 
 def _reduce_impl(comm, x, root, op, algo):
-    out = _like(x)
-    comm.reduce(x.contiguous(), root, out, op, algo)
+    x = x.contiguous()
+    out = torch.empty_like(x)   # _like(x): x is contiguous
+    comm.reduce(x, root, out, op, algo)
     return out
 
 
@@ -462,24 +465,28 @@ _function_modes = torch._C._is_torch_function_mode_enabled
 _functorch = torch._C._are_functorch_transforms_active
 _jit_tracing = torch._C._get_tracing_state   # torch.jit.trace records ops
 _grad_enabled = torch.is_grad_enabled
-_bump_version = torch.autograd.graph.increment_version
+# what torch.autograd.graph.increment_version calls, without its frame:
+# _bump_version((x,))
+_bump_version = torch._C._increment_version
 # Tensor subclasses (FakeTensor, FunctionalTensor, DTensor, ...) may
 # dispatch the op themselves: only these two types skip it.
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
+# torch's queries of what must see the ops: each returns a false value
+# when no mode, transform or tracer is active
+_TRACERS = (_dispatch_modes, _function_modes, _functorch, _jit_tracing)
+symnccl._C._torch_eager_install(_PLAIN, "is_cuda", _TRACERS)
+_eager_gate = symnccl._C._torch_eager
 
 
 def _eager(x) -> bool:
-    """Whether a call on x may skip the custom op. is_compiling() comes
-    first: Dynamo reads it as the constant True and traces nothing
-    after it, so compiled code always holds the op."""
-    return (not _is_compiling() and type(x) in _PLAIN and x.is_cuda and
-            _untraced())
+    """Whether a call on x may skip the custom op: x's type is one of
+    _PLAIN, it is on CUDA, and no mode, transform or tracer is active that
+    must see the ops (_TRACERS: one C call, _C._torch_eager).
+    is_compiling() comes first: Dynamo reads it as the constant True and
+    traces nothing after it, so compiled code always holds the op."""
+    return not _is_compiling() and _eager_gate(x)
 
 
-def _untraced() -> bool:
-    """No mode, transform or tracer is active that must see the ops."""
-    return (not _dispatch_modes() and not _function_modes() and
-            not _functorch() and _jit_tracing() is None)
 
 
 def _raw(comm):
@@ -781,7 +788,7 @@ def all_reduce_(x: torch.Tensor, comm, op: str = "sum",
     if _eager(x) and x.is_contiguous() and not (recorded and
                                                 not x.is_leaf):
         _raw(comm).all_reduce(x, None, op, algo)
-        _bump_version(x)   # as the op's ADInplaceOrView kernel does
+        _bump_version((x,))   # as the op's ADInplaceOrView kernel does
         return x
     cid = comm_id(comm)
     if recorded:

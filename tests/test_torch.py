@@ -3,6 +3,7 @@ eager, torch.compile(fullgraph=True) and CUDA graphs."""
 import pytest
 
 from conftest import ranks_param
+import symnccl
 from symnccl.bootstrap import free_port, spawn
 
 torch = pytest.importorskip("torch", reason="torch is not installed")
@@ -216,17 +217,15 @@ def test_tp_pair_gradients_differ_from_all_reduce_as_documented():
     assert snt.tp_copy(x, comm) is x
 
 
-def _cpu_eager(monkeypatch):
-    """Let the eager path take CPU tensors (it asks for CUDA ones), so that
-    its autograd Functions run here on the stand-in communicator."""
+@pytest.fixture
+def cpu_eager():
+    """Let the eager path take CPU tensors (its gate, _C._torch_eager, asks
+    for CUDA ones), so that its autograd Functions run here on the
+    stand-in communicator, through the same gate."""
     import symnccl.torch as snt
-    real = snt._eager
-
-    def eager(x):
-        return real(x) or (not snt._is_compiling() and
-                           type(x) in snt._PLAIN and
-                           x.device.type == "cpu" and snt._untraced())
-    monkeypatch.setattr(snt, "_eager", eager)
+    symnccl._C._torch_eager_install(snt._PLAIN, "is_cpu", snt._TRACERS)
+    yield
+    symnccl._C._torch_eager_install(snt._PLAIN, "is_cuda", snt._TRACERS)
 
 
 def _dispatched(fn):
@@ -236,12 +235,11 @@ def _dispatched(fn):
     return r, sum(1 for e in prof.events() if e.name.startswith("symnccl::"))
 
 
-def test_eager_functions_give_the_ops_values_and_gradients(monkeypatch):
+def test_eager_functions_give_the_ops_values_and_gradients(cpu_eager):
     """The eager path's autograd Functions and the custom ops' registered
     formulas: the same values and gradients for every op with a gradient,
     and the eager path dispatches no custom op (forward or backward)."""
     import symnccl.torch as snt
-    _cpu_eager(monkeypatch)
     comm = _mirror()
     ops = torch.ops.symnccl
     cid = comm.cid
@@ -355,7 +353,7 @@ def test_frameworks_alloc_makes_tensors_of_like_s_dtype_and_device():
     assert _frameworks.alloc(object(), (5,), 0) is None
 
 
-def test_eager_path_yields_to_compile_tracing_and_modes(monkeypatch):
+def test_eager_path_yields_to_compile_tracing_and_modes(cpu_eager):
     """With the eager path open to CPU tensors, everything that must see
     the custom ops still does: torch.compile's graphs, make_fx, a
     TorchDispatchMode, a TorchFunctionMode, torch.jit.trace."""
@@ -364,7 +362,6 @@ def test_eager_path_yields_to_compile_tracing_and_modes(monkeypatch):
     from torch.fx.experimental.proxy_tensor import make_fx
     from torch.overrides import TorchFunctionMode
     from torch.utils._python_dispatch import TorchDispatchMode
-    _cpu_eager(monkeypatch)
     comm = _mirror()
     x = torch.randn(6, 2)
 
