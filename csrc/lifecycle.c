@@ -171,8 +171,9 @@ sn_comm_new(PyTypeObject *tp, int rank, int nranks, int device,
             Py_DECREF(c);
             return NULL;
         }
-        c->knobs.rmsnorm_local_ctas =
-            2 * sms < SYMNCCL_LOCAL_MAX_CTAS ? 2 * sms : SYMNCCL_LOCAL_MAX_CTAS;
+        c->knobs.rmsnorm_local_ctas = 2 * sms < SYMNCCL_LOCAL_MAX_CTAS
+                                          ? 2 * sms
+                                          : SYMNCCL_LOCAL_MAX_CTAS;
     }
     sn_layout_compute(c, staging_bytes);
     return c;

@@ -380,12 +380,13 @@ static PyMethodDef sn_methods[] = {
     {"_abort_on_signal", sn_py_abort_on_signal, METH_O,
      "_abort_on_signal(signum): symnccl.abort_on_signal installs it"},
     {"_torch_eager_install", sn_py_torch_eager_install, METH_VARARGS,
-     "_torch_eager_install(types, attr, checks): symnccl.torch's eager "
-     "gate"},
+     "_torch_eager_install(types, attr, checks, grad_mode): symnccl.torch's "
+     "eager gate"},
     {"_torch_eager", sn_py_torch_eager, METH_O,
-     "_torch_eager(x) -> bool: type(x) is one of the installed types, "
-     "getattr(x, attr) is true, and every installed check returns a false "
-     "value"},
+     "_torch_eager(x) -> 0, 1 or 2: 0 unless type(x) is one of the "
+     "installed types, getattr(x, attr) is true, and every installed check "
+     "returns a false value; then 2 if x.requires_grad and grad_mode(), "
+     "else 1"},
     {"_group_start", py_group_start, METH_NOARGS, NULL},
     {"_group_end", py_group_end, METH_NOARGS, NULL},
     {"_group_depth", py_group_depth, METH_NOARGS, NULL},
@@ -551,6 +552,7 @@ sn_traverse(PyObject *module, visitproc visit, void *arg)
     Py_VISIT(st->eager_types);
     Py_VISIT(st->eager_attr);
     Py_VISIT(st->eager_checks);
+    Py_VISIT(st->eager_grad_mode);
     for (int i = 0; i < st->n_torch_dtypes; i++)
         Py_VISIT(st->torch_dtypes[i].obj);
     return 0;
@@ -579,6 +581,7 @@ sn_clear(PyObject *module)
     Py_CLEAR(st->eager_types);
     Py_CLEAR(st->eager_attr);
     Py_CLEAR(st->eager_checks);
+    Py_CLEAR(st->eager_grad_mode);
     for (int i = 0; i < st->n_torch_dtypes; i++)
         Py_CLEAR(st->torch_dtypes[i].obj);
     st->n_torch_dtypes = 0;

@@ -53,7 +53,8 @@
     X(DATA_PTR, "data_ptr")              \
     X(SHAPE, "shape")                    \
     X(DTYPE, "dtype")                    \
-    X(NEW_EMPTY, "new_empty")
+    X(NEW_EMPTY, "new_empty")            \
+    X(REQUIRES_GRAD, "requires_grad")
 #define SN_TORCH_NAME_ENUM_(id, name) SN_TORCH_##id,
 enum { SN_TORCH_NAMES(SN_TORCH_NAME_ENUM_) SN_N_TORCH_NAMES };
 #undef SN_TORCH_NAME_ENUM_
@@ -91,9 +92,9 @@ typedef struct {
     PyObject *torch_raw_stream;
     /* symnccl.torch's eager gate (_torch_eager_install): the tensor types
      * that skip the custom op, the attribute that must be true ("is_cuda"),
-     * and torch's queries that must all return a false value (no mode,
-     * transform or tracer active) */
-    PyObject *eager_types, *eager_attr, *eager_checks;
+     * torch's queries that must all return a false value (no mode,
+     * transform or tracer active), and torch.is_grad_enabled */
+    PyObject *eager_types, *eager_attr, *eager_checks, *eager_grad_mode;
     struct { PyObject *obj; const struct sn_dtype *dt; } torch_dtypes[16];
     int n_torch_dtypes;
     struct CommObject *live;   /* communicators not yet closed (borrowed) */
@@ -388,7 +389,7 @@ int sn_parse_stream(PyObject *obj, cudaStream_t *out);
 int sn_torch_lookup(SNState *st);
 /* 1 when obj is a torch.Tensor (subclasses too). */
 int sn_is_torch_tensor(SNState *st, PyObject *obj);
-/* _torch_eager_install(types, attr, checks) and _torch_eager(x):
+/* _torch_eager_install(types, attr, checks, grad_mode) and _torch_eager(x):
  * symnccl.torch's eager gate in one call (symnccl/torch.py, _eager). */
 PyObject *sn_py_torch_eager_install(PyObject *module, PyObject *args);
 PyObject *sn_py_torch_eager(PyObject *module, PyObject *x);

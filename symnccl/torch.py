@@ -474,17 +474,21 @@ _PLAIN = (torch.Tensor, torch.nn.Parameter)
 # torch's queries of what must see the ops: each returns a false value
 # when no mode, transform or tracer is active
 _TRACERS = (_dispatch_modes, _function_modes, _functorch, _jit_tracing)
-symnccl._C._torch_eager_install(_PLAIN, "is_cuda", _TRACERS)
+symnccl._C._torch_eager_install(_PLAIN, "is_cuda", _TRACERS, _grad_enabled)
 _eager_gate = symnccl._C._torch_eager
+# _eager's value when autograd records the call
+_RECORDED = 2
 
 
-def _eager(x) -> bool:
-    """Whether a call on x may skip the custom op: x's type is one of
-    _PLAIN, it is on CUDA, and no mode, transform or tracer is active that
-    must see the ops (_TRACERS: one C call, _C._torch_eager).
-    is_compiling() comes first: Dynamo reads it as the constant True and
-    traces nothing after it, so compiled code always holds the op."""
-    return not _is_compiling() and _eager_gate(x)
+def _eager(x) -> int:
+    """Whether a call on x may skip the custom op (true: x's type is one
+    of _PLAIN, it is on CUDA, and no mode, transform or tracer is active
+    that must see the ops), and whether autograd records it: 0, 1, or
+    _RECORDED when x requires grad and grad mode is on. One C call,
+    _C._torch_eager. is_compiling() comes first: Dynamo reads it as the
+    constant True and traces nothing after it, so compiled code always
+    holds the op."""
+    return 0 if _is_compiling() else _eager_gate(x)
 
 
 
@@ -519,9 +523,9 @@ _C_APPLY = torch._C._FunctionBase.__dict__["apply"]
 _functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 
 
-def _eager_call(fn, impl, x, comm, *args):
-    """The eager path of a call whose _eager(x) holds."""
-    if x.requires_grad and _grad_enabled():
+def _eager_call(mode, fn, impl, x, comm, *args):
+    """The eager path of a call whose _eager(x) is mode (not 0)."""
+    if mode == _RECORDED:
         if _functorch_wrapped(x):
             return fn.apply(x, comm_id(comm), *args)
         return fn.eager_apply(x, comm_id(comm), *args)
@@ -531,36 +535,36 @@ def _eager_call(fn, impl, x, comm, *args):
 # The backward formulas' collectives, by communicator id: eager or the op,
 # as the public functions below choose.
 def _call_all_reduce(x, cid, op, algo):
-    if _eager(x):
-        return _eager_call(_AllReduceFn, _all_reduce_impl, x,
+    if (m := _eager(x)):
+        return _eager_call(m, _AllReduceFn, _all_reduce_impl, x,
                            get_communicator(cid), op, algo)
     return _ops.all_reduce(x, cid, op, algo)
 
 
 def _call_reduce_scatter(x, cid, op, algo):
-    if _eager(x):
-        return _eager_call(_ReduceScatterFn, _reduce_scatter_impl, x,
+    if (m := _eager(x)):
+        return _eager_call(m, _ReduceScatterFn, _reduce_scatter_impl, x,
                            get_communicator(cid), op, algo)
     return _ops.reduce_scatter(x, cid, op, algo)
 
 
 def _call_all_gather(x, cid, algo):
-    if _eager(x):
-        return _eager_call(_AllGatherFn, _all_gather_impl, x,
+    if (m := _eager(x)):
+        return _eager_call(m, _AllGatherFn, _all_gather_impl, x,
                            get_communicator(cid), algo)
     return _ops.all_gather(x, cid, algo)
 
 
 def _call_broadcast(x, cid, root, algo):
-    if _eager(x):
-        return _eager_call(_BroadcastFn, _broadcast_impl, x,
+    if (m := _eager(x)):
+        return _eager_call(m, _BroadcastFn, _broadcast_impl, x,
                            get_communicator(cid), root, algo)
     return _ops.broadcast(x, cid, root, algo)
 
 
 def _call_reduce(x, cid, root, op, algo):
-    if _eager(x):
-        return _eager_call(_ReduceFn, _reduce_impl, x,
+    if (m := _eager(x)):
+        return _eager_call(m, _ReduceFn, _reduce_impl, x,
                            get_communicator(cid), root, op, algo)
     return _ops.reduce(x, cid, root, op, algo)
 
@@ -765,8 +769,9 @@ def all_reduce(x: torch.Tensor, comm, op: str = "sum",
 
         y = symnccl.torch.all_reduce(x, comm, op="max")
     """
-    if _eager(x):
-        return _eager_call(_AllReduceFn, _all_reduce_impl, x, comm, op, algo)
+    if (m := _eager(x)):
+        return _eager_call(m, _AllReduceFn, _all_reduce_impl, x, comm, op,
+                           algo)
     return _ops.all_reduce(x, comm_id(comm), op, algo)
 
 
@@ -784,9 +789,10 @@ def all_reduce_(x: torch.Tensor, comm, op: str = "sum",
 
         symnccl.torch.all_reduce_(grad, comm, op="avg")
     """
-    recorded = x.requires_grad and torch.is_grad_enabled()
-    if _eager(x) and x.is_contiguous() and not (recorded and
-                                                not x.is_leaf):
+    m = _eager(x)
+    recorded = m == _RECORDED if m else (x.requires_grad and
+                                         torch.is_grad_enabled())
+    if m and (not recorded or x.is_leaf) and x.is_contiguous():
         _raw(comm).all_reduce(x, None, op, algo)
         _bump_version((x,))   # as the op's ADInplaceOrView kernel does
         return x
@@ -811,8 +817,8 @@ def reduce_scatter(x: torch.Tensor, comm, op: str = "sum",
 
         z = symnccl.torch.reduce_scatter(h @ w_row, comm)   # (T, H)
     """
-    if _eager(x):
-        return _eager_call(_ReduceScatterFn, _reduce_scatter_impl, x, comm,
+    if (m := _eager(x)):
+        return _eager_call(m, _ReduceScatterFn, _reduce_scatter_impl, x, comm,
                            op, algo)
     return _ops.reduce_scatter(x, comm_id(comm), op, algo)
 
@@ -826,8 +832,8 @@ def all_gather(x: torch.Tensor, comm, algo: str = "auto") -> torch.Tensor:
 
         h = symnccl.torch.all_gather(x_shard, comm)         # (n * T, H)
     """
-    if _eager(x):
-        return _eager_call(_AllGatherFn, _all_gather_impl, x, comm, algo)
+    if (m := _eager(x)):
+        return _eager_call(m, _AllGatherFn, _all_gather_impl, x, comm, algo)
     return _ops.all_gather(x, comm_id(comm), algo)
 
 
@@ -842,8 +848,8 @@ def broadcast(x: torch.Tensor, comm, root: int = 0,
 
         w = symnccl.torch.broadcast(w, comm, root=0)
     """
-    if _eager(x):
-        return _eager_call(_BroadcastFn, _broadcast_impl, x, comm, root,
+    if (m := _eager(x)):
+        return _eager_call(m, _BroadcastFn, _broadcast_impl, x, comm, root,
                            algo)
     return _ops.broadcast(x, comm_id(comm), root, algo)
 
@@ -861,8 +867,8 @@ def reduce(x: torch.Tensor, comm, root: int = 0, op: str = "sum",
 
         total = symnccl.torch.reduce(loss, comm, root=0, algo="one_shot")
     """
-    if _eager(x):
-        return _eager_call(_ReduceFn, _reduce_impl, x, comm, root, op, algo)
+    if (m := _eager(x)):
+        return _eager_call(m, _ReduceFn, _reduce_impl, x, comm, root, op, algo)
     return _ops.reduce(x, comm_id(comm), root, op, algo)
 
 
@@ -877,8 +883,8 @@ def tp_all_reduce(x: torch.Tensor, comm, algo: str = "auto") -> torch.Tensor:
         h = torch.nn.functional.gelu(symnccl.torch.tp_copy(x, comm) @ w1)
         y = symnccl.torch.tp_all_reduce(h @ w2, comm) + b2
     """
-    if _eager(x):
-        return _eager_call(_TPAllReduceFn, _tp_all_reduce_impl, x, comm,
+    if (m := _eager(x)):
+        return _eager_call(m, _TPAllReduceFn, _tp_all_reduce_impl, x, comm,
                            algo)
     return _ops.tp_all_reduce(x, comm_id(comm), algo)
 
@@ -937,14 +943,14 @@ def all_reduce_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor,
                                                weight, eps, scale, algo)
     if scale is not None:
         raise ValueError("scale= is given without quant='fp8'")
-    if _eager(x):
+    if (m := _eager(x)):
         if not x.requires_grad and _grad_enabled() and (
                 residual.requires_grad or weight.requires_grad):
             # autograd records the call for the residual's or the
             # weight's gradient (_eager_call looks at x alone)
             return _AllReduceAddRMSNormFn.apply(x, comm_id(comm), residual,
                                                 weight, eps, algo)
-        return _eager_call(_AllReduceAddRMSNormFn,
+        return _eager_call(m, _AllReduceAddRMSNormFn,
                            _all_reduce_add_rmsnorm_impl, x, comm, residual,
                            weight, eps, algo)
     return _ops.all_reduce_add_rmsnorm(x, comm_id(comm), residual, weight,
@@ -997,8 +1003,8 @@ def _(x, comm_id, in_splits, out_rows, algo):
 
 
 def _call_all_to_all(x, cid, algo):
-    if _eager(x):
-        return _eager_call(_AllToAllFn, _all_to_all_impl, x,
+    if (m := _eager(x)):
+        return _eager_call(m, _AllToAllFn, _all_to_all_impl, x,
                            get_communicator(cid), algo)
     return _ops.all_to_all(x, cid, algo)
 
@@ -1019,8 +1025,8 @@ def _setup_all_to_all_v(ctx, inputs, output):
 
 def _backward_all_to_all_v(ctx, grad, _grad_splits):
     (got,) = ctx.saved_tensors
-    if _eager(grad):
-        gx, _ = _eager_call(_AllToAllVFn, _all_to_all_v_impl, grad,
+    if (m := _eager(grad)):
+        gx, _ = _eager_call(m, _AllToAllVFn, _all_to_all_v_impl, grad,
                             get_communicator(ctx.cid), got, ctx.x_rows,
                             ctx.algo)
     else:
@@ -1050,8 +1056,8 @@ def all_to_all(x: torch.Tensor, comm, algo: str = "auto") -> torch.Tensor:
 
         y = symnccl.torch.all_to_all(tokens, comm, algo="push")
     """
-    if _eager(x):
-        return _eager_call(_AllToAllFn, _all_to_all_impl, x, comm, algo)
+    if (m := _eager(x)):
+        return _eager_call(m, _AllToAllFn, _all_to_all_impl, x, comm, algo)
     return _ops.all_to_all(x, comm_id(comm), algo)
 
 
@@ -1076,13 +1082,13 @@ def all_to_all_v(x: torch.Tensor, out: torch.Tensor, in_splits, comm,
         recv, got = symnccl.torch.all_to_all_v(x[order], buf, counts, comm,
                                                algo="push")
     """
-    recorded = x.requires_grad and _grad_enabled()
-    if _eager(x) and not recorded:
+    m = _eager(x)
+    if m and m != _RECORDED:
         got = torch.empty(_raw(comm).nranks, dtype=torch.int64,
                           device=x.device)
         _raw(comm).all_to_all_v(x.contiguous(), out, in_splits, got, algo)
         return out, got
-    if _eager(x):
+    if m:
         y, got = _AllToAllVFn.apply(x, comm_id(comm), in_splits,
                                     out.shape[0], algo)
     else:

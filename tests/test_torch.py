@@ -223,9 +223,11 @@ def cpu_eager():
     for CUDA ones), so that its autograd Functions run here on the
     stand-in communicator, through the same gate."""
     import symnccl.torch as snt
-    symnccl._C._torch_eager_install(snt._PLAIN, "is_cpu", snt._TRACERS)
+    symnccl._C._torch_eager_install(snt._PLAIN, "is_cpu", snt._TRACERS,
+                                    snt._grad_enabled)
     yield
-    symnccl._C._torch_eager_install(snt._PLAIN, "is_cuda", snt._TRACERS)
+    symnccl._C._torch_eager_install(snt._PLAIN, "is_cuda", snt._TRACERS,
+                                    snt._grad_enabled)
 
 
 def _dispatched(fn):

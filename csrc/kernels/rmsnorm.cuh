@@ -74,32 +74,32 @@ SYMNCCL_BEGIN
 // bf16/fp16, 8192 fp32) never reads out_h back.
 constexpr int kRmsKeep = 2;
 
-// Sum of one float per thread over the CTA, in a fixed order; every thread
-// gets the same bits. `buf`: 2 x 32 floats of shared memory, alternating
-// by row parity (one __syncthreads per row: a thread can write the next
-// row's partial only after every thread read this row's).
-__device__ __forceinline__ float block_sum(float v, float* buf) {
+// op(a, b) of one float per thread over the CTA, from 0, in a fixed
+// order; every thread gets the same bits. `buf`: 32 floats of shared
+// memory, alternating by row parity between two such (one __syncthreads
+// per row: a thread can write the next row's partial only after every
+// thread read this row's).
+template <typename Op>
+__device__ __forceinline__ float block_reduce(float v, float* buf, Op op) {
 #pragma unroll
-  for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
+  for (int m = 16; m > 0; m >>= 1)
+    v = op(v, __shfl_xor_sync(0xffffffffu, v, m));
   const int warps = (int)(blockDim.x >> 5);
   if ((threadIdx.x & 31) == 0) buf[threadIdx.x >> 5] = v;
   __syncthreads();
   float s = 0.f;
-  for (int w = 0; w < warps; w++) s += buf[w];
+  for (int w = 0; w < warps; w++) s = op(s, buf[w]);
   return s;
 }
 
-// The same reduction for the row's largest |y| (dynamic FP8 scales).
+// The row's sum of squares.
+__device__ __forceinline__ float block_sum(float v, float* buf) {
+  return block_reduce(v, buf, [](float a, float b) { return a + b; });
+}
+
+// The row's largest |y| (dynamic FP8 scales).
 __device__ __forceinline__ float block_max(float v, float* buf) {
-#pragma unroll
-  for (int m = 16; m > 0; m >>= 1)
-    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, m));
-  const int warps = (int)(blockDim.x >> 5);
-  if ((threadIdx.x & 31) == 0) buf[threadIdx.x >> 5] = v;
-  __syncthreads();
-  float s = 0.f;
-  for (int w = 0; w < warps; w++) s = fmaxf(s, buf[w]);
-  return s;
+  return block_reduce(v, buf, [](float a, float b) { return fmaxf(a, b); });
 }
 
 constexpr float kFp8Max = 448.f;
