@@ -497,21 +497,26 @@ get_windows(CommObject *s, void *c)
 static PyObject *
 get_knobs(CommObject *s, void *c)
 {
-    const sn_knobs *k = &s->knobs;
-    return Py_BuildValue(
-        "{s:s,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i}",
-        "SYMNCCL_ALGO",
-        k->algo >= 0 ? sn_algos[k->algo].name : "auto", "SYMNCCL_THREADS",
-        k->lsa_threads, "SYMNCCL_ONE_SHOT_CTAS", k->one_shot_ctas,
-        "SYMNCCL_TWO_SHOT_CTAS", k->two_shot_ctas, "SYMNCCL_LL_CTAS",
-        k->ll_ctas, "SYMNCCL_LL_THREADS", k->ll_threads,
-        "SYMNCCL_LL_TWO_SHOT_KIB", k->ll_two_shot_kib,
-        "SYMNCCL_LL128_TWO_SHOT_KIB", k->ll128_two_shot_kib,
-        "SYMNCCL_PUSH_CTAS", k->push_ctas, "SYMNCCL_PUSH_THREADS",
-        k->push_threads, "SYMNCCL_PUSH_REGION_MIB", k->push_region_mib,
-        "SYMNCCL_PUSH_CHUNK_KIB", k->push_chunk_kib,
-        "SYMNCCL_CHECK", k->check, "SYMNCCL_PDL", k->pdl,
-        "SYMNCCL_NCCL_BLOCKING", k->nccl_blocking);
+    return sn_knobs_dict(&s->knobs);
+}
+
+static PyObject *
+get_pdl_early(CommObject *s, void *c)
+{
+    return PyBool_FromLong(s->pdl_early);
+}
+
+static int
+set_pdl_early(CommObject *s, PyObject *v, void *c)
+{
+    const int on = v != NULL ? PyObject_IsTrue(v) : -1;
+    if (on < 0) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "_pdl_early cannot be deleted");
+        return -1;
+    }
+    s->pdl_early = on;
+    return 0;
 }
 
 static PyGetSetDef comm_getset[] = {
@@ -553,6 +558,9 @@ static PyGetSetDef comm_getset[] = {
     {"knobs", (getter)get_knobs, NULL,
      "The run-time knobs this communicator read at creation "
      "(symnccl._C.KNOBS lists them).", NULL},
+    {"_pdl_early", (getter)get_pdl_early, (setter)set_pdl_early,
+     "Whether its kernels let the next launch begin at their entry (with "
+     "NCCL >= 2.30.7); settable, for testing.", NULL},
     {NULL},
 };
 

@@ -225,9 +225,12 @@ sn_rmsnorm_ar_algo(CommObject *c, int asked, int algo, const sn_dtype *dt,
     return sn_then_norm_algo(&topo, &c->knobs, asked, dt, bytes);
 }
 
-/* The all-reduce of x into a temporary (NCCL's, or symnccl's kernel of
- * r->ar_algo: sn_then_norm_algo), then the add and the norm by symnccl's
- * kernel with no peer (r->local), on the same stream. */
+/* The all-reduce of x (NCCL's, or symnccl's kernel of r->ar_algo:
+ * sn_then_norm_algo) into y's buffer, then the add and the norm by
+ * symnccl's kernel with no peer (r->local), on the same stream, reading
+ * the sums where it writes y (each row's reads come before its stores).
+ * A temporary where y's buffer cannot hold them: an FP8 y, or y written
+ * over the residual (which the sums would overwrite before the add). */
 static int
 all_reduce_then_norm(const sn_ar *r, sn_nccl_done_fn done, void *ctx,
                      sn_err *err)
@@ -242,9 +245,12 @@ all_reduce_then_norm(const sn_ar *r, sn_nccl_done_fn done, void *ctx,
                        c->symmetric_reason != NULL ? c->symmetric_reason
                                                    : "no staging window");
     const size_t bytes = r->count * (size_t)r->dtype->itemsize;
-    char *tmp = NULL;
-    cudaError_t e = cudaMallocAsync((void **)&tmp, bytes, r->stream);
-    if (e != cudaSuccess)
+    const int own_tmp = r->quant != SYMNCCL_QUANT_NONE ||
+                        r->out == r->residual;
+    char *tmp = r->out;
+    cudaError_t e = cudaSuccess;
+    if (own_tmp &&
+        (e = cudaMallocAsync((void **)&tmp, bytes, r->stream)) != cudaSuccess)
         return sn_fail(err, e, ncclSuccess, "cudaMallocAsync");
     int rc;
     if (r->ar_algo != SN_ALGO_NCCL) {
@@ -264,8 +270,8 @@ all_reduce_then_norm(const sn_ar *r, sn_nccl_done_fn done, void *ctx,
         local.local = 1;
         rc = sn_launch_kernels(&local, err);
     }
-    e = cudaFreeAsync(tmp, r->stream);
-    if (rc == 0 && e != cudaSuccess)
+    if (own_tmp && (e = cudaFreeAsync(tmp, r->stream)) != cudaSuccess &&
+        rc == 0)
         rc = sn_fail(err, e, ncclSuccess, "cudaFreeAsync");
     return rc;
 }

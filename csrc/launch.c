@@ -287,8 +287,10 @@ push_launch(const sn_ar *r, int kernel, sn_err *err)
  * row, at most SYMNCCL_THREADS; it depends on H and the dtype only, so
  * every rank (and the local launch) reduces a row in the same order. The
  * grid: a CTA per row, at most SYMNCCL_RMSNORM_CTAS with peers (a team's
- * grids must be resident at once), SYMNCCL_RMSNORM_LOCAL_CTAS without. A
- * dynamic FP8 output's scales: one per row. */
+ * grids must be resident at once); without, SYMNCCL_RMSNORM_LOCAL_CTAS, by
+ * default as many as are resident at once (SYMNCCL_LOCAL_THREADS_PER_SM of
+ * add_rmsnorm's threads on each SM). A dynamic FP8 output's scales: one
+ * per row. */
 static int
 row_launches(const sn_ar *r, int kernel, sn_err *err)
 {
@@ -335,8 +337,13 @@ row_launches(const sn_ar *r, int kernel, sn_err *err)
         /* two_shot: each rank normalises ceil(len / n) rows */
         const size_t grid_rows = two && peers
             ? (len + (size_t)c->nranks - 1) / (size_t)c->nranks : len;
-        const int cap = peers ? c->knobs.rmsnorm_ctas
-                              : c->knobs.rmsnorm_local_ctas;
+        int cap = peers ? c->knobs.rmsnorm_ctas : c->knobs.rmsnorm_local_ctas;
+        if (cap == 0) {
+            const size_t resident = (size_t)c->sms *
+                                    (SYMNCCL_LOCAL_THREADS_PER_SM / a.threads);
+            cap = resident < SYMNCCL_LOCAL_MAX_CTAS ? (int)resident
+                                                    : SYMNCCL_LOCAL_MAX_CTAS;
+        }
         a.ctas = grid_rows > (size_t)cap ? cap : (int)grid_rows;
         a.mid_win = a.win;
         a.mid_offset = len * row_bytes;

@@ -161,19 +161,13 @@ sn_comm_new(PyTypeObject *tp, int rank, int nranks, int device,
         Py_DECREF(c);
         return NULL;
     }
-    if (c->knobs.rmsnorm_local_ctas == 0) {   /* two CTAs per SM */
-        int sms = 0;
-        const cudaError_t e = cudaDeviceGetAttribute(
-            &sms, cudaDevAttrMultiProcessorCount, device);
-        if (e != cudaSuccess) {
-            sn_set_cuda_error(sn_state_from_type(tp), e,
-                              "cudaDeviceGetAttribute(MultiProcessorCount)");
-            Py_DECREF(c);
-            return NULL;
-        }
-        c->knobs.rmsnorm_local_ctas = 2 * sms < SYMNCCL_LOCAL_MAX_CTAS
-                                          ? 2 * sms
-                                          : SYMNCCL_LOCAL_MAX_CTAS;
+    const cudaError_t e = cudaDeviceGetAttribute(
+        &c->sms, cudaDevAttrMultiProcessorCount, device);
+    if (e != cudaSuccess) {
+        sn_set_cuda_error(sn_state_from_type(tp), e,
+                          "cudaDeviceGetAttribute(MultiProcessorCount)");
+        Py_DECREF(c);
+        return NULL;
     }
     sn_layout_compute(c, staging_bytes);
     return c;

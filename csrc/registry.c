@@ -529,13 +529,13 @@ static const knob knobs[] = {
     {"SYMNCCL_RMSNORM_CTAS", offsetof(sn_knobs, rmsnorm_ctas), 128, 1,
      SN_MAX_CTAS, 1, "largest grid of all_reduce_rmsnorm's kernels with "
      "peers (a CTA per row)"},
-    /* 0: two CTAs per SM, each with rows in flight, the most that are
-     * resident at once (kernels/rmsnorm.cuh, add_rmsnorm; docs/
+    /* 0: as many CTAs as are resident at once (two of 512 threads per SM),
+     * each with rows in flight (kernels/rmsnorm.cuh, add_rmsnorm; docs/
      * PERFORMANCE.md, 'Fused all-reduce, all-to-all and steps') */
     {"SYMNCCL_RMSNORM_LOCAL_CTAS", offsetof(sn_knobs, rmsnorm_local_ctas),
      0, 0, SYMNCCL_LOCAL_MAX_CTAS, 1, "largest grid of all_reduce_rmsnorm's "
-     "add+norm with no peer (one rank, or after an all-reduce); 0: two per "
-     "SM"},
+     "add+norm with no peer (one rank, or after an all-reduce); 0: as many "
+     "as are resident at once"},
     /* 64 CTAs: 256 KiB 5.4 -> 4.6 us on 2 ranks, 8.7 -> 7.9 us (two-shot
      * packets) on 4; the same at 4 KiB (docs/PERFORMANCE.md, 'Packets: ll
      * and ll128') */
@@ -621,6 +621,27 @@ sn_knobs_read(sn_knobs *k)
         }
     }
     return 0;
+}
+
+PyObject *
+sn_knobs_dict(const sn_knobs *k)
+{
+    PyObject *d = PyDict_New();
+    if (d == NULL)
+        return NULL;
+    PyObject *v = PyUnicode_FromString(k->algo >= 0 ? sn_algos[k->algo].name
+                                                    : "auto");
+    int rc = v != NULL ? PyDict_SetItemString(d, "SYMNCCL_ALGO", v) : -1;
+    Py_XDECREF(v);
+    for (size_t i = 0; rc == 0 && i < N_KNOBS; i++) {
+        v = PyLong_FromLong(*(const int *)((const char *)k +
+                                           knobs[i].offset));
+        rc = v != NULL ? PyDict_SetItemString(d, knobs[i].env, v) : -1;
+        Py_XDECREF(v);
+    }
+    if (rc < 0)
+        Py_CLEAR(d);
+    return d;
 }
 
 /* ------------------------------------------------------------------ */

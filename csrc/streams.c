@@ -116,19 +116,24 @@ sn_py_torch_eager(PyObject *module, PyObject *x)
     SNState *st = PyModule_GetState(module);
     if (st->eager_types == NULL)
         return PyLong_FromLong(0);
-    int plain = 0;
-    const Py_ssize_t ntypes = PyTuple_Size(st->eager_types);
+    /* held here: a check that reinstalls the gate cannot free them */
+    PyObject *types = Py_NewRef(st->eager_types);
+    PyObject *attr = Py_NewRef(st->eager_attr);
+    PyObject *checks = Py_NewRef(st->eager_checks);
+    PyObject *grad_mode = Py_NewRef(st->eager_grad_mode);
+    int ok = 0;
+    const Py_ssize_t ntypes = PyTuple_Size(types);
     for (Py_ssize_t i = 0; i < ntypes; i++)   /* borrowed items */
-        plain |= (PyObject *)Py_TYPE(x) == PyTuple_GetItem(st->eager_types,
-                                                           i);
-    if (!plain)
-        return PyLong_FromLong(0);
-    PyObject *r = PyObject_GetAttr(x, st->eager_attr);
-    int ok = r != NULL ? PyObject_IsTrue(r) : -1;
-    Py_XDECREF(r);
-    const Py_ssize_t nchecks = PyTuple_Size(st->eager_checks);
+        ok |= (PyObject *)Py_TYPE(x) == PyTuple_GetItem(types, i);
+    PyObject *r;
+    if (ok) {
+        r = PyObject_GetAttr(x, attr);
+        ok = r != NULL ? PyObject_IsTrue(r) : -1;
+        Py_XDECREF(r);
+    }
+    const Py_ssize_t nchecks = PyTuple_Size(checks);
     for (Py_ssize_t i = 0; ok == 1 && i < nchecks; i++) {
-        r = PyObject_CallNoArgs(PyTuple_GetItem(st->eager_checks, i));
+        r = PyObject_CallNoArgs(PyTuple_GetItem(checks, i));
         const int active = r != NULL ? PyObject_IsTrue(r) : -1;
         Py_XDECREF(r);
         ok = active < 0 ? -1 : !active;
@@ -138,15 +143,17 @@ sn_py_torch_eager(PyObject *module, PyObject *x)
         int rec = r != NULL ? PyObject_IsTrue(r) : -1;
         Py_XDECREF(r);
         if (rec == 1) {
-            r = PyObject_CallNoArgs(st->eager_grad_mode);
+            r = PyObject_CallNoArgs(grad_mode);
             rec = r != NULL ? PyObject_IsTrue(r) : -1;
             Py_XDECREF(r);
         }
         ok = rec < 0 ? -1 : 1 + rec;
     }
-    if (ok < 0)
-        return NULL;
-    return PyLong_FromLong(ok);
+    Py_DECREF(types);
+    Py_DECREF(attr);
+    Py_DECREF(checks);
+    Py_DECREF(grad_mode);
+    return ok < 0 ? NULL : PyLong_FromLong(ok);
 }
 
 int

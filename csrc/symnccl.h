@@ -294,6 +294,8 @@ const char *sn_algo_unavailable(const sn_topology *t, int algo,
                                 const sn_dtype *dt, const sn_op *op);
 /* The knobs from the environment; -1 with ValueError on a bad value. */
 int sn_knobs_read(sn_knobs *k);
+/* Communicator.knobs: every knob's value, by its variable's name. */
+PyObject *sn_knobs_dict(const sn_knobs *k);
 /* Adds DTYPES, OPS, ALGORITHMS, ... to the module. */
 int sn_registry_export(PyObject *module);
 
@@ -559,7 +561,9 @@ typedef struct CommObject {
     const char *multicast_reason;
     int multicast_requested;
     char device_api_why[240];  /* symmetric_reason, when it is composed */
-    int pdl_early;             /* symnccl_kargs.pdl_early (nccl_policy.c) */
+    int pdl_early;             /* symnccl_kargs.pdl_early (nccl_policy.c;
+                                  settable for testing: _pdl_early) */
+    int sms;                   /* the device's SMs */
     int closed;                /* 0 open, 1 closed, 2 aborted */
     double timeout;
     sn_knobs knobs;

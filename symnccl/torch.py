@@ -474,7 +474,15 @@ _PLAIN = (torch.Tensor, torch.nn.Parameter)
 # torch's queries of what must see the ops: each returns a false value
 # when no mode, transform or tracer is active
 _TRACERS = (_dispatch_modes, _function_modes, _functorch, _jit_tracing)
-symnccl._C._torch_eager_install(_PLAIN, "is_cuda", _TRACERS, _grad_enabled)
+
+
+def _install_gate(attr: str = "is_cuda") -> None:
+    """_C._torch_eager's parts: the eager path takes a tensor whose `attr`
+    is true (the CPU tests install "is_cpu")."""
+    symnccl._C._torch_eager_install(_PLAIN, attr, _TRACERS, _grad_enabled)
+
+
+_install_gate()
 _eager_gate = symnccl._C._torch_eager
 # _eager's value when autograd records the call
 _RECORDED = 2
@@ -489,8 +497,6 @@ def _eager(x) -> int:
     constant True and traces nothing after it, so compiled code always
     holds the op."""
     return 0 if _is_compiling() else _eager_gate(x)
-
-
 
 
 def _raw(comm):
@@ -944,7 +950,7 @@ def all_reduce_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor,
     if scale is not None:
         raise ValueError("scale= is given without quant='fp8'")
     if (m := _eager(x)):
-        if not x.requires_grad and _grad_enabled() and (
+        if m != _RECORDED and _grad_enabled() and (
                 residual.requires_grad or weight.requires_grad):
             # autograd records the call for the residual's or the
             # weight's gradient (_eager_call looks at x alone)

@@ -599,15 +599,25 @@ def test_auto_beyond_the_fused_rows_is_all_reduce_s_choice_then_the_norm(
     """Where no fused kernel serves "auto" (3+ ranks; over 4 MiB at 2) the
     call is the unfused composition with one kernel for the add and the
     norm: the all-reduce all_reduce's own auto table picks (ll128 for 512
-    B at 3 ranks, push over 4 MiB at 2), then symnccl's add+norm. Within
+    B at 3 ranks, push over 4 MiB at 2), then symnccl's add+norm, which
+    reads the all-reduce's output only past its PDL wait (the all-reduce
+    lets it launch early here, as beside NCCL >= 2.30.7). Within
     the float64 bounds, the same bits on every rank, on 2 ranks the bits
-    of the fused one_shot (whose sums are push's: one rounding of x0 + x1),
-    and it runs on a loopback team; asked "nccl", the all-reduce is
-    NCCL's, which a loopback team refuses."""
+    of the fused one_shot (whose sums are push's: one rounding of x0 + x1)
+    and the same bits with y written over x, or over the residual (the
+    sums go to y's buffer unless it is the residual), and it runs on a
+    loopback team; asked "nccl", the all-reduce is NCCL's, which a
+    loopback team refuses."""
     torch = _torch()
-    for k in ("SYMNCCL_LL_CTAS", "SYMNCCL_PUSH_CTAS"):   # all resident
+    # all resident: the add+norm, launched while the all-reduce runs, must
+    # leave the other ranks' all-reduce room on the one GPU (with its
+    # default grid, which fills the GPU, rank 1's push never started)
+    for k in ("SYMNCCL_LL_CTAS", "SYMNCCL_PUSH_CTAS",
+              "SYMNCCL_RMSNORM_LOCAL_CTAS"):
         monkeypatch.setenv(k, str(_grid(nranks)))
     team = _team(monkeypatch, nranks)
+    for c in team:   # the all-reduce lets the add+norm launch at its entry
+        c._pdl_early = True
     streams = [torch.cuda.Stream() for _ in team]
     try:
         xs, res, w = _inputs(torch, nranks, T, H, "bfloat16", seed=T + H)
@@ -628,6 +638,19 @@ def test_auto_beyond_the_fused_rows_is_all_reduce_s_choice_then_the_norm(
                       algo="one_shot")
             same = same and torch.equal(_bits(y1[0]), _bits(ys[0])) and \
                 torch.equal(_bits(h1[0]), _bits(hs[0]))
+            for over in ("x", "residual"):
+                xo = [x.clone() for x in xs]
+                ro = [res.clone() for _ in team]
+                torch.cuda.synchronize()
+                for c, s, x, r in zip(team, streams, xo, ro):
+                    c.all_reduce_rmsnorm(x, r, w, EPS, stream=s,
+                                         out=x if over == "x" else r,
+                                         residual_out=r if over == "x"
+                                         else x)
+                torch.cuda.synchronize()
+                y, h = (xo[0], ro[0]) if over == "x" else (ro[0], xo[0])
+                same = same and torch.equal(_bits(y), _bits(ys[0])) and \
+                    torch.equal(_bits(h), _bits(hs[0]))
         with pytest.raises(RuntimeError, match="needs NCCL.*loopback"):
             team[0].all_reduce_rmsnorm(xs[0], res, w, EPS, algo="nccl")
     finally:

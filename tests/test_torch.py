@@ -3,7 +3,6 @@ eager, torch.compile(fullgraph=True) and CUDA graphs."""
 import pytest
 
 from conftest import ranks_param
-import symnccl
 from symnccl.bootstrap import free_port, spawn
 
 torch = pytest.importorskip("torch", reason="torch is not installed")
@@ -223,11 +222,9 @@ def cpu_eager():
     for CUDA ones), so that its autograd Functions run here on the
     stand-in communicator, through the same gate."""
     import symnccl.torch as snt
-    symnccl._C._torch_eager_install(snt._PLAIN, "is_cpu", snt._TRACERS,
-                                    snt._grad_enabled)
+    snt._install_gate("is_cpu")
     yield
-    symnccl._C._torch_eager_install(snt._PLAIN, "is_cuda", snt._TRACERS,
-                                    snt._grad_enabled)
+    snt._install_gate()
 
 
 def _dispatched(fn):

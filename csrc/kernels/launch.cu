@@ -154,12 +154,12 @@ cudaError_t launch(const symnccl_kargs* a, cudaStream_t stream) {
       (a->row_len == 0 || a->row_len % 8 != 0 || a->count % a->row_len != 0 ||
        a->residual == nullptr || a->out_h == nullptr ||
        a->weight == nullptr || a->src == nullptr || a->out == nullptr ||
-       (!a->local && n > 1 && a->win == nullptr) || a->quant < 0 ||
+       (!a->local && (n < 2 || a->win == nullptr)) || a->quant < 0 ||
        a->quant > SYMNCCL_QUANT_DYNAMIC ||
        (a->quant != SYMNCCL_QUANT_NONE && a->scale == nullptr) ||
        (a->kernel == SYMNCCL_K_TWO_SHOT_RMSNORM &&
         (a->quant != SYMNCCL_QUANT_NONE ||
-         (!a->local && n > 1 && a->mid_win == nullptr)))))
+         (!a->local && a->mid_win == nullptr)))))
     return cudaErrorInvalidValue;
   if (k.unit == SYMNCCL_UNIT_MULTIMEM)
     return symnccl_launch_multimem(a, stream);

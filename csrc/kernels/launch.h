@@ -67,13 +67,15 @@ enum { SYMNCCL_OP_SUM = 0, SYMNCCL_OP_MAX = 1, SYMNCCL_OP_MIN = 2,
 
 /* Largest LSA team the kernels accept (the host checks lsa_size). */
 #define SYMNCCL_MAX_RANKS 32
-/* Largest grid of any kernel: the barrier flag lines and the per-CTA call
- * counters are laid out for it. */
+/* Largest grid of any kernel but add_rmsnorm: the barrier flag lines and
+ * the per-CTA call counters are laid out for it. */
 #define SYMNCCL_MAX_CTAS 128
 /* Largest grid of the add+norm with no peer (all_reduce_rmsnorm with
  * `local`: on one rank, or after an all-reduce): it reads no call counter
- * and takes no barrier (rmsnorm.cuh, add_rmsnorm). */
+ * and takes no barrier (rmsnorm.cuh, add_rmsnorm). Its threads resident on
+ * one SM: 65536 registers at 64 a thread (__launch_bounds__(512, 2)). */
 #define SYMNCCL_LOCAL_MAX_CTAS 4096
+#define SYMNCCL_LOCAL_THREADS_PER_SM 1024
 /* Largest grid of the push kernels (their flag lines are laid out for
  * it). */
 #define SYMNCCL_PUSH_MAX_CTAS 128

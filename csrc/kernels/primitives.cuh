@@ -257,10 +257,10 @@ __device__ __forceinline__ Entry enter(const symnccl_kargs& a, int me,
 
 // enter() for a kernel that counts no call and waits for no peer (the
 // add+norm with no peer, whose grid may be larger than the counters):
-// the fault word only.
+// the fault word only. The caller has passed pdl_wait (it may load its
+// inputs in between).
 __device__ __forceinline__ bool enter_uncounted(const symnccl_kargs& a,
                                                 int me, int n) {
-  pdl_wait(a.pdl_early);
   const uint64_t word = load_relaxed(a.fault_word);
   bool ok = word == 0;
   if (threadIdx.x == 0 && (word != 0 || a.inject))

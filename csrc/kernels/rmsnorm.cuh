@@ -59,9 +59,10 @@
 // every staged row starts 16-byte aligned); x, residual, out, out_h and
 // weight of any alignment (element-wise loads and stores when any is not
 // 16-byte aligned); out and out_h do not overlap (out_h may be residual,
-// out may be x); grid <= SYMNCCL_MAX_CTAS; rows * H * sizeof(T) within the
-// staging area (two_shot: three times that); block <= 512. Float32,
-// float16, bfloat16 (unit FLOAT).
+// out may be x); block <= 512; one_shot and two_shot: 2+ ranks, grid <=
+// SYMNCCL_MAX_CTAS, rows * H * sizeof(T) within the staging area
+// (two_shot: three times that); add_rmsnorm: grid <=
+// SYMNCCL_LOCAL_MAX_CTAS. Float32, float16, bfloat16 (unit FLOAT).
 #ifndef SYMNCCL_KERNELS_RMSNORM_CUH
 #define SYMNCCL_KERNELS_RMSNORM_CUH
 
@@ -255,8 +256,8 @@ __device__ __forceinline__ void quantise_row(const symnccl_kargs& a, size_t r,
                  inv, q_aligned);
 }
 
-// The body of both kernels. kTwo (two_shot_rmsnorm, on 2+ ranks without
-// a.local): rank q normalises rows [q * per, q * per + per) only and stores
+// The body of both kernels with peers (2+ ranks; a launch with no peer
+// runs add_rmsnorm). kTwo (two_shot_rmsnorm): rank q normalises rows [q * per, q * per + per) only and stores
 // their y and h into every rank's result rows in the staging window (after
 // the staged x: y at mid_offset, h after it); after the exit barrier each
 // rank copies its result rows into out and out_h. CTA b stages, and copies
@@ -271,8 +272,7 @@ __device__ __forceinline__ void rmsnorm_body(const ncclDevComm& dc,
   const int me = dc.lsaRank;
   const Entry en = enter(a, me, n);
   const uint64_t e = en.epoch;
-  const bool peers = !a.local && n > 1;
-  const bool two = kTwo && peers;
+  constexpr bool two = kTwo;
   const T* src = static_cast<const T*>(a.src);
   const T* res = static_cast<const T*>(a.residual);
   const T* w = static_cast<const T*>(a.weight);
@@ -295,34 +295,26 @@ __device__ __forceinline__ void rmsnorm_body(const ncclDevComm& dc,
   const Peers mid = two ? Peers::of(a.mid_win, a.mid_offset) : Peers{};
   const size_t hoff = rows * H * sizeof(T);
   const bool mid_aligned = (a.mid_offset & 15) == 0;
-  Barrier bar{};
+  Barrier bar = Barrier::of(a, me, n);
   RmsRow<T> row;
   row.H = H;
   row.aligned = aligned;
-  if (peers) {
-    bar = Barrier::of(a, me, n);
-    row.in = Peers::of(a.win, a.win_offset);
-    row.n = n;
-    row.in_aligned = (a.win_offset & 15) == 0;
-    // x into my staging rows: the rows the same CTA of every peer reads
-    // after the barrier
-    T* mine = reinterpret_cast<T*>(row.in(me));
-    if (en.ok)
-      for (int q = 0; q < (two ? n : 1); q++)
-        for (size_t j = blockIdx.x; j < per; j += gridDim.x) {
-          const size_t r = (size_t)q * per + j;
-          if (r >= rows) break;
-          for (size_t v = tid; v < rvec; v += bd)
-            store_pack<16>(mine + r * H, v, H, row.in_aligned,
-                           load_pack<16>(src + r * H, v, H, src_aligned));
-        }
-    if (!bar.sync(e + 1, a, me, n, en.ok)) return;
-  } else {
-    row.in = Peers{const_cast<char*>(reinterpret_cast<const char*>(src)), 0};
-    row.n = 1;
-    row.in_aligned = src_aligned;
-    if (!__syncthreads_and(en.ok)) return;
-  }
+  row.in = Peers::of(a.win, a.win_offset);
+  row.n = n;
+  row.in_aligned = (a.win_offset & 15) == 0;
+  // x into my staging rows: the rows the same CTA of every peer reads
+  // after the barrier
+  T* mine = reinterpret_cast<T*>(row.in(me));
+  if (en.ok)
+    for (int q = 0; q < (two ? n : 1); q++)
+      for (size_t j = blockIdx.x; j < per; j += gridDim.x) {
+        const size_t r = (size_t)q * per + j;
+        if (r >= rows) break;
+        for (size_t v = tid; v < rvec; v += bd)
+          store_pack<16>(mine + r * H, v, H, row.in_aligned,
+                         load_pack<16>(src + r * H, v, H, src_aligned));
+      }
+  if (!bar.sync(e + 1, a, me, n, en.ok)) return;
   // h and y of row r, vector v: into out_h and out, or (two) into every
   // rank's result rows
   auto put_h = [&](size_t r, size_t v, uint4 hv) {
@@ -387,7 +379,6 @@ __device__ __forceinline__ void rmsnorm_body(const ncclDevComm& dc,
       put_y(r, v,
             normalise<T>(get_h(r, v), load_pack<16>(w, v, H, aligned), rstd));
   }
-  if (!peers) return;
   if (!bar.sync(e + 2, a, me, n)) return;
   if (threadIdx.x == 0) a.epochs[blockIdx.x] = e + 2;
   if (!two) return;
@@ -419,11 +410,12 @@ __global__ void __launch_bounds__(512)
   rmsnorm_body<T, true>(dc, a);
 }
 
-// Two CTAs of 512 threads per SM: at most 64 registers a thread. kQuant:
+// SYMNCCL_LOCAL_THREADS_PER_SM threads per SM (two CTAs of 512): at most
+// 64 registers a thread. kQuant:
 // a.quant (a kernel of its own, so the FP8 path costs the plain one no
 // registers).
 template <typename T, bool kQuant>
-__global__ void __launch_bounds__(512, 2)
+__global__ void __launch_bounds__(512, SYMNCCL_LOCAL_THREADS_PER_SM / 512)
     add_rmsnorm(ncclDevComm dc, const __grid_constant__ symnccl_kargs a) {
   __shared__ float s_sum[2][32], s_max[2][32];
   const T* x = static_cast<const T*>(a.src);
@@ -451,6 +443,9 @@ __global__ void __launch_bounds__(512, 2)
         nr[u] = load_pack<16>(res + r * H, tid + u * bd, H, aligned);
       }
   };
+  // x may be the output of the kernel before (the composed path's
+  // all-reduce): its stores are ours to read only past the PDL wait
+  pdl_wait(a.pdl_early);
   fetch(blockIdx.x);
   if (!__syncthreads_and(enter_uncounted(a, dc.lsaRank, dc.lsaSize))) return;
   int parity = 0;
@@ -480,17 +475,18 @@ __global__ void __launch_bounds__(512, 2)
     const float rstd = rsqrtf(block_sum(ss, s_sum[parity]) / (float)H + a.eps);
     if constexpr (kQuant) {
       quantise_row(a, r, rstd, keep, wk, out_h + r * H, s_max[parity]);
-      continue;
-    }
+    } else {
 #pragma unroll
-    for (int u = 0; u < kRmsKeep; u++)
-      if (tid + u * bd < rvec)
-        store_pack<16>(out + r * H, tid + u * bd, H, aligned,
-                       normalise<T>(keep[u], wk[u], rstd));
-    for (size_t v = tid + kRmsKeep * bd; v < rvec; v += bd)
-      store_pack<16>(out + r * H, v, H, aligned,
-                     normalise<T>(load_pack<16>(out_h + r * H, v, H, aligned),
-                                  load_pack<16>(w, v, H, aligned), rstd));
+      for (int u = 0; u < kRmsKeep; u++)
+        if (tid + u * bd < rvec)
+          store_pack<16>(out + r * H, tid + u * bd, H, aligned,
+                         normalise<T>(keep[u], wk[u], rstd));
+      for (size_t v = tid + kRmsKeep * bd; v < rvec; v += bd)
+        store_pack<16>(
+            out + r * H, v, H, aligned,
+            normalise<T>(load_pack<16>(out_h + r * H, v, H, aligned),
+                         load_pack<16>(w, v, H, aligned), rstd));
+    }
   }
 }
 
