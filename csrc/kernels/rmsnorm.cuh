@@ -32,12 +32,13 @@
 //   composed path's add+norm): nothing staged, no barrier, no call
 //   counter. The rows of one SM must be in flight together to reach HBM's
 //   bandwidth (one 512-thread CTA per SM, waiting for each row's loads
-//   before it issued the next, read ~1.4 TB/s on H100), so: two CTAs per
-//   SM (at most 64 registers a thread), a grid of SYMNCCL_RMSNORM_LOCAL_CTAS
-//   CTAs whose rows go round them, and each CTA's next row loaded while it
-//   reduces and stores this one. Its first row is loaded before the
-//   entry's verdict (local memory only: a failed communicator's launch
-//   stores nothing).
+//   before it issued the next, read ~1.4 TB/s on H100), so: at most 64
+//   registers a thread (two 512-thread CTAs per SM), a grid of as many
+//   CTAs as are resident at once (SYMNCCL_RMSNORM_LOCAL_CTAS) whose rows
+//   go round them, and each CTA's next row loaded while it reduces and
+//   stores this one. Its first row is loaded past the PDL wait (x may be
+//   the kernel before's output) but before the entry's verdict (local
+//   memory only: a failed communicator's launch stores nothing).
 //
 // two_shot_rmsnorm: the same rows, split among the ranks: rank q reduces
 //   and normalises rows [q * per, q * per + per) (per = ceil(rows / n)),
@@ -257,7 +258,8 @@ __device__ __forceinline__ void quantise_row(const symnccl_kargs& a, size_t r,
 }
 
 // The body of both kernels with peers (2+ ranks; a launch with no peer
-// runs add_rmsnorm). kTwo (two_shot_rmsnorm): rank q normalises rows [q * per, q * per + per) only and stores
+// runs add_rmsnorm). kTwo (two_shot_rmsnorm): rank q normalises rows
+// [q * per, q * per + per) only and stores
 // their y and h into every rank's result rows in the staging window (after
 // the staged x: y at mid_offset, h after it); after the exit barrier each
 // rank copies its result rows into out and out_h. CTA b stages, and copies
