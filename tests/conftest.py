@@ -86,6 +86,37 @@ def xla_handler_or_skip(*name):
         pytest.skip(str(e))
 
 
+def last_rank_never_calls(torch, team, call, timeout, collective, kernel):
+    """call(c, stream, q) on every rank q of a loopback team but the last,
+    which never makes it: each gives up after `timeout` with
+    PeerTimeoutError, one of them names the last rank (the other may name
+    it or the first to give up, told by its fault word), every error names
+    `collective` and a kernel for which kernel(name) holds, and the GPU
+    stays usable after abort()."""
+    import time
+    streams = [torch.cuda.Stream() for _ in team]
+    torch.cuda.synchronize()
+    t0 = time.monotonic()
+    for q, (c, s) in enumerate(zip(team[:-1], streams)):
+        call(c, s, q)
+    torch.cuda.synchronize()
+    took = time.monotonic() - t0
+    errors = []
+    for c in team[:-1]:
+        with pytest.raises(symnccl.PeerTimeoutError) as e:
+            c.check()
+        errors.append(e.value)
+    assert timeout <= took < timeout + 8.0, took
+    last = len(team) - 1
+    assert any(e.reason == "timeout" and e.rank == last for e in errors), \
+        [str(e) for e in errors]
+    assert all(e.collective == collective and kernel(e.kernel)
+               for e in errors), [str(e) for e in errors]
+    for c in team:
+        c.abort()
+    assert torch.arange(8, device="cuda", dtype=torch.float32).sum() == 28
+
+
 def spawn_cpu(fn, *args):
     """fn(*args) in a fresh process (JAX reads XLA_FLAGS once)."""
     import multiprocessing as mp

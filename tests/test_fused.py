@@ -8,11 +8,10 @@ reference of the unfused composition
 on loopback teams (every rank on one GPU, Communicator._loopback) of 1 to 8
 ranks, and on a one-rank NCCL communicator. The CPU tests at the top check
 the registry's view of the collective (which algorithm runs what)."""
-import time
-
 import pytest
 
 import symnccl
+from conftest import last_rank_never_calls
 from symnccl import _C
 
 COLL = "all_reduce_rmsnorm"
@@ -331,27 +330,12 @@ def test_a_rank_that_never_calls_times_out_on_every_other_rank(monkeypatch,
                                                                 algo):
     torch = _torch()
     team = _team(monkeypatch, 3, timeout=STOP_TIMEOUT)
-    streams = [torch.cuda.Stream() for _ in team]
     xs, res, w = _inputs(torch, 3, 17, 1000, "float32", seed=3)
-    torch.cuda.synchronize()
-    t0 = time.monotonic()
-    for c, s, x in zip(team[:2], streams, xs):
-        c.all_reduce_rmsnorm(x, res, w, EPS, stream=s, algo=algo)
-    torch.cuda.synchronize()
-    took = time.monotonic() - t0
-    errors = []
-    for c in team[:2]:
-        with pytest.raises(symnccl.PeerTimeoutError) as e:
-            c.check()
-        errors.append(e.value)
-    assert STOP_TIMEOUT <= took < STOP_TIMEOUT + 8.0, took
-    assert any(e.reason == "timeout" and e.rank == 2 for e in errors), \
-        [str(e) for e in errors]
-    assert all(e.collective == COLL and e.kernel == algo + "_rmsnorm"
-               for e in errors), [str(e) for e in errors]
-    for c in team:
-        c.abort()
-    assert torch.arange(8, device="cuda", dtype=torch.float32).sum() == 28
+    last_rank_never_calls(
+        torch, team,
+        lambda c, s, q: c.all_reduce_rmsnorm(xs[q], res, w, EPS, stream=s,
+                                             algo=algo),
+        STOP_TIMEOUT, COLL, lambda k: k == algo + "_rmsnorm")
 
 
 @pytest.mark.gpu

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import symnccl
+from conftest import last_rank_never_calls
 from symnccl import _check
 
 pytestmark = pytest.mark.gpu
@@ -276,29 +277,10 @@ def test_a_rank_that_never_calls_times_out_on_every_other_rank(monkeypatch,
     the GPU stays usable."""
     torch = _torch()
     team = _team(monkeypatch, 3, timeout=STOP_TIMEOUT)
-    streams = [torch.cuda.Stream() for _ in team]
     x = [torch.randn(4099, device="cuda") for _ in team]
-    torch.cuda.synchronize()
-    t0 = time.monotonic()
-    for c, s, xq in zip(team[:2], streams, x):
-        c.all_reduce(xq, algo=algo, stream=s)
-    torch.cuda.synchronize()
-    took = time.monotonic() - t0
-    errors = []
-    for c in team[:2]:
-        with pytest.raises(symnccl.PeerTimeoutError) as e:
-            c.check()
-        errors.append(e.value)
-    assert STOP_TIMEOUT <= took < STOP_TIMEOUT + 8.0, took
-    # the first to give up names rank 2; the other may name rank 2 (its
-    # own timeout) or the first (told by its fault word)
-    assert any(e.reason == "timeout" and e.rank == 2 for e in errors), \
-        [str(e) for e in errors]
-    assert all(e.collective == "all_reduce" and e.kernel.startswith(algo)
-               for e in errors), [str(e) for e in errors]
-    for c in team:
-        c.abort()
-    assert torch.arange(8, device="cuda", dtype=torch.float32).sum() == 28
+    last_rank_never_calls(
+        torch, team, lambda c, s, q: c.all_reduce(x[q], algo=algo, stream=s),
+        STOP_TIMEOUT, "all_reduce", lambda k: k.startswith(algo))
 
 
 def test_loopback_ranks_run_kernels_only(monkeypatch):
