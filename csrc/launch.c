@@ -338,7 +338,7 @@ row_launches(const sn_ar *r, int kernel, sn_err *err)
         const size_t grid_rows = two && peers
             ? (len + (size_t)c->nranks - 1) / (size_t)c->nranks : len;
         int cap = peers ? c->knobs.rmsnorm_ctas : c->knobs.rmsnorm_local_ctas;
-        if (cap == 0) {
+        if (!peers && cap == 0) {   /* the no-peer knob's default */
             const size_t resident = (size_t)c->sms *
                                     (SYMNCCL_LOCAL_THREADS_PER_SM / a.threads);
             cap = resident < SYMNCCL_LOCAL_MAX_CTAS ? (int)resident
