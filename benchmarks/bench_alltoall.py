@@ -167,18 +167,23 @@ class _VDev:
     def __init__(self, torch, dist, symm, numel, per, dt):
         n = dist.get_world_size()
         self.group = dist.group.WORLD.group_name
-        self.x = symm.empty(numel, dtype=dt, device="cuda")
-        self.out = symm.empty(numel, dtype=dt, device="cuda")
+        # NVSHMEM's team manager keeps the first device it sees and refuses
+        # any other, "cuda" (no index) included: every buffer on this
+        # rank's device by index ("Detected use of TeamManager on multiple
+        # devices" otherwise)
+        dev = torch.device("cuda", torch.cuda.current_device())
+        self.x = symm.empty(numel, dtype=dt, device=dev)
+        self.out = symm.empty(numel, dtype=dt, device=dev)
         op = torch.ops.symm_mem.all_to_all_vdev
         self.new = len(op.default._schema.arguments) >= 5
         if self.new:
-            self.splits = symm.empty(n, dtype=torch.int64, device="cuda")
+            self.splits = symm.empty(n, dtype=torch.int64, device=dev)
             self.splits.fill_(per)
-            self.so = symm.empty((2, n), dtype=torch.int64, device="cuda")
+            self.so = symm.empty((2, n), dtype=torch.int64, device=dev)
             bufs = (self.x, self.out, self.splits, self.so)
         else:
             self.splits = symm.empty((3, n), dtype=torch.int64,
-                                     device="cuda")
+                                     device=dev)
             self.splits[0].fill_(per)
             bufs = (self.x, self.out, self.splits)
         for b in bufs:

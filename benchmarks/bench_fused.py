@@ -8,7 +8,12 @@ Methods:
             within AUTO_TABLE's all_reduce_rmsnorm rows, past them
             all_reduce's own choice then symnccl's add+norm); the JSON's
             fused_kernels say which ran
-  two_shot  the same with algo="two_shot" (2+ ranks; for information)
+  ll, one_shot, two_shot
+            the same with that algo (2+ ranks: each fused kernel, whatever
+            auto picks; the auto table's rows come from these columns)
+  ar_ll     comm.all_reduce(x, out=s, algo="ll") alone (2+ ranks): the LL
+            all-reduce of the same bytes, the floor the ll kernel is
+            measured against
   unfused   comm.all_reduce(x, out=s) (algo="auto"), then h = s + residual
             and torch.nn.functional.rms_norm(h, (H,), w, eps), torch's
             kernels
@@ -64,9 +69,11 @@ def _grids(torch, nranks):
     512-thread CTA of them per SM), and the add+norm's resident CTAs
     (SYMNCCL_RMSNORM_LOCAL_CTAS's default: two per SM for the 512-thread
     rows of H 4096 and 8192 in bf16, the sizes measured) are shared among
-    the ranks."""
+    the ranks; so are the LL grids (ll_rmsnorm's and the LL all-reduce's,
+    SYMNCCL_LL_CTAS)."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     return {"SYMNCCL_RMSNORM_CTAS": str(min(128, sms) // nranks),
+            "SYMNCCL_LL_CTAS": str(min(64, sms // nranks)),
             "SYMNCCL_RMSNORM_LOCAL_CTAS": str(2 * sms // nranks)}
 
 
@@ -102,6 +109,22 @@ def _calls(torch, team, streams, bufs, fused, algo="auto"):
                 b["y"] = F.rms_norm(b["h"], (b["h"].shape[-1],), b["w"], EPS)
     for s in streams:
         cur.wait_stream(s)
+
+
+def _all_reduce(team, streams, bufs, algo):
+    """Every rank's all-reduce of x alone (no add, no norm)."""
+    import torch
+    cur = torch.cuda.current_stream()
+    for c, s, b in zip(team, streams, bufs):
+        s.wait_stream(cur)
+        with torch.cuda.stream(s):
+            c.all_reduce(b["x"], out=b["s"], algo=algo)
+    for s in streams:
+        cur.wait_stream(s)
+
+
+# the fused kernels timed one by one at 2+ ranks, and the all-reduce alone
+KERNEL_ALGOS = ("ll", "one_shot", "two_shot")
 
 
 def _time(torch, fn, iters, reps, sync=None):
@@ -185,17 +208,22 @@ def _measure(torch, team, n, rank, opts, sync=None, anchors=None,
                    if v != before[k]}
             tu = _time(torch, lambda: _calls(torch, team, streams, bu, False),
                        opts["iters"], opts["reps"], sync)
-            t2 = None
-            if n > 1:   # the two-shot by rows, for information
-                t2 = _time(torch, lambda: _calls(torch, team, streams, bf,
-                                                 True, "two_shot"),
-                           opts["iters"], opts["reps"], sync)
+            per = {}
+            if n > 1:   # each fused kernel, and the LL all-reduce alone
+                for algo in KERNEL_ALGOS:
+                    per[f"{algo}_us"] = round(_time(
+                        torch, lambda: _calls(torch, team, streams, bf, True,
+                                              algo),
+                        opts["iters"], opts["reps"], sync), 2)
+                per["ar_ll_us"] = round(_time(
+                    torch, lambda: _all_reduce(team, streams, bf, "ll"),
+                    opts["iters"], opts["reps"], sync), 2)
             rows.append({"nranks": n, "T": T, "H": H,
                          "bytes": T * H * bf[0]["x"].element_size(),
                          "fused_us": round(tf, 2),
                          "unfused_us": round(tu, 2),
                          "ratio": round(tf / tu, 3),
-                         "two_shot_us": t2 and round(t2, 2),
+                         **per,
                          "fused_kernels": ran,
                          "max_diff_eps": round(worst, 2),
                          "wrong": wrong})
@@ -373,16 +401,17 @@ def main():
                    iters=args.iters, reps=args.reps, eps=EPS, rows=rows,
                    **extra)
     where = write_results(doc, "fused_", args.out)
+    cols = [f"{a}_us" for a in KERNEL_ALGOS] + ["ar_ll_us"]
     print(f"\n{'ranks':>5} {'T':>5} {'H':>5} {'bytes':>9} {'fused us':>9} "
-          f"{'unfused us':>10} {'ratio':>6} {'2shot us':>9} {'maxdiff':>8} "
-          f"{'#wrong':>6}")
+          f"{'unfused us':>10} {'ratio':>6} "
+          + " ".join(f"{c[:-3]:>9}" for c in cols) +
+          f" {'maxdiff':>8} {'#wrong':>6}")
     for r in rows:
         print(f"{r['nranks']:>5} {r['T']:>5} {r['H']:>5} {r['bytes']:>9} "
               f"{r['fused_us']:>9.2f} {r['unfused_us']:>10.2f} "
               f"{r['ratio']:>6.3f} "
-              f"{r['two_shot_us'] if r['two_shot_us'] else '-':>9} "
-              f"{r['max_diff_eps']:>8.2f} "
-              f"{r['wrong']:>6}")
+              + " ".join(f"{r.get(c) or '-':>9}" for c in cols) +
+              f" {r['max_diff_eps']:>8.2f} {r['wrong']:>6}")
     if "skipped" in doc:      # torchrun: the anchors, us
         print(f"\n{'T':>5} {'H':>5} {'fused us':>9} {'nccl unfused':>12} "
               f"{'flashinfer':>10}")

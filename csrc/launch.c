@@ -15,8 +15,9 @@
  *            worth of each slice, straight from x into out
  *   ROOTED   one_shot (reduce, broadcast): one launch per staging area, x
  *            copied into the staging window first
- *   ROWS     one_shot_rmsnorm, two_shot_rmsnorm (all_reduce_rmsnorm):
- *            whole rows of x, as many per launch as the staging area holds
+ *   ROWS     one_shot_rmsnorm, two_shot_rmsnorm, ll_rmsnorm
+ *            (all_reduce_rmsnorm): whole rows of x, as many per launch as
+ *            the staging area (ll: a row of the LL region) holds
  *            (x read in place, one launch, on one rank and after NCCL's
  *            all-reduce)
  *   PUSH     push (every collective it runs): one launch for any size
@@ -287,7 +288,9 @@ push_launch(const sn_ar *r, int kernel, sn_err *err)
  * row, at most SYMNCCL_THREADS; it depends on H and the dtype only, so
  * every rank (and the local launch) reduces a row in the same order. The
  * grid: a CTA per row, at most SYMNCCL_RMSNORM_CTAS with peers (a team's
- * grids must be resident at once); without, SYMNCCL_RMSNORM_LOCAL_CTAS, by
+ * grids must be resident at once); ll_rmsnorm's is the LL family's fixed
+ * grid (SYMNCCL_LL_CTAS), its rows in chunks of what an LL row carries
+ * (no staging copy); without a peer, SYMNCCL_RMSNORM_LOCAL_CTAS, by
  * default as many as are resident at once (SYMNCCL_LOCAL_THREADS_PER_SM of
  * add_rmsnorm's threads on each SM). A dynamic FP8 output's scales: one
  * per row. */
@@ -302,15 +305,23 @@ row_launches(const sn_ar *r, int kernel, sn_err *err)
      * rows (every rank's results) */
     const int two = kernel == SYMNCCL_K_TWO_SHOT_RMSNORM;
     const int peers = !r->local && c->nranks > 1;
+    /* ll: the rows travel as LL packets in a row of the LL region, on the
+     * LL family's slots, counters and fixed grid */
+    const int ll = peers &&
+        symnccl_kernel_row_of(kernel).family == SYMNCCL_FAMILY_LL;
+    symnccl_kargs a = ll ? packet_kargs(r, kernel) : kargs(r, kernel);
     size_t chunk = rows;
-    if (peers)
+    if (ll)
+        chunk = symnccl_packet_max_count(kernel, a.row_bytes, 1, c->nranks) /
+                row_bytes;
+    else if (peers)
         chunk = c->layout.staging / (row_bytes * (two ? 3 : 1));
     if (chunk == 0)
         return sn_fail(err, cudaErrorInvalidValue, ncclSuccess, "a row of "
-                       "%zu bytes is larger than the staging area (%zu "
-                       "bytes, staging_bytes=)", row_bytes,
-                       c->layout.staging);
-    symnccl_kargs a = kargs(r, kernel);
+                       "%zu bytes is larger than %s (%zu bytes%s)", row_bytes,
+                       ll ? "an LL packet row carries" : "the staging area",
+                       ll ? a.row_bytes / 2 : c->layout.staging,
+                       ll ? "" : ", staging_bytes=");
     a.win = c->staging_win->win;
     a.win_offset = 0;
     a.weight = r->weight;
@@ -344,7 +355,8 @@ row_launches(const sn_ar *r, int kernel, sn_err *err)
             cap = resident < SYMNCCL_LOCAL_MAX_CTAS ? (int)resident
                                                     : SYMNCCL_LOCAL_MAX_CTAS;
         }
-        a.ctas = grid_rows > (size_t)cap ? cap : (int)grid_rows;
+        if (!ll)   /* ll's is the family's, fixed */
+            a.ctas = grid_rows > (size_t)cap ? cap : (int)grid_rows;
         a.mid_win = a.win;
         a.mid_offset = len * row_bytes;
         if (launch(r, &a, err) < 0)

@@ -269,22 +269,25 @@ sn_collective_unavailable(const sn_topology *t, int collective, int algo,
 #define MIB ((size_t)1 << 20)
 #define ANY_SIZE ((size_t)1 << 60)   /* a limit no call reaches */
 
+/* A row: the algorithm of a call of `bytes` is the first whose limit it
+ * does not exceed, in the order of the fields (a limit of 0: never), then
+ * `above`. */
 typedef struct {
     int collective, max_ranks;
-    size_t ll, ll128, one_shot, two_shot_window, two_shot_tensor;
+    size_t ll, ll128, one_shot, two_shot_window, two_shot_tensor, push;
     int above;
 } auto_row;
 
 static const auto_row auto_table[] = {
-    {SYMNCCL_COLL_ALL_REDUCE, 2, 64 * KIB, 1 * MIB, 0, 4 * MIB, 0,
+    {SYMNCCL_COLL_ALL_REDUCE, 2, 64 * KIB, 1 * MIB, 0, 4 * MIB, 0, 0,
      SN_ALGO_PUSH},
-    {SYMNCCL_COLL_ALL_REDUCE, 3, 0, 1536 * KIB, 0, 0, 0, SN_ALGO_PUSH},
-    {SYMNCCL_COLL_ALL_REDUCE, 7, 0, 1536 * KIB, 0, 4 * MIB, 2 * MIB,
+    {SYMNCCL_COLL_ALL_REDUCE, 3, 0, 1536 * KIB, 0, 0, 0, 0, SN_ALGO_PUSH},
+    {SYMNCCL_COLL_ALL_REDUCE, 7, 0, 1536 * KIB, 0, 4 * MIB, 2 * MIB, 0,
      SN_ALGO_PUSH},
-    {SYMNCCL_COLL_REDUCE_SCATTER, 2, 0, 2 * MIB, 0, 0, 0, SN_ALGO_PUSH},
-    {SYMNCCL_COLL_ALL_GATHER, 2, 64 * KIB, 4 * MIB, 0, 0, 0, SN_ALGO_PUSH},
-    {SYMNCCL_COLL_REDUCE, 2, 0, 0, 4 * MIB, 0, 0, SN_ALGO_NCCL},
-    {SYMNCCL_COLL_BROADCAST, 2, 0, 0, 4 * MIB, 0, 0, SN_ALGO_NCCL},
+    {SYMNCCL_COLL_REDUCE_SCATTER, 2, 0, 2 * MIB, 0, 0, 0, 0, SN_ALGO_PUSH},
+    {SYMNCCL_COLL_ALL_GATHER, 2, 64 * KIB, 4 * MIB, 0, 0, 0, 0, SN_ALGO_PUSH},
+    {SYMNCCL_COLL_REDUCE, 2, 0, 0, 4 * MIB, 0, 0, 0, SN_ALGO_NCCL},
+    {SYMNCCL_COLL_BROADCAST, 2, 0, 0, 4 * MIB, 0, 0, 0, SN_ALGO_NCCL},
     /* all_reduce_rmsnorm, bf16, H100, CUDA-graph replay, against symnccl's
      * all_reduce + torch's add + rms_norm
      * (benchmarks/results/fused_h100x1_bfloat16.json). 1 rank: one_shot
@@ -298,9 +301,17 @@ static const auto_row auto_table[] = {
      * the all-reduce all_reduce's own table picks (push above 4 MiB at 2
      * ranks), then symnccl's add+norm (sn_then_norm_algo): the unfused
      * composition with one kernel for torch's add and rms_norm. */
-    {SYMNCCL_COLL_ALL_REDUCE_RMSNORM, 1, 0, 0, ANY_SIZE, 0, 0,
+    /* all_to_all and all_to_all_v (by out's bytes, which every rank
+     * agrees on), bf16, 2x H100 over NVLink, CUDA-graph replay, against
+     * torch.distributed.all_to_all_single (NCCL): ll 4.6-7.3 us up to
+     * 1 MiB (NCCL 9.6-14.6); push 20.1 / 46.7 us at 4 / 16 MiB (NCCL
+     * 22.2 / 55.3), behind it at 64 MiB (162.5 against 141.4): NCCL
+     * above 16 MiB (benchmarks/results/alltoall_h100x2_bfloat16.json). */
+    {SYMNCCL_COLL_ALL_TO_ALL, 2, 1 * MIB, 0, 0, 0, 0, 16 * MIB,
      SN_ALGO_NCCL},
-    {SYMNCCL_COLL_ALL_REDUCE_RMSNORM, 2, 0, 0, 4 * MIB, 0, 0,
+    {SYMNCCL_COLL_ALL_REDUCE_RMSNORM, 1, 0, 0, ANY_SIZE, 0, 0, 0,
+     SN_ALGO_NCCL},
+    {SYMNCCL_COLL_ALL_REDUCE_RMSNORM, 2, 1 * MIB, 0, 4 * MIB, 0, 0, 0,
      SN_ALGO_NCCL},
 };
 #define N_AUTO (sizeof(auto_table) / sizeof(auto_table[0]))
@@ -329,7 +340,8 @@ auto_algo(const sn_topology *t, const sn_knobs *k, const sn_call_desc *d)
         : b <= r->one_shot ? SN_ALGO_ONE_SHOT
         : b <= (d->in_window ? r->two_shot_window : r->two_shot_tensor)
             ? SN_ALGO_TWO_SHOT
-            : r->above;
+        : b <= r->push ? SN_ALGO_PUSH
+                       : r->above;
     /* a dtype, op or communicator its kernel cannot take: NCCL */
     if (sn_collective_unavailable(t, d->collective, algo, d->dtype,
                                   d->op) != NULL)
@@ -877,12 +889,13 @@ sn_registry_export(PyObject *module)
     for (size_t i = 0; rows != NULL && i < N_AUTO; i++) {
         const auto_row *r = &auto_table[i];
         PyObject *d = Py_BuildValue(
-            "{s:s,s:i,s:n,s:n,s:n,s:n,s:n,s:s}", "collective",
+            "{s:s,s:i,s:n,s:n,s:n,s:n,s:n,s:n,s:s}", "collective",
             collective_names[r->collective], "max_ranks", r->max_ranks, "ll",
             (Py_ssize_t)r->ll, "ll128", (Py_ssize_t)r->ll128, "one_shot",
             (Py_ssize_t)r->one_shot, "two_shot_window",
             (Py_ssize_t)r->two_shot_window, "two_shot_tensor",
-            (Py_ssize_t)r->two_shot_tensor, "above", sn_algos[r->above].name);
+            (Py_ssize_t)r->two_shot_tensor, "push", (Py_ssize_t)r->push,
+            "above", sn_algos[r->above].name);
         if (d == NULL)
             Py_CLEAR(rows);
         else

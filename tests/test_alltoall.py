@@ -47,8 +47,8 @@ def test_all_to_all_methods_are_documented_with_an_example():
 def test_push_and_ll_run_all_to_all_in_every_dtype():
     """The registry's answer for a 2-rank NVLink team: push, ll and nccl
     run all_to_all, in every dtype (bytes); the other algorithms are
-    refused naming those that do; auto is NCCL until the table has a
-    row."""
+    refused naming those that do; auto is ll, then push, then NCCL (its
+    row of AUTO_TABLE, by the bytes every rank agrees on)."""
     topo = dict(nranks=2, lsa_size=2, symmetric=1, staging=1, push=1,
                 multicast=0)
     gate = _C._algo_unavailable_for
@@ -62,8 +62,11 @@ def test_push_and_ll_run_all_to_all_in_every_dtype():
             "do: ll, push, nccl)"), algo
     assert "push region" in gate(dict(topo, push=0), "push", "float32",
                                  "sum", "all_to_all")
-    assert _C._auto_algo_for(topo, 1 << 20, "bfloat16", "sum", False,
-                             "all_to_all") == "nccl"
+    for nbytes, algo in ((4096, "ll"), (1 << 20, "ll"),
+                         ((1 << 20) + 1, "push"), (16 << 20, "push"),
+                         ((16 << 20) + 1, "nccl")):
+        assert _C._auto_algo_for(topo, nbytes, "bfloat16", "sum", False,
+                                 "all_to_all") == algo, nbytes
     with pytest.raises(ValueError, match="all_to_all"):
         gate(topo, "push", "float32", "sum", "all_to_al")
 
@@ -576,8 +579,9 @@ def test_argument_errors_name_what_was_seen_and_expected(monkeypatch):
         big = torch.zeros(2 << 20, device="cuda")      # 8 MiB: no LL row
         with pytest.raises(ValueError, match="algo 'll' carries at most"):
             c.all_to_all(big, algo="ll")
+        huge = torch.zeros(5 << 20, device="cuda")     # 20 MiB: past push
         with pytest.raises(RuntimeError, match="loopback"):
-            c.all_to_all(x)            # auto: no table row, NCCL
+            c.all_to_all(huge)         # auto: NCCL above the table's push
     finally:
         _close(team)
 

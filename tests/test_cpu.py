@@ -745,18 +745,14 @@ def test_symnccl_algo_overrides_auto_where_it_can_run(monkeypatch):
 def test_auto_walks_one_table_for_every_collective(monkeypatch):
     """algo="auto" takes the first algorithm of the AUTO_TABLE row serving
     the collective and world size whose limit the call's larger buffer is
-    within (ll, ll128, one_shot, two_shot), else the row's `above`; NCCL
+    within (ll, ll128, one_shot, two_shot, push), else the row's `above`; NCCL
     where no row serves the world size or the kernel cannot take the
     dtype/op. all_reduce's rows are ordinary rows of the same table."""
     monkeypatch.delenv("SYMNCCL_ALGO", raising=False)
     auto = _C._auto_algo_for
     rows = symnccl.AUTO_TABLE
-    # all_to_all has no row until it is measured on GPUs (issue 32): its
-    # auto is NCCL, checked below
     assert {r["collective"] for r in rows} == \
-        {r["collective"] for r in _C.KERNEL_TABLE} - {"all_to_all"}
-    assert auto(TOPO_2, 4096, "bfloat16", "sum", False, "all_to_all") == \
-        "nccl"
+        {r["collective"] for r in _C.KERNEL_TABLE}
     for i, r in enumerate(rows):
         coll = r["collective"]
         algos = ({a for a, ks in _C.ALGO_KERNELS.items() if ks}
@@ -764,7 +760,8 @@ def test_auto_walks_one_table_for_every_collective(monkeypatch):
         topo = dict(TOPO_2, nranks=r["max_ranks"], lsa_size=r["max_ranks"])
         limits = [(a, r[k]) for a, k in (("ll", "ll"), ("ll128", "ll128"),
                                          ("one_shot", "one_shot"),
-                                         ("two_shot", "two_shot_tensor"))
+                                         ("two_shot", "two_shot_tensor"),
+                                         ("push", "push"))
                   if r[k]]
         assert [v for _, v in limits] == sorted(v for _, v in limits), r
         prev = 0

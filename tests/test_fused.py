@@ -20,6 +20,8 @@ DTYPES = ["float32", "float16", "bfloat16"]
 SHAPES = [(1, 8), (3, 1000), (17, 4096), (128, 4096), (1000, 1000),
           (3, 16384), (1, 16384)]
 WORLDS = [1, 2, 3, 4, 8]
+# the fused kernels; ll's bits are one_shot's
+KERNEL_ALGOS = ["one_shot", "two_shot", "ll"]
 EPS = 1e-6
 TOPO_2 = dict(nranks=2, lsa_size=2, symmetric=1, staging=1, push=1,
               multicast=0)
@@ -32,20 +34,22 @@ def test_the_fused_kernel_is_a_row_of_the_kernel_table():
     assert [(r["name"], r["algo"], r["plan"], r["unit"], r["family"])
             for r in rows] == [
         ("one_shot_rmsnorm", "one_shot", "rows", "float", "barrier"),
-        ("two_shot_rmsnorm", "two_shot", "rows", "float", "barrier")]
+        ("two_shot_rmsnorm", "two_shot", "rows", "float", "barrier"),
+        ("ll_rmsnorm", "ll", "rows", "float", "ll")]
     assert _C.COLLECTIVE_KERNELS[COLL] == {"one_shot": "one_shot_rmsnorm",
-                                           "two_shot": "two_shot_rmsnorm"}
+                                           "two_shot": "two_shot_rmsnorm",
+                                           "ll": "ll_rmsnorm"}
 
 
 def test_only_float32_float16_bfloat16_have_the_fused_kernel():
     gate = _C._algo_unavailable_for
-    for algo in ("one_shot", "two_shot"):
+    for algo in KERNEL_ALGOS:
         for dt in DTYPES:
             assert gate(TOPO_2, algo, dt, "sum", COLL) is None, dt
         for dt in ("float64", "float8_e4m3fn", "int32", "int64"):
             assert "float32, float16 and bfloat16" in \
                 gate(TOPO_2, algo, dt, "sum", COLL), dt
-    for algo in ("ll", "ll128", "push"):
+    for algo in ("ll128", "push"):
         assert "no kernel of this algorithm" in \
             gate(TOPO_2, algo, "bfloat16", "sum", COLL), algo
     assert gate(TOPO_2, "nccl", "float64", "sum", COLL) is None
@@ -63,7 +67,8 @@ def test_auto_runs_the_fused_kernel_where_measured_and_nccl_elsewhere(
     for nbytes in (16, 4 << 20, 1 << 40):
         assert auto(one, nbytes, "bfloat16", "sum", False, COLL) == \
             "one_shot"
-    for nbytes, algo in ((16, "one_shot"), (4 << 20, "one_shot"),
+    for nbytes, algo in ((16, "ll"), (1 << 20, "ll"),
+                         ((1 << 20) + 16, "one_shot"), (4 << 20, "one_shot"),
                          ((4 << 20) + 16, "nccl")):
         assert auto(TOPO_2, nbytes, "bfloat16", "sum", False, COLL) == algo
     # 3+ ranks not measured; a dtype without the kernel; no device API
@@ -112,6 +117,7 @@ STOP_TIMEOUT = 0.5
 
 def _team(monkeypatch, nranks, timeout=20.0, **kw):
     monkeypatch.setenv("SYMNCCL_RMSNORM_CTAS", str(_grid(nranks)))
+    monkeypatch.setenv("SYMNCCL_LL_CTAS", str(_grid(nranks)))
     return symnccl.Communicator._loopback(nranks, 0, timeout=timeout, **kw)
 
 
@@ -186,9 +192,9 @@ def _call_all(torch, team, streams, xs, res, w, ys, hs, **kw):
 @pytest.mark.gpu
 @pytest.mark.parametrize("nranks", WORLDS)
 def test_every_dtype_and_shape_against_float64(monkeypatch, nranks):
-    """one_shot and two_shot, poisoned outputs, every other case at an
+    """one_shot, two_shot and ll, poisoned outputs, every other case at an
     unaligned offset: within the rounding bounds of the float64 reference,
-    the same bits on every rank and from both kernels."""
+    the same bits on every rank and from every kernel."""
     torch = _torch()
     team = _team(monkeypatch, nranks)
     streams = [torch.cuda.Stream() for _ in team]
@@ -200,7 +206,7 @@ def test_every_dtype_and_shape_against_float64(monkeypatch, nranks):
                 xs, res, w = _inputs(torch, nranks, T, H, dtype,
                                      seed=T * H + nranks, pad=pad)
                 got = {}
-                for algo in ("one_shot", "two_shot"):
+                for algo in KERNEL_ALGOS:
                     ys = [_poisoned(torch, xs[0], pad) for _ in team]
                     hs = [_poisoned(torch, xs[0], pad) for _ in team]
                     _call_all(torch, team, streams, xs, res, w, ys, hs,
@@ -213,10 +219,12 @@ def test_every_dtype_and_shape_against_float64(monkeypatch, nranks):
                     if bad != (0, 0) or not same:
                         wrong.append((algo, dtype, T, H, pad, bad, same))
                 calls += 1
-                (y1, h1), (y2, h2) = got["one_shot"], got["two_shot"]
-                if not (torch.equal(_bits(y1[0]), _bits(y2[0])) and
-                        torch.equal(_bits(h1[0]), _bits(h2[0]))):
-                    wrong.append(("one_shot != two_shot", dtype, T, H))
+                y1, h1 = got["one_shot"]
+                for algo in KERNEL_ALGOS[1:]:
+                    y2, h2 = got[algo]
+                    if not (torch.equal(_bits(y1[0]), _bits(y2[0])) and
+                            torch.equal(_bits(h1[0]), _bits(h2[0]))):
+                        wrong.append((f"one_shot != {algo}", dtype, T, H))
         launches = [c._launches() for c in team]
     finally:
         _close(team)
@@ -224,7 +232,7 @@ def test_every_dtype_and_shape_against_float64(monkeypatch, nranks):
                       f"y wrong), ranks bitwise equal): {wrong}"
     for q, l in enumerate(launches):
         assert {k: v for k, v in l.items() if v} == \
-            {"one_shot_rmsnorm": calls, "two_shot_rmsnorm": calls}, (q, l)
+            {f"{a}_rmsnorm": calls for a in KERNEL_ALGOS}, (q, l)
 
 
 def _bits(t):
@@ -234,7 +242,7 @@ def _bits(t):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("algo", ["one_shot", "two_shot"])
+@pytest.mark.parametrize("algo", KERNEL_ALGOS)
 @pytest.mark.parametrize("nranks", [2, 3])
 def test_in_place_residual_gives_the_same_bits(monkeypatch, nranks, algo):
     """residual_out=residual (vLLM's in-place form) and out=x give the bits
@@ -263,12 +271,13 @@ def test_in_place_residual_gives_the_same_bits(monkeypatch, nranks, algo):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("algo,launches", [("one_shot", 63),
-                                           ("two_shot", 200)])
+                                           ("two_shot", 200), ("ll", 3)])
 def test_rows_past_the_staging_area_take_several_launches(monkeypatch, algo,
                                                           launches):
     """A staging area of 64 KiB holds 16 rows of H 1000 fp32 (two_shot: 5,
     with their y and h): 1000 rows take 63 (200) launches of whole rows, and
-    the result is unchanged."""
+    the result is unchanged. ll's rows travel in a row of the LL region
+    instead (349 of them at 3 ranks: 3 launches)."""
     torch = _torch()
     team = _team(monkeypatch, 3, staging_bytes=64 << 10)
     streams = [torch.cuda.Stream() for _ in team]
@@ -285,7 +294,7 @@ def test_rows_past_the_staging_area_take_several_launches(monkeypatch, algo,
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("algo", ["one_shot", "two_shot"])
+@pytest.mark.parametrize("algo", KERNEL_ALGOS)
 @pytest.mark.parametrize("nranks", [2, 4])
 def test_graph_replays(monkeypatch, nranks, algo):
     """Each rank captures its call; replays with new inputs carry the
@@ -325,7 +334,7 @@ def test_graph_replays(monkeypatch, nranks, algo):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("algo", ["one_shot", "two_shot"])
+@pytest.mark.parametrize("algo", KERNEL_ALGOS)
 def test_a_rank_that_never_calls_times_out_on_every_other_rank(monkeypatch,
                                                                 algo):
     torch = _torch()
@@ -375,9 +384,9 @@ def test_bad_arguments_name_what_was_seen_and_expected(monkeypatch):
             f(x, r, w, EPS, out=w)
         with pytest.raises(ValueError, match="algo 'fast' is not"):
             f(x, r, w, EPS, algo="fast")
-        with pytest.raises(ValueError, match="'ll' cannot run this "
+        with pytest.raises(ValueError, match="'ll128' cannot run this "
                                              "all_reduce_rmsnorm"):
-            f(x, r, w, EPS, algo="ll")
+            f(x, r, w, EPS, algo="ll128")
         with pytest.raises(RuntimeError, match="loopback"):
             f(x, r, w, EPS, algo="nccl")
         # nothing ran

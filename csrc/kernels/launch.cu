@@ -125,7 +125,9 @@ cudaError_t launch(const symnccl_kargs* a, cudaStream_t stream) {
   if (data != 0 && k.collective == SYMNCCL_COLL_ALL_TO_ALL &&
       (1 + (a->count * a->row_size + data - 1) / data) * row > a->row_bytes)
     return cudaErrorInvalidValue;
-  if (data != 0 && k.collective != SYMNCCL_COLL_ALL_TO_ALL) {
+  // (the add+norm with no peer is the ll row's too, and sends nothing)
+  if (data != 0 && k.collective != SYMNCCL_COLL_ALL_TO_ALL &&
+      !(k.plan == SYMNCCL_PLAN_ROWS && a->local)) {
     // the rows must hold the launch's items
     const size_t items = (a->count * kItemsize[a->dtype] + data - 1) / data;
     const bool two = two_shot_packets(a->kernel);

@@ -67,6 +67,7 @@
 #ifndef SYMNCCL_KERNELS_RMSNORM_CUH
 #define SYMNCCL_KERNELS_RMSNORM_CUH
 
+#include "packet.cuh"
 #include "primitives.cuh"
 
 SYMNCCL_BEGIN
@@ -410,6 +411,130 @@ template <typename T>
 __global__ void __launch_bounds__(512)
     two_shot_rmsnorm(ncclDevComm dc, const __grid_constant__ symnccl_kargs a) {
   rmsnorm_body<T, true>(dc, a);
+}
+
+// ll_rmsnorm: one_shot_rmsnorm's rows on LL packets (packet.cuh), with no
+// barrier: the decode sizes, where one_shot's staging copy and two
+// barriers cost more than the bytes. Vector v (16 bytes) of row r of x is
+// LL items 2 (r rvec + v) and the one after it, sent by the thread that
+// reduces it to row `me` of every peer's slot in the LL region, as
+// packet_one_shot sends a message; then each row is reduced in rank order
+// 0..n-1 as its packets land (the own part read from x), and normalised
+// as one_shot_rmsnorm normalises them: the same bits. A CTA sends every
+// row it owns before it waits for any, so no CTA waits for a peer's CTA
+// that waits in turn (every CTA's packets are out before its first wait).
+// Slots, flags and call counters are the LL family's: the grid is the
+// family's fixed grid (SYMNCCL_LL_CTAS), every CTA counts every call, rows
+// go round the CTAs. The block is one_shot_rmsnorm's (a thread per
+// vector, derived from H): the rows' arithmetic is not the LL grid's. A
+// wait that gave up leaves this thread's `ok` down: it stores no h after
+// it, and the CTA stores no y for the row. Requirements:
+// rows * H * sizeof(T) <= row_bytes / 2 (the host's chunks), the rest as
+// one_shot_rmsnorm's.
+__device__ __forceinline__ void send_vec(char* p, uint4 d, uint64_t flag) {
+  LL::send(p, {{(uint64_t)d.x | (uint64_t)d.y << 32}}, flag);
+  LL::send(p + LL::kItemBytes, {{(uint64_t)d.z | (uint64_t)d.w << 32}},
+           flag);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(512)
+    ll_rmsnorm(ncclDevComm dc, const __grid_constant__ symnccl_kargs a) {
+  __shared__ float s_sum[2][32], s_max[2][32];
+  const int n = dc.lsaSize, me = dc.lsaRank;
+  uint64_t epoch;
+  if (!enter_cta(a, me, n, epoch)) return;
+  const PacketCall call(epoch, a.region_offset, n, a.row_bytes);
+  const uint64_t flag = LL::wire_flag(call.flag);
+  const T* x = static_cast<const T*>(a.src);
+  const T* res = static_cast<const T*>(a.residual);
+  T* out = static_cast<T*>(a.out);
+  T* out_h = static_cast<T*>(a.out_h);
+  const size_t H = a.row_len, rows = a.count / H;
+  const size_t rvec = H / Pack<T, 16>::kElems;
+  const size_t tid = threadIdx.x, bd = blockDim.x;
+  const bool x_al = (reinterpret_cast<uintptr_t>(x) & 15) == 0;
+  const bool aligned =
+      ((reinterpret_cast<uintptr_t>(res) |
+        reinterpret_cast<uintptr_t>(a.weight) |
+        reinterpret_cast<uintptr_t>(out) | reinterpret_cast<uintptr_t>(out_h)) &
+       15) == 0;
+  constexpr size_t kVec = 2 * LL::kItemBytes;  // a vector's packets
+  const Peers slot = Peers::of(a.region_win, call.slot_off);
+
+  // my rows' vectors into row `me` of every peer's slot
+  const Peers to = slot.at((size_t)me * a.row_bytes);
+  for (size_t r = blockIdx.x; r < rows; r += gridDim.x)
+    for (size_t v = tid; v < rvec; v += bd) {
+      const uint4 d = load_pack<16>(x + r * H, v, H, x_al);
+      for (int q = 0; q < n; q++)
+        if (q != me) send_vec(to(q) + (r * rvec + v) * kVec, d, flag);
+    }
+
+  // my rows, each reduced in rank order as its packets land, then
+  // normalised: rmsnorm_body's row loop, the same arithmetic in the same
+  // order (kept apart: one helper for both made ptxas spill
+  // one_shot_rmsnorm's float32 unit). A thread whose wait gave up stores
+  // no more h; the CTA stores no y for the row (__syncthreads_and).
+  const T* w = static_cast<const T*>(a.weight);
+  const char* mine = slot(me);
+  bool ok = true;
+  auto hvec = [&](size_t r, size_t v) {
+    const size_t at = (r * rvec + v) * kVec;
+    const uint4 own = load_pack<16>(x + r * H, v, H, x_al);
+    Accum<T, 16, OpSum> acc;
+    for (int q = 0; q < n; q++) {
+      uint4 d = own;
+      if (q != me) {
+        const char* p = mine + (size_t)q * a.row_bytes + at;
+        const uint64_t lo = LL::recv(p, flag, a, me, n, q, ok).w[0];
+        const uint64_t hi =
+            LL::recv(p + LL::kItemBytes, flag, a, me, n, q, ok).w[0];
+        d = make_uint4((uint32_t)lo, (uint32_t)(lo >> 32), (uint32_t)hi,
+                       (uint32_t)(hi >> 32));
+      }
+      if (q == 0)
+        acc.set(d);
+      else
+        acc.fold(d);
+    }
+    const uint4 hv = add_residual<T>(acc.result(SYMNCCL_OP_SUM, n),
+                                     load_pack<16>(res + r * H, v, H, aligned));
+    if (ok) store_pack<16>(out_h + r * H, v, H, aligned, hv);
+    return hv;
+  };
+  int parity = 0;
+  for (size_t r = blockIdx.x; r < rows; r += gridDim.x, parity ^= 1) {
+    uint4 keep[kRmsKeep], wk[kRmsKeep];
+#pragma unroll
+    for (int u = 0; u < kRmsKeep; u++)
+      if (tid + u * bd < rvec) {
+        keep[u] = hvec(r, tid + u * bd);
+        wk[u] = load_pack<16>(w, tid + u * bd, H, aligned);
+      }
+    float ss = 0.f;
+#pragma unroll
+    for (int u = 0; u < kRmsKeep; u++)
+      if (tid + u * bd < rvec) ss += sum_squares<T>(keep[u]);
+    for (size_t v = tid + kRmsKeep * bd; v < rvec; v += bd)
+      ss += sum_squares<T>(hvec(r, v));
+    const float rstd = rsqrtf(block_sum(ss, s_sum[parity]) / (float)H + a.eps);
+    if (!__syncthreads_and(ok)) break;
+    if (a.quant != SYMNCCL_QUANT_NONE) {
+      quantise_row(a, r, rstd, keep, wk, out_h + r * H, s_max[parity]);
+      continue;
+    }
+#pragma unroll
+    for (int u = 0; u < kRmsKeep; u++)
+      if (tid + u * bd < rvec)
+        store_pack<16>(out + r * H, tid + u * bd, H, aligned,
+                       normalise<T>(keep[u], wk[u], rstd));
+    for (size_t v = tid + kRmsKeep * bd; v < rvec; v += bd)
+      store_pack<16>(out + r * H, v, H, aligned,
+                     normalise<T>(load_pack<16>(out_h + r * H, v, H, aligned),
+                                  load_pack<16>(w, v, H, aligned), rstd));
+  }
+  end_call(a.epochs, call);
 }
 
 // SYMNCCL_LOCAL_THREADS_PER_SM threads per SM (two CTAs of 512): at most

@@ -55,7 +55,7 @@
  *   ROOTED      reduce/broadcast: one_shot's staging chunks
  *   PUSH        one launch, the kernel walks the chunks
  *   ROWS        all_reduce_rmsnorm: whole rows of x, as many per launch as
- *               the staging area holds
+ *               the staging area holds (ll: the LL region's row, half of it)
  *   ALL_TO_ALL  one launch with the splits, on its family's region
  *               (alltoall.cuh) */
 #define SYMNCCL_PLANS(X)                                               \
@@ -146,6 +146,11 @@ enum { SYMNCCL_UNITS(SYMNCCL_UNIT_ENUM_) SYMNCCL_UNIT_COUNT };
     X(TWO_SHOT_RMSNORM, "two_shot_rmsnorm", ALL_REDUCE_RMSNORM, TWO_SHOT,    \
       ONE, BARRIER, ROWS, 0, FLOAT,                                          \
       (a.local ? add_rmsnorm<T, false> : two_shot_rmsnorm<T>))               \
+    X(LL_RMSNORM, "ll_rmsnorm", ALL_REDUCE_RMSNORM, LL, ONE, LL, ROWS, 0,   \
+      FLOAT,                                                                 \
+      (!a.local  ? ll_rmsnorm<T>                                             \
+       : a.quant ? add_rmsnorm<T, true>                                      \
+                 : add_rmsnorm<T, false>))                                   \
     X(PUSH_ALL_TO_ALL, "push_all_to_all", ALL_TO_ALL, PUSH, ONE, PUSH,       \
       ALL_TO_ALL, 1, DTYPE, (push_all_to_all<T>))                            \
     X(LL_ALL_TO_ALL, "ll_all_to_all", ALL_TO_ALL, LL, ONE, LL, ALL_TO_ALL,   \

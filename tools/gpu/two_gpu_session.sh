@@ -26,6 +26,13 @@ cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/symnccl-out}
 mkdir -p "$OUT" out/ab
 export PYTHONUNBUFFERED=1
+# the results' machine tag (h100x2, h200x2): the card and how many there are
+if command -v nvidia-smi >/dev/null; then
+  card=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+  case "$card" in *H200*) card=h200 ;; *H100*) card=h100 ;; *) card=gpu ;; esac
+  TAG=${TAG:-${card}x$(nvidia-smi -L | wc -l)}
+fi
+TAG=${TAG:-gpu}
 # builds to compare: the landing before the redesign, the build before the
 # failure model (both NCCL 2.28 only)
 OLD=${OLD:-9cbc5b9}
@@ -91,16 +98,16 @@ ab)
     tail -60 ;;
 bench)
   timeout 240 python3 benchmarks/bench_allreduce.py --nranks 2 \
-    --dtype bfloat16 --out "$OUT/allreduce_h200x2_bfloat16.json" 2>&1 | tail -20
+    --dtype bfloat16 --out "$OUT/allreduce_${TAG}_bfloat16.json" 2>&1 | tail -20
   timeout 150 python3 benchmarks/bench_step.py --nranks 2 \
-    --out "$OUT/step_h200x2_bfloat16.json" 2>&1 | tail -10
+    --out "$OUT/step_${TAG}_bfloat16.json" 2>&1 | tail -10
   timeout 120 python3 benchmarks/bench_step.py --nranks 2 --tokens 1 \
-    --sp-algo ll128 --out "$OUT/step_h200x2_bfloat16_ll128.json" 2>&1 |
+    --sp-algo ll128 --out "$OUT/step_${TAG}_bfloat16_ll128.json" 2>&1 |
     tail -4 ;;
 collectives)
   for mode in "" --eager; do
     timeout 200 python3 benchmarks/bench_collectives.py --nranks 2 $mode \
-      --out "$OUT/collectives_h200x2_bfloat16${mode:+_eager}.json" 2>&1 |
+      --out "$OUT/collectives_${TAG}_bfloat16${mode:+_eager}.json" 2>&1 |
       tail -24
   done ;;
 push)    # push reduce_scatter/all_gather by SYMNCCL_PUSH_CHUNK_KIB
@@ -112,16 +119,16 @@ push)    # push reduce_scatter/all_gather by SYMNCCL_PUSH_CHUNK_KIB
     SYMNCCL_PUSH_CHUNK_KIB=$kib timeout 150 python3 \
       benchmarks/bench_collectives.py --nranks 2 \
       --collectives reduce_scatter,all_gather --sizes 1M,4M,16M,64M \
-      --out "$OUT/collectives_h200x2_push_chunk$kib.json" 2>&1 | tail -12
+      --out "$OUT/collectives_${TAG}_push_chunk$kib.json" 2>&1 | tail -12
   done ;;
 serving)    # issues 31 and 32 over NVLink: the fused all-reduce + RMSNorm
             # against the unfused path (and FlashInfer's where installed),
             # the all-to-all against all_to_all_single and all_to_all_vdev
   timeout 200 torchrun --standalone --nproc-per-node 2 \
-    benchmarks/bench_fused.py --out "$OUT/fused_h200x2_bfloat16.json" \
+    benchmarks/bench_fused.py --out "$OUT/fused_${TAG}_bfloat16.json" \
     2>&1 | tail -14
   timeout 200 torchrun --standalone --nproc-per-node 2 \
-    benchmarks/bench_alltoall.py --out "$OUT/alltoall_h200x2_bfloat16.json" \
+    benchmarks/bench_alltoall.py --out "$OUT/alltoall_${TAG}_bfloat16.json" \
     2>&1 | tail -12 ;;
 examples)   # the examples' tests (2 ranks), then each example as is
   timeout 300 python3 -m pytest -q -rfE --tb=line tests/test_examples.py \
