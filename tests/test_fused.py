@@ -198,10 +198,14 @@ def test_every_dtype_and_shape_against_float64(monkeypatch, nranks):
     torch = _torch()
     team = _team(monkeypatch, nranks)
     streams = [torch.cuda.Stream() for _ in team]
-    wrong, calls = [], 0
+    wrong, calls, ll_launches = [], 0, 0
+    # ll's rows travel in chunks of what an LL row carries (half its bytes)
+    ll_carries = team[0]._staging_layout()["ll_row"] // 2
     try:
         for dtype in DTYPES:
             for i, (T, H) in enumerate(SHAPES):
+                per = ll_carries // (H * _itemsize(dtype))
+                ll_launches += 1 if nranks == 1 else -(-T // per)
                 pad = 3 if i % 2 else 0      # every other case unaligned
                 xs, res, w = _inputs(torch, nranks, T, H, dtype,
                                      seed=T * H + nranks, pad=pad)
@@ -232,7 +236,12 @@ def test_every_dtype_and_shape_against_float64(monkeypatch, nranks):
                       f"y wrong), ranks bitwise equal): {wrong}"
     for q, l in enumerate(launches):
         assert {k: v for k, v in l.items() if v} == \
-            {f"{a}_rmsnorm": calls for a in KERNEL_ALGOS}, (q, l)
+            {"one_shot_rmsnorm": calls, "two_shot_rmsnorm": calls,
+             "ll_rmsnorm": ll_launches}, (q, l)
+
+
+def _itemsize(dtype):
+    return {"float32": 4, "float16": 2, "bfloat16": 2}[dtype]
 
 
 def _bits(t):

@@ -462,6 +462,22 @@ __global__ void __launch_bounds__(512)
   constexpr size_t kVec = 2 * LL::kItemBytes;  // a vector's packets
   const Peers slot = Peers::of(a.region_win, call.slot_off);
 
+  // what does not come from peers, in flight during the trip: the kept
+  // vectors' weights (the same every row) and the first row's residual
+  const T* w = static_cast<const T*>(a.weight);
+  uint4 wk[kRmsKeep], rk[kRmsKeep];
+  auto has = [&](int u) { return tid + u * bd < rvec; };
+  auto fetch_res = [&](size_t r) {
+#pragma unroll
+    for (int u = 0; u < kRmsKeep; u++)
+      if (r < rows && has(u))
+        rk[u] = load_pack<16>(res + r * H, tid + u * bd, H, aligned);
+  };
+#pragma unroll
+  for (int u = 0; u < kRmsKeep; u++)
+    if (has(u)) wk[u] = load_pack<16>(w, tid + u * bd, H, aligned);
+  fetch_res(blockIdx.x);
+
   // my rows' vectors into row `me` of every peer's slot
   const Peers to = slot.at((size_t)me * a.row_bytes);
   for (size_t r = blockIdx.x; r < rows; r += gridDim.x)
@@ -476,63 +492,98 @@ __global__ void __launch_bounds__(512)
   // order (kept apart: one helper for both made ptxas spill
   // one_shot_rmsnorm's float32 unit). A thread whose wait gave up stores
   // no more h; the CTA stores no y for the row (__syncthreads_and).
-  const T* w = static_cast<const T*>(a.weight);
   const char* mine = slot(me);
   bool ok = true;
-  auto hvec = [&](size_t r, size_t v) {
-    const size_t at = (r * rvec + v) * kVec;
-    const uint4 own = load_pack<16>(x + r * H, v, H, x_al);
-    Accum<T, 16, OpSum> acc;
+  // the sums of U vectors of row r, v0 + u * bd: a peer's 2U packets
+  // polled in one wait, ranks folded in order 0..n-1
+  auto sums = [&](size_t r, size_t v0, auto& s) {
+    constexpr int U = sizeof(s) / sizeof(s[0]);
+    Accum<T, 16, OpSum> acc[U];
+    uint4 own[U], d[U];
+#pragma unroll
+    for (int u = 0; u < U; u++)
+      if (v0 + u * bd < rvec)
+        own[u] = load_pack<16>(x + r * H, v0 + u * bd, H, x_al);
     for (int q = 0; q < n; q++) {
-      uint4 d = own;
-      if (q != me) {
-        const char* p = mine + (size_t)q * a.row_bytes + at;
-        const uint64_t lo = LL::recv(p, flag, a, me, n, q, ok).w[0];
-        const uint64_t hi =
-            LL::recv(p + LL::kItemBytes, flag, a, me, n, q, ok).w[0];
-        d = make_uint4((uint32_t)lo, (uint32_t)(lo >> 32), (uint32_t)hi,
-                       (uint32_t)(hi >> 32));
+      if (q != me && ok) {
+        const char* p = mine + (size_t)q * a.row_bytes + (r * rvec + v0) * kVec;
+        ok = bounded_wait(
+            [&] {
+              bool all = true;
+#pragma unroll
+              for (int u = 0; u < U; u++) {
+                if (v0 + u * bd >= rvec) continue;
+                uint32_t f[4];
+                uint4 lo, hi;
+                const char* pu = p + (size_t)u * bd * kVec;
+                asm volatile(
+                    "ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                    : "=r"(lo.x), "=r"(f[0]), "=r"(lo.y), "=r"(f[1])
+                    : "l"(pu)
+                    : "memory");
+                asm volatile(
+                    "ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                    : "=r"(hi.x), "=r"(f[2]), "=r"(hi.y), "=r"(f[3])
+                    : "l"(pu + LL::kItemBytes)
+                    : "memory");
+                all &= f[0] == (uint32_t)flag && f[1] == (uint32_t)flag &&
+                       f[2] == (uint32_t)flag && f[3] == (uint32_t)flag;
+                d[u] = make_uint4(lo.x, lo.y, hi.x, hi.y);
+              }
+              return all;
+            },
+            a, me, n, {SYMNCCL_WAIT_PACKETS, q, flag});
       }
-      if (q == 0)
-        acc.set(d);
-      else
-        acc.fold(d);
+#pragma unroll
+      for (int u = 0; u < U; u++)
+        if (v0 + u * bd < rvec) {
+          const uint4 v = q == me ? own[u] : d[u];
+          if (q == 0)
+            acc[u].set(v);
+          else
+            acc[u].fold(v);
+        }
     }
-    const uint4 hv = add_residual<T>(acc.result(SYMNCCL_OP_SUM, n),
-                                     load_pack<16>(res + r * H, v, H, aligned));
-    if (ok) store_pack<16>(out_h + r * H, v, H, aligned, hv);
-    return hv;
+#pragma unroll
+    for (int u = 0; u < U; u++) s[u] = acc[u].result(SYMNCCL_OP_SUM, n);
   };
   int parity = 0;
   for (size_t r = blockIdx.x; r < rows; r += gridDim.x, parity ^= 1) {
-    uint4 keep[kRmsKeep], wk[kRmsKeep];
-#pragma unroll
-    for (int u = 0; u < kRmsKeep; u++)
-      if (tid + u * bd < rvec) {
-        keep[u] = hvec(r, tid + u * bd);
-        wk[u] = load_pack<16>(w, tid + u * bd, H, aligned);
-      }
+    uint4 keep[kRmsKeep];
+    sums(r, tid, keep);
     float ss = 0.f;
 #pragma unroll
     for (int u = 0; u < kRmsKeep; u++)
-      if (tid + u * bd < rvec) ss += sum_squares<T>(keep[u]);
-    for (size_t v = tid + kRmsKeep * bd; v < rvec; v += bd)
-      ss += sum_squares<T>(hvec(r, v));
+      if (has(u)) {
+        keep[u] = add_residual<T>(keep[u], rk[u]);
+        ss += sum_squares<T>(keep[u]);
+        if (ok) store_pack<16>(out_h + r * H, tid + u * bd, H, aligned, keep[u]);
+      }
+    for (size_t v = tid + kRmsKeep * bd; v < rvec; v += bd) {
+      uint4 sv[1];
+      sums(r, v, sv);
+      const uint4 hv = add_residual<T>(
+          sv[0], load_pack<16>(res + r * H, v, H, aligned));
+      ss += sum_squares<T>(hv);
+      if (ok) store_pack<16>(out_h + r * H, v, H, aligned, hv);
+    }
     const float rstd = rsqrtf(block_sum(ss, s_sum[parity]) / (float)H + a.eps);
     if (!__syncthreads_and(ok)) break;
     if (a.quant != SYMNCCL_QUANT_NONE) {
       quantise_row(a, r, rstd, keep, wk, out_h + r * H, s_max[parity]);
-      continue;
-    }
+    } else {
 #pragma unroll
-    for (int u = 0; u < kRmsKeep; u++)
-      if (tid + u * bd < rvec)
-        store_pack<16>(out + r * H, tid + u * bd, H, aligned,
-                       normalise<T>(keep[u], wk[u], rstd));
-    for (size_t v = tid + kRmsKeep * bd; v < rvec; v += bd)
-      store_pack<16>(out + r * H, v, H, aligned,
-                     normalise<T>(load_pack<16>(out_h + r * H, v, H, aligned),
-                                  load_pack<16>(w, v, H, aligned), rstd));
+      for (int u = 0; u < kRmsKeep; u++)
+        if (has(u))
+          store_pack<16>(out + r * H, tid + u * bd, H, aligned,
+                         normalise<T>(keep[u], wk[u], rstd));
+      for (size_t v = tid + kRmsKeep * bd; v < rvec; v += bd)
+        store_pack<16>(
+            out + r * H, v, H, aligned,
+            normalise<T>(load_pack<16>(out_h + r * H, v, H, aligned),
+                         load_pack<16>(w, v, H, aligned), rstd));
+    }
+    fetch_res(r + gridDim.x);
   }
   end_call(a.epochs, call);
 }
