@@ -4,6 +4,7 @@ addresses are refused with a clear exception before any allocation or
 launch, and a call that every rank makes with valid inputs is refused on
 every rank or on none. The CPU tests run everywhere; the GPU tests skip
 without a GPU."""
+import contextlib
 import math
 import os
 import warnings
@@ -14,7 +15,7 @@ import pytest
 import symnccl
 from symnccl import _C
 from conftest import one_rank_comm
-from dlpack_craft import CUDA, IS_COPIED, Crafted, flagged
+from dlpack_craft import IS_COPIED, Crafted, flagged
 
 HUGE = (1 << 31, 1 << 33)          # 2^64 elements: the count wraps to 0
 
@@ -252,12 +253,27 @@ GRID_KNOBS = ("SYMNCCL_ONE_SHOT_CTAS", "SYMNCCL_TWO_SHOT_CTAS",
               "SYMNCCL_LL_CTAS", "SYMNCCL_PUSH_CTAS")
 
 
+@contextlib.contextmanager
 def _team(monkeypatch, nranks, timeout=2.0, knobs=None):
+    """A loopback team, closed at the end; on leaving without an error
+    every rank's check() must pass (no rank was left waiting)."""
     for k in GRID_KNOBS:
         monkeypatch.setenv(k, "16")
     for k, v in (knobs or {}).items():
         monkeypatch.setenv(k, v)
-    return symnccl.Communicator._loopback(nranks, 0, timeout=timeout)
+    team = symnccl.Communicator._loopback(nranks, 0, timeout=timeout)
+    try:
+        yield team
+        import torch
+        torch.cuda.synchronize()
+        for c in team:
+            c.check()
+    finally:
+        for c in team:        # a failed one is aborted (close would raise)
+            if c.failure is None:
+                c.close()
+            else:
+                c.abort()
 
 
 def _ll_rows(c, row_bytes):
@@ -294,8 +310,7 @@ def test_ll_all_to_all_v_with_uneven_x_around_the_cap_refuses_on_no_rank(
     first min(cap, cap + delta) rows, and every rank's out_splits says what
     arrived."""
     torch = _torch()
-    team = _team(monkeypatch, nranks)
-    try:
+    with _team(monkeypatch, nranks) as team:
         d = 4                                     # rows of 16 bytes
         cap = _ll_rows(team[0], d * 4)
         sent0 = cap + delta
@@ -321,24 +336,18 @@ def test_ll_all_to_all_v_with_uneven_x_around_the_cap_refuses_on_no_rank(
                 stream=streams[q])) for q in range(nranks)])
         torch.cuda.synchronize()
         assert seen == [None] * nranks, seen
-        for c in team:
-            c.check()                         # nobody was left waiting
         carried = min(cap, sent0)
         last = nranks - 1
         assert gots[last][0].item() == carried
         assert torch.equal(outs[last][:carried], xs[0][:carried])
         assert gots[0][1:].tolist() == [1] * (nranks - 1)
-    finally:
-        for c in team:
-            c.close()
 
 
 @pytest.mark.gpu
 def test_ll_all_to_all_v_warns_on_the_rank_whose_host_splits_were_cut(
         monkeypatch):
     torch = _torch()
-    team = _team(monkeypatch, 2)
-    try:
+    with _team(monkeypatch, 2) as team:
         cap = _ll_rows(team[0], 16)
         x = torch.zeros(cap + 1, 4, device="cuda")
         out = torch.zeros(cap + 2, 4, device="cuda")
@@ -351,12 +360,6 @@ def test_ll_all_to_all_v_warns_on_the_rank_whose_host_splits_were_cut(
             warnings.simplefilter("error")
             team[1].all_to_all_v(x[:1], out.clone(), [1, 0], algo="ll",
                                  stream=s[1])
-        torch.cuda.synchronize()
-        for c in team:
-            c.check()
-    finally:
-        for c in team:
-            c.close()
 
 
 @pytest.mark.gpu
@@ -366,20 +369,14 @@ def test_ll_all_to_all_equal_blocks_past_the_cap_refused_on_every_rank(
     """Equal blocks: x's rows are the call's, the same on every rank, so
     every rank refuses alike (or none does)."""
     torch = _torch()
-    team = _team(monkeypatch, 2)
-    try:
+    with _team(monkeypatch, 2) as team:
         cap = _ll_rows(team[0], 16)
         rows = (cap + 2) // 2 * 2 if delta else cap // 2 * 2   # 2 | rows
         x = torch.zeros(rows, 4, device="cuda")
         seen = _outcomes([lambda c=c: c.all_to_all(x, algo="ll")
                           for c in team])
-        torch.cuda.synchronize()
         assert len(set(seen)) == 1, seen
-        for c in team:
-            c.check()
-    finally:
-        for c in team:
-            c.close()
+        assert (seen[0] is None) == (delta == 0), seen
 
 
 @pytest.mark.gpu
@@ -388,26 +385,45 @@ def test_auto_never_picks_ll_where_its_rows_could_be_passed(monkeypatch):
     (whose x differs by rank), or equal blocks past ll's rows, take push
     instead; equal blocks that fit stay on ll."""
     torch = _torch()
-    team = _team(monkeypatch, 2, knobs={"SYMNCCL_ALGO": "ll"})
-    try:
+    with _team(monkeypatch, 2, knobs={"SYMNCCL_ALGO": "ll"}) as team:
         cap = _ll_rows(team[0], 16)
         big = torch.zeros((cap + 2) // 2 * 2 + 2, 4, device="cuda")
         small = torch.zeros(2, 4, device="cuda")
-        out = torch.zeros(big.shape[0] * 2, 4, device="cuda")
+        outs = [torch.zeros(4, 4, device="cuda") for _ in team]
         s = [torch.cuda.Stream() for _ in team]
         before = [c._launches() for c in team]
         for q, c in enumerate(team):
             c.all_to_all(big, stream=s[q])
         for q, c in enumerate(team):
-            c.all_to_all_v(small, out, [1, 1], stream=s[q])
+            c.all_to_all_v(small, outs[q], [1, 1], stream=s[q])
         for q, c in enumerate(team):
             c.all_to_all(small, stream=s[q])
         torch.cuda.synchronize()
         for c, b in zip(team, before):
-            c.check()
             after = c._launches()
             ran = {k: after[k] - b[k] for k in after if after[k] != b[k]}
             assert ran == {"push_all_to_all": 2, "ll_all_to_all": 1}, ran
-    finally:
-        for c in team:
-            c.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.multigpu(2)
+def test_uneven_all_to_all_v_refused_on_no_rank_on_two_gpus():
+    """On 2800603 this lost the communicator: rank 0 refused ll from its
+    own x while rank 1 launched (issue 38), and NCCL's path refused on the
+    rank whose out was short after the counts' exchange while rank 0 sent.
+    Now every algorithm, with host and device splits, completes on every
+    rank; the last rank's out holds rank 0's first rows and out_splits says
+    how many were sent."""
+    pytest.importorskip("torch")
+    from symnccl.bootstrap import spawn
+    from _workers import inputs as W
+    res = spawn(W.all_to_all_v_uneven_every_algo, 2, timeout=300)
+    for rank, results in enumerate(res):
+        assert len(results) == 6, results
+        for key, (outcome, got, usable, ok) in results.items():
+            assert outcome is None and usable is True, (rank, key, outcome,
+                                                        usable)
+            if rank == 1:
+                assert ok, key
+            else:
+                assert got == [0, 1], (key, got)
