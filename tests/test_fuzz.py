@@ -12,7 +12,7 @@ import math
 import pytest
 
 hypothesis = pytest.importorskip("hypothesis")
-from hypothesis import HealthCheck, assume, given, settings  # noqa: E402
+from hypothesis import HealthCheck, assume, example, given, settings  # noqa
 from hypothesis import strategies as st  # noqa: E402
 
 import symnccl  # noqa: E402
@@ -131,6 +131,7 @@ def test_fuzz_dtype_names(name):
 
 
 @CPU
+@example(nranks=2, staging=0, timeout=math.inf)
 @given(nranks=st.integers(-2, 40), staging=st.one_of(
            st.integers(-4096, 1 << 20), st.just(4096 * 3)),
        timeout=st.floats(allow_nan=True, allow_infinity=True))
@@ -148,6 +149,8 @@ def test_fuzz_loopback_arguments_before_any_gpu_work(nranks, staging,
 
 
 @CPU
+@example(rank=0, nranks=1, uid_len=128, timeout=math.inf, staging=0)
+@example(rank=0, nranks=1, uid_len=128, timeout=math.nan, staging=0)
 @given(rank=st.integers(-3, 40), nranks=st.integers(-3, 40),
        uid_len=st.sampled_from([0, 16, 128, 129]),
        timeout=st.floats(allow_nan=True, allow_infinity=True),
