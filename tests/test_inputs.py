@@ -106,6 +106,15 @@ def test_every_timeout_entry_refuses_non_finite_and_out_of_range(uid, t):
         _C._shutdown(t)     # refused before it closes anything
 
 
+@pytest.mark.parametrize("t", [math.nan, math.inf, -1.0], ids=str)
+def test_spawn_refuses_a_timeout_that_never_passes(t):
+    """spawn's deadline was time.monotonic() + timeout: nan never passes."""
+    from symnccl.bootstrap import spawn
+    for kw in ({"timeout": t}, {"exit_timeout": t}):
+        with pytest.raises(ValueError, match="finite number of seconds"):
+            spawn(print, 1, **kw)
+
+
 def test_the_limits_of_the_timeout_are_accepted_and_exported():
     assert symnccl.MAX_TIMEOUT == _C.MAX_TIMEOUT == 86400.0
     assert symnccl.DEFAULT_TIMEOUT == _C.DEFAULT_TIMEOUT
