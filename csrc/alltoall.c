@@ -102,10 +102,9 @@ import_counts(sn_call *k, PyObject *obj, const char *name, SNTensor *t)
                      "nranks (%d)", name, t->count, k->c->nranks);
         return -1;
     }
-    if (t->readonly && strcmp(name, "in_splits") != 0) {
-        PyErr_Format(PyExc_BufferError, "%s is read-only", name);
+    if (strcmp(name, "in_splits") != 0 &&
+        sn_tensor_check_output(t, name) < 0)
         return -1;
-    }
     return 0;
 }
 
@@ -154,26 +153,27 @@ parse_splits(sn_call *k, PyObject *obj, int64_t x_rows, sn_splits *s)
     return rc;
 }
 
-/* symnccl's kernel (launch.c); the failure raised. */
+/* The algorithm and the rows of x a call carries (sn_a2a_plan, launch.c:
+ * decided from what every rank agrees on); -1 with ValueError. */
+static int
+plan(sn_call *k, const char *name, int asked, int *algo, int ragged,
+     size_t rows, size_t row_size, size_t *carried)
+{
+    char why[240];
+    if (sn_a2a_plan(k->c, asked, algo, ragged, rows, row_size, carried, why,
+                    sizeof(why)) == 0)
+        return 0;
+    PyErr_Format(PyExc_ValueError, "%s: %s", name, why);
+    return -1;
+}
+
+/* symnccl's kernel (launch.c) on `rows` of x (sn_a2a_plan's); the failure
+ * raised. */
 static int
 kernel_call(sn_call *k, int algo, size_t rows, size_t row_size,
             size_t out_rows, const sn_splits *s, int64_t *out_splits,
             int64_t *out_offsets)
 {
-    const int kernel = sn_kernel_for(SYMNCCL_COLL_ALL_TO_ALL, algo,
-                                     SYMNCCL_SHOT_ONE);
-    if (symnccl_kernel_row_of(kernel).family == SYMNCCL_FAMILY_LL) {
-        /* one row of packets per source carries the count and the block:
-         * the whole of x must fit, whatever the splits */
-        const size_t room = symnccl_packet_max_count(
-            kernel, k->c->layout.ll_row, 1, k->c->nranks);
-        if (rows * row_size + 8 > room) {
-            PyErr_Format(PyExc_ValueError, "all_to_all: algo 'll' carries "
-                         "at most %zu bytes of x per rank, x has %zu: use "
-                         "algo='push'", room - 8, rows * row_size);
-            return -1;
-        }
-    }
     sn_ar r = {k->c, algo, k->x.ptr, k->out.ptr, NULL, rows, k->x.dtype,
                NULL, k->stream, SYMNCCL_COLL_ALL_TO_ALL, -1};
     r.row_size = row_size;
@@ -188,11 +188,12 @@ kernel_call(sn_call *k, int algo, size_t rows, size_t row_size,
     return 0;
 }
 
-/* Grouped ncclSend/ncclRecv of send[q] rows to and recv[q] rows from
- * every rank q, in rank order. */
+/* Grouped ncclSend/ncclRecv of send[q] rows (from x's row send_off[q])
+ * to and recv[q] rows (into out's row recv_off[q]) from every rank q, in
+ * rank order; NULL offsets: one block after another. */
 static int
-nccl_exchange(sn_call *k, const int64_t *send, const int64_t *recv,
-              size_t row_size)
+nccl_exchange(sn_call *k, const int64_t *send, const int64_t *send_off,
+              const int64_t *recv, const int64_t *recv_off, size_t row_size)
 {
     CommObject *c = k->c;
     const size_t is = (size_t)k->x.dtype->itemsize;
@@ -200,6 +201,10 @@ nccl_exchange(sn_call *k, const int64_t *send, const int64_t *recv,
     ncclResult_t rc = ncclGroupStart(), bad = ncclSuccess;
     size_t so = 0, ro = 0;
     for (int q = 0; rc == ncclSuccess && q < c->nranks; q++) {
+        if (send_off != NULL)
+            so = (size_t)send_off[q];
+        if (recv_off != NULL)
+            ro = (size_t)recv_off[q];
         if (send[q] > 0) {
             rc = ncclSend(k->x.ptr + so * row_size, (size_t)send[q] * elems,
                           k->x.dtype->nccl, q, c->comm, k->stream);
@@ -222,36 +227,57 @@ nccl_exchange(sn_call *k, const int64_t *send, const int64_t *recv,
                             "ncclSend/ncclRecv (all_to_all)");
 }
 
-/* all_to_all_v on NCCL: the counts exchanged (ncclSend/ncclRecv of one
- * int64 per pair) and read back to the host, bounded by the timeout; then
- * the data. Reading the counts on the host is what NCCL's path needs (it
- * posts one ncclRecv per peer, sized by the count): it waits for the
- * caller's stream up to the counts, whether the splits came from the host
- * or the device, and for nothing else (no other stream, no device-wide
- * synchronisation).
+/* all_to_all_v on NCCL: every rank's counts, x's rows and out's rows
+ * all-gathered (ncclAllGather of n + 2 int64 per rank) and read back to the
+ * host, bounded by the timeout; then the data. Reading the counts on the
+ * host is what NCCL's path needs (it posts one ncclRecv per peer, sized by
+ * the count): it waits for the caller's stream up to the counts, whether
+ * the splits came from the host or the device, and for nothing else (no
+ * other stream, no device-wide synchronisation).
+ *
+ * Every rank sees the whole matrix and every rank's x and out rows, so it
+ * computes what every pair moves exactly as the kernels do
+ * (kernels/alltoall.cuh): a sender's counts clamped to x's rows (negative
+ * -> 0, rows past x's end dropped), a receiver's rows past out's end
+ * dropped; out_splits reports what each rank sent. Nothing is refused
+ * after the exchange: a verdict from one rank's values would leave its
+ * peers' sends waiting (docs/FAILURES.md, "Refusals every rank agrees
+ * on"), and here every rank reaches the same plan from the same numbers.
  *
  * The counts' memory is the communicator's (a2a_dev, a2a_host: room for
- * 2 x SYMNCCL_MAX_RANKS int64, allocated at its first such call and freed
- * with its scratch, staging.c; a failed call's are kept apart until then),
- * not a call's: a cudaMallocHost /
- * cudaFreeHost per call cost ~1 ms, cudaFreeHost synchronising the whole
- * device. Reusing it is safe by construction: every copy that reads or
- * writes it (the splits in, the counts out, out_splits) is enqueued before
- * the watch event that this call waits for, and nothing enqueued after
- * that wait touches it (out_offsets is copied from this function's stack
- * through pageable memory, which cudaMemcpyAsync has staged by the time it
- * returns), so a call returns with nothing in flight on that memory, on
- * any stream. a2a_busy refuses a second thread while one waits without the
- * GIL (NCCL communicators are not for concurrent use anyway). */
+ * A2A_WORDS int64, allocated at its first such call and freed with its
+ * scratch, staging.c; a failed call's are kept apart until then), not a
+ * call's: a cudaMallocHost / cudaFreeHost per call cost ~1 ms,
+ * cudaFreeHost synchronising the whole device. Reusing it is safe by
+ * construction: every copy that reads or writes it (this rank's row in,
+ * the matrix out) is enqueued before the watch event that this call waits
+ * for, and nothing enqueued after that wait touches it (out_splits and
+ * out_offsets are copied from this function's stack through pageable
+ * memory, which cudaMemcpyAsync has staged by the time it returns), so a
+ * call returns with nothing in flight on that memory, on any stream.
+ * a2a_busy refuses a second thread while one waits without the GIL (NCCL
+ * communicators are not for concurrent use anyway). */
+#define A2A_ROW (SYMNCCL_MAX_RANKS + 2)
+
+/* a + b for counts >= 0, at most INT64_MAX (peers' counts are anything) */
+static int64_t
+sat_add(int64_t a, int64_t b)
+{
+    int64_t r;
+    return __builtin_add_overflow(a, b, &r) ? INT64_MAX : r;
+}
+#define A2A_WORDS ((SYMNCCL_MAX_RANKS + 1) * A2A_ROW)
+
 static int
 nccl_all_to_all_v(sn_call *k, const sn_splits *s, size_t row_size,
                   size_t x_rows, size_t out_rows, int64_t *out_splits,
                   int64_t *out_offsets)
 {
     CommObject *c = k->c;
-    const int n = c->nranks;
-    const size_t half = (size_t)n * sizeof(int64_t);
-    const size_t room = 2 * SYMNCCL_MAX_RANKS * sizeof(int64_t);
+    const int n = c->nranks, me = c->rank;
+    const size_t w = (size_t)n + 2;          /* int64 per rank's row */
+    const size_t mine = (size_t)n * w;       /* this rank's row, staged */
+    const size_t room = A2A_WORDS * sizeof(int64_t);
     unsigned long long capture = 0;
     cudaError_t e = sn_capture_id(k->stream, &capture);
     if (e != cudaSuccess)
@@ -278,41 +304,36 @@ nccl_all_to_all_v(sn_call *k, const sn_splits *s, size_t row_size,
     int64_t *dev = c->a2a_dev, *host = c->a2a_host;
     c->a2a_busy = 1;
     int ok = 0, in_flight = 1;
-    /* send counts in dev[0, n), received counts in dev[n, 2n) */
-    if (s->dev.ptr != NULL)
-        e = cudaMemcpyAsync(dev, s->dev.ptr, half, cudaMemcpyDeviceToDevice,
-                            k->stream);
+    /* this rank's row at dev[mine]: its n counts (from the device or the
+     * host), then x's rows and out's rows */
+    host[mine + (size_t)n] = (int64_t)x_rows;
+    host[mine + (size_t)n + 1] = (int64_t)out_rows;
+    if (s->dev.ptr != NULL) {
+        e = cudaMemcpyAsync(dev + mine, s->dev.ptr, (size_t)n * 8,
+                            cudaMemcpyDeviceToDevice, k->stream);
+        if (e == cudaSuccess)
+            e = cudaMemcpyAsync(dev + mine + n, host + mine + n, 2 * 8,
+                                cudaMemcpyHostToDevice, k->stream);
+    }
     else {
-        memcpy(host, s->host, half);
-        e = cudaMemcpyAsync(dev, host, half, cudaMemcpyHostToDevice,
-                            k->stream);
+        memcpy(host + mine, s->host, (size_t)n * 8);
+        e = cudaMemcpyAsync(dev + mine, host + mine, w * 8,
+                            cudaMemcpyHostToDevice, k->stream);
     }
     SN_CUDA_GOTO(k->st, e, "all_to_all_v counts copy", done);
-    ncclResult_t rc = ncclGroupStart();
-    for (int q = 0; rc == ncclSuccess && q < n; q++) {
-        rc = ncclSend(dev + q, 1, ncclInt64, q, c->comm, k->stream);
-        if (rc == ncclSuccess)
-            rc = ncclRecv(dev + n + q, 1, ncclInt64, q, c->comm, k->stream);
-    }
-    ncclResult_t end = ncclGroupEnd();
-    if (rc == ncclSuccess)
-        rc = end;
+    ncclResult_t rc = ncclAllGather(dev + mine, dev, w, ncclInt64, c->comm,
+                                    k->stream);
     if (rc != ncclSuccess && rc != ncclInProgress) {
         sn_set_nccl_error(k->st, rc, c->comm, "all_to_all_v counts "
-                          "(ncclSend/ncclRecv)");
+                          "(ncclAllGather)");
         goto done;
     }
     if (sn_nccl_complete(k->st, c, rc, "all_to_all_v counts") < 0)
         goto done;
     sn_count_nccl(c);
-    SN_CUDA_GOTO(k->st, cudaMemcpyAsync(host, dev, 2 * half,
+    SN_CUDA_GOTO(k->st, cudaMemcpyAsync(host, dev, mine * 8,
                                         cudaMemcpyDeviceToHost, k->stream),
                  "all_to_all_v counts copy", done);
-    if (out_splits != NULL)
-        SN_CUDA_GOTO(k->st, cudaMemcpyAsync(out_splits, dev + n, half,
-                                            cudaMemcpyDeviceToDevice,
-                                            k->stream),
-                     "out_splits copy", done);
     /* the watch event follows every use of dev and host: after this wait
      * nothing of this call reads or writes them */
     if (!sn_watch_nccl(c, SYMNCCL_COLL_ALL_TO_ALL, k->stream)) {
@@ -324,48 +345,63 @@ nccl_all_to_all_v(sn_call *k, const sn_splits *s, size_t row_size,
     if (sn_fault_wait_nccl(k->st, c, SYMNCCL_COLL_ALL_TO_ALL) < 0)
         goto done;
     in_flight = 0;
-    int64_t send[SYMNCCL_MAX_RANKS], recv[SYMNCCL_MAX_RANKS];
-    int64_t sent = 0, got = 0;
-    memcpy(send, host, half);
-    memcpy(recv, host + n, half);
-    for (int q = 0; q < n; q++) {
-        if (send[q] < 0 || recv[q] < 0) {
-            PyErr_Format(PyExc_ValueError, "all_to_all_v: a negative count "
-                         "(rank %d: sends %lld, receives %lld)", q,
-                         (long long)send[q], (long long)recv[q]);
-            goto done;
-        }
-        sent += send[q];
-        got += recv[q];
-    }
-    if ((size_t)sent > x_rows || (size_t)got > out_rows) {
-        PyErr_Format(PyExc_ValueError, "all_to_all_v: this rank sends %lld "
-                     "rows (x has %zu) and receives %lld (out has %zu)",
-                     (long long)sent, x_rows, (long long)got, out_rows);
-        goto done;
-    }
-    if (out_offsets != NULL) {
-        /* pageable source: staged by the time the call returns, so the
-         * array may go (CUDA's "API synchronization behavior"); the stream
-         * is drained up to here, so this waits for nothing */
-        int64_t offs[SYMNCCL_MAX_RANKS], at = 0;
+    /* the plan, the same on every rank (kernels/alltoall.cuh's): v[r][q]
+     * the rows r sends q, its counts clamped to its x's rows; q places
+     * them after those of ranks before r and keeps what fits its out */
+    int64_t v[SYMNCCL_MAX_RANKS][SYMNCCL_MAX_RANKS];
+    for (int r = 0; r < n; r++) {
+        const int64_t *row = host + (size_t)r * w;
+        int64_t left = row[n] < 0 ? 0 : row[n];
         for (int q = 0; q < n; q++) {
-            offs[q] = at;
-            at += recv[q];
+            v[r][q] = row[q] < 0 ? 0 : row[q] > left ? left : row[q];
+            left -= v[r][q];
         }
-        SN_CUDA_GOTO(k->st, cudaMemcpyAsync(out_offsets, offs, half,
+    }
+    /* this rank's sends: block q starts after its blocks for ranks < q,
+     * and q keeps what fits past the rows of ranks < me */
+    int64_t send[SYMNCCL_MAX_RANKS], send_off[SYMNCCL_MAX_RANKS];
+    int64_t recv[SYMNCCL_MAX_RANKS], got[SYMNCCL_MAX_RANKS];
+    int64_t offs[SYMNCCL_MAX_RANKS], at = 0;
+    for (int q = 0; q < n; q++) {
+        int64_t before = 0;
+        for (int r = 0; r < me; r++)
+            before = sat_add(before, v[r][q]);
+        const int64_t fits = host[(size_t)q * w + (size_t)n + 1] - before;
+        send[q] = fits <= 0 ? 0 : v[me][q] < fits ? v[me][q] : fits;
+        send_off[q] = at;
+        at += v[me][q];          /* <= x's rows: no overflow */
+    }
+    /* its receives: rank r's rows at offs[r], what fits its out */
+    at = 0;
+    for (int r = 0; r < n; r++) {
+        const int64_t fits = (int64_t)out_rows - at;
+        got[r] = v[r][me];
+        offs[r] = at;
+        recv[r] = fits <= 0 ? 0 : v[r][me] < fits ? v[r][me] : fits;
+        at = sat_add(at, v[r][me]);
+    }
+    /* pageable sources: staged by the time the calls return, so the arrays
+     * may go (CUDA's "API synchronization behavior"); the stream is
+     * drained up to here, so this waits for nothing */
+    if (out_splits != NULL)
+        SN_CUDA_GOTO(k->st, cudaMemcpyAsync(out_splits, got, (size_t)n * 8,
+                                            cudaMemcpyHostToDevice,
+                                            k->stream),
+                     "out_splits copy", done);
+    if (out_offsets != NULL)
+        SN_CUDA_GOTO(k->st, cudaMemcpyAsync(out_offsets, offs,
+                                            (size_t)n * 8,
                                             cudaMemcpyHostToDevice,
                                             k->stream),
                      "out_offsets copy", done);
-    }
-    ok = nccl_exchange(k, send, recv, row_size) == 0;
+    ok = nccl_exchange(k, send, send_off, recv, offs, row_size) == 0;
 done:
     if (in_flight) {
         /* a copy of this call may still be queued (it failed before the
          * wait): the memory is left to it, freed once the communicator's
          * work has drained (sn_scratch_free), and the next call allocates
          * its own; a second failed call's stays allocated (a communicator
-         * that failed is aborted, and 1 KiB is the cost) */
+         * that failed is aborted, and 9 KiB is the cost) */
         if (c->a2a_lost_dev == NULL && c->a2a_lost_host == NULL) {
             c->a2a_lost_dev = c->a2a_dev;
             c->a2a_lost_host = c->a2a_host;
@@ -392,6 +428,8 @@ sn_all_to_all(CommObject *c, PyObject *args, PyObject *kw)
          (algo = sn_parse_algo(algo_obj)) == SN_ALGO_UNKNOWN) ||
         check_ranks(c, "all_to_all") < 0)
         return NULL;
+    const int asked = algo;
+    size_t carried;
     sn_call k;
     if (sn_call_begin(&k, c, x, stream) < 0)
         return sn_call_end(&k, 0);
@@ -413,6 +451,8 @@ sn_all_to_all(CommObject *c, PyObject *args, PyObject *kw)
         check_not_in_place(&k, k.x.count * is) < 0 ||
         (algo = sn_call_algo(&k, SYMNCCL_COLL_ALL_TO_ALL, algo,
                              k.x.count * is)) == SN_ALGO_UNKNOWN ||
+        plan(&k, "all_to_all", asked, &algo, 0, rows, row_size,
+             &carried) < 0 ||
         sn_call_check(&k, SYMNCCL_COLL_ALL_TO_ALL, k.x.count, algo, -1) < 0)
         return sn_call_end(&k, 0);
     if (k.x.count == 0)   /* the same on every rank */
@@ -424,7 +464,8 @@ sn_all_to_all(CommObject *c, PyObject *args, PyObject *kw)
     if (algo != SN_ALGO_NCCL)
         return sn_call_end(&k, kernel_call(&k, algo, rows, row_size, rows,
                                            &s, NULL, NULL) == 0);
-    return sn_call_end(&k, nccl_exchange(&k, s.host, s.host, row_size) == 0);
+    return sn_call_end(&k, nccl_exchange(&k, s.host, NULL, s.host, NULL,
+                                         row_size) == 0);
 }
 
 PyObject *
@@ -443,6 +484,8 @@ sn_all_to_all_v(CommObject *c, PyObject *args, PyObject *kw)
          (algo = sn_parse_algo(algo_obj)) == SN_ALGO_UNKNOWN) ||
         check_ranks(c, "all_to_all_v") < 0)
         return NULL;
+    const int asked = algo;
+    size_t carried = 0;
     if (out == Py_None) {
         PyErr_SetString(PyExc_TypeError, "all_to_all_v: out is None, "
                         "expected a tensor sized for the most rows this "
@@ -467,10 +510,8 @@ sn_all_to_all_v(CommObject *c, PyObject *args, PyObject *kw)
     if (sn_tensor_import(k.st, out, k.stream, c->device, k.torch_current,
                          "out", &k.out) < 0)
         goto end;
-    if (k.out.readonly) {
-        PyErr_SetString(PyExc_BufferError, "out is read-only");
+    if (sn_tensor_check_output(&k.out, "out") < 0)
         goto end;
-    }
     if (k.out.dtype != k.x.dtype) {
         PyErr_Format(PyExc_TypeError, "out has dtype %s, expected %s (x's)",
                      k.out.dtype->name, k.x.dtype->name);
@@ -496,15 +537,36 @@ sn_all_to_all_v(CommObject *c, PyObject *args, PyObject *kw)
     if (off_obj != Py_None &&
         import_counts(&k, off_obj, "out_offsets", &off) < 0)
         goto end;
-    /* the size every rank agrees on is out's, sized for the worst case */
+    /* every rank must pick the same algorithm, and neither x's nor out's
+     * rows are the same on every rank: "auto" sees no size (the table's
+     * choice for the largest calls), and the rows ll carries are the
+     * communicator's (sn_a2a_plan) */
     if ((algo = sn_call_algo(&k, SYMNCCL_COLL_ALL_TO_ALL, algo,
-                             k.out.count * is)) == SN_ALGO_UNKNOWN ||
+                             SIZE_MAX)) == SN_ALGO_UNKNOWN ||
+        plan(&k, "all_to_all_v", asked, &algo, 1, x_rows, elems * is,
+             &carried) < 0 ||
         sn_call_check(&k, SYMNCCL_COLL_ALL_TO_ALL, elems * is, algo,
                       -1) < 0)
         goto end;
-    if (algo != SN_ALGO_NCCL)
-        ok = kernel_call(&k, algo, x_rows, elems * is, out_rows, &s,
+    if (algo != SN_ALGO_NCCL) {
+        ok = kernel_call(&k, algo, carried, elems * is, out_rows, &s,
                          (int64_t *)osp.ptr, (int64_t *)off.ptr) == 0;
+        /* told after the launch, so that a warning turned into an error
+         * never leaves the peers waiting */
+        if (ok && carried < x_rows && s.dev.ptr == NULL) {
+            int64_t sent = 0;
+            for (int q = 0; q < c->nranks; q++)
+                sent += s.host[q];
+            if ((size_t)sent > carried &&
+                PyErr_WarnFormat(PyExc_RuntimeWarning, 1, "all_to_all_v: "
+                                 "algo 'll' carries %zu rows of this size "
+                                 "per call, in_splits send %lld: the rows "
+                                 "past %zu were not sent (out_splits shows "
+                                 "what arrived); use algo='push'", carried,
+                                 (long long)sent, carried) < 0)
+                ok = 0;
+        }
+    }
     else
         ok = nccl_all_to_all_v(&k, &s, elems * is, x_rows, out_rows,
                                (int64_t *)osp.ptr, (int64_t *)off.ptr) == 0;

@@ -61,10 +61,12 @@ sn_buffer_new(SNState *st, CommObject *comm, PyTypeObject *tp, int ndim,
               cudaStream_t stream)
 {
     int device = comm->device;
-    size_t count = 1;
-    for (int i = 0; i < ndim; i++)
-        count *= (size_t)shape[i];
-    size_t nbytes = count * (size_t)dtype->itemsize;
+    size_t nbytes;
+    /* before anything is allocated: a shape whose size wraps would export
+     * its full shape over a short allocation */
+    if (sn_shape_size("buffer", ndim, shape, (size_t)dtype->itemsize, NULL,
+                      &nbytes) < 0)
+        return NULL;
     /* Same size on every rank (registration is collective) and a whole
      * number of pages, so kernels may read past the tail safely. */
     size_t alloc = (nbytes + SN_WINDOW_ALIGN - 1) / SN_WINDOW_ALIGN *
@@ -382,22 +384,24 @@ sn_py_host_buffer(PyObject *module, PyObject *args)
     if (sn_parse_shape(shape_obj, &ndim, shape) < 0 ||
         (dt = sn_parse_dtype(dtype_obj)) == NULL)
         return NULL;
+    size_t nbytes;
+    if (sn_shape_size("_host_buffer", ndim, shape, (size_t)dt->itemsize,
+                      NULL, &nbytes) < 0)
+        return NULL;
     PyTypeObject *tp = st->DeviceArrayType;
     BufferObject *b = (BufferObject *)((allocfunc)PyType_GetSlot(
         tp, Py_tp_alloc))(tp, 0);
     if (b == NULL)
         return NULL;
-    size_t count = 1;
     int64_t stride = 1;
     for (int i = ndim - 1; i >= 0; i--) {
         b->shape[i] = shape[i];
         b->strides[i] = stride;
         stride *= shape[i] > 0 ? shape[i] : 1;
-        count *= (size_t)shape[i];
     }
     b->ndim = ndim;
     b->dtype = dt;
-    b->nbytes = count * (size_t)dt->itemsize;
+    b->nbytes = nbytes;
     b->alloc_kind = SN_ALLOC_HOST;
     b->ptr = calloc(1, b->nbytes ? b->nbytes : 1);
     if (b->ptr == NULL) {

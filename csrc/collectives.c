@@ -107,9 +107,12 @@ call_output(sn_call *k, PyObject *x, PyObject *out_obj, size_t count,
 {
     if (out_obj == NULL || out_obj == Py_None) {
         if (inplace_ok && !sn_is_immutable(x)) {
-            if (k->x.readonly) {
-                PyErr_SetString(PyExc_BufferError, "x is read-only and "
-                                "cannot be reduced in place: pass out=");
+            if (k->x.readonly || k->x.copied) {
+                PyErr_Format(PyExc_BufferError, "x is %s and cannot be "
+                             "reduced in place: pass out=", k->x.readonly
+                             ? "read-only" : "a copy its producer made "
+                             "(DLPack flag IS_COPIED: the result would be "
+                             "lost with it)");
                 return -1;
             }
             k->result = Py_NewRef(x);
@@ -128,10 +131,8 @@ call_output(sn_call *k, PyObject *x, PyObject *out_obj, size_t count,
     if (sn_tensor_import(k->st, out_obj, k->stream, k->c->device,
                          k->torch_current, "out", &k->out) < 0)
         return -1;
-    if (k->out.readonly) {
-        PyErr_SetString(PyExc_BufferError, "out is read-only");
+    if (sn_tensor_check_output(&k->out, "out") < 0)
         return -1;
-    }
     if (k->out.dtype != k->x.dtype) {
         PyErr_Format(PyExc_TypeError, "out has dtype %s, expected %s (x's)",
                      k->out.dtype->name, k->x.dtype->name);

@@ -70,10 +70,8 @@ comm_new(PyTypeObject *tp, PyObject *args, PyObject *kw)
                      "0 <= rank < nranks, nranks >= 1", rank, nranks);
         return NULL;
     }
-    if (!(timeout > 0)) {
-        PyErr_Format(PyExc_ValueError, "timeout must be > 0 seconds");
+    if (sn_check_timeout(timeout, "timeout") < 0)
         return NULL;
-    }
     if (st->group_depth > 0) {
         PyErr_SetString(PyExc_RuntimeError,
                         "Communicator() cannot be created inside "
@@ -132,10 +130,8 @@ comm_init_all(PyObject *cls, PyObject *args, PyObject *kw)
                      "got %R", Py_TYPE(devs_obj));
         return NULL;
     }
-    if (!(timeout > 0)) {
-        PyErr_Format(PyExc_ValueError, "timeout must be > 0 seconds");
+    if (sn_check_timeout(timeout, "timeout") < 0)
         return NULL;
-    }
     seq = PySequence_List(devs_obj);
     if (seq == NULL)
         return NULL;
@@ -217,10 +213,8 @@ comm_loopback(PyObject *cls, PyObject *args, PyObject *kw)
                      "4096 and >= 0, got %zd", staging);
         return NULL;
     }
-    if (!(timeout > 0)) {
-        PyErr_SetString(PyExc_ValueError, "timeout must be > 0 seconds");
+    if (sn_check_timeout(timeout, "timeout") < 0)
         return NULL;
-    }
     if (device < 0) {
         cudaError_t e = cudaGetDevice(&device);
         if (e != cudaSuccess)
@@ -408,7 +402,9 @@ comm_alloc_buffer(CommObject *self, PyObject *args, PyObject *kw, int zero)
     const sn_dtype *dt = dtype_obj == NULL || dtype_obj == Py_None
                              ? sn_dtype_by_name("float32")
                              : sn_parse_dtype(dtype_obj);
-    if (dt == NULL)
+    if (dt == NULL ||
+        sn_shape_size(zero ? "zeros" : "empty", ndim, shape,
+                      (size_t)dt->itemsize, NULL, NULL) < 0)
         return NULL;
     /* the window's registration waits for the peers: counted in busy, so
      * the watchdog keeps off meanwhile */
@@ -605,8 +601,37 @@ comm_lsa_pointer(CommObject *self, PyObject *args)
     return PyLong_FromVoidPtr(p);
 }
 
-/* _copy(dst, src, nbytes, stream, engine): cudaMemcpyAsync ("memcpy") or
- * symnccl's copy kernel ("kernel", 16-byte loads) between raw addresses. */
+/* 0 when [p, p + nbytes) starts and ends in device memory (CUDA knows both
+ * ends: a wild address or size is refused before any copy reads it), else
+ * -1 with ValueError naming `name`. */
+static int
+check_device_range(unsigned long long p, unsigned long long nbytes,
+                   const char *name)
+{
+    const unsigned long long ends[2] = {p, p + nbytes - 1};
+    for (int i = 0; i < 2; i++) {
+        struct cudaPointerAttributes at;
+        cudaError_t e = cudaPointerGetAttributes(&at,
+                                                 (void *)(uintptr_t)ends[i]);
+        if (e != cudaSuccess || (at.type != cudaMemoryTypeDevice &&
+                                 at.type != cudaMemoryTypeManaged)) {
+            cudaGetLastError();   /* not sticky: leave no error behind */
+            PyErr_Format(PyExc_ValueError, "_copy: %s [0x%llx, 0x%llx) is "
+                         "not device memory at 0x%llx (expected %llu bytes "
+                         "of one allocation on the GPU)", name, p,
+                         p + nbytes, ends[i], nbytes);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* _copy(dst, src, nbytes, stream, engine, ctas=64): cudaMemcpyAsync
+ * ("memcpy") or symnccl's copy kernel ("kernel", 16-byte loads) between
+ * raw device addresses; the benchmarks' copy ceilings (a peer's window
+ * through its LSA pointer, _lsa_pointer), nothing else. Private, and
+ * checked before anything is enqueued: the engine, the grid (1..MAX_CTAS),
+ * the size, and both ranges' ends in device memory. */
 static PyObject *
 comm_copy(CommObject *self, PyObject *args)
 {
@@ -617,25 +642,53 @@ comm_copy(CommObject *self, PyObject *args)
     if (!PyArg_ParseTuple(args, "KKKKs|i:_copy", &dst, &src, &nbytes,
                           &stream, &engine, &ctas))
         return NULL;
-    int prev;
-    if (sn_device_push(st, self->device, &prev) < 0)
+    const int kernel = strcmp(engine, "kernel") == 0;
+    if (!kernel && strcmp(engine, "memcpy") != 0) {
+        PyErr_Format(PyExc_ValueError, "_copy: engine must be 'memcpy' or "
+                     "'kernel', got '%s'", engine);
         return NULL;
-    cudaError_t e;
-    if (strcmp(engine, "memcpy") == 0)
+    }
+    if (ctas < 1 || ctas > SN_MAX_CTAS) {
+        PyErr_Format(PyExc_ValueError, "_copy: ctas must be 1..%d, got %d",
+                     SN_MAX_CTAS, ctas);
+        return NULL;
+    }
+    if (nbytes > SN_MAX_BYTES || dst + nbytes < dst || src + nbytes < src) {
+        PyErr_Format(PyExc_ValueError, "_copy: %llu bytes from 0x%llx to "
+                     "0x%llx pass the end of the address space", nbytes,
+                     src, dst);
+        return NULL;
+    }
+    if (kernel && ((dst | src) & 15) != 0) {
+        PyErr_Format(PyExc_ValueError, "_copy: engine 'kernel' needs "
+                     "16-byte aligned addresses, got dst 0x%llx, src 0x%llx",
+                     dst, src);
+        return NULL;
+    }
+    if (nbytes == 0)
+        Py_RETURN_NONE;
+    if (sn_comm_enter(st, self) < 0)
+        return NULL;
+    int prev;
+    if (sn_device_push(st, self->device, &prev) < 0) {
+        sn_comm_leave(st, self);
+        return NULL;
+    }
+    cudaError_t e = cudaSuccess;
+    int bad = check_device_range(dst, nbytes, "dst") < 0 ||
+              check_device_range(src, nbytes, "src") < 0;
+    if (!bad && !kernel)
         e = cudaMemcpyAsync((void *)(uintptr_t)dst, (void *)(uintptr_t)src,
                             (size_t)nbytes, cudaMemcpyDeviceToDevice,
                             (cudaStream_t)(uintptr_t)stream);
-    else if (strcmp(engine, "kernel") == 0)
+    else if (!bad)
         e = symnccl_copy((void *)(uintptr_t)dst, (void *)(uintptr_t)src,
                          (size_t)nbytes, ctas,
                          (cudaStream_t)(uintptr_t)stream);
-    else {
-        sn_device_pop(prev);
-        PyErr_Format(PyExc_ValueError, "engine must be 'memcpy' or "
-                     "'kernel', got %s", engine);
-        return NULL;
-    }
     sn_device_pop(prev);
+    sn_comm_leave(st, self);
+    if (bad)
+        return NULL;
     if (e != cudaSuccess)
         return (sn_set_cuda_error(st, e, "_copy"), NULL);
     Py_RETURN_NONE;
@@ -766,7 +819,9 @@ static PyMethodDef comm_methods[] = {
     {"_lsa_pointer", (PyCFunction)comm_lsa_pointer, METH_VARARGS,
      "_lsa_pointer(buf, peer) -> int (benchmark hook)"},
     {"_copy", (PyCFunction)comm_copy, METH_VARARGS,
-     "_copy(dst, src, nbytes, stream, engine, ctas=64) (benchmark hook)"},
+     "_copy(dst, src, nbytes, stream, engine, ctas=64) (benchmark hook: "
+     "raw device addresses, checked: engine 'memcpy' or 'kernel', ctas "
+     "1..MAX_CTAS, both ranges in device memory)"},
     {"init_all", (PyCFunction)(void (*)(void))comm_init_all,
      METH_CLASS | METH_VARARGS | METH_KEYWORDS,
      "init_all($type, /, devices, *, timeout=" SN_STR(SN_DEFAULT_TIMEOUT)
@@ -938,15 +993,19 @@ static PyMethodDef comm_methods[] = {
      "of nranks. out_splits: an optional device int64 tensor of nranks "
      "that receives the rows each rank sent here; out_offsets, likewise, "
      "the row of out where each rank's rows start. Returns out.\n\n"
-     "algo='push' (or 'll', for an x that fits one row of LL packets) "
+     "algo='push' (or 'll', for small messages) "
      "runs symnccl's kernel: the ranks exchange the counts on "
      "the device, so with device splits nothing synchronises with the host "
      "and the call can be captured in a CUDA graph whose replays read the "
      "splits anew. Rows that would land past the end of out are dropped "
-     "(sum(out_splits) > out rows shows it). 'nccl' (and 'auto', until "
+     "(sum(out_splits) > out rows shows it), and so are rows past x's end. "
+     "'ll' carries one row of LL packets per rank: at most that many rows "
+     "of x per call (the communicator's, the same on every rank); rows "
+     "past them are not sent (out_splits says what arrived; host splits "
+     "that were cut warn). 'nccl' (and 'auto', until "
      "symnccl.AUTO_TABLE has an all_to_all row) exchanges the counts with "
      "NCCL and reads them back to the host: that path synchronises with the "
-     "stream (and cannot be captured).\n\n"
+     "stream (and cannot be captured); it drops rows as the kernels do.\n\n"
      "Example:\n    splits = torch.bincount(dest, minlength=n)  # on the "
      "GPU\n    comm.all_to_all_v(x[order], out, splits, out_splits=got, "
      "algo='push')"},

@@ -79,6 +79,24 @@ release_managed(void *managed, int versioned)
     }
 }
 
+int
+sn_tensor_check_output(const SNTensor *t, const char *what)
+{
+    if (t->readonly) {
+        PyErr_Format(PyExc_BufferError, "%s is read-only", what);
+        return -1;
+    }
+    if (t->copied) {
+        PyErr_Format(PyExc_BufferError, "%s is a copy its producer made "
+                     "(DLPack flag IS_COPIED): a result written into it "
+                     "would never reach the tensor passed; expected a tensor "
+                     "whose memory is its own (on the communicator's device)",
+                     what);
+        return -1;
+    }
+    return 0;
+}
+
 void
 sn_tensor_release(SNTensor *t)
 {
@@ -107,9 +125,28 @@ fill_from_dltensor(SNTensor *t, const SN_DLTensor *dl, int device,
                      "supported", argname, dl->ndim, SN_MAX_NDIM);
         return -1;
     }
-    size_t count = 1;
-    for (int i = 0; i < dl->ndim; i++)
-        count *= (size_t)dl->shape[i];
+    if (dl->ndim > 0 && dl->shape == NULL) {
+        PyErr_Format(PyExc_BufferError, "%s: DLPack tensor of %d "
+                     "dimensions has no shape", argname, dl->ndim);
+        return -1;
+    }
+    /* negative or overflowing dimensions are refused before anything reads
+     * the memory (the strides are checked against this extent below) */
+    size_t count, nbytes;
+    if (sn_shape_size(argname, dl->ndim, dl->shape, (size_t)dt->itemsize,
+                      &count, &nbytes) < 0)
+        return -1;
+    const uintptr_t base = (uintptr_t)dl->data;
+    if (count != 0 &&
+        (base == 0 || dl->byte_offset > SN_MAX_BYTES ||
+         base + dl->byte_offset < base ||
+         base + dl->byte_offset + nbytes < base + dl->byte_offset)) {
+        PyErr_Format(PyExc_BufferError, "%s: DLPack tensor at %p + byte "
+                     "offset %llu, %zu bytes: expected memory inside the "
+                     "address space", argname, dl->data,
+                     (unsigned long long)dl->byte_offset, nbytes);
+        return -1;
+    }
     if (dl->strides != NULL && count > 1) {
         int64_t expect = 1;
         for (int i = dl->ndim - 1; i >= 0; i--) {
@@ -276,7 +313,7 @@ torch_fast_import(SNState *st, PyObject *obj, cudaStream_t stream,
     Py_ssize_t nd = shape ? PySequence_Size(shape) : -1;
     if (nd < 0 || nd > SN_MAX_NDIM)
         goto done;
-    size_t count = 1;
+    size_t count;
     for (Py_ssize_t i = 0; i < nd; i++) {
         PyObject *d = PySequence_GetItem(shape, i);
         long long v = d ? PyLong_AsLongLong(d) : -1;
@@ -284,8 +321,11 @@ torch_fast_import(SNState *st, PyObject *obj, cudaStream_t stream,
         if (v < 0)
             goto done;
         t->shape[i] = v;
-        count *= (size_t)v;
     }
+    /* a size past the limit: the DLPack path raises it */
+    if (sn_shape_size("x", (int)nd, t->shape, (size_t)dt->itemsize, &count,
+                      NULL) < 0)
+        goto done;
     Py_CLEAR(r);
     r = PyObject_CallMethodObjArgs(obj, name[SN_TORCH_DATA_PTR], NULL);
     void *ptr = r ? PyLong_AsVoidPtr(r) : NULL;
@@ -390,6 +430,7 @@ import_dlpack(SNState *st, PyObject *obj, cudaStream_t stream, int device,
             return -1;
         }
         t->readonly = (m->flags & SN_DLPACK_FLAG_BITMASK_READ_ONLY) != 0;
+        t->copied = (m->flags & SN_DLPACK_FLAG_BITMASK_IS_COPIED) != 0;
         t->versioned = 1;
         t->managed = m;
         PyCapsule_SetName(cap, "used_dltensor_versioned");
@@ -432,11 +473,12 @@ sn_py_import_info(PyObject *module, PyObject *args)
     for (int i = 0; shape != NULL && i < t.ndim; i++)
         PyTuple_SetItem(shape, i, PyLong_FromLongLong(t.shape[i]));
     PyObject *r = shape == NULL ? NULL : Py_BuildValue(
-        "{s:N,s:i,s:s,s:N,s:n,s:O,s:O}", "ptr", PyLong_FromVoidPtr(t.ptr),
-        "device", t.device, "dtype", t.dtype->name, "shape", shape,
-        "count", (Py_ssize_t)t.count, "versioned",
-        t.versioned ? Py_True : Py_False, "readonly",
-        t.readonly ? Py_True : Py_False);
+        "{s:N,s:i,s:s,s:N,s:n,s:O,s:O,s:O}", "ptr",
+        PyLong_FromVoidPtr(t.ptr), "device", t.device, "dtype",
+        t.dtype->name, "shape", shape, "count", (Py_ssize_t)t.count,
+        "versioned", t.versioned ? Py_True : Py_False, "readonly",
+        t.readonly ? Py_True : Py_False, "copied",
+        t.copied ? Py_True : Py_False);
     sn_tensor_release(&t);
     return r;
 }

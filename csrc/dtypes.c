@@ -1,6 +1,7 @@
 /* dtype and shape arguments: what Python callers may pass for them. */
 #include "symnccl.h"
 
+#include <stdio.h>
 #include <string.h>
 
 int
@@ -90,5 +91,54 @@ sn_parse_shape(PyObject *obj, int *ndim, int64_t *shape)
         shape[i] = v;
     }
     *ndim = (int)n;
+    return 0;
+}
+
+/* "(2147483648, 8589934592)" into buf. */
+static void
+shape_str(int ndim, const int64_t *shape, char *buf, size_t size)
+{
+    size_t at = (size_t)snprintf(buf, size, "(");
+    for (int i = 0; i < ndim && at < size; i++)
+        at += (size_t)snprintf(buf + at, size - at, "%s%lld", i ? ", " : "",
+                               (long long)shape[i]);
+    if (at < size)
+        snprintf(buf + at, size - at, ndim == 1 ? ",)" : ")");
+}
+
+int
+sn_shape_size(const char *what, int ndim, const int64_t *shape,
+              size_t itemsize, size_t *count, size_t *nbytes)
+{
+    char seen[SN_MAX_NDIM * 22 + 4];
+    /* the extent: every dimension at least 1, so that the strides of a
+     * shape with a zero in it fit too */
+    size_t n = 1, extent = itemsize ? itemsize : 1;
+    int bad = 0;
+    for (int i = 0; i < ndim && !bad; i++) {
+        if (shape[i] < 0) {
+            shape_str(ndim, shape, seen, sizeof(seen));
+            PyErr_Format(PyExc_ValueError, "%s: shape %s has a negative "
+                         "dimension (%lld at %d), expected sizes >= 0", what,
+                         seen, (long long)shape[i], i);
+            return -1;
+        }
+        const size_t d = (size_t)shape[i];
+        bad = __builtin_mul_overflow(n, d, &n) ||
+              __builtin_mul_overflow(extent, d ? d : 1, &extent) ||
+              extent > SN_MAX_BYTES;
+    }
+    if (bad) {
+        shape_str(ndim, shape, seen, sizeof(seen));
+        PyErr_Format(PyExc_ValueError, "%s: shape %s of %zu-byte elements "
+                     "spans more than %lld bytes (2**63 - 1), the most a "
+                     "tensor may span", what, seen, itemsize,
+                     (long long)SN_MAX_BYTES);
+        return -1;
+    }
+    if (count != NULL)
+        *count = n;
+    if (nbytes != NULL)
+        *nbytes = n * itemsize;
     return 0;
 }

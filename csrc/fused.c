@@ -6,6 +6,7 @@
  */
 #include "symnccl.h"
 
+#include <stdio.h>
 #include <string.h>
 
 /* One call's state: the shared call (collectives.c's sn_call: the entry,
@@ -56,11 +57,10 @@ output(fcall *f, PyObject *given, PyObject *like, const SNTensor *shape_of,
     if (sn_tensor_import(f->k.st, *obj, f->k.stream, f->k.c->device,
                          f->k.torch_current, name, t) < 0)
         return -1;
-    if (t->readonly) {
-        PyErr_Format(PyExc_BufferError, "all_reduce_rmsnorm: %s is "
-                     "read-only", name);
+    char what[64];
+    snprintf(what, sizeof(what), "all_reduce_rmsnorm: %s", name);
+    if (sn_tensor_check_output(t, what) < 0)
         return -1;
-    }
     if (t->dtype != dt) {
         PyErr_Format(PyExc_TypeError, "all_reduce_rmsnorm: %s has dtype "
                      "%s, expected %s", name, t->dtype->name, dt->name);
@@ -194,11 +194,10 @@ check_scale(fcall *f, PyObject *obj, int quant, size_t rows)
                                                    : "one per row of x");
         return -1;
     }
-    if (quant == SYMNCCL_QUANT_DYNAMIC && f->scale.readonly) {
-        PyErr_SetString(PyExc_BufferError, "all_reduce_rmsnorm: scale is "
-                        "read-only (fp8_dynamic writes the row scales)");
+    if (quant == SYMNCCL_QUANT_DYNAMIC &&
+        sn_tensor_check_output(&f->scale, "all_reduce_rmsnorm: scale "
+                               "(fp8_dynamic writes the row scales)") < 0)
         return -1;
-    }
     return 0;
 }
 

@@ -36,6 +36,7 @@
  */
 #include "symnccl.h"
 
+#include <stdio.h>
 #include <string.h>
 
 /* ------------------------------------------------------------------ */
@@ -96,6 +97,8 @@ kargs(const sn_ar *r, int kernel)
     a.op = r->op != NULL ? r->op->kernel : 0;   /* all_gather: none */
     a.epochs = sn_epochs(c, kernel);
     /* failures (docs/ARCHITECTURE.md, "Failures") */
+    /* in range by construction: sn_check_timeout admitted it (at most
+     * SN_MAX_TIMEOUT, so the product is far below 2^64) */
     a.timeout_ns = (uint64_t)(c->timeout * 1e9);
     a.collective = r->collective;
     a.fault = c->fault_dev;
@@ -501,4 +504,47 @@ sn_count_nccl(CommObject *c)
     sn_lock(c);
     c->launches[SYMNCCL_K_COUNT]++;
     sn_unlock(c);
+}
+
+int
+sn_a2a_plan(const CommObject *c, int asked, int *algo, int ragged,
+            size_t rows, size_t row_size, size_t *carried, char *why,
+            size_t len)
+{
+    *carried = rows;
+    if (*algo != SN_ALGO_LL || row_size == 0)
+        return 0;
+    /* one row of LL packets per source: the count, then the rows; a
+     * function of the communicator and the row size alone */
+    const int kernel = sn_kernel_for(SYMNCCL_COLL_ALL_TO_ALL, SN_ALGO_LL,
+                                     SYMNCCL_SHOT_ONE);
+    const size_t room = symnccl_packet_max_count(kernel, c->layout.ll_row, 1,
+                                                 c->nranks);
+    const size_t cap = room > 8 ? (room - 8) / row_size : 0;
+    /* "auto" never takes ll where the agreed capacity could be passed:
+     * all_to_all_v (its x differs by rank) or equal blocks that do not
+     * fit; push carries any size (NCCL where push cannot run) */
+    if (asked == SN_ALGO_AUTO && (ragged || rows > cap)) {
+        const sn_topology t = sn_topology_of(c);
+        *algo = sn_collective_unavailable(&t, SYMNCCL_COLL_ALL_TO_ALL,
+                                          SN_ALGO_PUSH, NULL, NULL) == NULL
+                    ? SN_ALGO_PUSH
+                    : SN_ALGO_NCCL;
+        return 0;
+    }
+    if (cap == 0) {
+        snprintf(why, len, "algo 'll' carries rows of at most %zu bytes (one "
+                 "row of LL packets after its count), x's rows have %zu: "
+                 "use algo='push'", room > 8 ? room - 8 : 0, row_size);
+        return -1;
+    }
+    if (!ragged && rows > cap) {
+        snprintf(why, len, "algo 'll' carries at most %zu bytes of x per "
+                 "rank, x has %zu: use algo='push'", cap * row_size,
+                 rows * row_size);
+        return -1;
+    }
+    if (rows > cap)
+        *carried = cap;
+    return 0;
 }

@@ -127,12 +127,23 @@ py_shutdown(PyObject *module, PyObject *arg)
 {
     SNState *st = get_state(module);
     double timeout = PyFloat_AsDouble(arg);
-    if (timeout == -1.0 && PyErr_Occurred())
+    if ((timeout == -1.0 && PyErr_Occurred()) ||
+        sn_check_timeout(timeout, "_shutdown: timeout") < 0)
         return NULL;
     int failures = sn_comm_shutdown_all(st, timeout);
     sn_watch_shutdown();
     st->shutting_down = 1;
     return PyLong_FromLong(failures);
+}
+
+static PyObject *
+py_check_timeout(PyObject *module, PyObject *arg)
+{
+    double seconds = PyFloat_AsDouble(arg);
+    if ((seconds == -1.0 && PyErr_Occurred()) ||
+        sn_check_timeout(seconds, "timeout") < 0)
+        return NULL;
+    return PyFloat_FromDouble(seconds);
 }
 
 /* NCCL groups. Inside a group, NCCL defers collective work (including
@@ -377,6 +388,10 @@ static PyMethodDef sn_methods[] = {
      "present."},
     {"_set_hooks", py_set_hooks, METH_VARARGS, NULL},
     {"_shutdown", py_shutdown, METH_O, NULL},
+    {"_check_timeout", py_check_timeout, METH_O,
+     "_check_timeout(seconds, /): the check every timeout passes "
+     "(finite, > 0, <= MAX_TIMEOUT); returns it as a float, or raises "
+     "ValueError. The Python front ends call it before any rendezvous."},
     {"_abort_on_signal", sn_py_abort_on_signal, METH_O,
      "_abort_on_signal(signum): symnccl.abort_on_signal installs it"},
     {"_torch_eager_install", sn_py_torch_eager_install, METH_VARARGS,
@@ -507,9 +522,12 @@ sn_exec(PyObject *module)
                                 NCCL_UNIQUE_ID_BYTES) < 0)
         return -1;
     PyObject *timeout = PyFloat_FromDouble(SN_DEFAULT_TIMEOUT);
-    int bad = timeout == NULL ||
-              PyModule_AddObjectRef(module, "DEFAULT_TIMEOUT", timeout) < 0;
+    PyObject *max_timeout = PyFloat_FromDouble(SN_MAX_TIMEOUT);
+    int bad = timeout == NULL || max_timeout == NULL ||
+              PyModule_AddObjectRef(module, "DEFAULT_TIMEOUT", timeout) < 0 ||
+              PyModule_AddObjectRef(module, "MAX_TIMEOUT", max_timeout) < 0;
     Py_XDECREF(timeout);
+    Py_XDECREF(max_timeout);
     if (bad)
         return -1;
 

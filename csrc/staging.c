@@ -137,19 +137,27 @@ int
 sn_check_buffers(SNState *st, CommObject *c, size_t bytes, void **dev,
                  void **host)
 {
+    /* both or neither: a pair half made (cudaMallocHost failing after
+     * cudaMalloc) is freed, never kept for the next call to write through
+     * its NULL */
     if (c->check_dev == NULL) {
-        SN_CUDA_GOTO(st, cudaMalloc(&c->check_dev,
-                                    bytes * ((size_t)c->nranks + 1)),
-                     "cudaMalloc (SYMNCCL_CHECK)", error);
-        SN_CUDA_GOTO(st, cudaMallocHost(&c->check_host,
-                                        bytes * ((size_t)c->nranks + 1)),
-                     "cudaMallocHost (SYMNCCL_CHECK)", error);
+        const size_t size = bytes * ((size_t)c->nranks + 1);
+        void *d = NULL, *h = NULL;
+        cudaError_t e = cudaMalloc(&d, size);
+        if (e != cudaSuccess)
+            return sn_set_cuda_error(st, e, "cudaMalloc (SYMNCCL_CHECK)");
+        e = cudaMallocHost(&h, size);
+        if (e != cudaSuccess) {
+            cudaFree(d);
+            return sn_set_cuda_error(st, e, "cudaMallocHost "
+                                            "(SYMNCCL_CHECK)");
+        }
+        c->check_dev = d;
+        c->check_host = h;
     }
     *dev = c->check_dev;
     *host = c->check_host;
     return 0;
-error:
-    return -1;
 }
 
 void

@@ -33,12 +33,22 @@
 #include "kernels/launch.h"
 
 #define SN_MAX_NDIM 16
+/* The most bytes a tensor may span: what DLPack's int64 shapes, strides
+ * and byte offsets, and Python's sizes, can all hold (sn_shape_size). */
+#define SN_MAX_BYTES ((size_t)INT64_MAX)
 /* The largest grid any symnccl kernel may launch. */
 #define SN_MAX_CTAS SYMNCCL_MAX_CTAS
 /* A communicator's default timeout in seconds: every wait for a peer
  * gives up after it. The one declaration (the Python front ends read
  * _C.DEFAULT_TIMEOUT; docstrings spell it with SN_STR). */
 #define SN_DEFAULT_TIMEOUT 600.0
+/* The longest timeout a communicator takes (one day), in seconds: every
+ * timeout that enters (Communicator(), init_all, _loopback, _shutdown and
+ * the Python front ends) must be finite, > 0 and at most this
+ * (sn_check_timeout); the kernels get it in nanoseconds as a uint64
+ * (launch.c), which this keeps far from overflowing. _C.MAX_TIMEOUT;
+ * docs/FAILURES.md. */
+#define SN_MAX_TIMEOUT 86400.0
 #define SN_STR_(x) #x
 #define SN_STR(x) SN_STR_(x)
 #define SN_DEFAULT_STAGING (32u << 20)
@@ -349,6 +359,9 @@ int sn_raise(SNState *st, const sn_err *e);
  * ~1 ms of each NCCL all_to_all_v). */
 #define SN_WAIT_SPIN_SECONDS 1e-3
 double sn_now(void);           /* seconds, CLOCK_MONOTONIC */
+/* 0 when `seconds` is a timeout a communicator takes (finite, > 0, at most
+ * SN_MAX_TIMEOUT), else -1 with ValueError "<what> must be ..., got ...". */
+int sn_check_timeout(double seconds, const char *what);
 /* The time `seconds` from now, on sn_now's clock: every deadline. */
 double sn_deadline(double seconds);
 enum { SN_WAIT_DONE = 0, SN_WAIT_FAILED = 1, SN_WAIT_TIMEOUT = 2,
@@ -379,6 +392,13 @@ const sn_dtype *sn_parse_dtype(PyObject *obj);
 /* TypeError "<prefix>unsupported dtype <seen>: expected one of ...". */
 int sn_raise_bad_dtype(const char *prefix, const char *seen);
 int sn_parse_shape(PyObject *obj, int *ndim, int64_t *shape);
+/* The elements (*count) and bytes (*nbytes) of a compact tensor of `shape`
+ * (either may be NULL); -1 with ValueError "<what>: shape (...) ..." when
+ * a dimension is negative or the tensor (every dimension counted as at
+ * least 1, so that its strides fit too) would pass SN_MAX_BYTES. Every
+ * shape that sizes memory or is exported passes it first. */
+int sn_shape_size(const char *what, int ndim, const int64_t *shape,
+                  size_t itemsize, size_t *count, size_t *nbytes);
 
 /* ------------------------------------------------------------------ */
 /* streams.c: streams, as cudaStream_t (NULL: the legacy default). */
@@ -666,6 +686,7 @@ typedef struct {
     int64_t shape[SN_MAX_NDIM];
     size_t count;
     int readonly;
+    int copied;                /* DLPack IS_COPIED: not the caller's memory */
 } SNTensor;
 
 /* ------------------------------------------------------------------ */
@@ -762,6 +783,22 @@ typedef struct {
 
 /* Enqueues the collective on r->stream; 0, or -1 with *err filled. */
 int sn_launch_kernels(const sn_ar *r, sn_err *err);
+/* all_to_all's one size check, for the method (alltoall.c) and the XLA
+ * handler alike, decided from what every rank agrees on (docs/FAILURES.md,
+ * "Refusals every rank agrees on"): the communicator, `asked` (the algo
+ * given: SN_ALGO_* or SN_ALGO_AUTO), *algo (the resolved one), the row
+ * size, and for equal blocks (ragged 0) x's rows, equal on every rank by
+ * the call's contract. ll carries one row of LL packets per source: rows
+ * that do not fit one are refused for every x; equal blocks past it are
+ * refused; all_to_all_v (ragged) carries at most that many rows of x
+ * (*carried; the rest is cut as rows past x's end are: out_splits says
+ * what arrived), whatever this rank's x, so no rank refuses a call its
+ * peers launch. "auto" that resolved to ll takes push instead (NCCL where
+ * push cannot run) wherever ll's rows could be passed. 0 with *algo and
+ * *carried set (x's rows, or fewer); -1 with why[] filled. */
+int sn_a2a_plan(const CommObject *c, int asked, int *algo, int ragged,
+                size_t rows, size_t row_size, size_t *carried, char *why,
+                size_t len);
 /* Counts an NCCL collective in c->launches. */
 void sn_count_nccl(CommObject *c);
 
@@ -791,6 +828,11 @@ int sn_tensor_import(SNState *st, PyObject *obj, cudaStream_t stream,
                      int device, int torch_current, const char *argname,
                      SNTensor *t);
 void sn_tensor_release(SNTensor *t);
+/* Before a result is written into t (out=, in place, out_splits, ...):
+ * -1 with BufferError "<what> is read-only" or, for a copy the producer
+ * made (DLPack IS_COPIED: the result would be lost with it), saying so;
+ * an input may be either. */
+int sn_tensor_check_output(const SNTensor *t, const char *what);
 int sn_is_immutable(PyObject *obj);
 /* _import_info(obj, device): testing hook. */
 PyObject *sn_py_import_info(PyObject *module, PyObject *args);

@@ -18,6 +18,22 @@
  * signals between them. */
 #define SLICE_SECONDS 0.05
 
+int
+sn_check_timeout(double seconds, const char *what)
+{
+    /* NaN fails every comparison: the test is written so that it fails */
+    if (seconds > 0 && seconds <= SN_MAX_TIMEOUT)
+        return 0;
+    PyObject *seen = PyFloat_FromDouble(seconds);
+    if (seen == NULL)
+        return -1;
+    PyErr_Format(PyExc_ValueError, "%s must be a finite number of seconds "
+                 "> 0 and <= %d (symnccl.MAX_TIMEOUT), got %R", what,
+                 (int)SN_MAX_TIMEOUT, seen);
+    Py_DECREF(seen);
+    return -1;
+}
+
 double
 sn_now(void)
 {

@@ -649,8 +649,8 @@ handle_all_gather(snx_call_frame *call)
  * on the host. A buffer of 8 x nranks bytes holds the n int64 whatever
  * XLA's element type says (JAX without x64 passes them as uint32 pairs). */
 
-/* symnccl's kernel: rows of row_size bytes, splits from the device
- * (in_splits) or the host; 0, or -1 with msg[] filled. */
+/* symnccl's kernel: `rows` of x (sn_a2a_plan's), of row_size bytes, splits
+ * from the device (in_splits) or the host; 0, or -1 with msg[] filled. */
 static int
 a2a_kernel(xla_call *x, int algo, const sn_dtype *dt, const char *src,
            size_t rows, size_t row_size, char *out, size_t out_rows,
@@ -658,19 +658,6 @@ a2a_kernel(xla_call *x, int algo, const sn_dtype *dt, const char *src,
            int64_t *out_splits, char *msg, size_t len)
 {
     CommObject *c = x->c;
-    const int kernel = sn_kernel_for(SYMNCCL_COLL_ALL_TO_ALL, algo,
-                                     SYMNCCL_SHOT_ONE);
-    if (symnccl_kernel_row_of(kernel).family == SYMNCCL_FAMILY_LL) {
-        /* as alltoall.c: the whole of x in one row of packets */
-        const size_t room = symnccl_packet_max_count(
-            kernel, c->layout.ll_row, 1, c->nranks);
-        if (rows * row_size + 8 > room) {
-            snprintf(msg, len, "algo 'll' carries at most %zu bytes of x "
-                     "per rank, x has %zu: use algo='push'", room - 8,
-                     rows * row_size);
-            return -1;
-        }
-    }
     sn_ar r = {c, algo, src, out, NULL, rows, dt, NULL, x->stream,
                SYMNCCL_COLL_ALL_TO_ALL, -1};
     r.row_size = row_size;
@@ -763,6 +750,8 @@ handle_a2a(snx_call_frame *call, int ragged)
     }
     const size_t rows = (size_t)xb->dims[0], out_rows = (size_t)yb->dims[0];
     int algo = attr_int(call, "algo", SN_ALGO_AUTO);
+    const int asked = algo;
+    size_t carried = 0;
     if (algo < SN_ALGO_AUTO || algo >= SN_ALGO_COUNT) {
         snprintf(msg, sizeof(msg), "%s: bad algo attribute %d", name, algo);
         goto out;
@@ -805,6 +794,13 @@ handle_a2a(snx_call_frame *call, int ragged)
         snprintf(msg, sizeof(msg), "%s", why);
         goto out;
     }
+    /* the one size check of every all-to-all (launch.c), from what every
+     * rank agrees on */
+    if (sn_a2a_plan(c, asked, &algo, ragged, rows, row * is, &carried, why,
+                    sizeof(why)) < 0) {
+        snprintf(msg, sizeof(msg), "%s: %s", name, why);
+        goto out;
+    }
     if (!ragged && rows * row == 0)   /* the same on every rank */
         goto out;
     code = SNX_ERR_INTERNAL;
@@ -820,7 +816,7 @@ handle_a2a(snx_call_frame *call, int ragged)
         int64_t equal[SYMNCCL_MAX_RANKS];
         for (size_t q = 0; q < n; q++)
             equal[q] = (int64_t)(rows / n);
-        failed = a2a_kernel(&x, algo, dt, xb->data, rows, row * is,
+        failed = a2a_kernel(&x, algo, dt, xb->data, carried, row * is,
                             yb->data, out_rows, splits, equal, got, why,
                             sizeof(why)) < 0;
     }

@@ -46,12 +46,17 @@ __all__ = [
     "CudaError", "PeerTimeoutError", "CallMismatchError", "get_unique_id",
     "group", "close_all", "abort_on_signal", "versions",
     "ALGORITHMS", "OPS", "DTYPES", "LSA_DTYPES", "LSA_OPS", "MULTIMEM_OPS",
-    "AUTO_TABLE", "KERNEL_TABLE", "algo_supported",
+    "AUTO_TABLE", "KERNEL_TABLE", "algo_supported", "DEFAULT_TIMEOUT",
+    "MAX_TIMEOUT",
 ]
 
 # What symnccl knows is declared once, in the C registry (csrc/registry.c);
 # these are its views.
 
+#: a communicator's timeout when none is given, and the longest it takes
+#: (seconds; docs/FAILURES.md, "Timeouts").
+DEFAULT_TIMEOUT = _C.DEFAULT_TIMEOUT
+MAX_TIMEOUT = _C.MAX_TIMEOUT
 #: all_reduce algorithms (besides "auto"): NCCL's own, and symnccl's
 #: kernels on the NCCL device API.
 ALGORITHMS = _C.ALGORITHMS
@@ -189,8 +194,21 @@ def versions() -> dict:
 def _at_exit() -> None:
     # Close what the program left open so that exit never hangs on NCCL:
     # each close is bounded, and aborts when it cannot complete.
-    timeout = float(os.environ.get("SYMNCCL_EXIT_TIMEOUT", "30"))
-    _C._shutdown(timeout)
+    _C._shutdown(_exit_timeout())
+
+
+def _exit_timeout() -> float:
+    """SYMNCCL_EXIT_TIMEOUT (seconds, 30 when unset): a value the timeout
+    check refuses is named in a warning and 30 is used, so that exit still
+    closes every communicator."""
+    value = os.environ.get("SYMNCCL_EXIT_TIMEOUT", "30")
+    try:
+        return _C._check_timeout(float(value))
+    except ValueError as e:
+        import warnings
+        warnings.warn(f"SYMNCCL_EXIT_TIMEOUT={value!r}: {e}; using 30 s",
+                      RuntimeWarning, stacklevel=2)
+        return 30.0
 
 
 atexit.register(_at_exit)

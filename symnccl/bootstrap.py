@@ -110,7 +110,10 @@ def spawn(target, nranks: int, args: tuple = (), timeout: float = 900.0,
     rank that failed, and TimeoutError if the ranks do not finish in time;
     no child outlives the call: one still running exit_timeout seconds
     after the results came is terminated, with a SlowExitWarning naming
-    it."""
+    it. Both timeouts pass the communicators' check (finite, > 0, at most
+    MAX_TIMEOUT): a nan deadline would never pass."""
+    timeout = _C._check_timeout(timeout)
+    exit_timeout = _C._check_timeout(exit_timeout)
     ctx = mp.get_context("spawn")
     uid = _C.get_unique_id()
     q = ctx.Queue()

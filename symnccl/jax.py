@@ -102,6 +102,7 @@ def communicator(*, name: str = "default",
 
     Calling it again replaces the communicators (the old ones are closed).
     """
+    timeout = _C._check_timeout(timeout)   # before any rendezvous
     _register_target()
     devs = _gpu_devices()
     nproc = jax.process_count()

@@ -96,8 +96,10 @@ __all__ = ["Communicator", "communicator", "wrap", "all_reduce",
            "get_communicator"]
 
 # Custom ops cannot take Python objects: communicators are passed by id.
-# The registry keeps them alive until interpreter exit (where symnccl closes
-# whatever is still open).
+# The registry keeps open communicators alive until interpreter exit (where
+# symnccl closes whatever is still open); closed and aborted ones leave it
+# at the next registration (_prune), so abort-and-rebuild does not keep
+# every dead communicator.
 _COMMS: dict[int, symnccl.Communicator] = {}
 _IDS: dict[int, int] = {}          # id(comm) -> registry id
 _next_id = itertools.count(1)
@@ -105,8 +107,17 @@ _lock = threading.Lock()
 _bootstraps: dict[str, itertools.count] = {}
 
 
+def _prune() -> None:
+    """Drops the closed and aborted communicators (caller holds _lock)."""
+    for cid in [cid for cid, c in _COMMS.items() if c.closed]:
+        c = _COMMS.pop(cid)
+        if _IDS.get(id(c)) == cid:
+            del _IDS[id(c)]
+
+
 def _register(comm) -> int:
     with _lock:
+        _prune()
         cid = next(_next_id)
         _COMMS[cid] = comm
         _IDS[id(comm)] = cid
@@ -118,7 +129,8 @@ def get_communicator(cid: int) -> symnccl.Communicator:
     try:
         return _COMMS[cid]
     except KeyError:
-        raise ValueError(f"no symnccl communicator with id {cid}") from None
+        raise ValueError(f"no symnccl communicator with id {cid} (closed "
+                         "and aborted ones leave the registry)") from None
 
 
 def comm_id(comm) -> int:
@@ -158,6 +170,8 @@ class Communicator:
 
     def __exit__(self, *exc):
         self.comm.close()
+        with _lock:
+            _prune()
 
     def __repr__(self):
         return f"<symnccl.torch.Communicator cid={self.cid} {self.comm!r}>"
@@ -196,6 +210,7 @@ def communicator(group=None, device=None,
         comm = symnccl.torch.communicator()
     """
     import torch.distributed as dist
+    timeout = symnccl._C._check_timeout(timeout)   # before any rendezvous
     if not dist.is_initialized():
         raise RuntimeError("torch.distributed is not initialized: call "
                            "torch.distributed.init_process_group() first")

@@ -1192,7 +1192,8 @@ def test_loopback_arguments_are_checked_before_any_gpu_work():
                        ({"nranks": 33}, "nranks must be 1..32, got 33"),
                        ({"nranks": 2, "staging_bytes": 100},
                         "multiple of 4096"),
-                       ({"nranks": 2, "timeout": 0}, "timeout must be > 0")):
+                       ({"nranks": 2, "timeout": 0},
+                        "timeout must be a finite number of seconds > 0")):
         with pytest.raises(ValueError, match=match):
             symnccl.Communicator._loopback(**bad)
 
