@@ -153,22 +153,21 @@ parse_splits(sn_call *k, PyObject *obj, int64_t x_rows, sn_splits *s)
     return rc;
 }
 
-/* The algorithm and the rows of x a call carries (sn_a2a_plan, launch.c:
+/* The algorithm and the rows an ll block carries (sn_a2a_plan, launch.c:
  * decided from what every rank agrees on); -1 with ValueError. */
 static int
 plan(sn_call *k, const char *name, int asked, int *algo, int ragged,
-     size_t rows, size_t row_size, size_t *carried)
+     size_t rows, size_t out_rows, size_t row_size, size_t *block)
 {
     char why[240];
-    if (sn_a2a_plan(k->c, asked, algo, ragged, rows, row_size, carried, why,
-                    sizeof(why)) == 0)
+    if (sn_a2a_plan(k->c, asked, algo, ragged, rows, out_rows, row_size,
+                    block, why, sizeof(why)) == 0)
         return 0;
     PyErr_Format(PyExc_ValueError, "%s: %s", name, why);
     return -1;
 }
 
-/* symnccl's kernel (launch.c) on `rows` of x (sn_a2a_plan's); the failure
- * raised. */
+/* symnccl's kernel (launch.c) on `rows` of x; the failure raised. */
 static int
 kernel_call(sn_call *k, int algo, size_t rows, size_t row_size,
             size_t out_rows, const sn_splits *s, int64_t *out_splits,
@@ -429,7 +428,7 @@ sn_all_to_all(CommObject *c, PyObject *args, PyObject *kw)
         check_ranks(c, "all_to_all") < 0)
         return NULL;
     const int asked = algo;
-    size_t carried;
+    size_t block;
     sn_call k;
     if (sn_call_begin(&k, c, x, stream) < 0)
         return sn_call_end(&k, 0);
@@ -451,8 +450,8 @@ sn_all_to_all(CommObject *c, PyObject *args, PyObject *kw)
         check_not_in_place(&k, k.x.count * is) < 0 ||
         (algo = sn_call_algo(&k, SYMNCCL_COLL_ALL_TO_ALL, algo,
                              k.x.count * is)) == SN_ALGO_UNKNOWN ||
-        plan(&k, "all_to_all", asked, &algo, 0, rows, row_size,
-             &carried) < 0 ||
+        plan(&k, "all_to_all", asked, &algo, 0, rows, rows, row_size,
+             &block) < 0 ||
         sn_call_check(&k, SYMNCCL_COLL_ALL_TO_ALL, k.x.count, algo, -1) < 0)
         return sn_call_end(&k, 0);
     if (k.x.count == 0)   /* the same on every rank */
@@ -485,7 +484,7 @@ sn_all_to_all_v(CommObject *c, PyObject *args, PyObject *kw)
         check_ranks(c, "all_to_all_v") < 0)
         return NULL;
     const int asked = algo;
-    size_t carried = 0;
+    size_t block = 0;
     if (out == Py_None) {
         PyErr_SetString(PyExc_TypeError, "all_to_all_v: out is None, "
                         "expected a tensor sized for the most rows this "
@@ -537,35 +536,31 @@ sn_all_to_all_v(CommObject *c, PyObject *args, PyObject *kw)
     if (off_obj != Py_None &&
         import_counts(&k, off_obj, "out_offsets", &off) < 0)
         goto end;
-    /* every rank must pick the same algorithm, and neither x's nor out's
-     * rows are the same on every rank: "auto" sees no size (the table's
-     * choice for the largest calls), and the rows ll carries are the
-     * communicator's (sn_a2a_plan) */
+    /* every rank must pick the same algorithm: "auto" by out's bytes,
+     * which the call's contract makes the same on every rank (sized for
+     * the most rows a rank can receive); x's rows differ by rank and are
+     * not read (sn_a2a_plan) */
     if ((algo = sn_call_algo(&k, SYMNCCL_COLL_ALL_TO_ALL, algo,
-                             SIZE_MAX)) == SN_ALGO_UNKNOWN ||
-        plan(&k, "all_to_all_v", asked, &algo, 1, x_rows, elems * is,
-             &carried) < 0 ||
+                             k.out.count * is)) == SN_ALGO_UNKNOWN ||
+        plan(&k, "all_to_all_v", asked, &algo, 1, x_rows, out_rows,
+             elems * is, &block) < 0 ||
         sn_call_check(&k, SYMNCCL_COLL_ALL_TO_ALL, elems * is, algo,
                       -1) < 0)
         goto end;
     if (algo != SN_ALGO_NCCL) {
-        ok = kernel_call(&k, algo, carried, elems * is, out_rows, &s,
+        ok = kernel_call(&k, algo, x_rows, elems * is, out_rows, &s,
                          (int64_t *)osp.ptr, (int64_t *)off.ptr) == 0;
         /* told after the launch, so that a warning turned into an error
          * never leaves the peers waiting */
-        if (ok && carried < x_rows && s.dev.ptr == NULL) {
-            int64_t sent = 0;
-            for (int q = 0; q < c->nranks; q++)
-                sent += s.host[q];
-            if ((size_t)sent > carried &&
+        for (int q = 0; ok && s.dev.ptr == NULL && q < c->nranks; q++)
+            if (q != c->rank && s.host[q] > 0 && (size_t)s.host[q] > block &&
                 PyErr_WarnFormat(PyExc_RuntimeWarning, 1, "all_to_all_v: "
-                                 "algo 'll' carries %zu rows of this size "
-                                 "per call, in_splits send %lld: the rows "
-                                 "past %zu were not sent (out_splits shows "
-                                 "what arrived); use algo='push'", carried,
-                                 (long long)sent, carried) < 0)
+                                 "algo 'll' carries blocks of %zu rows of "
+                                 "this size, in_splits[%d] sends %lld: the "
+                                 "rows past %zu were not sent; use "
+                                 "algo='push'", block, q,
+                                 (long long)s.host[q], block) < 0)
                 ok = 0;
-        }
     }
     else
         ok = nccl_all_to_all_v(&k, &s, elems * is, x_rows, out_rows,

@@ -508,23 +508,24 @@ sn_count_nccl(CommObject *c)
 
 int
 sn_a2a_plan(const CommObject *c, int asked, int *algo, int ragged,
-            size_t rows, size_t row_size, size_t *carried, char *why,
-            size_t len)
+            size_t rows, size_t out_rows, size_t row_size, size_t *block,
+            char *why, size_t len)
 {
-    *carried = rows;
-    if (*algo != SN_ALGO_LL || row_size == 0)
+    *block = SIZE_MAX;
+    if (*algo != SN_ALGO_LL)
         return 0;
-    /* one row of LL packets per source: the count, then the rows; a
-     * function of the communicator and the row size alone */
+    /* one row of LL packets per source: the count, then the rows of the
+     * block (kernels/alltoall.cuh, a2a_ll_rows); a function of the
+     * communicator and the row size alone */
     const int kernel = sn_kernel_for(SYMNCCL_COLL_ALL_TO_ALL, SN_ALGO_LL,
                                      SYMNCCL_SHOT_ONE);
     const size_t room = symnccl_packet_max_count(kernel, c->layout.ll_row, 1,
                                                  c->nranks);
-    const size_t cap = room > 8 ? (room - 8) / row_size : 0;
-    /* "auto" never takes ll where the agreed capacity could be passed:
-     * all_to_all_v (its x differs by rank) or equal blocks that do not
-     * fit; push carries any size (NCCL where push cannot run) */
-    if (asked == SN_ALGO_AUTO && (ragged || rows > cap)) {
+    const size_t cap = room > 8 && row_size ? (room - 8) / row_size : 0;
+    /* the largest block a receiver keeps: out's rows (all_to_all_v; the
+     * same on every rank by the call's contract), or x's rows / n */
+    const size_t most = ragged ? out_rows : rows / (size_t)c->nranks;
+    if (asked == SN_ALGO_AUTO && most > cap) {   /* push carries any size */
         const sn_topology t = sn_topology_of(c);
         *algo = sn_collective_unavailable(&t, SYMNCCL_COLL_ALL_TO_ALL,
                                           SN_ALGO_PUSH, NULL, NULL) == NULL
@@ -538,13 +539,12 @@ sn_a2a_plan(const CommObject *c, int asked, int *algo, int ragged,
                  "use algo='push'", room > 8 ? room - 8 : 0, row_size);
         return -1;
     }
-    if (!ragged && rows > cap) {
-        snprintf(why, len, "algo 'll' carries at most %zu bytes of x per "
-                 "rank, x has %zu: use algo='push'", cap * row_size,
-                 rows * row_size);
+    if (!ragged && most > cap) {
+        snprintf(why, len, "algo 'll' carries blocks of at most %zu bytes, "
+                 "x's blocks have %zu: use algo='push'", cap * row_size,
+                 most * row_size);
         return -1;
     }
-    if (rows > cap)
-        *carried = cap;
+    *block = cap;
     return 0;
 }

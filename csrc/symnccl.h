@@ -783,22 +783,20 @@ typedef struct {
 
 /* Enqueues the collective on r->stream; 0, or -1 with *err filled. */
 int sn_launch_kernels(const sn_ar *r, sn_err *err);
-/* all_to_all's one size check, for the method (alltoall.c) and the XLA
- * handler alike, decided from what every rank agrees on (docs/FAILURES.md,
- * "Refusals every rank agrees on"): the communicator, `asked` (the algo
- * given: SN_ALGO_* or SN_ALGO_AUTO), *algo (the resolved one), the row
- * size, and for equal blocks (ragged 0) x's rows, equal on every rank by
- * the call's contract. ll carries one row of LL packets per source: rows
- * that do not fit one are refused for every x; equal blocks past it are
- * refused; all_to_all_v (ragged) carries at most that many rows of x
- * (*carried; the rest is cut as rows past x's end are: out_splits says
- * what arrived), whatever this rank's x, so no rank refuses a call its
- * peers launch. "auto" that resolved to ll takes push instead (NCCL where
- * push cannot run) wherever ll's rows could be passed. 0 with *algo and
- * *carried set (x's rows, or fewer); -1 with why[] filled. */
+/* all_to_all's algorithm (*algo, resolved) checked against what ll
+ * carries, from what every rank agrees on: the communicator, the row size,
+ * x's rows for equal blocks (ragged 0) and out's rows for all_to_all_v
+ * (ragged; the same on every rank by its contract). ll carries one row of
+ * LL packets per source: a row that does not fit one is refused for any
+ * call; equal blocks past it are refused; an all_to_all_v block past it is
+ * cut there (kernels/alltoall.cuh: the count still says how many rows the
+ * block had), *block = the rows a block carries. "auto" that resolved to
+ * ll takes push (NCCL where push cannot run) wherever a block out keeps
+ * could pass it, so "auto" never cuts. 0 (*block SIZE_MAX where nothing is
+ * cut), or -1 with why[] filled. */
 int sn_a2a_plan(const CommObject *c, int asked, int *algo, int ragged,
-                size_t rows, size_t row_size, size_t *carried, char *why,
-                size_t len);
+                size_t rows, size_t out_rows, size_t row_size, size_t *block,
+                char *why, size_t len);
 /* Counts an NCCL collective in c->launches. */
 void sn_count_nccl(CommObject *c);
 

@@ -645,11 +645,11 @@ handle_all_gather(snx_call_frame *call)
  * "JAX: all-to-all").
  *
  * The splits of _v never leave the device: it runs on symnccl's kernels
- * only (push, ll; "auto" is push), since NCCL's path would read the counts
- * on the host. A buffer of 8 x nranks bytes holds the n int64 whatever
+ * only (push, ll; "auto" by the result's bytes, as the method's, never
+ * NCCL), since NCCL's path would read the counts on the host. A buffer of 8 x nranks bytes holds the n int64 whatever
  * XLA's element type says (JAX without x64 passes them as uint32 pairs). */
 
-/* symnccl's kernel: `rows` of x (sn_a2a_plan's), of row_size bytes, splits
+/* symnccl's kernel: `rows` of x, of row_size bytes, splits
  * from the device (in_splits) or the host; 0, or -1 with msg[] filled. */
 static int
 a2a_kernel(xla_call *x, int algo, const sn_dtype *dt, const char *src,
@@ -751,7 +751,7 @@ handle_a2a(snx_call_frame *call, int ragged)
     const size_t rows = (size_t)xb->dims[0], out_rows = (size_t)yb->dims[0];
     int algo = attr_int(call, "algo", SN_ALGO_AUTO);
     const int asked = algo;
-    size_t carried = 0;
+    size_t block = 0;
     if (algo < SN_ALGO_AUTO || algo >= SN_ALGO_COUNT) {
         snprintf(msg, sizeof(msg), "%s: bad algo attribute %d", name, algo);
         goto out;
@@ -779,8 +779,6 @@ handle_a2a(snx_call_frame *call, int ragged)
                      "device: use 'push', 'll' or 'auto' (push)", name);
             goto out;
         }
-        if (algo == SN_ALGO_AUTO)
-            algo = SN_ALGO_PUSH;
     }
     else if (rows % n != 0 || rows != out_rows) {
         snprintf(msg, sizeof(msg), "%s: operand has %zu rows and result "
@@ -794,10 +792,14 @@ handle_a2a(snx_call_frame *call, int ragged)
         snprintf(msg, sizeof(msg), "%s", why);
         goto out;
     }
+    /* _v's "auto" past the table's kernels: push (NCCL would read the
+     * splits on the host) */
+    if (ragged && asked == SN_ALGO_AUTO && algo == SN_ALGO_NCCL)
+        algo = SN_ALGO_PUSH;
     /* the one size check of every all-to-all (launch.c), from what every
      * rank agrees on */
-    if (sn_a2a_plan(c, asked, &algo, ragged, rows, row * is, &carried, why,
-                    sizeof(why)) < 0) {
+    if (sn_a2a_plan(c, asked, &algo, ragged, rows, out_rows, row * is,
+                    &block, why, sizeof(why)) < 0) {
         snprintf(msg, sizeof(msg), "%s: %s", name, why);
         goto out;
     }
@@ -816,7 +818,7 @@ handle_a2a(snx_call_frame *call, int ragged)
         int64_t equal[SYMNCCL_MAX_RANKS];
         for (size_t q = 0; q < n; q++)
             equal[q] = (int64_t)(rows / n);
-        failed = a2a_kernel(&x, algo, dt, xb->data, carried, row * is,
+        failed = a2a_kernel(&x, algo, dt, xb->data, rows, row * is,
                             yb->data, out_rows, splits, equal, got, why,
                             sizeof(why)) < 0;
     }

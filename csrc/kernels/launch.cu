@@ -5,6 +5,7 @@
 // (symnccl_kernels_2_<SYMNCCL_NCCL_MINOR>, launch.h).
 #include <cstdint>
 
+#include "alltoall.cuh"
 #include "devcomm.cuh"
 #include "packet.cuh"
 #include "push.cuh"
@@ -121,9 +122,10 @@ cudaError_t launch(const symnccl_kargs* a, cudaStream_t stream) {
     return cudaErrorInvalidValue;
   size_t data, row;
   packet_format(a->kernel, &data, &row);
-  // all_to_all in packets: the count and every byte of x in one row
+  // all_to_all in packets: the count and at least one row of x in a row
+  // (a longer block is cut: alltoall.cuh)
   if (data != 0 && k.collective == SYMNCCL_COLL_ALL_TO_ALL &&
-      (1 + (a->count * a->row_size + data - 1) / data) * row > a->row_bytes)
+      a2a_ll_rows(a->row_bytes, a->row_size) == 0)
     return cudaErrorInvalidValue;
   // (the add+norm with no peer is the ll row's too, and sends nothing)
   if (data != 0 && k.collective != SYMNCCL_COLL_ALL_TO_ALL &&
