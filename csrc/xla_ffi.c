@@ -67,6 +67,16 @@ nccl_finish(CommObject *c, ncclResult_t rc)
     }
 }
 
+/* What nccl_finish's failure rc means. */
+static const char *
+nccl_why(const CommObject *c, ncclResult_t rc)
+{
+    if (rc != ncclInProgress)
+        return ncclGetErrorString(rc);
+    return c->stop ? "interrupted: the communicator is being aborted"
+                   : "timed out";
+}
+
 /* The closing hook (SNState.on_closing, GIL held): c leaves the registry
  * and the registry's reference goes (the caller holds one of its own), so
  * no handler enters c again. */
@@ -358,7 +368,7 @@ xla_nccl(CommObject *c, int collective, const sn_dtype *dt, const sn_op *op,
     }
     if (rc != ncclSuccess) {
         snprintf(msg, len, "symnccl_%s: NCCL: %s", name,
-                 rc == ncclInProgress ? "timed out" : ncclGetErrorString(rc));
+                 nccl_why(c, rc));
         return -1;
     }
     if (e != cudaSuccess) {
@@ -768,8 +778,7 @@ a2a_nccl(xla_call *x, const char *src, char *out, size_t block, char *msg,
         rc = end;
     rc = nccl_finish(c, rc);
     if (rc != ncclSuccess) {
-        snprintf(msg, len, "NCCL: %s", rc == ncclInProgress
-                 ? "timed out" : ncclGetErrorString(rc));
+        snprintf(msg, len, "NCCL: %s", nccl_why(c, rc));
         return -1;
     }
     sn_count_nccl(c);
@@ -1020,7 +1029,7 @@ xla_nccl_done(void *ctx, ncclResult_t rc)
         return 0;
     }
     snprintf(d->msg, d->len, "symnccl_all_reduce_rmsnorm: NCCL: %s",
-             rc == ncclInProgress ? "timed out" : ncclGetErrorString(rc));
+             nccl_why(d->c, rc));
     return -1;
 }
 
