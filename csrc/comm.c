@@ -1001,17 +1001,21 @@ static PyMethodDef comm_methods[] = {
      "kernel waits at entry for something that never comes and gives up "
      "after the timeout."},
     {"close", (PyCFunction)comm_close, METH_NOARGS,
-     "close($self, /)\n--\n\nWaits for this device's work, then destroys the device "
+     "close($self, /)\n--\n\nRefuses new calls from then on, waits (at most "
+     "the timeout) for calls other threads are making on it to return, "
+     "then for this device's work, then destroys the device "
      "communicator, deregisters the windows, finalizes and destroys the "
-     "communicator. Idempotent. Buffers and views stay valid as plain device "
-     "memory.\n\nExample:\n    with symnccl.Communicator(uid, r, n, r) as "
-     "comm:\n        ..."},
+     "communicator. A close that cannot complete aborts instead and raises "
+     "why. Idempotent. Buffers and views stay valid as plain device "
+     "memory (docs/FAILURES.md, 'Lifecycle').\n\nExample:\n    with "
+     "symnccl.Communicator(uid, r, n, r) as comm:\n        ..."},
     {"abort", (PyCFunction)comm_abort, METH_NOARGS,
      "abort($self, /)\n--\n\nStops this communicator's kernels, "
      "ncclCommAbort, and frees its memory once nothing of it runs. For a "
      "communicator that failed, timed out or whose peers died; callable "
-     "from any thread (another thread's call on it ends). Local: waits a "
-     "few seconds at most."},
+     "from any thread (another thread's call on it ends, a close under "
+     "way aborts). Local: returns within about 9 s (docs/FAILURES.md, "
+     "'Lifecycle')."},
     {"__enter__", (PyCFunction)comm_enter, METH_NOARGS, NULL},
     {"__exit__", (PyCFunction)comm_exit, METH_VARARGS, NULL},
     {NULL},

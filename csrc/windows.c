@@ -34,8 +34,12 @@ unlink_node(CommObject *c, sn_window *w)
 sn_window *
 sn_window_acquire(SNState *st, CommObject *c, char *base, size_t size)
 {
+    /* a window whose buffers are gone (dead) is being released: its
+     * memory may be freed, and the address handed out again, before its
+     * node goes */
     for (sn_window *w = c->windows; w != NULL; w = w->next)
-        if (base >= w->base && base + size <= w->base + w->size) {
+        if (w->dead == NULL && base >= w->base &&
+            base + size <= w->base + w->size) {
             w->refs++;
             return w;
         }
@@ -100,7 +104,7 @@ sn_window *
 sn_window_find(const CommObject *c, const char *ptr, size_t size)
 {
     for (sn_window *w = c->windows; w != NULL; w = w->next)
-        if (w->win != NULL && ptr >= w->base &&
+        if (w->win != NULL && w->dead == NULL && ptr >= w->base &&
             ptr + size <= w->base + w->size)
             return w;
     return NULL;

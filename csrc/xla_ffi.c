@@ -1177,6 +1177,12 @@ sn_py_xla_register(PyObject *module, PyObject *arg)
                      "XLA handler (< %d)", c->device, SN_XLA_MAX_DEVICES);
         return NULL;
     }
+    if (c->loopback != NULL) {
+        PyErr_SetString(PyExc_ValueError, "a loopback communicator "
+                        "(Communicator._loopback) has no NCCL communicator "
+                        "for the XLA handler");
+        return NULL;
+    }
     /* entered while it goes in: an OPEN communicator (a teardown that
      * begins later takes it out again: on_closing) */
     if (sn_comm_enter(st, c) < 0)
