@@ -995,9 +995,17 @@ close_within(SNState *st, CommObject *c, double timeout)
                             : state;
         if (end != SN_CLOSING)
             return 0;
-        PyErr_Format(PyExc_TimeoutError, "close(): another thread was "
-                     "still closing or aborting this communicator after "
-                     "%.1f s", timeout + ABORT_ALL_SECONDS);
+        sn_lock(c);
+        const int pending = c->abort_pending;
+        sn_unlock(c);
+        if (pending)
+            PyErr_SetString(PyExc_RuntimeError, "close(): the communicator "
+                            "is being aborted; the abort ends when the last "
+                            "call inside it returns");
+        else
+            PyErr_Format(PyExc_TimeoutError, "close(): another thread was "
+                         "still closing or aborting this communicator "
+                         "after %.1f s", timeout + ABORT_ALL_SECONDS);
         return -1;
     }
     /* no XLA call enters c from now on, no method either (CLOSING) */

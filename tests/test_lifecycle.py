@@ -53,8 +53,8 @@ def test_every_method_that_uses_the_communicator_enters_it():
     (2800603: check(), _lsa_pointer and _epoch read it unentered)."""
     comm = _src("comm.c")
     table = comm[comm.index("static PyMethodDef comm_methods[]"):]
-    methods = re.findall(r'\{"(\w+)", \(PyCFunction\)(?:\(void \(\*\)\(void\)\))?'
-                         r'(\w+)', table)
+    methods = re.findall(r'\{"(\w+)", \(PyCFunction\)'
+                         r'(?:\(void \(\*\)\(void\)\))?(\w+)', table)
     bodies = {}
     for name in ("comm.c", "collectives.c", "fused.c", "alltoall.c"):
         bodies.update(_functions(_src(name)))
@@ -289,8 +289,9 @@ def test_abort_ends_a_thread_blocked_in_a_wait_and_returns_in_bound(uid):
 
     def blocked():
         try:
-            c.all_reduce(torch.ones(8, device="cuda"), algo="ll")
-            c.barrier(blocking=True)
+            s = torch.cuda.current_stream()
+            c.all_reduce(torch.ones(8, device="cuda"), algo="ll", stream=s)
+            c.barrier(stream=s, blocking=True)   # behind the stuck kernel
             got.append("returned")
         except Exception as e:   # noqa: BLE001
             got.append(f"{type(e).__name__}: {e}")
