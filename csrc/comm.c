@@ -513,7 +513,12 @@ comm_repr(CommObject *s)
 static PyObject *
 get_windows(CommObject *s, void *c)
 {
-    return PyLong_FromSize_t(sn_windows_count(s));
+    /* under the lock: an abort finishing on another thread (no GIL)
+     * unlinks nodes under it (lifecycle.c, end_teardown) */
+    sn_lock(s);
+    const size_t n = sn_windows_count(s);
+    sn_unlock(s);
+    return PyLong_FromSize_t(n);
 }
 
 static PyObject *

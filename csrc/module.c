@@ -237,9 +237,15 @@ py_group_end(PyObject *module, PyObject *unused)
     if (err == 0 && rc != ncclSuccess && rc != ncclInProgress)
         err = sn_set_nccl_error(st, rc, ncomms ? comms[0] : NULL,
                                 "ncclGroupEnd");
-    double timeout = SN_DEFAULT_TIMEOUT;
+    /* bounded by the communicators' own timeouts; with one communicator
+     * (the usual group) its abort() from another thread ends the wait */
+    double timeout = 0.0;
+    for (Py_ssize_t i = 0; i < ncomms; i++)
+        if (objs[i]->timeout > timeout)
+            timeout = objs[i]->timeout;
+    const volatile int *stop = ncomms == 1 ? &objs[0]->stop : NULL;
     if (err == 0 && ncomms > 0)
-        err = sn_wait_comms(st, comms, (int)ncomms, timeout, NULL,
+        err = sn_wait_comms(st, comms, (int)ncomms, timeout, stop,
                             "ncclGroupEnd");
     PyMem_Free(comms);
     release_group_comms(st, objs, ncomms);
