@@ -155,20 +155,32 @@ buffer_dealloc(BufferObject *self)
         self->ptr = NULL;
     }
     if (!leak && self->ptr != NULL) {
+        /* The window first: its communicator may take the memory over
+         * (sn_comm_release_window: never an unbounded wait). Then the
+         * memory, GIL released: freeing waits for the device's work, which
+         * the watchdog (it needs the GIL) may have to end. */
+        int mine = 1;
+        if (self->comm != NULL && self->win != NULL)
+            mine = sn_comm_release_window(self->comm, self->win, self->ptr);
+        self->win = NULL;
+        char *p = self->ptr;
+        const int nccl = self->alloc_kind == SN_ALLOC_NCCL;
+        const int device = self->device;
+        cudaEvent_t ev = self->event;
+        Py_BEGIN_ALLOW_THREADS
         int prev;
         if (cudaGetDevice(&prev) == cudaSuccess) {
-            cudaSetDevice(self->device);
-            if (self->comm != NULL && self->win != NULL)
-                sn_window_release(self->comm, self->win);
-            if (self->event != NULL)
-                cudaEventDestroy(self->event);
-            if (self->alloc_kind == SN_ALLOC_NCCL)
-                ncclMemFree(self->ptr);
-            else
-                cudaFree(self->ptr);
+            cudaSetDevice(device);
+            if (ev != NULL)
+                cudaEventDestroy(ev);
+            if (mine && nccl)
+                ncclMemFree(p);
+            else if (mine)
+                cudaFree(p);
             cudaSetDevice(prev);
         }
         (void)cudaGetLastError();
+        Py_END_ALLOW_THREADS
     }
     self->ptr = NULL;
     Py_CLEAR(self->comm);

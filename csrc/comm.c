@@ -306,16 +306,22 @@ static PyObject *
 comm_check(CommObject *self, PyObject *unused)
 {
     SNState *st = comm_state(self);
-    if (sn_comm_check_usable(st, self) < 0)
+    /* entered: the NCCL communicator stays while this thread asks it */
+    if (sn_comm_enter(st, self) < 0)
         return NULL;
-    if (self->comm == NULL)   /* a loopback rank: its record is all */
-        Py_RETURN_NONE;
-    ncclResult_t async = ncclSuccess;
-    ncclResult_t rc = ncclCommGetAsyncError(self->comm, &async);
-    if (rc == ncclSuccess && async != ncclSuccess && async != ncclInProgress)
-        rc = async;
+    ncclResult_t rc = ncclSuccess;
+    if (self->comm != NULL) {   /* a loopback rank: its record is all */
+        ncclResult_t async = ncclSuccess;
+        rc = ncclCommGetAsyncError(self->comm, &async);
+        if (rc == ncclSuccess && async != ncclSuccess &&
+            async != ncclInProgress)
+            rc = async;
+        if (rc != ncclSuccess)
+            sn_set_nccl_error(st, rc, self->comm, "check()");
+    }
+    sn_comm_leave(st, self);
     if (rc != ncclSuccess)
-        return (sn_set_nccl_error(st, rc, self->comm, "check()"), NULL);
+        return NULL;
     Py_RETURN_NONE;
 }
 
@@ -323,6 +329,14 @@ comm_check(CommObject *self, PyObject *unused)
 static PyObject *
 get_failure(CommObject *self, void *unused)
 {
+    /* the record is read while c is OPEN only (its memory goes with the
+     * teardown); after that, the copy taken at the failure */
+    sn_lock(self);
+    const int failed = self->state == SN_OPEN ? sn_fault_poll(self)
+                                              : self->failure.reason != 0;
+    sn_unlock(self);
+    if (!failed)
+        Py_RETURN_NONE;
     return sn_fault_dict(self);
 }
 
@@ -376,6 +390,8 @@ comm_dealloc(CommObject *self)
     SNState *st = sn_state_from_type(tp);
     if (st != NULL)
         sn_comm_finalize(st, self);
+    if (self->leak_object)   /* callers still inside (sn_comm_finalize) */
+        return;
     sn_windows_free(self);
     pthread_mutex_destroy(&self->lock);
     freefunc tp_free = (freefunc)PyType_GetSlot(tp, Py_tp_free);
@@ -438,7 +454,14 @@ static PyObject *get_lsa_size(CommObject *s, void *c) { return PyLong_FromLong(s
 static PyObject *get_lsa_rank(CommObject *s, void *c) { return PyLong_FromLong(s->lsa_rank); }
 static PyObject *get_symmetric(CommObject *s, void *c) { return PyBool_FromLong(s->symmetric); }
 static PyObject *get_multicast(CommObject *s, void *c) { return PyBool_FromLong(s->multicast); }
-static PyObject *get_closed(CommObject *s, void *c) { return PyBool_FromLong(s->closed != 0); }
+static PyObject *
+get_closed(CommObject *s, void *c)
+{
+    sn_lock(s);
+    const int open = s->state == SN_OPEN;
+    sn_unlock(s);
+    return PyBool_FromLong(!open);
+}
 static PyObject *get_timeout(CommObject *s, void *c) { return PyFloat_FromDouble(s->timeout); }
 
 static PyObject *
@@ -478,16 +501,20 @@ comm_repr(CommObject *s)
 {
     return PyUnicode_FromFormat(
         "<symnccl.Communicator rank=%d nranks=%d device=cuda:%d lsa_size=%d "
-        "symmetric=%s multicast=%s%s>", s->rank, s->nranks, s->device,
-        s->lsa_size, s->symmetric ? "True" : "False",
-        s->multicast ? "True" : "False",
-        s->closed == 1 ? " closed" : s->closed == 2 ? " aborted" : "");
+        "symmetric=%s multicast=%s state=%s>", s->rank, s->nranks,
+        s->device, s->lsa_size, s->symmetric ? "True" : "False",
+        s->multicast ? "True" : "False", sn_comm_state_name(s));
 }
 
 static PyObject *
 get_windows(CommObject *s, void *c)
 {
-    return PyLong_FromSize_t(sn_windows_count(s));
+    /* under the lock: an abort finishing on another thread (no GIL)
+     * unlinks nodes under it (lifecycle.c, end_teardown) */
+    sn_lock(s);
+    const size_t n = sn_windows_count(s);
+    sn_unlock(s);
+    return PyLong_FromSize_t(n);
 }
 
 static PyObject *
@@ -535,8 +562,9 @@ static PyGetSetDef comm_getset[] = {
      "True only when NCCL granted an NVLink multicast (NVLS) handle.", NULL},
     {"multicast_reason", (getter)get_multicast_reason, NULL,
      "Why multicast is or is not available.", NULL},
-    {"closed", (getter)get_closed, NULL, "True after close() or abort().",
-     NULL},
+    {"closed", (getter)get_closed, NULL, "True once close() or abort() "
+     "has begun: no call may start on the communicator (it is being "
+     "closed or aborted, or it is; repr() says which).", NULL},
     {"timeout", (getter)get_timeout, NULL,
      "Seconds any wait for peers may take before TimeoutError.", NULL},
     {"staging_bytes", (getter)get_staging_bytes, NULL,
@@ -572,30 +600,36 @@ comm_lsa_pointer(CommObject *self, PyObject *args)
     SNState *st = comm_state(self);
     PyObject *obj;
     int peer;
-    if (!PyArg_ParseTuple(args, "Oi:_lsa_pointer", &obj, &peer) ||
-        sn_comm_check_usable(st, self) < 0)
+    if (!PyArg_ParseTuple(args, "Oi:_lsa_pointer", &obj, &peer))
         return NULL;
     if (!PyObject_TypeCheck(obj, st->SymmetricBufferType)) {
         PyErr_SetString(PyExc_TypeError, "expected a SymmetricBuffer");
         return NULL;
     }
+    /* the window stays registered while this thread is inside */
+    if (sn_comm_enter(st, self) < 0)
+        return NULL;
     BufferObject *b = (BufferObject *)obj;
-    if (b->win == NULL || b->comm != self || !self->symmetric ||
-        peer < 0 || peer >= self->lsa_size) {
+    if (b->win == NULL || b->win->win == NULL || b->comm != self ||
+        !self->symmetric || peer < 0 || peer >= self->lsa_size) {
         PyErr_Format(PyExc_ValueError, "no LSA pointer: the buffer must be "
                      "a registered window of this communicator and 0 <= "
                      "peer < lsa_size (%d), got peer %d", self->lsa_size,
                      peer);
+        sn_comm_leave(st, self);
         return NULL;
     }
     int prev;
-    if (sn_device_push(st, self->device, &prev) < 0)
+    if (sn_device_push(st, self->device, &prev) < 0) {
+        sn_comm_leave(st, self);
         return NULL;
+    }
     void *p = NULL;
     cudaError_t e = symnccl_lsa_pointer(b->win->win,
                                         (size_t)(b->ptr - b->win->base),
                                         peer, &p);
     sn_device_pop(prev);
+    sn_comm_leave(st, self);
     if (e != cudaSuccess)
         return (sn_set_cuda_error(st, e, "reading the LSA pointer"), NULL);
     return PyLong_FromVoidPtr(p);
@@ -732,7 +766,8 @@ comm_epoch(CommObject *self, PyObject *arg)
         return NULL;
     }
     const char *name = PyUnicode_AsUTF8AndSize(arg, NULL);
-    if (name == NULL || sn_comm_check_usable(st, self) < 0)
+    /* the scratch stays while this thread is inside */
+    if (name == NULL || sn_comm_enter(st, self) < 0)
         return NULL;
     int k = 0;
     while (k < SYMNCCL_K_COUNT && strcmp(sn_kernel_name(k), name) != 0)
@@ -740,17 +775,21 @@ comm_epoch(CommObject *self, PyObject *arg)
     if (k == SYMNCCL_K_COUNT || self->scratch == NULL) {
         PyErr_Format(PyExc_ValueError, "_epoch: no counters for kernel "
                      "'%s' on this communicator", name);
+        sn_comm_leave(st, self);
         return NULL;
     }
     int prev;
-    if (sn_device_push(st, self->device, &prev) < 0)
+    if (sn_device_push(st, self->device, &prev) < 0) {
+        sn_comm_leave(st, self);
         return NULL;
+    }
     uint64_t v = 0;
     cudaError_t e;
     Py_BEGIN_ALLOW_THREADS
     e = cudaMemcpy(&v, sn_epochs(self, k), sizeof(v), cudaMemcpyDeviceToHost);
     Py_END_ALLOW_THREADS
     sn_device_pop(prev);
+    sn_comm_leave(st, self);
     if (e != cudaSuccess)
         return (sn_set_cuda_error(st, e, "reading a call counter"), NULL);
     return PyLong_FromUnsignedLongLong(v);
@@ -1026,17 +1065,21 @@ static PyMethodDef comm_methods[] = {
      "kernel waits at entry for something that never comes and gives up "
      "after the timeout."},
     {"close", (PyCFunction)comm_close, METH_NOARGS,
-     "close($self, /)\n--\n\nWaits for this device's work, then destroys the device "
+     "close($self, /)\n--\n\nRefuses new calls from then on, waits (at most "
+     "the timeout) for calls other threads are making on it to return, "
+     "then for this device's work, then destroys the device "
      "communicator, deregisters the windows, finalizes and destroys the "
-     "communicator. Idempotent. Buffers and views stay valid as plain device "
-     "memory.\n\nExample:\n    with symnccl.Communicator(uid, r, n, r) as "
-     "comm:\n        ..."},
+     "communicator. A close that cannot complete aborts instead and raises "
+     "why. Idempotent. Buffers and views stay valid as plain device "
+     "memory (docs/FAILURES.md, 'Lifecycle').\n\nExample:\n    with "
+     "symnccl.Communicator(uid, r, n, r) as comm:\n        ..."},
     {"abort", (PyCFunction)comm_abort, METH_NOARGS,
      "abort($self, /)\n--\n\nStops this communicator's kernels, "
      "ncclCommAbort, and frees its memory once nothing of it runs. For a "
      "communicator that failed, timed out or whose peers died; callable "
-     "from any thread (another thread's call on it ends). Local: waits a "
-     "few seconds at most."},
+     "from any thread (another thread's call on it ends, a close under "
+     "way aborts). Local: returns within about 9 s (docs/FAILURES.md, "
+     "'Lifecycle')."},
     {"__enter__", (PyCFunction)comm_enter, METH_NOARGS, NULL},
     {"__exit__", (PyCFunction)comm_exit, METH_VARARGS, NULL},
     {NULL},

@@ -506,11 +506,19 @@ sn_watch_collect(CommObject **out, int max)
     for (CommObject *c = watched; c != NULL && n < max; c = c->watch_next) {
         if (!c->watch_expired)
             continue;
+        /* a caller inside reports with its own bounded wait (retried);
+         * a communicator being torn down is its teardown's. Else the
+         * watchdog takes the teardown here, in one step with the check
+         * (lifecycle.c, sn_comm_abort_owned finishes it). */
         sn_lock(c);
-        int busy = c->busy;
+        const int idle = c->busy == 0 && c->state == SN_OPEN;
+        if (idle) {
+            c->state = SN_CLOSING;
+            c->teardown = SN_TEAR_ABORT;
+        }
         sn_unlock(c);
-        if (busy > 0)
-            continue;   /* its own bounded wait reports; retried */
+        if (!idle)
+            continue;
         Py_INCREF((PyObject *)c);
         out[n++] = c;
     }

@@ -466,6 +466,9 @@ sn_launch_kernels(const sn_ar *r, sn_err *err)
         rc = sn_fail(err, cudaErrorInvalidValue, ncclSuccess,
                      "the communicator has no device communicator or "
                      "staging window (closed?)");
+    else if (c->stop)   /* entered before an abort began */
+        rc = sn_fail(err, cudaErrorInvalidValue, ncclSuccess,
+                     "the communicator is being aborted");
     else if (sn_fault_poll(c))   /* a kernel or the watchdog was quicker */
         rc = sn_fail(err, cudaErrorInvalidValue, ncclSuccess,
                      "the communicator has failed (comm.check() raises "

@@ -150,6 +150,8 @@ sn_comm_new(PyTypeObject *tp, int rank, int nranks, int device,
      * beside an NCCL whose kernels wait for them (primitives.cuh,
      * pdl_wait) */
     c->pdl_early = sn_nccl_pdl_early(sn_abi_runtime());
+    c->st = sn_state_from_type(tp);
+    c->state = SN_OPEN;
     pthread_mutex_init(&c->lock, NULL);
     const char *why = decide_multicast(multicast, nranks, device);
     c->multicast_requested = why == NULL;
@@ -492,47 +494,31 @@ error:
 }
 
 /* ------------------------------------------------------------------ */
-/* Teardown. */
-
-int
-sn_comm_check_usable(SNState *st, CommObject *c)
-{
-    /* a failure stays the answer until the user aborts */
-    if (!c->user_aborted && sn_fault_check(st, c) < 0)
-        return -1;
-    if (c->closed) {
-        PyErr_Format(PyExc_RuntimeError, "communicator (rank %d of %d, "
-                     "cuda:%d) is %s", c->rank, c->nranks, c->device,
-                     c->closed == 2 ? "aborted" : "closed");
-        return -1;
-    }
-    return 0;
-}
-
-int
-sn_comm_enter(SNState *st, CommObject *c)
-{
-    if (sn_comm_check_usable(st, c) < 0)
-        return -1;
-    sn_lock(c);
-    c->busy++;
-    sn_unlock(c);
-    return 0;
-}
-
-void
-sn_comm_leave(SNState *st, CommObject *c)
-{
-    sn_lock(c);
-    int last = --c->busy == 0 && c->abort_pending;
-    sn_unlock(c);
-    if (last) {   /* abort() came while this thread was inside */
-        PyObject *et, *ev, *tb;
-        PyErr_Fetch(&et, &ev, &tb);
-        sn_comm_abort(st, c);
-        PyErr_Restore(et, ev, tb);
-    }
-}
+/* The lifecycle (docs/FAILURES.md, "Lifecycle").
+ *
+ *   OPEN --close()--> CLOSING(close) --> CLOSED
+ *     |                  | abort() meanwhile, or a step failed
+ *     |                  v
+ *     +--abort()-----> CLOSING(abort) --> ABORTED
+ *        (watchdog)
+ *
+ * The state, the count of callers inside (busy) and the teardown's kind
+ * change under c->lock only. Every entry point enters OPEN communicators
+ * only, counted in busy (methods: sn_comm_enter; the XLA handler:
+ * sn_comm_pin; a group's end and a buffer's deallocation likewise), so
+ * the thread that moves c to CLOSING (the owner of the teardown: one
+ * thread) knows that no caller comes after it, and frees nothing while
+ * busy > 0:
+ *   - close waits for the callers inside, at most c's timeout (their own
+ *     waits end by then); past it, or on any failure, it aborts instead;
+ *   - abort first ends every wait on c (c->stop) and c's kernels (abort
+ *     flag and fault word), so callers leave within milliseconds, waits
+ *     ABORT_LEAVE_SECONDS for them, and if one is still inside, leaves
+ *     the rest to the last caller to leave (abort_pending): nothing is
+ *     freed under a caller, and abort() returns within its bounds;
+ *   - abort() while another thread closes c sets c->stop; that close sees
+ *     it in its waits and turns into the abort.
+ * The GIL is released wherever a teardown waits; no lock is held then. */
 
 /* Seconds abort() waits for another thread to leave a method of c (its
  * waits end within 50 ms of c->stop), for c's kernels to leave once told
@@ -541,130 +527,311 @@ sn_comm_leave(SNState *st, CommObject *c)
 #define ABORT_LEAVE_SECONDS 2.0
 #define ABORT_KERNELS_SECONDS 1.0
 #define ABORT_DRAIN_SECONDS 5.0
+/* How long an abort() that found another thread's close waits for it
+ * to turn into the abort and end. */
+#define ABORT_ALL_SECONDS                                                 \
+    (ABORT_LEAVE_SECONDS + ABORT_KERNELS_SECONDS + ABORT_DRAIN_SECONDS +  \
+     1.0)
+/* Teardowns look at busy and the state this often. */
+#define POLL_SECONDS 0.001
 
-static int close_entered(SNState *st, CommObject *c, double timeout);
-
-/* close() waiting at most `timeout` for c's work (sn_comm_close: c's own
- * timeout; exit: SYMNCCL_EXIT_TIMEOUT when shorter). */
-static int
-close_within(SNState *st, CommObject *c, double timeout)
+static void
+nap(void)
 {
-    /* closed, or aborted by the user: nothing to do; failed (aborted by
-     * the watchdog or not): the failure is the answer */
-    if (c->closed && (c->user_aborted || !sn_fault_poll(c)))
-        return 0;
-    if (sn_comm_check_usable(st, c) < 0)
-        return -1;
-    if (st->group_depth > 0) {
-        PyErr_SetString(PyExc_RuntimeError,
-                        "close() cannot be called inside symnccl.group()");
-        return -1;
+    struct timespec t = {0, (long)(POLL_SECONDS * 1e9)};
+    nanosleep(&t, NULL);
+}
+
+static const char *
+state_name(int state, int teardown)
+{
+    switch (state) {
+    case SN_OPEN: return "open";
+    case SN_CLOSING:
+        return teardown == SN_TEAR_ABORT ? "being aborted" : "being closed";
+    case SN_CLOSED: return "closed";
+    default: return "aborted";
     }
+}
+
+const char *
+sn_comm_state_name(CommObject *c)
+{
     sn_lock(c);
-    int busy = c->busy;
-    if (busy == 0)
-        c->busy = 1;   /* the watchdog keeps off while close runs */
+    const char *name = state_name(c->state, c->teardown);
     sn_unlock(c);
-    if (busy > 0) {
-        PyErr_SetString(PyExc_RuntimeError, "close() while another thread "
-                        "is inside a call on this communicator");
-        return -1;
-    }
-    int rc_close = close_entered(st, c, timeout);
-    sn_lock(c);
-    c->busy--;
-    sn_unlock(c);
-    return rc_close;
+    return name;
+}
+
+/* Under the lock: whether a caller may enter c (OPEN, not failed). The
+ * failure record is read only while OPEN (its memory goes with the
+ * teardown); *failed: c has failed. */
+static int
+may_enter(CommObject *c, int *failed)
+{
+    *failed = c->state == SN_OPEN ? sn_fault_poll(c)
+                                  : c->failure.reason != 0;
+    return c->state == SN_OPEN && !*failed;
+}
+
+/* Why a caller may not enter, without Python. */
+static void
+refusal(const CommObject *c, int state, int teardown, int failed,
+        char *why, size_t len)
+{
+    if (failed && !c->user_aborted)
+        sn_fault_describe(c, why, len);
+    else
+        snprintf(why, len, "communicator (rank %d of %d, cuda:%d) is %s: "
+                 "no call may start on it%s", c->rank, c->nranks,
+                 c->device, state_name(state, teardown),
+                 state == SN_CLOSING ? " (another thread is closing or "
+                                       "aborting it)" : "");
+}
+
+/* The same as a Python exception: the failure (PeerTimeoutError,
+ * CallMismatchError; c->failure holds it), else RuntimeError. */
+static int
+refuse(SNState *st, CommObject *c, int state, int teardown, int failed)
+{
+    if (failed && !c->user_aborted)
+        return sn_fault_raise(st, c);
+    char why[240];
+    refusal(c, state, teardown, 0, why, sizeof(why));
+    PyErr_SetString(PyExc_RuntimeError, why);
+    return -1;
 }
 
 int
-sn_comm_close(SNState *st, CommObject *c)
+sn_comm_check_usable(SNState *st, CommObject *c)
 {
-    return close_within(st, c, c->timeout);
+    sn_lock(c);
+    int failed;
+    const int ok = may_enter(c, &failed);
+    const int state = c->state, teardown = c->teardown;
+    sn_unlock(c);
+    return ok ? 0 : refuse(st, c, state, teardown, failed);
 }
 
-/* sn_nccl_complete for close, bounded by its own timeout (close refuses
- * to run inside symnccl.group(), so the call completes here). */
-static int
-complete_within(SNState *st, CommObject *c, ncclResult_t rc,
-                const char *what, double timeout)
+int
+sn_comm_enter(SNState *st, CommObject *c)
 {
-    if (rc != ncclSuccess && rc != ncclInProgress)
-        return sn_set_nccl_error(st, rc, c->comm, what);
-    return sn_wait_comms(st, &c->comm, 1, timeout, &c->stop, what);
+    sn_lock(c);
+    int failed;
+    const int ok = may_enter(c, &failed);
+    const int state = c->state, teardown = c->teardown;
+    if (ok)
+        c->busy++;
+    sn_unlock(c);
+    return ok ? 0 : refuse(st, c, state, teardown, failed);
 }
 
-/* close() with c->busy held. */
-static int
-close_entered(SNState *st, CommObject *c, double timeout)
+int
+sn_comm_pin(CommObject *c, char *why, size_t len)
 {
-    int prev;
-    if (sn_device_push(st, c->device, &prev) < 0)
-        return -1;
-    ncclResult_t rc;
-    cudaError_t ce;
-    /* symnccl's and NCCL's work on c, for at most the timeout (a kernel
-     * gives up after it, the watchdog ends NCCL's), then the device */
-    int drained;
-    Py_BEGIN_ALLOW_THREADS
-    drained = sn_fault_drain(c, timeout + ABORT_DRAIN_SECONDS, 1);
-    Py_END_ALLOW_THREADS
-    if (sn_fault_check(st, c) < 0)
-        goto fail;
-    if (!drained) {
-        PyErr_Format(PyExc_TimeoutError, "close(): the communicator's work "
-                     "did not complete within %.1f s", timeout);
-        goto fail;
-    }
-    Py_BEGIN_ALLOW_THREADS
-    ce = cudaDeviceSynchronize();
-    Py_END_ALLOW_THREADS
-    SN_CUDA_GOTO(st, ce, "cudaDeviceSynchronize (close)", fail);
-    sn_watch_forget(c);
-    if (st->on_close != NULL && st->on_close(c, 1) < 0)
-        goto fail;
-    if (c->devcomm != NULL && c->comm == NULL) {   /* a loopback rank */
-        symnccl_devcomm_free(c->devcomm);
-        c->devcomm = NULL;
-    }
-    if (c->devcomm != NULL) {
+    sn_lock(c);
+    int failed;
+    const int ok = may_enter(c, &failed);
+    if (ok)
+        c->busy++;
+    else
+        refusal(c, c->state, c->teardown, failed, why, len);
+    sn_unlock(c);
+    return ok ? 0 : -1;
+}
+
+static void abort_finish(CommObject *c);
+
+/* 1 when this caller was the last inside c and an abort waits for it:
+ * the caller finishes the abort. */
+static int
+unpin(CommObject *c)
+{
+    sn_lock(c);
+    const int last = --c->busy == 0 && c->abort_pending;
+    if (last)
+        c->abort_pending = 0;
+    sn_unlock(c);
+    return last;
+}
+
+void
+sn_comm_unpin(CommObject *c)
+{
+    if (unpin(c))
+        abort_finish(c);
+}
+
+void
+sn_comm_leave(SNState *st, CommObject *c)
+{
+    if (unpin(c)) {   /* abort() came while this thread was inside */
         Py_BEGIN_ALLOW_THREADS
-        rc = symnccl_devcomm_destroy(c->comm, c->devcomm);
+        abort_finish(c);
         Py_END_ALLOW_THREADS
-        c->devcomm = NULL;
-        if (complete_within(st, c, rc, "ncclDevCommDestroy", timeout) < 0)
-            goto fail;
     }
-    if (sn_windows_deregister(st, c) < 0)
-        goto fail;
-    sn_loopback_leave(c);
-    sn_staging_free(c);
-    sn_scratch_free(c);
-    sn_fault_free(c);
-    if (c->comm == NULL) {   /* a loopback rank: no NCCL communicator */
-        c->closed = 1;
-        sn_device_pop(prev);
-        return 0;
-    }
-    Py_BEGIN_ALLOW_THREADS
-    rc = ncclCommFinalize(c->comm);
-    Py_END_ALLOW_THREADS
-    if (complete_within(st, c, rc, "ncclCommFinalize", timeout) < 0)
-        goto fail;
-    Py_BEGIN_ALLOW_THREADS
-    rc = ncclCommDestroy(c->comm);
-    Py_END_ALLOW_THREADS
-    c->comm = NULL;
-    c->closed = 1;
-    sn_device_pop(prev);
-    if (rc != ncclSuccess)
-        return sn_set_nccl_error(st, rc, NULL, "ncclCommDestroy");
-    return 0;
-
-fail:
-    sn_device_pop(prev);
-    return -1;
 }
+
+/* Waits, GIL released, until no caller is inside c (0), c->stop is set
+ * while `stoppable` (1), or `seconds` have passed (2). */
+static int
+wait_callers(CommObject *c, double seconds, int stoppable)
+{
+    const double until = sn_deadline(seconds);
+    for (;;) {
+        sn_lock(c);
+        const int busy = c->busy;
+        sn_unlock(c);
+        if (busy == 0)
+            return 0;
+        if (stoppable && c->stop)
+            return 1;
+        if (sn_now() >= until)
+            return 2;
+        Py_BEGIN_ALLOW_THREADS
+        nap();
+        Py_END_ALLOW_THREADS
+    }
+}
+
+/* Waits, GIL released, at most `seconds` for another thread's teardown
+ * to end (CLOSED, ABORTED) or to be left to the callers inside
+ * (abort_pending); the state then. */
+static int
+wait_teardown(CommObject *c, double seconds)
+{
+    const double until = sn_deadline(seconds);
+    for (;;) {
+        sn_lock(c);
+        const int state = c->state, pending = c->abort_pending;
+        sn_unlock(c);
+        if (state != SN_CLOSING || pending || sn_now() >= until)
+            return state;
+        Py_BEGIN_ALLOW_THREADS
+        nap();
+        Py_END_ALLOW_THREADS
+    }
+}
+
+/* OPEN -> CLOSING(kind): 1 when this thread now owns the teardown. */
+static int
+take_teardown(CommObject *c, int kind)
+{
+    sn_lock(c);
+    const int mine = c->state == SN_OPEN;
+    if (mine) {
+        c->state = SN_CLOSING;
+        c->teardown = kind;
+    }
+    sn_unlock(c);
+    return mine;
+}
+
+/* Unlinks the windows whose buffers left their release to c
+ * (sn_comm_release_window) and ends the teardown in `state`, in one step
+ * under the lock, so that a release comes either before (its memory is
+ * in the list returned, through ->next) or after (it frees its own). */
+static sn_window *
+end_teardown(CommObject *c, int state)
+{
+    sn_window *dead = NULL;
+    sn_lock(c);
+    sn_window **pp = &c->windows;
+    while (*pp != NULL) {
+        sn_window *w = *pp;
+        if (w->dead == NULL) {
+            pp = &w->next;
+            continue;
+        }
+        *pp = w->next;
+        w->next = dead;
+        dead = w;
+    }
+    c->state = state;
+    c->teardown = SN_TEAR_NONE;
+    sn_unlock(c);
+    return dead;
+}
+
+/* The memory of those windows (no longer registered), and their nodes;
+ * with `free_them` 0 (a kernel of c may still run on it) it stays
+ * allocated. No GIL needed. */
+static void
+free_dead(sn_window *dead, int free_them)
+{
+    while (dead != NULL) {
+        sn_window *next = dead->next;
+        if (free_them)
+            ncclMemFree(dead->dead);
+        free(dead);
+        dead = next;
+    }
+}
+
+/* The windows left to c by buffers that are gone: deregistered and their
+ * memory freed once c's kernels have drained (at most
+ * SN_RELEASE_PROMPT_SECONDS, GIL released), else left to the next
+ * release or the teardown. c entered, GIL held (the list is the GIL's;
+ * it is walked again after each wait). */
+static void
+reap_windows(CommObject *c)
+{
+    int drained = -1;
+    for (;;) {
+        sn_window *w = c->windows;
+        while (w != NULL && (w->refs != 0 || w->dead == NULL))
+            w = w->next;
+        if (w == NULL)
+            return;
+        int ok;
+        void *mem = w->dead;
+        Py_BEGIN_ALLOW_THREADS
+        if (drained < 0)
+            drained = sn_fault_drain(c, SN_RELEASE_PROMPT_SECONDS, 1);
+        ok = drained && sn_window_deregister_now(c, w) == 0;
+        if (ok) {
+            int prev = -1;
+            cudaGetDevice(&prev);
+            cudaSetDevice(c->device);
+            ncclMemFree(mem);
+            (void)cudaGetLastError();
+            if (prev >= 0)
+                cudaSetDevice(prev);
+        }
+        Py_END_ALLOW_THREADS
+        if (!ok)
+            return;
+        sn_window_forget(c, w);
+    }
+}
+
+int
+sn_comm_release_window(CommObject *c, sn_window *w, void *mem)
+{
+    if (w == NULL || --w->refs > 0)
+        return 1;
+    sn_lock(c);
+    const int state = c->state;
+    const int enter = state == SN_OPEN && c->st->group_depth == 0;
+    if (enter)
+        c->busy++;
+    if (state == SN_OPEN || state == SN_CLOSING)
+        w->dead = mem;   /* c frees it: now (below), later, or at teardown */
+    sn_unlock(c);
+    if (state == SN_CLOSED || state == SN_ABORTED) {
+        /* deregistered by close, forgotten by abort */
+        sn_window_forget(c, w);
+        return 1;
+    }
+    if (enter) {
+        reap_windows(c);
+        sn_comm_leave(c->st, c);
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Abort. */
 
 /* Frees c's memory, or leaves it (a kernel still runs on it). */
 static void
@@ -693,112 +860,377 @@ free_memory(CommObject *c, int drained)
     sn_fault_free(c);
 }
 
-void
-sn_comm_abort(SNState *st, CommObject *c)
+/* The rest of an abort once no caller is inside c, by the one thread
+ * that owns it: no GIL needed and no Python (the last caller to leave may
+ * be one of XLA's threads). */
+static void
+abort_finish(CommObject *c)
 {
-    /* closed, aborted already (by the watchdog too), or being aborted by
-     * another thread (this one releases the GIL below) */
-    if (c->closed || c->aborting)
-        return;
-    c->aborting = 1;
     int prev = -1;
     cudaGetDevice(&prev);
     cudaSetDevice(c->device);
-    /* 1. nothing waits on c any more: another thread's waits end (stop),
-     * c's kernels leave (abort flag, fault word) */
-    c->stop = 1;
-    c->abort_pending = 0;
-    sn_fault_stop_kernels(c, SYMNCCL_FAULT_ABORT, 1.0);
-    double until = sn_deadline(ABORT_LEAVE_SECONDS);
-    for (;;) {
-        sn_lock(c);
-        int busy = c->busy;
-        sn_unlock(c);
-        if (busy == 0)
-            break;
-        if (sn_now() >= until) {
-            /* finished by the last thread to leave (sn_comm_leave) */
-            c->abort_pending = 1;
-            c->aborting = 0;
-            if (prev >= 0)
-                cudaSetDevice(prev);
-            return;
-        }
-        Py_BEGIN_ALLOW_THREADS
-        struct timespec t = {0, 5000000};
-        nanosleep(&t, NULL);
-        Py_END_ALLOW_THREADS
-    }
     sn_watch_forget(c);
-    /* 2. c's kernels end before NCCL unmaps the windows they address
-     * (those queued behind a hung NCCL kernel cannot: they start after
+    /* c's kernels end before NCCL unmaps the windows they address (those
+     * queued behind a hung NCCL kernel cannot: they start after
      * ncclCommAbort ended it, and leave at entry) */
-    int left;
-    Py_BEGIN_ALLOW_THREADS
-    left = sn_fault_drain(c, ABORT_KERNELS_SECONDS, 0);
-    Py_END_ALLOW_THREADS
+    const int left = sn_fault_drain(c, ABORT_KERNELS_SECONDS, 0);
     /* once they have, the device communicator and the windows (the XLA
      * handler's too) go first, local steps: ncclCommAbort alone would keep
      * the windows' memory (errors do not matter here: c is being aborted) */
-    if (st->on_close != NULL && st->on_close(c, left) < 0)
-        PyErr_Clear();
-    if (left && c->comm != NULL)
+    if (c->st->on_close != NULL)
+        (void)c->st->on_close(c, left);
+    if (left && c->comm != NULL && c->devcomm != NULL)
         (void)symnccl_devcomm_destroy(c->comm, c->devcomm);
     else
         symnccl_devcomm_free(c->devcomm);
     c->devcomm = NULL;
     sn_windows_detach(c, left);
     if (c->comm != NULL) {
-        Py_BEGIN_ALLOW_THREADS
         ncclCommAbort(c->comm);
-        Py_END_ALLOW_THREADS
         c->comm = NULL;
     }
-    c->closed = 2;
-    c->aborting = 0;
-    /* 3. the memory, once nothing of c runs any more */
-    int drained;
-    Py_BEGIN_ALLOW_THREADS
-    drained = sn_fault_drain(c, ABORT_DRAIN_SECONDS, 1);
-    Py_END_ALLOW_THREADS
+    /* the memory, once nothing of c runs any more */
+    const int drained = sn_fault_drain(c, ABORT_DRAIN_SECONDS, 1);
     free_memory(c, drained);
+    free_dead(end_teardown(c, SN_ABORTED), drained);
     (void)cudaGetLastError();
     if (prev >= 0)
         cudaSetDevice(prev);
 }
+
+/* The abort, by the thread that owns the teardown (GIL held): every wait
+ * on c ends, c's kernels are told to stop, the callers inside get
+ * ABORT_LEAVE_SECONDS to leave; the last of them finishes it if they do
+ * not. */
+static void
+abort_owned(CommObject *c)
+{
+    sn_lock(c);
+    c->teardown = SN_TEAR_ABORT;
+    sn_unlock(c);
+    c->stop = 1;
+    Py_BEGIN_ALLOW_THREADS
+    sn_fault_stop_kernels(c, SYMNCCL_FAULT_ABORT, 1.0);
+    Py_END_ALLOW_THREADS
+    if (wait_callers(c, ABORT_LEAVE_SECONDS, 0) != 0) {
+        sn_lock(c);
+        const int defer = c->busy > 0;
+        c->abort_pending = defer;
+        sn_unlock(c);
+        if (defer)
+            return;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    abort_finish(c);
+    Py_END_ALLOW_THREADS
+}
+
+void
+sn_comm_abort_owned(SNState *st, CommObject *c)
+{
+    c->stop = 1;
+    if (st->on_closing != NULL)
+        st->on_closing(c);
+    abort_owned(c);
+}
+
+void
+sn_comm_abort(SNState *st, CommObject *c)
+{
+    sn_lock(c);
+    const int state = c->state, was = c->teardown;
+    if (state == SN_CLOSING)
+        c->teardown = SN_TEAR_ABORT;
+    sn_unlock(c);
+    if (state == SN_OPEN) {
+        if (take_teardown(c, SN_TEAR_ABORT))
+            sn_comm_abort_owned(st, c);
+        else   /* another thread was quicker: as below */
+            sn_comm_abort(st, c);
+        return;
+    }
+    /* closed, aborted, or an abort under way (or left to its callers) */
+    if (state != SN_CLOSING || was == SN_TEAR_ABORT)
+        return;
+    /* another thread's close: it sees c->stop in its waits and turns into
+     * the abort; this thread touches nothing of c's and waits, bounded */
+    c->stop = 1;
+    (void)wait_teardown(c, ABORT_ALL_SECONDS);
+}
+
+/* ------------------------------------------------------------------ */
+/* Close. */
+
+static int close_entered(SNState *st, CommObject *c, double timeout);
+
+/* close() waiting at most `timeout` for c's callers and c's work
+ * (sn_comm_close: c's own timeout; exit: SYMNCCL_EXIT_TIMEOUT when
+ * shorter). */
+static int
+close_within(SNState *st, CommObject *c, double timeout)
+{
+    sn_lock(c);
+    const int state = c->state;
+    int failed;
+    (void)may_enter(c, &failed);
+    const int mine = state == SN_OPEN && !failed && st->group_depth == 0;
+    if (mine) {
+        c->state = SN_CLOSING;
+        c->teardown = SN_TEAR_CLOSE;
+    }
+    sn_unlock(c);
+    if (!mine) {
+        /* a failure is the answer until the user aborts */
+        if (failed && !c->user_aborted)
+            return sn_fault_raise(st, c);
+        if (state == SN_OPEN) {
+            PyErr_SetString(PyExc_RuntimeError, "close() cannot be called "
+                            "inside symnccl.group()");
+            return -1;
+        }
+        /* closed, or aborted: nothing to do; being closed or aborted by
+         * another thread: its outcome, once it has one */
+        const int end = state == SN_CLOSING
+                            ? wait_teardown(c, timeout + ABORT_ALL_SECONDS)
+                            : state;
+        if (end != SN_CLOSING)
+            return 0;
+        sn_lock(c);
+        const int pending = c->abort_pending;
+        sn_unlock(c);
+        if (pending)
+            PyErr_SetString(PyExc_RuntimeError, "close(): the communicator "
+                            "is being aborted; the abort ends when the last "
+                            "call inside it returns");
+        else
+            PyErr_Format(PyExc_TimeoutError, "close(): another thread was "
+                         "still closing or aborting this communicator "
+                         "after %.1f s", timeout + ABORT_ALL_SECONDS);
+        return -1;
+    }
+    /* no XLA call enters c from now on, no method either (CLOSING) */
+    if (st->on_closing != NULL)
+        st->on_closing(c);
+    int rc;
+    switch (wait_callers(c, timeout, 1)) {
+    case 0:
+        rc = close_entered(st, c, timeout);
+        break;
+    case 1:
+        PyErr_SetString(PyExc_RuntimeError, "close() was interrupted by "
+                        "abort() from another thread");
+        rc = -1;
+        break;
+    default:
+        sn_lock(c);
+        const int busy = c->busy;
+        sn_unlock(c);
+        PyErr_Format(PyExc_TimeoutError, "close(): %d call(s) from other "
+                     "threads were still inside the communicator after "
+                     "%.1f s; it was aborted instead", busy, timeout);
+        rc = -1;
+    }
+    if (rc < 0) {
+        /* A close that cannot complete must not leave peers waiting on a
+         * half-closed communicator, nor callers inside it: abort. */
+        PyObject *et, *ev, *tb;
+        PyErr_Fetch(&et, &ev, &tb);
+        abort_owned(c);
+        PyErr_Restore(et, ev, tb);
+    }
+    return rc;
+}
+
+int
+sn_comm_close(SNState *st, CommObject *c)
+{
+    return close_within(st, c, c->timeout);
+}
+
+/* sn_nccl_complete for close, bounded by its own timeout (close refuses
+ * to run inside symnccl.group(), so the call completes here). */
+static int
+complete_within(SNState *st, CommObject *c, ncclResult_t rc,
+                const char *what, double timeout)
+{
+    if (rc != ncclSuccess && rc != ncclInProgress)
+        return sn_set_nccl_error(st, rc, c->comm, what);
+    return sn_wait_comms(st, &c->comm, 1, timeout, &c->stop, what);
+}
+
+/* c's symnccl and (watched) NCCL work has completed: 1; `seconds`
+ * passed: 0; c->stop was set meanwhile: -1. No GIL needed. */
+static int
+drain_or_stop(CommObject *c, double seconds)
+{
+    const double until = sn_deadline(seconds);
+    for (;;) {
+        if (sn_fault_drain(c, 0.05, 1))
+            return 1;
+        if (c->stop)
+            return -1;
+        if (sn_now() >= until)
+            return 0;
+    }
+}
+
+/* close() by the owner of the teardown, no caller inside. */
+static int
+close_entered(SNState *st, CommObject *c, double timeout)
+{
+    int prev;
+    if (sn_device_push(st, c->device, &prev) < 0)
+        return -1;
+    ncclResult_t rc;
+    cudaError_t ce;
+    /* symnccl's and NCCL's work on c, for at most the timeout (a kernel
+     * gives up after it, the watchdog ends NCCL's), then the device */
+    int drained;
+    Py_BEGIN_ALLOW_THREADS
+    drained = drain_or_stop(c, timeout + ABORT_DRAIN_SECONDS);
+    Py_END_ALLOW_THREADS
+    if (sn_fault_check(st, c) < 0)
+        goto fail;
+    if (drained < 0) {
+        PyErr_SetString(PyExc_RuntimeError, "close() was interrupted by "
+                        "abort() from another thread");
+        goto fail;
+    }
+    if (!drained) {
+        PyErr_Format(PyExc_TimeoutError, "close(): the communicator's work "
+                     "did not complete within %.1f s", timeout);
+        goto fail;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    ce = cudaDeviceSynchronize();
+    Py_END_ALLOW_THREADS
+    SN_CUDA_GOTO(st, ce, "cudaDeviceSynchronize (close)", fail);
+    sn_watch_forget(c);
+    if (st->on_close != NULL) {
+        Py_BEGIN_ALLOW_THREADS
+        rc = st->on_close(c, 1);
+        Py_END_ALLOW_THREADS
+        if (rc != ncclSuccess) {
+            sn_set_nccl_error(st, rc, c->comm,
+                              "ncclCommWindowDeregister (XLA buffer)");
+            goto fail;
+        }
+    }
+    if (c->devcomm != NULL && c->comm == NULL) {   /* a loopback rank */
+        symnccl_devcomm_free(c->devcomm);
+        c->devcomm = NULL;
+    }
+    if (c->devcomm != NULL) {
+        Py_BEGIN_ALLOW_THREADS
+        rc = symnccl_devcomm_destroy(c->comm, c->devcomm);
+        Py_END_ALLOW_THREADS
+        c->devcomm = NULL;
+        if (complete_within(st, c, rc, "ncclDevCommDestroy", timeout) < 0)
+            goto fail;
+    }
+    if (sn_windows_deregister(st, c) < 0)
+        goto fail;
+    sn_loopback_leave(c);
+    sn_staging_free(c);
+    sn_scratch_free(c);
+    sn_fault_free(c);
+    if (c->comm != NULL) {
+        Py_BEGIN_ALLOW_THREADS
+        rc = ncclCommFinalize(c->comm);
+        Py_END_ALLOW_THREADS
+        if (complete_within(st, c, rc, "ncclCommFinalize", timeout) < 0)
+            goto fail;
+        Py_BEGIN_ALLOW_THREADS
+        rc = ncclCommDestroy(c->comm);
+        Py_END_ALLOW_THREADS
+        c->comm = NULL;
+    }
+    else
+        rc = ncclSuccess;   /* a loopback rank: no NCCL communicator */
+    Py_BEGIN_ALLOW_THREADS
+    free_dead(end_teardown(c, SN_CLOSED), 1);
+    Py_END_ALLOW_THREADS
+    sn_device_pop(prev);
+    if (rc != ncclSuccess)
+        return sn_set_nccl_error(st, rc, NULL, "ncclCommDestroy");
+    return 0;
+
+fail:
+    sn_device_pop(prev);
+    return -1;
+}
+
+/* ------------------------------------------------------------------ */
+/* Deallocation and exit. */
 
 void
 sn_comm_finalize(SNState *st, CommObject *c)
 {
     live_remove(st, c);
     sn_watch_forget(c);
-    if (c->closed || (c->comm == NULL && c->loopback == NULL) ||
-        st->shutting_down)
+    if (st->shutting_down)
         return;
-    PyObject *et, *ev, *tb;
-    PyErr_Fetch(&et, &ev, &tb);
-    if (sn_fault_poll(c))   /* failed: the user was told at the failure */
-        sn_comm_abort(st, c);
-    else if (sn_comm_close(st, c) < 0) {
-        PyErr_WriteUnraisable((PyObject *)c);
-        sn_comm_abort(st, c);
+    sn_lock(c);
+    const int state = c->state;
+    int failed;
+    (void)may_enter(c, &failed);
+    sn_unlock(c);
+    if (state == SN_OPEN && (c->comm != NULL || c->loopback != NULL)) {
+        PyObject *et, *ev, *tb;
+        PyErr_Fetch(&et, &ev, &tb);
+        if (failed)   /* the user was told at the failure */
+            sn_comm_abort(st, c);
+        else if (sn_comm_close(st, c) < 0) {
+            PyErr_WriteUnraisable((PyObject *)c);
+            sn_comm_abort(st, c);
+        }
+        PyErr_Restore(et, ev, tb);
     }
-    PyErr_Restore(et, ev, tb);
+    /* Callers that hold no reference may still be inside (XLA handlers
+     * past an abort's bounds): c's memory must outlive them. */
+    sn_lock(c);
+    c->leak_object = c->busy > 0 || c->state == SN_CLOSING;
+    const int busy = c->busy;
+    sn_unlock(c);
+    if (c->leak_object)
+        fprintf(stderr, "symnccl: communicator (rank %d of %d, cuda:%d) "
+                "was deallocated while %d call(s) were still inside it: "
+                "its object is left allocated so that they leave safely\n",
+                c->rank, c->nranks, c->device, busy);
 }
 
 int
 sn_comm_shutdown_all(SNState *st, double timeout)
 {
+    /* the live list, as new references: closing releases the GIL, and
+     * another thread may meanwhile drop a communicator of the list */
+    Py_ssize_t n = 0;
+    for (CommObject *c = st->live; c != NULL; c = c->live_next)
+        n++;
+    CommObject **cs = PyMem_Calloc(n > 0 ? (size_t)n : 1, sizeof(*cs));
+    if (cs == NULL)
+        return 0;
+    n = 0;
+    for (CommObject *c = st->live; c != NULL; c = c->live_next)
+        cs[n++] = (CommObject *)Py_NewRef((PyObject *)c);
     int failures = 0;
-    for (CommObject *c = st->live; c != NULL; c = c->live_next) {
-        if (c->closed)
-            continue;
-        if (close_within(st, c, timeout < c->timeout ? timeout
+    for (Py_ssize_t i = 0; i < n; i++) {
+        CommObject *c = cs[i];
+        sn_lock(c);
+        const int state = c->state;
+        sn_unlock(c);
+        if (state == SN_OPEN &&
+            close_within(st, c, timeout < c->timeout ? timeout
                                                      : c->timeout) < 0) {
             PyErr_Clear();
             sn_comm_abort(st, c);
             failures++;
         }
     }
+    /* a last reference may go here: closed or aborted above, its
+     * finalisation has nothing left to do */
+    for (Py_ssize_t i = 0; i < n; i++)
+        Py_DECREF((PyObject *)cs[i]);
+    PyMem_Free(cs);
     return failures;
 }

@@ -190,7 +190,7 @@ sn_loopback_join(SNState *st, CommObject *c, sn_loopback *t)
     }
     c->staging = (char *)t->base + (size_t)q * SYMNCCL_LOOPBACK_STRIDE;
     c->loopback = t;
-    t->refs++;
+    __atomic_add_fetch(&t->refs, 1, __ATOMIC_RELAXED);
     c->staging_win = sn_window_node(c, c->staging, c->layout.bytes);
     if (c->staging_win == NULL) {
         PyErr_NoMemory();
@@ -209,7 +209,9 @@ sn_loopback_join(SNState *st, CommObject *c, sn_loopback *t)
 void
 sn_loopback_release(sn_loopback *t)
 {
-    if (t != NULL && --t->refs == 0)
+    /* atomic: the ranks' teardowns may run on different threads, without
+     * the GIL (lifecycle.c, abort_finish) */
+    if (t != NULL && __atomic_sub_fetch(&t->refs, 1, __ATOMIC_ACQ_REL) == 0)
         team_free(t);
 }
 

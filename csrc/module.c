@@ -169,9 +169,10 @@ py_group_start(PyObject *module, PyObject *unused)
     Py_RETURN_NONE;
 }
 
-/* The communicators of the pending objects, each once, counted in their
- * busy (so the watchdog keeps off while the group's end is waited for;
- * release_group_comms undoes it). */
+/* The communicators of the pending objects, each once, entered (so the
+ * watchdog keeps off, and no teardown frees them, while the group's end is
+ * waited for; release_group_comms leaves them). One being closed or
+ * aborted by another thread is not waited for. */
 static int
 collect_group_comms(SNState *st, PyObject *pending, ncclComm_t **out,
                     CommObject ***objs, Py_ssize_t *n)
@@ -197,10 +198,9 @@ collect_group_comms(SNState *st, PyObject *pending, ncclComm_t **out,
         int seen = 0;
         for (Py_ssize_t k = 0; k < *n; k++)
             seen |= comms[k] == c->comm;
-        if (!seen && c->comm != NULL) {
-            sn_lock(c);
-            c->busy++;
-            sn_unlock(c);
+        char why[8];
+        if (!seen && c->comm != NULL &&
+            sn_comm_pin(c, why, sizeof(why)) == 0) {
             cs[*n] = c;
             comms[(*n)++] = c->comm;
         }
@@ -211,13 +211,10 @@ collect_group_comms(SNState *st, PyObject *pending, ncclComm_t **out,
 }
 
 static void
-release_group_comms(CommObject **cs, Py_ssize_t n)
+release_group_comms(SNState *st, CommObject **cs, Py_ssize_t n)
 {
-    for (Py_ssize_t i = 0; i < n; i++) {
-        sn_lock(cs[i]);
-        cs[i]->busy--;
-        sn_unlock(cs[i]);
-    }
+    for (Py_ssize_t i = 0; i < n; i++)
+        sn_comm_leave(st, cs[i]);
     PyMem_Free(cs);
 }
 
@@ -251,12 +248,18 @@ py_group_end(PyObject *module, PyObject *unused)
     if (err == 0 && rc != ncclSuccess && rc != ncclInProgress)
         err = sn_set_nccl_error(st, rc, ncomms ? comms[0] : NULL,
                                 "ncclGroupEnd");
-    double timeout = SN_DEFAULT_TIMEOUT;
+    /* bounded by the communicators' own timeouts; with one communicator
+     * (the usual group) its abort() from another thread ends the wait */
+    double timeout = 0.0;
+    for (Py_ssize_t i = 0; i < ncomms; i++)
+        if (objs[i]->timeout > timeout)
+            timeout = objs[i]->timeout;
+    const volatile int *stop = ncomms == 1 ? &objs[0]->stop : NULL;
     if (err == 0 && ncomms > 0)
-        err = sn_wait_comms(st, comms, (int)ncomms, timeout, NULL,
+        err = sn_wait_comms(st, comms, (int)ncomms, timeout, stop,
                             "ncclGroupEnd");
     PyMem_Free(comms);
-    release_group_comms(objs, ncomms);
+    release_group_comms(st, objs, ncomms);
     /* Finish what was deferred, even after an error, so that no object
      * stays half-made: a failed registration leaves the window NULL. */
     Py_ssize_t len = PyList_Size(pending);

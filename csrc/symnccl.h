@@ -108,12 +108,15 @@ typedef struct {
     struct { PyObject *obj; const struct sn_dtype *dt; } torch_dtypes[16];
     int n_torch_dtypes;
     struct CommObject *live;   /* communicators not yet closed (borrowed) */
-    /* Called when a communicator is closed or aborted: the XLA handler
-     * drops what it keeps for it, deregistering its windows when
-     * `deregister` (close; abort once no kernel of c runs), -1 with an
-     * exception on failure (xla_ffi.c installs it; lifecycle.c knows
-     * nothing of XLA). */
-    int (*on_close)(struct CommObject *c, int deregister);
+    /* The XLA handler's hooks (xla_ffi.c installs them; lifecycle.c knows
+     * nothing of XLA). on_closing: c has left OPEN, with the GIL: the
+     * handler's registry drops c (and its reference), so no XLA call
+     * enters it again. on_close: once no caller is inside c, without the
+     * GIL and without Python: the windows the handler registered for c go
+     * (deregistered when `deregister`: close; abort once no kernel of c
+     * runs); the first NCCL failure, else ncclSuccess. */
+    void (*on_closing)(struct CommObject *c);
+    ncclResult_t (*on_close)(struct CommObject *c, int deregister);
 } SNState;
 
 static inline SNState *
@@ -437,13 +440,21 @@ typedef struct sn_window {
     ncclWindow_t win;          /* NULL until registration completed, and
                                   after deregistration */
     Py_ssize_t refs;
+    void *dead;                /* refs 0, release deferred: the buffer's
+                                  ncclMemAlloc memory, freed by the
+                                  communicator once deregistered */
 } sn_window;
 
 /* Registers [base, base+size) once (collective), or takes another
  * reference on the window that holds it; NULL with an exception. */
 sn_window *sn_window_acquire(SNState *st, struct CommObject *c, char *base,
                              size_t size);
-void sn_window_release(struct CommObject *c, sn_window *w);
+/* Unlinks and frees w's node (GIL held: the list is the GIL's). */
+void sn_window_forget(struct CommObject *c, sn_window *w);
+/* Deregisters w now, local in NCCL 2.28-2.30: no GIL needed, no Python;
+ * waits at most c->timeout for NCCL, and no longer once c->stop is set;
+ * 0 (w->win NULL), or -1 (left registered). */
+int sn_window_deregister_now(struct CommObject *c, sn_window *w);
 /* A node for a window registered by the caller (inside a group). */
 sn_window *sn_window_node(struct CommObject *c, char *base, size_t size);
 /* The registered window holding [ptr, ptr + size), or NULL. */
@@ -451,7 +462,8 @@ sn_window *sn_window_find(const struct CommObject *c, const char *ptr,
                           size_t size);
 /* Deregisters every window (close); the nodes stay for their buffers. */
 int sn_windows_deregister(SNState *st, struct CommObject *c);
-/* Forgets the windows without deregistering them (abort). */
+/* Forgets the windows, deregistering them first when `deregister`
+ * (abort, once no kernel of c runs); no Python, no GIL needed. */
 void sn_windows_detach(struct CommObject *c, int deregister);
 /* Registered windows (the staging window included). */
 size_t sn_windows_count(const struct CommObject *c);
@@ -555,7 +567,8 @@ int sn_fault_drain(struct CommObject *c, double seconds, int nccl);
  * (inside a graph capture). sn_watch_forget: close, abort, deallocation.
  * sn_watch_poll: looks at the armed events, 1 when a communicator has
  * expired (deadline passed, or its abort flag raised). sn_watch_collect:
- * the expired ones no thread is inside, new references. */
+ * the expired OPEN ones no thread is inside, moved to CLOSING (the
+ * caller owns their teardown: sn_comm_abort_owned), new references. */
 int sn_watch_arm(struct CommObject *c, int collective, cudaStream_t stream);
 void sn_watch_forget(struct CommObject *c);
 int sn_watch_poll(void);
@@ -584,7 +597,7 @@ typedef struct CommObject {
     int pdl_early;             /* symnccl_kargs.pdl_early (nccl_policy.c;
                                   settable for testing: _pdl_early) */
     int sms;                   /* the device's SMs */
-    int closed;                /* 0 open, 1 closed, 2 aborted */
+    int state;                 /* SN_OPEN ... SN_ABORTED (lock) */
     double timeout;
     sn_knobs knobs;
     sn_layout layout;
@@ -603,10 +616,24 @@ typedef struct CommObject {
     /* Kernels launched (SYMNCCL_K_*) and NCCL collectives enqueued
      * ([SYMNCCL_K_COUNT]): Communicator._launches(). */
     unsigned long long launches[SYMNCCL_K_COUNT + 1];
-    /* Guards the cross-stream state, the counters, xla_windows and busy:
-     * the XLA FFI handler launches from XLA's threads without the GIL. */
+    /* Guards the lifecycle (state, teardown, busy, abort_pending), the
+     * cross-stream state, the counters and xla_windows: the XLA FFI
+     * handler enters and launches from XLA's threads without the GIL.
+     *
+     * Lock order (deadlock-free because nothing takes them the other way
+     * round): the GIL, then xla_ffi.c's registry lock or faults.c's
+     * watch_mu, then c->lock. c->lock is held for a few memory operations
+     * and kernel launches only: never across a wait for a peer, a device
+     * synchronisation or an NCCL wait, never while taking the GIL or
+     * calling the Python API (which may release and retake the GIL). A
+     * thread that waits (for peers, for callers to leave, for the device)
+     * holds no lock, and holds the GIL only for waits that cannot last
+     * (docs/FAILURES.md, "Lifecycle"). */
     pthread_mutex_t lock;
+    SNState *st;               /* the module's state, for GIL-free paths */
     sn_window *xla_windows;    /* XLA buffers registered by xla_ffi.c */
+    int xla_registering;       /* an XLA thread registers a window (lock):
+                                  the others wait for it, without the lock */
     /* Failures (faults.c, watchdog.c) */
     symnccl_fault *fault;      /* the record, mapped host memory */
     symnccl_fault *fault_dev;  /* ... its device address */
@@ -623,10 +650,17 @@ typedef struct CommObject {
     int64_t *a2a_dev, *a2a_host;
     int64_t *a2a_lost_dev, *a2a_lost_host;
     int a2a_busy;
-    int busy;                  /* threads inside a method of c (lock) */
-    volatile int stop;         /* abort() from another thread: waits end */
-    int abort_pending;         /* abort() waits for busy to reach 0 */
-    int aborting;              /* an abort() is under way */
+    /* The lifecycle (lifecycle.c; docs/FAILURES.md, "Lifecycle"), under
+     * the lock: */
+    int busy;                  /* callers inside c (sn_comm_enter/_pin ..
+                                  sn_comm_leave/_unpin) */
+    int teardown;              /* while SN_CLOSING: SN_TEAR_CLOSE or
+                                  SN_TEAR_ABORT (a close turned abort) */
+    int abort_pending;         /* the abort waits for busy to reach 0: the
+                                  last caller to leave finishes it */
+    int leak_object;           /* deallocated with callers inside: the
+                                  object's memory is never freed */
+    volatile int stop;         /* an abort began: every wait on c ends */
     int user_aborted;          /* abort() was called (not the watchdog) */
     int inject;                /* testing: SYMNCCL_K_* mask of launches
                                   that get a fault injected (once) */
@@ -692,6 +726,20 @@ typedef struct {
 /* ------------------------------------------------------------------ */
 /* lifecycle.c: creating, closing and aborting communicators. */
 
+/* A communicator's states (CommObject.state, under its lock):
+ *   OPEN     callers enter (busy counts them);
+ *   CLOSING  close() or an abort owns the teardown: no caller enters, the
+ *            teardown waits (bounded) for those inside to leave;
+ *   CLOSED   close() completed; ABORTED: an abort completed.
+ * OPEN -> CLOSING -> CLOSED or ABORTED; a close turns into an abort when
+ * it fails, or when abort() is called meanwhile. */
+enum { SN_OPEN = 0, SN_CLOSING = 1, SN_CLOSED = 2, SN_ABORTED = 3 };
+enum { SN_TEAR_NONE = 0, SN_TEAR_CLOSE = 1, SN_TEAR_ABORT = 2 };
+/* How long a buffer's deallocation waits (GIL released) for the kernels
+ * of its communicator before it leaves the window's release to the
+ * communicator (windows.c, sn_window_release). */
+#define SN_RELEASE_PROMPT_SECONDS 0.5
+
 /* multicast= modes: False, True, None (auto: request unless disabled). */
 enum { SN_MC_OFF = 0, SN_MC_ON = 1, SN_MC_AUTO = 2 };
 /* NULL when lsaMultimem may be requested, else why not. Never NULL while
@@ -711,19 +759,44 @@ CommObject *sn_comm_new(PyTypeObject *tp, int rank, int nranks, int device,
  * Collective. On failure every one of them is aborted. */
 int sn_comms_connect(SNState *st, CommObject **cs, int n,
                      const ncclUniqueId *id);
-/* Entry of every method that uses c: -1 with an exception when c is
- * closed, aborted or failed; else counts the caller in c->busy until
- * sn_comm_leave. */
+/* Entry of every method that uses c (GIL held): -1 with an exception
+ * when c is not OPEN (closing, closed, aborted) or has failed; else counts
+ * the caller in c->busy until sn_comm_leave, and c's memory stays until
+ * then. */
 int sn_comm_enter(SNState *st, CommObject *c);
+/* Leaving; the last caller to leave finishes an abort that waited for it
+ * (GIL released meanwhile). */
 void sn_comm_leave(SNState *st, CommObject *c);
+/* The same without the GIL or Python (the XLA handler): 0 entered; -1
+ * with why[] filled (not OPEN, or failed: c's failure message). */
+int sn_comm_pin(CommObject *c, char *why, size_t len);
+void sn_comm_unpin(CommObject *c);
 /* The check of sn_comm_enter without entering. */
 int sn_comm_check_usable(SNState *st, CommObject *c);
-/* close(): waits for the device, then destroys in NCCL's order. */
+/* close(): OPEN -> CLOSING; waits (bounded by the timeout) for callers
+ * inside to leave and for the device, then destroys in NCCL's order ->
+ * CLOSED. A close that cannot complete aborts c itself (-1 with why). */
 int sn_comm_close(SNState *st, CommObject *c);
-/* abort(): stops c's kernels, ncclCommAbort, and frees c's memory once
- * nothing of c runs any more; local, waits a few seconds at most. Another
- * thread inside a method of c is made to leave first. */
+/* abort(): stops c's kernels and every wait on c, waits a few seconds at
+ * most for callers inside to leave (else the last to leave finishes it),
+ * ncclCommAbort, and frees c's memory once nothing of c runs any more.
+ * From any thread, also while another closes c (that close then aborts).
+ * Returns within ABORT bounds (lifecycle.c). */
 void sn_comm_abort(SNState *st, CommObject *c);
+/* The same for a caller that moved c to CLOSING(abort) itself (the
+ * watchdog, sn_watch_collect). */
+void sn_comm_abort_owned(SNState *st, CommObject *c);
+/* A SymmetricBuffer's deallocation (GIL held) gives back its reference
+ * on window w, whose memory is `mem`: 1 when the caller frees `mem` now
+ * (the window is shared, or c's teardown has deregistered or forgotten
+ * it); 0 when c took `mem` over. Then, while c is OPEN, the window is
+ * deregistered and `mem` freed at once if c's kernels drain within
+ * SN_RELEASE_PROMPT_SECONDS (GIL released; with any release deferred
+ * earlier), else by the next release or c's teardown; while c is
+ * CLOSING, by the teardown. Never blocks without a bound. */
+int sn_comm_release_window(CommObject *c, sn_window *w, void *mem);
+/* "open", "being closed", "closed", ... (repr). */
+const char *sn_comm_state_name(CommObject *c);
 /* Deallocation: close (abort on failure) unless shutting down. */
 void sn_comm_finalize(SNState *st, CommObject *c);
 /* At interpreter exit: close every open communicator (abort on failure);

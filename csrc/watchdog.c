@@ -14,7 +14,7 @@
  * included). While a thread is inside a method of that communicator
  * (c->busy) the watchdog leaves it alone: such a method waits with its own
  * bound and records the failure itself; the watchdog aborts once it has
- * left. Calls inside a CUDA graph capture or a symnccl.group() are not
+ * left. A communicator being closed or aborted is its teardown's. Calls inside a CUDA graph capture or a symnccl.group() are not
  * watched (README: Failures).
  */
 #include "symnccl.h"
@@ -47,7 +47,7 @@ abort_expired(void)
                         SYMNCCL_K_COUNT, c->watch_collective, -1,
                         SYMNCCL_WAIT_NCCL,
                         c->timeout + (sn_now() - c->watch_deadline), NULL);
-        sn_comm_abort(sn_state_from_type(Py_TYPE((PyObject *)c)), c);
+        sn_comm_abort_owned(c->st, c);
         Py_DECREF(c);
     }
 }

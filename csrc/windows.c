@@ -34,8 +34,12 @@ unlink_node(CommObject *c, sn_window *w)
 sn_window *
 sn_window_acquire(SNState *st, CommObject *c, char *base, size_t size)
 {
+    /* a window whose buffers are gone (dead) is being released: its
+     * memory may be freed, and the address handed out again, before its
+     * node goes */
     for (sn_window *w = c->windows; w != NULL; w = w->next)
-        if (base >= w->base && base + size <= w->base + w->size) {
+        if (w->dead == NULL && base >= w->base &&
+            base + size <= w->base + w->size) {
             w->refs++;
             return w;
         }
@@ -63,38 +67,44 @@ sn_window_acquire(SNState *st, CommObject *c, char *base, size_t size)
 }
 
 void
-sn_window_release(CommObject *c, sn_window *w)
+sn_window_forget(CommObject *c, sn_window *w)
 {
-    if (w == NULL || --w->refs > 0)
-        return;
-    if (w->win != NULL && c->closed == 0 && c->comm != NULL) {
-        /* Deregistration is local but must not race a kernel still using
-         * the window: wait for this device first. Called from deallocators:
-         * no Python error can be raised, the wait is bounded all the same. */
-        int prev;
-        if (cudaGetDevice(&prev) == cudaSuccess) {
-            cudaSetDevice(c->device);
-            cudaDeviceSynchronize();
-            ncclResult_t rc = ncclCommWindowDeregister(c->comm, w->win);
-            if (rc == ncclSuccess || rc == ncclInProgress) {
-                int failed;
-                ncclResult_t bad;
-                sn_wait_nccl(&c->comm, 1, sn_deadline(c->timeout), &c->stop,
-                             &failed, &bad);
-            }
-            cudaSetDevice(prev);
-        }
-        (void)cudaGetLastError();
-    }
     unlink_node(c, w);
     free(w);
+}
+
+int
+sn_window_deregister_now(CommObject *c, sn_window *w)
+{
+    if (w->win == NULL || c->comm == NULL) {
+        w->win = NULL;
+        return 0;
+    }
+    int prev = -1;
+    cudaGetDevice(&prev);
+    cudaSetDevice(c->device);
+    ncclResult_t rc = ncclCommWindowDeregister(c->comm, w->win);
+    if (rc == ncclInProgress) {
+        int failed;
+        ncclResult_t bad = ncclSuccess;
+        rc = sn_wait_nccl(&c->comm, 1, sn_deadline(c->timeout), &c->stop,
+                          &failed, &bad) == SN_WAIT_DONE ? ncclSuccess
+                                                         : ncclInProgress;
+    }
+    (void)cudaGetLastError();
+    if (prev >= 0)
+        cudaSetDevice(prev);
+    if (rc != ncclSuccess)
+        return -1;
+    w->win = NULL;
+    return 0;
 }
 
 sn_window *
 sn_window_find(const CommObject *c, const char *ptr, size_t size)
 {
     for (sn_window *w = c->windows; w != NULL; w = w->next)
-        if (w->win != NULL && ptr >= w->base &&
+        if (w->win != NULL && w->dead == NULL && ptr >= w->base &&
             ptr + size <= w->base + w->size)
             return w;
     return NULL;

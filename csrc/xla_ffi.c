@@ -34,8 +34,16 @@
 
 #define SN_XLA_MAX_DEVICES 64
 
+/* The communicator of each device, a strong reference (taken and dropped
+ * with the GIL: _xla_register, the closing hook). A handler enters its
+ * communicator under registry_lock (lock order: registry_lock, then
+ * c->lock), so that a communicator leaves the registry either before (the
+ * handler finds none) or after the handler is counted in c->busy, which
+ * keeps every teardown from freeing anything under it and keeps the
+ * object's memory (sn_comm_finalize) until the handler leaves: the
+ * handler's own reference for the call, taken without the GIL. */
 static pthread_mutex_t registry_lock = PTHREAD_MUTEX_INITIALIZER;
-static CommObject *registry[SN_XLA_MAX_DEVICES];   /* borrowed */
+static CommObject *registry[SN_XLA_MAX_DEVICES];
 
 typedef struct {
     unsigned long long window_calls, staged_calls, registrations;
@@ -59,22 +67,45 @@ nccl_finish(CommObject *c, ncclResult_t rc)
     }
 }
 
-/* The close hook (SNState.on_close): the handler no longer uses c, and the
- * windows it registered on c's behalf go (deregistered on close, and on
- * abort once no kernel of c runs; else forgotten). Called by lifecycle.c
- * before the communicator's own windows. */
-static int
-on_close(CommObject *c, int deregister)
+/* What nccl_finish's failure rc means. */
+static const char *
+nccl_why(const CommObject *c, ncclResult_t rc)
 {
+    if (rc != ncclInProgress)
+        return ncclGetErrorString(rc);
+    return c->stop ? "interrupted: the communicator is being aborted"
+                   : "timed out";
+}
+
+/* The closing hook (SNState.on_closing, GIL held): c leaves the registry
+ * and the registry's reference goes (the caller holds one of its own), so
+ * no handler enters c again. */
+static void
+on_closing(CommObject *c)
+{
+    int held = 0;
     pthread_mutex_lock(&registry_lock);
     for (int i = 0; i < SN_XLA_MAX_DEVICES; i++)
-        if (registry[i] == c)
+        if (registry[i] == c) {
             registry[i] = NULL;
+            held++;
+        }
     pthread_mutex_unlock(&registry_lock);
+    while (held-- > 0)
+        Py_DECREF((PyObject *)c);
+}
+
+/* The close hook (SNState.on_close), once no caller is inside c, without
+ * the GIL: the windows the handler registered on c's behalf go
+ * (deregistered on close, and on abort once no kernel of c runs; else
+ * forgotten). Called by lifecycle.c before the communicator's own
+ * windows. */
+static ncclResult_t
+on_close(CommObject *c, int deregister)
+{
     ncclResult_t first = ncclSuccess;
     sn_window *w = c->xla_windows;
     c->xla_windows = NULL;
-    Py_BEGIN_ALLOW_THREADS
     while (w != NULL) {
         sn_window *next = w->next;
         if (deregister && w->win != NULL && c->comm != NULL) {
@@ -86,17 +117,13 @@ on_close(CommObject *c, int deregister)
         free(w);
         w = next;
     }
-    Py_END_ALLOW_THREADS
-    if (first != ncclSuccess)
-        return sn_set_nccl_error(sn_state_from_type(Py_TYPE((PyObject *)c)),
-                                 first, c->comm,
-                                 "ncclCommWindowDeregister (XLA buffer)");
-    return 0;
+    return first;
 }
 
 void
 sn_xla_init(SNState *st)
 {
+    st->on_closing = on_closing;
     st->on_close = on_close;
 }
 
@@ -196,40 +223,83 @@ vmm_range(const void *p, char **base, size_t *size)
     return 1;
 }
 
+/* The cached window holding [p, p + bytes), under c->lock: 1 and *out
+ * (NULL: registering it failed before) when there is one, else 0. */
+static int
+xla_window_cached(CommObject *c, const char *p, size_t bytes,
+                  const sn_window **out)
+{
+    for (sn_window *w = c->xla_windows; w != NULL; w = w->next)
+        if (p >= w->base && p + bytes <= w->base + w->size) {
+            *out = w->win != NULL ? w : NULL;
+            return 1;
+        }
+    return 0;
+}
+
 /* The handler's window for [p, p + bytes): cached, or registered now
  * (collective: every rank reaches this in the same call, because XLA runs
- * the same program with the same allocator everywhere), or NULL. */
+ * the same program with the same allocator everywhere), or NULL. c
+ * entered; c->lock is not held across the registration, which waits for
+ * the peers (up to c's timeout, no longer once c is aborted): another XLA
+ * thread of c waits for it (xla_registering) without the lock, the same
+ * bound. */
 static const sn_window *
 xla_window(CommObject *c, const char *p, size_t bytes, int device,
            char *err, size_t errlen)
 {
-    for (sn_window *w = c->xla_windows; w != NULL; w = w->next)
-        if (p >= w->base && p + bytes <= w->base + w->size)
-            return w->win != NULL ? w : NULL;
+    const sn_window *found = NULL;
+    const double until = sn_deadline(c->timeout);
+    for (;;) {
+        sn_lock(c);
+        const int cached = xla_window_cached(c, p, bytes, &found);
+        const int mine = !cached && !c->xla_registering;
+        if (mine)
+            c->xla_registering = 1;
+        sn_unlock(c);
+        if (cached)
+            return found;
+        if (mine)
+            break;
+        if (c->stop || sn_now() >= until) {
+            snprintf(err, errlen, "another XLA thread was still "
+                     "registering a window of this communicator; using "
+                     "the staging window");
+            return NULL;
+        }
+        struct timespec t = {0, 100000};
+        nanosleep(&t, NULL);
+    }
     char *base;
     size_t size;
-    if (!vmm_range(p, &base, &size))
-        return NULL;
-    sn_window *w = calloc(1, sizeof(*w));
-    if (w == NULL)
-        return NULL;
-    w->base = base;
-    w->size = size;
-    w->refs = 1;
-    ncclResult_t rc = ncclCommWindowRegister(c->comm, base, size, &w->win,
-                                             NCCL_WIN_COLL_SYMMETRIC);
-    rc = nccl_finish(c, rc);
-    if (rc != ncclSuccess) {
-        /* Remember the failure (win NULL): the staging window from now on. */
-        snprintf(err, errlen, "ncclCommWindowRegister of XLA's buffer "
-                 "failed (%s); using the staging window", ncclGetErrorString(rc));
-        w->win = NULL;
+    sn_window *w = NULL;
+    if (vmm_range(p, &base, &size) && (w = calloc(1, sizeof(*w))) != NULL) {
+        w->base = base;
+        w->size = size;
+        w->refs = 1;
+        ncclResult_t rc = ncclCommWindowRegister(c->comm, base, size,
+                                                 &w->win,
+                                                 NCCL_WIN_COLL_SYMMETRIC);
+        rc = nccl_finish(c, rc);
+        if (rc != ncclSuccess) {
+            /* Remember the failure (win NULL): the staging window from
+             * now on. */
+            snprintf(err, errlen, "ncclCommWindowRegister of XLA's buffer "
+                     "failed (%s); using the staging window",
+                     ncclGetErrorString(rc));
+            w->win = NULL;
+        }
     }
-    else
-        stats[device].registrations++;
-    w->next = c->xla_windows;
-    c->xla_windows = w;
-    return w->win != NULL ? w : NULL;
+    sn_lock(c);
+    if (w != NULL) {
+        if (w->win != NULL)
+            stats[device].registrations++;
+        w->next = c->xla_windows;
+        c->xla_windows = w;
+    }
+    c->xla_registering = 0;
+    sn_unlock(c);
+    return w != NULL && w->win != NULL ? w : NULL;
 }
 
 /* A collective on NCCL from an XLA handler (c entered, its device
@@ -246,11 +316,13 @@ xla_nccl(CommObject *c, int collective, const sn_dtype *dt, const sn_op *op,
     const size_t is = (size_t)dt->itemsize;
     const size_t xb = xcount * is, yb = ycount * is;
     int xw = 0, yw = 0;
+    sn_lock(c);
     for (sn_window *w = c->xla_windows; w != NULL; w = w->next)
         if (w->win != NULL) {
             xw |= x >= w->base && x + xb <= w->base + w->size;
             yw |= y >= w->base && y + yb <= w->base + w->size;
         }
+    sn_unlock(c);
     const size_t block = collective == SYMNCCL_COLL_REDUCE_SCATTER ? yb
                          : collective == SYMNCCL_COLL_ALL_GATHER  ? xb
                                                                   : 0;
@@ -296,7 +368,7 @@ xla_nccl(CommObject *c, int collective, const sn_dtype *dt, const sn_op *op,
     }
     if (rc != ncclSuccess) {
         snprintf(msg, len, "symnccl_%s: NCCL: %s", name,
-                 rc == ncclInProgress ? "timed out" : ncclGetErrorString(rc));
+                 nccl_why(c, rc));
         return -1;
     }
     if (e != cudaSuccess) {
@@ -363,7 +435,6 @@ all_reduce(const snx_api *api, snx_call_frame *call, CommObject *c,
         sn_ar r = {c,      algo, x->data, y->data, NULL, count, dt, op,
                    stream, SYMNCCL_COLL_ALL_REDUCE, -1};
         msg[0] = '\0';
-        sn_lock(c);
         /* the load kernels read x in a window, or stage it; the packet
          * kernels never use one; push stores into it when in place */
         const int plan = symnccl_kernel_row_of(
@@ -372,6 +443,7 @@ all_reduce(const snx_api *api, snx_call_frame *call, CommObject *c,
         if (plan != SYMNCCL_PLAN_PACKETS && may_register)
             r.win = xla_window(c, x->data, count * is, dev, msg,
                                sizeof(msg));
+        sn_lock(c);
         if (r.win != NULL)
             stats[dev].window_calls++;
         else if (plan == SYMNCCL_PLAN_LOADS)
@@ -471,15 +543,16 @@ elems(const snx_buffer *b, int from)
 
 /* What every handler does before its collective: answers the metadata
  * query, skips stages other than execute, finds the stream, the device
- * and the communicator registered for it, and enters it (a failed
- * communicator answers with its failure; else this thread counts in
- * c->busy, so the watchdog leaves c alone until xla_leave). NULL with
- * *run 0: nothing to run; NULL with *run 1: x filled. */
+ * and the communicator registered for it, and enters it (a failed,
+ * closing, closed or aborted communicator answers with why; else this
+ * thread counts in c->busy until xla_leave: no teardown frees c under
+ * it, and the watchdog leaves c alone). NULL with *run 0: nothing to
+ * run; NULL with *run 1: x filled. */
 static snx_error *
 xla_enter(snx_call_frame *call, const char *name, xla_call *x, int *run)
 {
     const snx_api *api = call->api;
-    char msg[320];
+    char msg[800];
     *run = 0;
     if (call->extension_start != NULL &&
         call->extension_start->type == SNX_EXTENSION_METADATA) {
@@ -513,32 +586,29 @@ xla_enter(snx_call_frame *call, const char *name, xla_call *x, int *run)
     if ((e = api->device_ordinal_get(&da)) != NULL)
         return e;
     const int dev = da.device_ordinal;
+    /* entered under the registry's lock: c cannot leave the registry, be
+     * torn down or be freed between the look-up and the count in busy
+     * (the registry's comment) */
+    char why[700];
+    int found = 0, entered = 0;
     pthread_mutex_lock(&registry_lock);
     CommObject *c = dev >= 0 && dev < SN_XLA_MAX_DEVICES ? registry[dev]
                                                          : NULL;
+    if (c != NULL) {
+        found = 1;
+        entered = sn_comm_pin(c, why, sizeof(why)) == 0;
+    }
     pthread_mutex_unlock(&registry_lock);
-    if (c == NULL || c->closed || c->comm == NULL) {
+    if (!found) {
         snprintf(msg, sizeof(msg), "%s: no open symnccl communicator is "
                  "registered for device %d: create it with "
                  "symnccl.jax.communicator() before running the "
                  "computation", name, dev);
         return ffi_error(api, SNX_ERR_FAILED_PRECONDITION, msg);
     }
-    sn_lock(c);
-    const int failed = sn_fault_poll(c);
-    const int closed = c->closed || c->comm == NULL;
-    if (!failed && !closed)
-        c->busy++;
-    sn_unlock(c);
-    if (failed) {
-        char why[700];
-        sn_fault_describe(c, why, sizeof(why));
-        return ffi_error(api, SNX_ERR_ABORTED, why);
-    }
-    if (closed) {
-        snprintf(msg, sizeof(msg), "%s: the communicator registered for "
-                 "this device was closed or aborted", name);
-        return ffi_error(api, SNX_ERR_FAILED_PRECONDITION, msg);
+    if (!entered) {
+        snprintf(msg, sizeof(msg), "%s: %s", name, why);
+        return ffi_error(api, SNX_ERR_ABORTED, msg);
     }
     x->c = c;
     x->dev = dev;
@@ -547,12 +617,12 @@ xla_enter(snx_call_frame *call, const char *name, xla_call *x, int *run)
     return NULL;
 }
 
+/* Leaving: the last caller to leave finishes an abort that waited for it
+ * (without the GIL: sn_comm_unpin). */
 static void
 xla_leave(xla_call *x)
 {
-    sn_lock(x->c);
-    x->c->busy--;
-    sn_unlock(x->c);
+    sn_comm_unpin(x->c);
 }
 
 static snx_error *
@@ -695,8 +765,7 @@ a2a_nccl(xla_call *x, const char *src, char *out, size_t block, char *msg,
         rc = end;
     rc = nccl_finish(c, rc);
     if (rc != ncclSuccess) {
-        snprintf(msg, len, "NCCL: %s", rc == ncclInProgress
-                 ? "timed out" : ncclGetErrorString(rc));
+        snprintf(msg, len, "NCCL: %s", nccl_why(c, rc));
         return -1;
     }
     sn_count_nccl(c);
@@ -958,7 +1027,7 @@ xla_nccl_done(void *ctx, ncclResult_t rc)
         return 0;
     }
     snprintf(d->msg, d->len, "symnccl_all_reduce_rmsnorm: NCCL: %s",
-             rc == ncclInProgress ? "timed out" : ncclGetErrorString(rc));
+             nccl_why(d->c, rc));
     return -1;
 }
 
@@ -1101,16 +1170,29 @@ sn_py_xla_register(PyObject *module, PyObject *arg)
         return NULL;
     }
     CommObject *c = (CommObject *)arg;
-    if (sn_comm_check_usable(st, c) < 0)
-        return NULL;
     if (c->device < 0 || c->device >= SN_XLA_MAX_DEVICES) {
         PyErr_Format(PyExc_ValueError, "device %d is out of range for the "
                      "XLA handler (< %d)", c->device, SN_XLA_MAX_DEVICES);
         return NULL;
     }
+    if (c->loopback != NULL) {
+        PyErr_SetString(PyExc_ValueError, "a loopback communicator "
+                        "(Communicator._loopback) has no NCCL communicator "
+                        "for the XLA handler");
+        return NULL;
+    }
+    /* entered while it goes in: an OPEN communicator (a teardown that
+     * begins later takes it out again: on_closing) */
+    if (sn_comm_enter(st, c) < 0)
+        return NULL;
     pthread_mutex_lock(&registry_lock);
-    registry[c->device] = c;
+    CommObject *old = registry[c->device];
+    registry[c->device] = (CommObject *)Py_NewRef((PyObject *)c);
     pthread_mutex_unlock(&registry_lock);
+    sn_comm_leave(st, c);
+    /* the one it replaces may go now (its teardown waits for the handlers
+     * inside it) */
+    Py_XDECREF((PyObject *)old);
     Py_RETURN_NONE;
 }
 

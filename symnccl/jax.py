@@ -128,14 +128,35 @@ def communicator(*, name: str = "default",
         comms = [Communicator(uid, jax.process_index(), nproc,
                               device=ordinals[0], timeout=timeout,
                               multicast=multicast)]
-    for old in list(_comms.values()):
-        if not old.closed:
-            old.close()
+    _retire(list(_comms.values()))
     _comms.clear()
     for c in comms:
         _C._xla_register(c)
         _comms[c.device] = c
     return comms
+
+
+def _retire(old) -> None:
+    """Closes the communicators a new communicator() call replaces.
+
+    JAX dispatches asynchronously: a computation called before may still
+    run symnccl's handlers on them. The computations whose arrays are alive
+    are waited for first. Any handler later still is safe all the same:
+    close() takes a communicator out of the handlers' registry before it
+    waits (bounded) for the handlers inside it to leave, each handler holds
+    its communicator for the duration of its call, and one that starts
+    after the close fails with an XLA error naming it (docs/FAILURES.md,
+    "Lifecycle")."""
+    if not any(not c.closed for c in old):
+        return
+    for a in jax.live_arrays():
+        try:
+            a.block_until_ready()
+        except Exception:   # a failed computation's: its error is its own
+            pass
+    for c in old:
+        if not c.closed:
+            c.close()
 
 
 def _warm_up(comms) -> None:

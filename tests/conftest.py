@@ -1,4 +1,7 @@
+import faulthandler
 import os
+import signal
+import sys
 
 import pytest
 
@@ -6,6 +9,16 @@ import symnccl
 from symnccl.bootstrap import local_device_count
 
 NGPU = local_device_count()
+
+# Every test's time limit, in seconds: the default, the one of tests marked
+# slow, or its time_limit(seconds) marker's; SYMNCCL_TEST_TIME_LIMIT
+# overrides the default. Past it the test fails with a traceback (through
+# pytest-timeout where installed, else SIGALRM), and a test that does not
+# return to Python then (stuck in C) ends the run with every thread's
+# traceback GRACE seconds later: the tier never hangs.
+TIME_LIMIT = float(os.environ.get("SYMNCCL_TEST_TIME_LIMIT", "180"))
+SLOW_TIME_LIMIT = 1800.0
+GRACE = 30.0
 
 
 def pytest_addoption(parser):
@@ -19,12 +32,65 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "slow: minutes of GPU time (training examples, failure "
         "scenarios that wait out timeouts); skipped unless --run-slow")
+    config.addinivalue_line(
+        "markers", "time_limit(seconds): this test's time limit, above the "
+        f"default {TIME_LIMIT:.0f} s (conftest.py, TIME_LIMIT)")
+
+
+def time_limit(item) -> float:
+    """The test's limit in seconds (TIME_LIMIT's comment)."""
+    m = item.get_closest_marker("time_limit")
+    if m is not None:
+        return float(m.args[0])
+    return SLOW_TIME_LIMIT if "slow" in item.keywords else TIME_LIMIT
+
+
+def _has_pytest_timeout(config) -> bool:
+    return config.pluginmanager.hasplugin("timeout")
+
+
+class TimeLimitExceeded(Exception):
+    """A test ran past its time limit (conftest.py, TIME_LIMIT)."""
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """The time limit of one test, its fixtures included: pytest-timeout's
+    where that plugin is installed (pytest_collection_modifyitems gives
+    each test its marker), else SIGALRM; in both cases faulthandler ends
+    the process GRACE seconds later if the test never returned to
+    Python."""
+    limit = time_limit(item)
+    alarm = None
+    if not _has_pytest_timeout(item.config) and \
+            hasattr(signal, "SIGALRM") and \
+            signal.getsignal(signal.SIGALRM) in (signal.SIG_DFL, None):
+        def alarm(signum, frame, limit=limit, name=item.nodeid):
+            raise TimeLimitExceeded(
+                f"{name} ran past its time limit of {limit:.0f} s "
+                "(tests/conftest.py, TIME_LIMIT; raise it with "
+                "@pytest.mark.time_limit(seconds))")
+        signal.signal(signal.SIGALRM, alarm)
+        signal.setitimer(signal.ITIMER_REAL, limit)
+    faulthandler.dump_traceback_later(limit + GRACE, exit=True,
+                                      file=sys.__stderr__)
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+        if alarm is not None:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, signal.SIG_DFL)
 
 
 def pytest_collection_modifyitems(config, items):
     run_slow = config.getoption("--run-slow") or \
         os.environ.get("SYMNCCL_RUN_SLOW") == "1"
+    timeout_plugin = _has_pytest_timeout(config)
     for item in items:
+        if timeout_plugin and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(time_limit(item),
+                                                method="signal"))
         if "slow" in item.keywords and not run_slow:
             item.add_marker(pytest.mark.skip(
                 reason="slow: run with --run-slow (or SYMNCCL_RUN_SLOW=1)"))

@@ -228,6 +228,8 @@ def one_gpu(rank, nranks, uid, seed):
     import jax
     import jax.numpy as jnp
     from jax.sharding import NamedSharding, PartitionSpec as P
+    from _workers import jax_on_one_gpu
+    jax_on_one_gpu(jax)
     import symnccl
     import symnccl.jax as sj
     from symnccl import _check

@@ -171,6 +171,8 @@ def gpu_one_device(rank, nranks, uid, seed, parts):
     import jax
     import jax.numpy as jnp
     from jax.sharding import NamedSharding, PartitionSpec as P
+    from _workers import jax_on_one_gpu
+    jax_on_one_gpu(jax)
     import symnccl.jax as sj
     comms = sj.communicator()
     c = comms[0]
