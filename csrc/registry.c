@@ -288,30 +288,30 @@ static const auto_row auto_table[] = {
     {SYMNCCL_COLL_ALL_GATHER, 2, 64 * KIB, 4 * MIB, 0, 0, 0, 0, SN_ALGO_PUSH},
     {SYMNCCL_COLL_REDUCE, 2, 0, 0, 4 * MIB, 0, 0, 0, SN_ALGO_NCCL},
     {SYMNCCL_COLL_BROADCAST, 2, 0, 0, 4 * MIB, 0, 0, 0, SN_ALGO_NCCL},
-    /* all_reduce_rmsnorm, bf16, H100, CUDA-graph replay, against symnccl's
-     * all_reduce + torch's add + rms_norm
-     * (benchmarks/results/fused_h100x1_bfloat16.json). 1 rank: one_shot
-     * at every size measured, 3.9-5.7 us against 8.5-16.5 up to T 128 x
-     * H 8192 (2 MiB), 75.9 against 115.2 us at 32 MiB. A loopback team of
-     * 2 (both ranks on the one GPU): one_shot to 4 MiB (13.7 against 24.3
-     * us at 2 MiB, 29.8 against 34.7 at 4 MiB), behind from 8 MiB (56.5
-     * against 55.8; 16 MiB 121.7 against 110.0); two_shot behind one_shot
-     * at every size. 1 rank: one_shot at every size. 2 ranks: one_shot
-     * to 4 MiB; above, and from 3 ranks, "nccl" resolved from "auto":
-     * the all-reduce all_reduce's own table picks (push above 4 MiB at 2
-     * ranks), then symnccl's add+norm (sn_then_norm_algo): the unfused
-     * composition with one kernel for torch's add and rms_norm. */
     /* all_to_all and all_to_all_v (by out's bytes, which every rank
-     * agrees on), bf16, 2x H100 over NVLink, CUDA-graph replay, against
-     * torch.distributed.all_to_all_single (NCCL): ll 4.6-7.3 us up to
-     * 1 MiB (NCCL 9.6-14.6); push 20.1 / 46.7 us at 4 / 16 MiB (NCCL
-     * 22.2 / 55.3), behind it at 64 MiB (162.5 against 141.4): NCCL
-     * above 16 MiB (benchmarks/results/alltoall_h100x2_bfloat16.json). */
+     * agrees on), bf16, CUDA-graph replay, against
+     * torch.distributed.all_to_all_single (NCCL). 2x H200
+     * (benchmarks/results/alltoall_h200x2_bfloat16.json): ll 5.1-7.7 us
+     * up to 1 MiB (NCCL 10.6-15.1); push 18.7 / 43.2 us at 4 / 16 MiB
+     * (NCCL 21.7 / 55.7), behind it at 64 MiB (150.5 against 140.8): NCCL
+     * above 16 MiB. 2x H100 (issue 38's run): the same order (ll 4.6-7.3
+     * up to 1 MiB, push 20.1 / 46.7 at 4 / 16 MiB, NCCL at 64 MiB). */
     {SYMNCCL_COLL_ALL_TO_ALL, 2, 1 * MIB, 0, 0, 0, 0, 16 * MIB,
      SN_ALGO_NCCL},
+    /* all_reduce_rmsnorm, bf16, CUDA-graph replay. 1 rank (1x H100,
+     * benchmarks/results/fused_h100x1_bfloat16.json): one_shot (the
+     * add+norm with no peer) at every size measured, 3.9-5.7 us against
+     * 8.5-16.5 for all_reduce + torch's add + rms_norm up to T 128 x H 8192
+     * (2 MiB), 75.9 against 115.2 at 32 MiB. 2 ranks over NVLink (2x H200,
+     * fused_h200x2_bfloat16.json; H 4096 and 8192, T 1-2048): ll to 256
+     * KiB (T 1: 6.4-7.8 us against one_shot's 8.8-10.8), one_shot from
+     * 1 MiB (12.9 against ll's 17.2) to 32 MiB (136.0 against the
+     * composed path's 149.9 and unfused 159.9); past 32 MiB, and from 3
+     * ranks, "nccl" resolved from "auto": all_reduce's own choice, then
+     * symnccl's add+norm (sn_then_norm_algo). */
     {SYMNCCL_COLL_ALL_REDUCE_RMSNORM, 1, 0, 0, ANY_SIZE, 0, 0, 0,
      SN_ALGO_NCCL},
-    {SYMNCCL_COLL_ALL_REDUCE_RMSNORM, 2, 1 * MIB, 0, 4 * MIB, 0, 0, 0,
+    {SYMNCCL_COLL_ALL_REDUCE_RMSNORM, 2, 512 * KIB, 0, 32 * MIB, 0, 0, 0,
      SN_ALGO_NCCL},
 };
 #define N_AUTO (sizeof(auto_table) / sizeof(auto_table[0]))

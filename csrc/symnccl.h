@@ -862,8 +862,8 @@ int sn_launch_kernels(const sn_ar *r, sn_err *err);
  * (ragged; the same on every rank by its contract). ll carries one row of
  * LL packets per source: a row that does not fit one is refused for any
  * call; equal blocks past it are refused; an all_to_all_v block past it is
- * cut there (kernels/alltoall.cuh: the count still says how many rows the
- * block had), *block = the rows a block carries. "auto" that resolved to
+ * cut there (kernels/alltoall.cuh; out_splits says what arrived), *block =
+ * the rows a block carries. "auto" that resolved to
  * ll takes push (NCCL where push cannot run) wherever a block out keeps
  * could pass it, so "auto" never cuts. 0 (*block SIZE_MAX where nothing is
  * cut), or -1 with why[] filled. */

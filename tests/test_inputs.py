@@ -313,10 +313,11 @@ def _outcomes(calls):
 @pytest.mark.parametrize("delta", [-1, 0, 1, 7])
 def test_ll_all_to_all_v_with_uneven_x_around_the_cap_refuses_on_no_rank(
         monkeypatch, nranks, device_splits, delta):
-    """Rank 0 sends cap + delta rows, all to the last rank; the others send
-    one row each to rank 0. No rank refuses (on 2800603 rank 0 raised
-    ValueError and its peers timed out), the last rank receives rank 0's
-    first min(cap, cap + delta) rows, and every rank's out_splits says what
+    """Rank 0 sends cap + delta rows, all to the last rank (a block past
+    what one LL row carries when delta > 0); the others send one row each
+    to rank 0. No rank refuses (on 2800603 rank 0 raised ValueError and its
+    peers timed out), the last rank receives rank 0's first
+    min(cap, cap + delta) rows, and every rank's out_splits says what
     arrived."""
     torch = _torch()
     with _team(monkeypatch, nranks) as team:
@@ -376,11 +377,11 @@ def test_ll_all_to_all_v_warns_on_the_rank_whose_host_splits_were_cut(
 def test_ll_all_to_all_equal_blocks_past_the_cap_refused_on_every_rank(
         monkeypatch, delta):
     """Equal blocks: x's rows are the call's, the same on every rank, so
-    every rank refuses alike (or none does)."""
+    every rank refuses blocks past one LL row alike (or none does)."""
     torch = _torch()
     with _team(monkeypatch, 2) as team:
         cap = _ll_rows(team[0], 16)
-        rows = (cap + 2) // 2 * 2 if delta else cap // 2 * 2   # 2 | rows
+        rows = 2 * (cap + delta)               # two blocks of cap + delta
         x = torch.zeros(rows, 4, device="cuda")
         seen = _outcomes([lambda c=c: c.all_to_all(x, algo="ll")
                           for c in team])
@@ -390,28 +391,33 @@ def test_ll_all_to_all_equal_blocks_past_the_cap_refused_on_every_rank(
 
 @pytest.mark.gpu
 def test_auto_never_picks_ll_where_its_rows_could_be_passed(monkeypatch):
-    """SYMNCCL_ALGO=ll makes "auto" ll where ll can run: an all_to_all_v
-    (whose x differs by rank), or equal blocks past ll's rows, take push
-    instead; equal blocks that fit stay on ll."""
+    """SYMNCCL_ALGO=ll makes "auto" ll where ll can run: equal blocks past
+    one LL row, or an all_to_all_v whose out (the same on every rank) could
+    keep a block past it, take push instead; the calls that fit stay on
+    ll, whatever a rank's x."""
     torch = _torch()
     with _team(monkeypatch, 2, knobs={"SYMNCCL_ALGO": "ll"}) as team:
         cap = _ll_rows(team[0], 16)
-        big = torch.zeros((cap + 2) // 2 * 2 + 2, 4, device="cuda")
+        big = torch.zeros(2 * (cap + 1), 4, device="cuda")
         small = torch.zeros(2, 4, device="cuda")
         outs = [torch.zeros(4, 4, device="cuda") for _ in team]
+        wide = [torch.zeros(cap + 1, 4, device="cuda") for _ in team]
         s = [torch.cuda.Stream() for _ in team]
         before = [c._launches() for c in team]
         for q, c in enumerate(team):
             c.all_to_all(big, stream=s[q])
         for q, c in enumerate(team):
-            c.all_to_all_v(small, outs[q], [1, 1], stream=s[q])
+            c.all_to_all_v(small, wide[q], [1, 1], stream=s[q])
+        for q, c in enumerate(team):      # rank 1's x is larger: no matter
+            c.all_to_all_v(small if q == 0 else big, outs[q], [1, 1],
+                           stream=s[q])
         for q, c in enumerate(team):
             c.all_to_all(small, stream=s[q])
         torch.cuda.synchronize()
         for c, b in zip(team, before):
             after = c._launches()
             ran = {k: after[k] - b[k] for k in after if after[k] != b[k]}
-            assert ran == {"push_all_to_all": 2, "ll_all_to_all": 1}, ran
+            assert ran == {"push_all_to_all": 2, "ll_all_to_all": 2}, ran
 
 
 @pytest.mark.gpu

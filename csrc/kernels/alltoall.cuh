@@ -247,13 +247,12 @@ __global__ void __launch_bounds__(512, 1)
 // c + 1 only after every peer finished call c, and a slot is written again
 // (call c + 2) only after everyone is done with it.
 //
-// A row carries the count and at most a2a_ll_rows(a) rows of the block
-// (a function of the communicator and the row size, which every rank
-// agrees on): a block past it is cut there, the count still says how many
-// rows were in it (out_splits shows the cut as it shows rows past out's
-// end), and rank q polls for no row past it. "auto" takes ll only where
-// out's rows (the same on every rank) are within it, so a block cut there
-// would have been cut at out's end anyway (registry.c, sn_a2a_plan).
+// A row carries the count and at most a2a_ll_rows rows of the block (a
+// function of the communicator and the row size, which every rank agrees
+// on): a block past it is cut there, and the count says what was sent
+// (out_splits: what arrived). "auto" takes ll only where out's rows (the
+// same on every rank) are within it, so it never cuts a row out would have
+// kept (launch.c, sn_a2a_plan).
 //
 // Requirements (launch.cu checks): one row of x fits in a row after the
 // count.
@@ -296,17 +295,18 @@ __global__ void __launch_bounds__(512)
   }
   __syncthreads();
 
-  // my counts and blocks into row `me` of every peer's slot
+  // my counts and blocks into row `me` of every peer's slot, each block
+  // cut at what a row carries
   const Peers rows =
       Peers::of(a.region_win, call.slot_off + (size_t)me * a.row_bytes);
   const size_t w0 = F::worker(), nw = F::workers();
-  if (w0 < (size_t)n && (int)w0 != me)
-    F::send(rows((int)w0), F::Item{{(uint64_t)s_send[w0]}}, flag);
   const int64_t fits = (int64_t)a2a_ll_rows(a.row_bytes, row);
+  auto sent = [&](int q) { return s_send[q] < fits ? s_send[q] : fits; };
+  if (w0 < (size_t)n && (int)w0 != me)
+    F::send(rows((int)w0), F::Item{{(uint64_t)sent((int)w0)}}, flag);
   for (int k = 1; k < n; k++) {
     const int q = (me + k) % n;
-    const size_t bytes =
-        (size_t)(s_send[q] < fits ? s_send[q] : fits) * row;
+    const size_t bytes = (size_t)sent(q) * row;
     const T* from = src + (size_t)s_in_off[q] * row;
     const bool al = aligned8(from);
     for (size_t i = w0; i < (bytes + 7) / 8; i += nw)
@@ -353,7 +353,7 @@ __global__ void __launch_bounds__(512)
     }
     for (int k = 1; k < n && ok; k++) {
       const int r = (me + k) % n;
-      const size_t bytes = (size_t)(s_cap[r] < fits ? s_cap[r] : fits) * row;
+      const size_t bytes = (size_t)s_cap[r] * row;
       T* to = out + (size_t)s_out_off[r] * row;
       const bool al = aligned8(to);
       const char* from = mine + (size_t)r * a.row_bytes;
