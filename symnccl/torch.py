@@ -109,7 +109,8 @@ _bootstraps: dict[str, itertools.count] = {}
 
 def _prune() -> None:
     """Drops the closed and aborted communicators (caller holds _lock)."""
-    for cid in [cid for cid, c in _COMMS.items() if c.closed]:
+    for cid in [cid for cid, c in _COMMS.items()
+                if getattr(c, "closed", False)]:
         c = _COMMS.pop(cid)
         if _IDS.get(id(c)) == cid:
             del _IDS[id(c)]

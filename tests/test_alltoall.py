@@ -577,7 +577,8 @@ def test_argument_errors_name_what_was_seen_and_expected(monkeypatch):
                            "nccl"):
             c.all_to_all(x, algo="ll128")
         big = torch.zeros(2 << 20, device="cuda")      # 8 MiB: no LL row
-        with pytest.raises(ValueError, match="algo 'll' carries at most"):
+        with pytest.raises(ValueError, match="algo 'll' carries blocks of "
+                           "at most"):
             c.all_to_all(big, algo="ll")
         huge = torch.zeros(5 << 20, device="cuda")     # 20 MiB: past push
         with pytest.raises(RuntimeError, match="loopback"):

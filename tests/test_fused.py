@@ -596,13 +596,13 @@ def test_torch_op_gradients_are_the_unfused_composition_s(monkeypatch,
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("nranks,T,H,algo", [(3, 2, 64, "ll128"),
-                                             (2, 520, 4096, "push")])
+                                             (2, 4100, 4096, "push")])
 def test_auto_beyond_the_fused_rows_is_all_reduce_s_choice_then_the_norm(
         monkeypatch, nranks, T, H, algo):
-    """Where no fused kernel serves "auto" (3+ ranks; over 4 MiB at 2) the
+    """Where no fused kernel serves "auto" (3+ ranks; over 32 MiB at 2) the
     call is the unfused composition with one kernel for the add and the
     norm: the all-reduce all_reduce's own auto table picks (ll128 for 512
-    B at 3 ranks, push over 4 MiB at 2), then symnccl's add+norm, which
+    B at 3 ranks, push over 32 MiB at 2), then symnccl's add+norm, which
     reads the all-reduce's output only past its PDL wait (the all-reduce
     lets it launch early here, as beside NCCL >= 2.30.7). Within
     the float64 bounds, the same bits on every rank, on 2 ranks the bits

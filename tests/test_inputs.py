@@ -383,8 +383,12 @@ def test_ll_all_to_all_equal_blocks_past_the_cap_refused_on_every_rank(
         cap = _ll_rows(team[0], 16)
         rows = 2 * (cap + delta)               # two blocks of cap + delta
         x = torch.zeros(rows, 4, device="cuda")
-        seen = _outcomes([lambda c=c: c.all_to_all(x, algo="ll")
-                          for c in team])
+        streams = [torch.cuda.Stream() for _ in team]   # a rank each
+        torch.cuda.synchronize()
+        seen = _outcomes([lambda c=c, s=s: c.all_to_all(x, algo="ll",
+                                                         stream=s)
+                          for c, s in zip(team, streams)])
+        torch.cuda.synchronize()
         assert len(set(seen)) == 1, seen
         assert (seen[0] is None) == (delta == 0), seen
 

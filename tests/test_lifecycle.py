@@ -282,15 +282,20 @@ def test_abort_ends_a_thread_blocked_in_a_wait_and_returns_in_bound(uid):
     import threading
     torch = pytest.importorskip("torch")
     c = symnccl.Communicator(uid, 0, 1, device=0, timeout=120.0)
-    c.all_reduce(torch.ones(8, device="cuda"), algo="ll")
+    # one rank: the fused call's add+norm is a kernel launch (an in-place
+    # all_reduce is not), and its entry with a fault injected spins until
+    # the timeout or an abort
+    x, r, w = (torch.ones(2, 64, device="cuda") for _ in range(3))
+    c.all_reduce_rmsnorm(x, r, w[0], 1e-6, algo="one_shot")
     torch.cuda.synchronize()
-    c._inject_fault(["ll"])
+    c._inject_fault(["one_shot_rmsnorm"])
     got = []
 
     def blocked():
         try:
             s = torch.cuda.current_stream()
-            c.all_reduce(torch.ones(8, device="cuda"), algo="ll", stream=s)
+            c.all_reduce_rmsnorm(x, r, w[0], 1e-6, algo="one_shot",
+                                 stream=s)
             c.barrier(stream=s, blocking=True)   # behind the stuck kernel
             got.append("returned")
         except Exception as e:   # noqa: BLE001
