@@ -1,6 +1,6 @@
-"""CPU tier: the build's contract with packaging. The NCCL headers each
-minor's kernels are compiled against (setup.py NCCL_HEADERS) are never
-newer than a library pip may install (pyproject.toml), an sdist needs no
+"""CPU tier: the build's contract with packaging. pip may install exactly
+the NCCL libraries some kernel build (setup.py NCCL_HEADERS) runs on, as
+csrc/nccl_policy.c decides at import (pyproject.toml), an sdist needs no
 NCCL, and the build uses the pinned headers only."""
 import os
 import sys
@@ -39,25 +39,59 @@ def _nccl_requirement(reqs):
     return got[0].specifier
 
 
-def test_nccl_dependency_admits_each_pinned_release_and_no_older_patch(
+# Every nvidia-nccl-cu13 release on the package index (2026-11-26), and
+# patches that may come: pip may install a release exactly where the
+# import would find a build that runs on it.
+ON_THE_INDEX = ["2.27.7", "2.28.3", "2.28.7", "2.28.9", "2.29.2", "2.29.3",
+                "2.29.7", "2.30.3", "2.30.4", "2.30.7", "2.31.2", "2.32.3"]
+MAY_COME = [f"2.{m}.{p}" for m in range(26, 36) for p in range(0, 13)]
+
+
+def _code(v):
+    major, minor, patch = (int(x) for x in v.split("."))
+    return major * 10000 + minor * 100 + patch
+
+
+def test_nccl_dependency_admits_exactly_the_libraries_a_build_runs_on(
         setup_py, pyproject):
-    """For every supported minor, pip may install its pinned release and
-    newer patches, never a patch older than the headers its kernels were
-    built against (NCCL then refuses the device communicator), and no minor
-    outside NCCL_HEADERS."""
+    """pyproject's range and the import's choice (csrc/nccl_policy.c,
+    through _C._nccl_pick_build over NCCL_HEADERS' releases) agree on
+    every release: none pip installs is refused at import, none the
+    import takes is left out (installing symnccl then never downgrades an
+    NCCL it supports)."""
+    C = pytest.importorskip("symnccl._C")
     spec = _nccl_requirement(pyproject["project"]["dependencies"])
-    minors = sorted(setup_py.NCCL_HEADERS)
-    assert tuple(minors) == setup_py.NCCL_MINORS
+    builds = tuple(_code(setup_py.NCCL_HEADERS[m])
+                   for m in setup_py.NCCL_MINORS)
+    for v in sorted(set(ON_THE_INDEX + MAY_COME), key=_code):
+        runs = isinstance(C._nccl_pick_build(_code(v), builds), int)
+        assert spec.contains(v) == runs, (v, str(spec), runs)
+
+
+def test_nccl_dependency_admits_every_current_release_of_the_index(
+        pyproject):
+    """Written down: 2.28.9, 2.29.7, 2.30.7, 2.31.2 and 2.32.3, the releases
+    torch and JAX pin or resolve to, are installable beside symnccl; the
+    older patches of 2.29 and 2.30 are not (older than the 2.29.7 headers,
+    or a 2.30 before the conversion read in 2.30.7)."""
+    spec = _nccl_requirement(pyproject["project"]["dependencies"])
+    for v in ("2.28.9", "2.29.7", "2.30.7", "2.31.2", "2.32.3"):
+        assert spec.contains(v), (v, str(spec))
+    for v in ("2.27.7", "2.28.7", "2.29.3", "2.30.4", "2.33.0"):
+        assert not spec.contains(v), (v, str(spec))
+
+
+def test_builds_are_named_by_the_minor_of_their_headers(setup_py):
+    assert tuple(sorted(setup_py.NCCL_HEADERS)) == setup_py.NCCL_MINORS
     for minor, pin in setup_py.NCCL_HEADERS.items():
-        major, m, patch = (int(x) for x in pin.split("."))
-        assert (major, m) == (2, minor), pin
-        assert spec.contains(pin), (pin, str(spec))
-        assert spec.contains(f"2.{minor}.{patch + 1}"), str(spec)
-        for older in range(patch):
-            assert not spec.contains(f"2.{minor}.{older}"), \
-                (f"2.{minor}.{older}", str(spec))
-    assert not spec.contains(f"2.{minors[0] - 1}.99")
-    assert not spec.contains(f"2.{minors[-1] + 1}.0")
+        assert pin.split(".")[:2] == ["2", str(minor)], pin
+
+
+def test_the_fetch_takes_a_manylinux_2_27_wheel(setup_py):
+    """nvidia-nccl-cu13 2.32.3 is published as manylinux_2_27 only: pip
+    download with the 2.18 tag alone finds no wheel."""
+    assert "manylinux_2_27_x86_64" in setup_py._WHEEL_PLATFORMS
+    assert "manylinux_2_18_x86_64" in setup_py._WHEEL_PLATFORMS
 
 
 def test_building_an_sdist_or_metadata_needs_no_nccl(pyproject):
@@ -112,28 +146,28 @@ def nccl_env(tmp_path, monkeypatch, setup_py):
             monkeypatch.delenv(k)
     monkeypatch.setenv("SYMNCCL_CACHE", str(tmp_path / "cache"))
     monkeypatch.setenv("SYMNCCL_NCCL_FETCH", "0")
-    monkeypatch.setenv("SYMNCCL_NCCL_MINORS", "30")
+    monkeypatch.setenv("SYMNCCL_NCCL_MINORS", "29")
     return tmp_path
 
 
 def test_build_takes_an_installed_wheel_only_if_it_is_the_pinned_release(
         nccl_env, monkeypatch, setup_py):
-    pin = setup_py.NCCL_HEADERS[30]
+    pin = setup_py.NCCL_HEADERS[29]
     wheel = _fake_nccl(nccl_env / "wheel", pin)
     monkeypatch.setattr(setup_py, "_nccl_from_wheel", lambda: wheel)
     builds, inc, lib, home = setup_py.find_nccl()
-    assert builds == {30: os.path.join(wheel, "include")}
+    assert builds == {29: os.path.join(wheel, "include")}
     assert lib == os.path.join(wheel, "lib") and not home
 
 
 def test_build_never_compiles_against_another_patch_of_the_minor(
         nccl_env, monkeypatch, setup_py):
-    """An installed 2.30 wheel of another patch, or a cache of another
-    patch, is not used: with downloads off, 2.30 is then not built."""
-    major, minor, patch = setup_py.NCCL_HEADERS[30].split(".")
+    """An installed 2.29 wheel of another patch, or a cache of another
+    patch, is not used: with downloads off, 2.29 is then not built."""
+    major, minor, patch = setup_py.NCCL_HEADERS[29].split(".")
     other = f"{major}.{minor}.{int(patch) - 1}"
     wheel = _fake_nccl(nccl_env / "wheel", other)
-    _fake_nccl(nccl_env / "cache" / "nccl" / "2.30" / "nvidia" / "nccl",
+    _fake_nccl(nccl_env / "cache" / "nccl" / "2.29" / "nvidia" / "nccl",
                other)
     monkeypatch.setattr(setup_py, "_nccl_from_wheel", lambda: wheel)
     with pytest.raises(SystemExit, match="no NCCL headers"):
@@ -142,15 +176,15 @@ def test_build_never_compiles_against_another_patch_of_the_minor(
 
 def test_build_uses_the_pinned_release_from_its_cache(
         nccl_env, monkeypatch, setup_py):
-    pin = setup_py.NCCL_HEADERS[30]
-    cached = _fake_nccl(nccl_env / "cache" / "nccl" / "2.30" / "nvidia" /
+    pin = setup_py.NCCL_HEADERS[29]
+    cached = _fake_nccl(nccl_env / "cache" / "nccl" / "2.29" / "nvidia" /
                         "nccl", pin)
     monkeypatch.setattr(setup_py, "_nccl_from_wheel", lambda: None)
     builds, inc, lib, _ = setup_py.find_nccl()
-    assert builds == {30: os.path.join(cached, "include")}
+    assert builds == {29: os.path.join(cached, "include")}
     assert lib == os.path.join(cached, "lib")
     log = open(nccl_env / "cache" / "build.log").read()
-    assert f"NCCL 2.30 kernels: headers {cached}" in log
+    assert f"NCCL 2.29 kernels: headers {cached}" in log
 
 
 def test_object_cache_keeps_the_most_recently_used_within_its_bound(
