@@ -245,3 +245,43 @@ def test_object_cache_spares_a_fresh_build_directory_every_compile(
         f.write("/* another release */\n")
     setup_py.compile_kernels(nvcc, {30: inc_b}, str(tmp_path / "o3"), False)
     assert _compiles(log) == 2 * first
+
+
+def test_sm_only_copy_of_a_library_differs_only_in_zeroed_payloads():
+    """tools/gpu/nccl_sm_only.py (the device machines' carry of other
+    NCCLs): the copy has the original's size, every fatbin entry header
+    and every sm_90 entry byte for byte, and zeros only where other
+    architectures' code or debug sections were."""
+    import glob
+    libs = sorted(glob.glob(os.path.join(
+        os.environ.get("SYMNCCL_NCCL_CACHE") or os.path.join(
+            os.path.expanduser("~"), ".cache", "symnccl", "nccl"),
+        "2.*", "nvidia", "nccl", "lib", "libnccl.so.2")))
+    if not libs:
+        pytest.skip("no NCCL library in setup.py's cache")
+    sys.path.insert(0, os.path.join(ROOT, "tools", "gpu"))
+    try:
+        import nccl_sm_only as m
+    finally:
+        sys.path.pop(0)
+    with open(libs[0], "rb") as f:
+        data = f.read()
+    out, kept, zeroed = m.prune(data, 90)
+    assert len(out) == len(data) and kept > 0 and zeroed > 0
+    changed = 0
+    for name, flags, off, size in m.sections(data):
+        if name in m.FATBIN_SECTIONS:
+            for p, n, kind, arch in m.fatbin_entries(data, off, size):
+                if arch == 90:
+                    assert out[p:p + n] == data[p:p + n], (name, p)
+                else:
+                    assert out[p:p + n] == bytes(n), (name, p)
+                    changed += n
+        elif name.startswith(".debug_"):
+            assert out[off:off + size] == bytes(size)
+            changed += size
+        else:
+            assert out[off:off + size] == data[off:off + size], name
+    assert changed == zeroed
+    # outside the zeroed ranges (entry headers, ELF headers) nothing moved
+    assert sum(a != b for a, b in zip(out[:1 << 16], data[:1 << 16])) == 0
