@@ -130,8 +130,9 @@ int sn_nccl_pick_build(int runtime, const int *headers, int n, char *buf,
 const char *sn_nccl_multi_gpu_caveat(int runtime, int headers, char *buf,
                                      size_t size);
 /* 1 when NCCL `runtime`'s kernels wait at entry for the kernel before
- * them (2.30.7+): symnccl's kernels may then trigger the next launch at
- * their entry (symnccl_kargs.pdl_early). */
+ * them (2.30.7 to 2.30.x; later minors not read for it): symnccl's kernels
+ * may then trigger the next launch at their entry (symnccl_kargs.
+ * pdl_early). */
 int sn_nccl_pdl_early(int runtime);
 /* SYMNCCL_NCCL_WINDOWS: NCCL gets plain memory always, windows wherever
  * the buffers are windows, or as the table says for the loaded NCCL. */
