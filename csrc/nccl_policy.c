@@ -89,17 +89,39 @@ runs_on(int runtime, int headers)
     return 0;
 }
 
-/* The lowest and highest library a build against `headers` runs on. */
+/* The libraries a build against `headers` runs on, as text ("2.29.7 to
+ * 2.29.x, 2.30.7 to 2.32.x"), and the lowest and highest of them. */
 static void
-library_range(int headers, int *lo, int *hi)
+library_ranges(int headers, char *buf, size_t size, int *lo, int *hi)
 {
-    *lo = headers;
-    *hi = V(v_major(headers), v_minor(headers), 99);
+    int los[N_CONVERSIONS + 1], his[N_CONVERSIONS + 1], n = 0;
+    los[n] = headers;   /* its own minor, from its headers on */
+    his[n++] = V(v_major(headers), v_minor(headers), 99);
     for (size_t i = 0; i < N_CONVERSIONS; i++) {
         const nccl_conversion *c = &conversions[i];
-        if (headers >= c->headers_lo && headers <= c->headers_hi &&
-            c->library_hi > *hi)
-            *hi = c->library_hi;
+        if (headers >= c->headers_lo && headers <= c->headers_hi) {
+            los[n] = c->library_lo;
+            his[n++] = c->library_hi;
+        }
+    }
+    /* in increasing order as declared; a range starting right where the
+     * one before ends (2.29.99, then 2.30.0) joins it */
+    size_t used = 0;
+    buf[0] = '\0';
+    *lo = los[0];
+    *hi = his[0];
+    for (int i = 0; i < n; i++) {
+        const int start = los[i];
+        int end = his[i];
+        while (i + 1 < n && los[i + 1] <= end + 1)
+            end = his[++i] > end ? his[i] : end;
+        if (end > *hi)
+            *hi = end;
+        if (used < size)
+            used += (size_t)snprintf(
+                buf + used, size - used, "%s%d.%d.%d to %d.%d.x",
+                used ? ", " : "", v_major(start), v_minor(start),
+                v_patch(start), v_major(end), v_minor(end));
     }
 }
 
@@ -110,7 +132,8 @@ sn_nccl_version_verdict(int runtime, int headers, char *buf, size_t size)
     if (runs_on(runtime, headers))
         return NULL;
     int lo, hi;
-    library_range(headers, &lo, &hi);
+    char ranges[160];
+    library_ranges(headers, ranges, sizeof(ranges), &lo, &hi);
     if (v_major(runtime) == v_major(headers) &&
         v_minor(runtime) == v_minor(headers)) {
         /* NCCL refuses its device API to code built against newer headers
@@ -125,21 +148,22 @@ sn_nccl_version_verdict(int runtime, int headers, char *buf, size_t size)
                  "(or rebuild symnccl against NCCL %d.%d.%d's headers: "
                  "SYMNCCL_NCCL_INCLUDE_2_%d)", v_major(runtime),
                  v_minor(runtime), v_patch(runtime), v_major(headers),
-                 v_minor(headers), v_patch(headers), cu, v_major(lo),
-                 v_minor(lo), v_patch(lo), v_major(hi), v_minor(hi) + 1,
-                 v_major(runtime), v_minor(runtime), v_patch(runtime),
-                 v_minor(headers));
+                 v_minor(headers), v_patch(headers), cu, v_major(headers),
+                 v_minor(headers), v_patch(headers), v_major(headers),
+                 v_minor(headers) + 1, v_major(runtime), v_minor(runtime),
+                 v_patch(runtime), v_minor(headers));
         return buf;
     }
+    /* -U: the newest of the range, which runs (the range as one spec
+     * would keep a library in a gap, e.g. 2.30.5) */
     snprintf(buf, size, "the loaded libnccl is NCCL %d.%d.%d, and "
              "symnccl's kernels built against NCCL %d.%d.%d's headers run "
-             "on NCCL %d.%d.%d to %d.%d.x only (the NCCL device API of "
-             "another minor takes them only through a conversion that "
-             "library carries; docs/BUILD.md, 'NCCL headers'). Install "
+             "on NCCL %s only (the NCCL device API of another minor takes "
+             "them only through a conversion that library carries; "
+             "docs/BUILD.md, 'NCCL headers'). Install one: pip install -U "
              "'nvidia-nccl-cu%d>=%d.%d.%d,<%d.%d'", v_major(runtime),
              v_minor(runtime), v_patch(runtime), v_major(headers),
-             v_minor(headers), v_patch(headers), v_major(lo), v_minor(lo),
-             v_patch(lo), v_major(hi), v_minor(hi), cu, v_major(lo),
+             v_minor(headers), v_patch(headers), ranges, cu, v_major(lo),
              v_minor(lo), v_patch(lo), v_major(hi), v_minor(hi) + 1);
     return buf;
 }
@@ -158,18 +182,34 @@ sn_nccl_pick_build(int runtime, const int *headers, int n, char *buf,
             snprintf(buf, size, "symnccl was built without kernels");
         return best;
     }
-    /* no build runs on it: the reason of the build of its own minor (a
-     * library older than those headers), else of the newest build */
-    int near = 0;
-    for (int i = 0; i < n; i++) {
-        if (v_minor(headers[i]) == v_minor(runtime)) {
-            near = i;
-            break;
+    /* no build runs on it: a library older than the headers of the
+     * build of its own minor says so; else every build's libraries */
+    for (int i = 0; i < n; i++)
+        if (v_major(headers[i]) == v_major(runtime) &&
+            v_minor(headers[i]) == v_minor(runtime)) {
+            sn_nccl_version_verdict(runtime, headers[i], buf, size);
+            return -1;
         }
-        if (headers[i] > headers[near])
-            near = i;
+    char all[400] = "";
+    int lo = 0, hi = 0;
+    size_t used = 0;
+    for (int i = 0; i < n && used < sizeof(all); i++) {
+        char ranges[160];
+        int l, h;
+        library_ranges(headers[i], ranges, sizeof(ranges), &l, &h);
+        lo = i == 0 || l < lo ? l : lo;
+        hi = i == 0 || h > hi ? h : hi;
+        used += (size_t)snprintf(all + used, sizeof(all) - used, "%s%s",
+                                 used ? ", " : "", ranges);
     }
-    sn_nccl_version_verdict(runtime, headers[near], buf, size);
+    snprintf(buf, size, "the loaded libnccl is NCCL %d.%d.%d, and no kernel "
+             "build of symnccl runs on it: they run on NCCL %s (a library "
+             "takes a device communicator of another minor only through a "
+             "conversion it carries; docs/BUILD.md, 'NCCL headers'). "
+             "Install one: pip install -U 'nvidia-nccl-cu%d>=%d.%d.%d,<%d.%d'",
+             v_major(runtime), v_minor(runtime), v_patch(runtime), all,
+             CUDART_VERSION / 1000, v_major(lo), v_minor(lo), v_patch(lo),
+             v_major(hi), v_minor(hi) + 1);
     return -1;
 }
 
