@@ -4,8 +4,8 @@ The .cu files are compiled by nvcc into objects that the C extension links
 (the approach cupy takes), with the CUDA runtime linked statically and
 libnccl.so.2 loaded at run time from the nvidia-nccl-cu13 wheel (or
 $NCCL_HOME). csrc/kernels/unit.cu is compiled once per kernel dtype
-(launch.h's SYMNCCL_KERNEL_DTYPES) and NCCL minor; all nvcc jobs run in
-parallel. docs/BUILD.md has the knobs, the caches and measured times.
+(launch.h's SYMNCCL_KERNEL_DTYPES) and NCCL build (NCCL_HEADERS below);
+all nvcc jobs run in parallel. docs/BUILD.md has the knobs, the caches and measured times.
 
 pip hides a build's output unless run with -v: the build also writes its
 progress to <cache>/build.log (tail -f it).
@@ -15,9 +15,10 @@ Environment:
   SYMNCCL_PTX         1: also embed PTX of the lowest architecture (for
                       GPUs newer than the list; costs size and build time)
   SYMNCCL_BUILD_JOBS  parallel nvcc jobs (default: the CPU count)
-  SYMNCCL_NCCL_MINORS the NCCL 2.x minors to build the kernels for
-                      (default: every supported one, NCCL_HEADERS below)
-  SYMNCCL_NCCL_INCLUDE_2_<minor>  that minor's include/ (nccl.h and
+  SYMNCCL_NCCL_MINORS the kernel builds to make, by the NCCL 2.x minor of
+                      their headers (default: every one, NCCL_HEADERS
+                      below)
+  SYMNCCL_NCCL_INCLUDE_2_<minor>  that build's include/ (nccl.h and
                       nccl_device.h) instead of its pinned release's: the
                       library loaded at run time must then be at least as
                       new as these headers
@@ -50,15 +51,18 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 from setuptools.command.build_py import build_py
 
-# The exact NCCL release whose headers each supported 2.x minor's kernels
-# are compiled against. The device API's structs change between minors, so
-# the kernels are built once per minor and the module uses the build of the
-# libnccl it loads (csrc/abi.c). Within a minor the headers must not be
-# newer than the library loaded at run time (ncclDevCommCreate refuses a
-# device communicator from newer headers: "NCCL library is too old"), so
-# pyproject.toml's nvidia-nccl-cu13 requirement admits, for each minor, only
-# its pin and newer patches (tests/test_build.py checks the two agree).
-NCCL_HEADERS = {28: "2.28.9", 29: "2.29.7", 30: "2.30.7"}
+# The kernel builds: the exact NCCL release whose headers each is compiled
+# against, by the minor of those headers. One build serves several minors:
+# a library runs kernels built against older headers where it carries a
+# conversion of their device communicator (NCCL 2.30.3+ for 2.29.5-2.29.7
+# headers), and never against newer headers than itself ("NCCL library is
+# too old"); csrc/nccl_policy.c declares which library each build may run
+# on, csrc/abi.c picks the newest build that may, and pyproject.toml's
+# nvidia-nccl-cu13 range admits exactly the libraries some build serves
+# (tests/test_build.py checks the three agree; docs/BUILD.md, 'NCCL
+# headers', has the evidence). 2.28's device communicator carries no
+# version, so 2.28 needs its own build; 2.29.7's serves 2.29.7 to 2.32.
+NCCL_HEADERS = {28: "2.28.9", 29: "2.29.7"}
 NCCL_MINORS = tuple(sorted(NCCL_HEADERS))
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -146,6 +150,12 @@ def _pinned(minor):
     return tuple(int(x) for x in NCCL_HEADERS[minor].split("."))
 
 
+# The wheel tags _fetch_wheel accepts from pip (the headers are the same
+# on every platform; the library is for linking and the tests).
+_WHEEL_PLATFORMS = ("manylinux_2_18_x86_64", "manylinux_2_27_x86_64",
+                    "manylinux_2_28_x86_64")
+
+
 def _fetch_wheel(version, dest):
     """Unpacks include/ and lib/libnccl.so.2 of nvidia-nccl-cu13==version
     into dest (pip download, which goes through pip's own HTTP cache, else
@@ -162,10 +172,12 @@ def _fetch_wheel(version, dest):
         for pip in ([sys.executable, "-m", "pip"], [shutil.which("pip")]):
             if pip[0] is None:
                 continue
+            # any manylinux x86-64 wheel: 2.32.3 is manylinux_2_27 only
             r = subprocess.run(pip + ["download", "--no-deps",
-                                      "--only-binary=:all:", "-q",
-                                      "--platform", "manylinux_2_18_x86_64",
-                                      "-d", tmp, spec],
+                                      "--only-binary=:all:", "-q"] +
+                               [a for tag in _WHEEL_PLATFORMS
+                                for a in ("--platform", tag)] +
+                               ["-d", tmp, spec],
                                capture_output=True, text=True)
             found = glob.glob(os.path.join(tmp, "*.whl"))
             if r.returncode == 0 and found:
@@ -213,26 +225,28 @@ def _fetch_wheel(version, dest):
 
 
 def find_nccl():
-    """(include dir by minor, the include dir of the host code's nccl.h,
+    """(include dir by build, the include dir of the host code's nccl.h,
     the lib dir of the libnccl.so.2 to link, whether it came from
-    NCCL_HOME). Each minor's kernels use exactly its NCCL_HEADERS release
-    (from the installed wheel if that is the pinned release, else the
-    cache, filled once per machine), unless SYMNCCL_NCCL_INCLUDE_2_<minor>
-    or NCCL_HOME gives that minor's headers."""
+    NCCL_HOME). Each build uses exactly its NCCL_HEADERS release (from the
+    installed wheel if that is the pinned release, else the cache, filled
+    once per machine), unless SYMNCCL_NCCL_INCLUDE_2_<minor> gives its
+    headers, or NCCL_HOME holds a release of its minor (NCCL_HOME of
+    another minor only gives the library to link)."""
     wanted = [int(m) for m in re.split(r"[;, ]+",
                                         os.environ.get("SYMNCCL_NCCL_MINORS",
                                                        ""))
               if m] or list(NCCL_MINORS)
     for minor in wanted:
         if minor not in NCCL_MINORS:
-            _fail(f"SYMNCCL_NCCL_MINORS: 2.{minor} is not supported "
-                  f"(2.{NCCL_MINORS[0]}-2.{NCCL_MINORS[-1]})")
+            _fail(f"SYMNCCL_NCCL_MINORS: there is no kernel build of NCCL "
+                  f"2.{minor}'s headers (the builds: " +
+                  ", ".join(f"2.{m}" for m in NCCL_MINORS) + "; NCCL_HEADERS)")
     home = os.environ.get("NCCL_HOME")
-    if home is not None and _headers_minor(os.path.join(home, "include")) \
-            not in NCCL_MINORS:
+    if home is not None and (_headers_minor(os.path.join(home, "include"))
+                             or 0) < NCCL_MINORS[0]:
         _fail(f"NCCL_HOME={home}: {home}/include has no nccl.h/"
-              f"nccl_device.h of NCCL 2.{NCCL_MINORS[0]}-2.{NCCL_MINORS[-1]}"
-              " (the device API needs 2.28 or newer)")
+              f"nccl_device.h of NCCL 2.{NCCL_MINORS[0]} or newer (the "
+              "device API needs 2.28 or newer)")
     wheel = _nccl_from_wheel()
     cache = os.environ.get("SYMNCCL_NCCL_CACHE") or cache_dir("nccl")
     fetch = os.environ.get("SYMNCCL_NCCL_FETCH", "1") != "0"
@@ -272,10 +286,11 @@ def find_nccl():
             roots[minor] = cached
     missing = [m for m in wanted if m not in builds]
     if missing:
-        say("WARNING: no kernels for NCCL " +
-            ", ".join(f"2.{m}" for m in missing) + ": importing with that "
-            "NCCL will fail (set SYMNCCL_NCCL_INCLUDE_2_<minor>, or allow "
-            "the download: SYMNCCL_NCCL_FETCH=1)")
+        say("WARNING: no kernel build of NCCL " +
+            ", ".join(NCCL_HEADERS[m] for m in missing) + "'s headers: "
+            "importing with an NCCL only it serves will fail (set "
+            "SYMNCCL_NCCL_INCLUDE_2_<minor>, or allow the download: "
+            "SYMNCCL_NCCL_FETCH=1)")
     if not builds:
         _fail("no NCCL headers to build the kernels against")
     for minor in sorted(builds):

@@ -1,28 +1,14 @@
 """All-reduce benchmark: symnccl's algorithms and the anchors, same run,
-same process layout (one process per GPU).
-
-Methods (each skipped with a printed reason where unavailable):
-  symnccl:ll / one_shot / two_shot / push / auto   in place on
-                   SymmetricBuffers
-  symnccl:auto(tensor)                 torch tensor input (auto's choice)
-  symnccl:two_shot(tensor), push(tensor)   the same per algorithm
-  nccl:window      ncclAllReduce on SymmetricBuffers (NCCL's symmetric kernels)
-  nccl:plain       ncclAllReduce on torch tensors, through symnccl
-  torch.dist       torch.distributed.all_reduce (what torch users pay)
-  symm_mem:one_shot / two_shot   torch symmetric memory kernels
-  nvlink:memcpy / nvlink:kernel  the ceiling: every rank pulls the whole
-                   message from its neighbour's window (cudaMemcpyAsync
-                   through the LSA pointer; a plain 16-byte-load copy kernel).
-                   Their GB/s is bytes / time, the one-way NVLink rate one
-                   GPU gets; an all-reduce's busbw cannot exceed it.
+same process layout (one process per GPU). The methods (each skipped with a
+printed reason where unavailable) are listed by --help, from METHODS.
 
 Timing: CUDA-graph replay (or eager with --eager) of `iters` calls cycling
 over 4 input buffers, device events, median of --reps repeats. Every size is
 checked against a float64 reference first (#wrong, as nccl-tests prints).
 busbw = bytes / t * 2 (n - 1) / n (nvlink:*: bytes / t).
 
-    python benchmarks/bench_allreduce.py --nranks 2 --dtype bfloat16
-    python benchmarks/bench_allreduce.py --report benchmarks/results/h200x2.json
+    python -m symnccl bench --nranks 2 --dtype bfloat16   # writes a JSON
+    python -m symnccl bench --report RESULTS.json   # a JSON it wrote
 """
 from __future__ import annotations
 
@@ -248,6 +234,31 @@ TENSOR_METHODS = ("symnccl:auto(tensor)", "symnccl:two_shot(tensor)",
 ANCHORS = ("nccl:window", "nccl:plain", "torch.dist", "symm_mem:one_shot",
            "symm_mem:two_shot")
 CEILING = ("nvlink:memcpy", "nvlink:kernel")
+#: what each group of methods measures (--help lists the names from the
+#: tuples above)
+METHODS = (
+    (SYMNCCL_METHODS, "in place on SymmetricBuffers"),
+    (TENSOR_METHODS, "torch tensor input (through symnccl's staging)"),
+    (("nccl:window",), "ncclAllReduce on SymmetricBuffers (NCCL's "
+                       "symmetric kernels, as SYMNCCL_NCCL_WINDOWS allows)"),
+    (("nccl:plain",), "ncclAllReduce on torch tensors, through symnccl"),
+    (("torch.dist",), "torch.distributed.all_reduce (what torch users pay)"),
+    (("symm_mem:one_shot", "symm_mem:two_shot"),
+     "torch symmetric memory kernels"),
+    (CEILING, "the ceiling: every rank pulls the whole message from its "
+              "neighbour's window (cudaMemcpyAsync through the LSA pointer; "
+              "a plain 16-byte-load copy kernel); GB/s is bytes / time"),
+)
+
+
+def _description():
+    """The module's docstring with the method list built from METHODS."""
+    lines = ["Methods (--methods takes prefixes of these names):"]
+    for names, what in METHODS:
+        lines.append("  " + ", ".join(names))
+        lines.append("      " + what)
+    head, _, tail = __doc__.partition("Timing:")
+    return head + "\n".join(lines) + "\n\nTiming:" + tail
 
 
 def _bw(doc, method, nbytes, us):
@@ -409,9 +420,27 @@ def plot(doc, path):
     fig.savefig(path, dpi=110)
 
 
+def gpus_missing(nranks):
+    """None when the GPUs the run needs are visible (nranks, or every
+    local GPU; at least 2), else the one-line reason, with what was
+    found."""
+    from symnccl.bootstrap import local_device_count
+    visible = local_device_count()
+    n = nranks or visible
+    if n >= 2 and visible >= n:
+        return None
+    found = (f"{visible} GPU{'s are' if visible != 1 else ' is'} visible"
+             if visible else "no CUDA GPU is visible (no NVIDIA driver, or "
+                             "CUDA_VISIBLE_DEVICES hides them)")
+    asked = "" if nranks is None else f" (--nranks {nranks})"
+    return (f"the all-reduce benchmark needs at least {max(n, 2)} GPUs"
+            f"{asked}, one process each: {found}")
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+        description=_description(),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--nranks", type=int, default=None, metavar="N",
                    help="number of GPUs, one process each (at least 2; "
                         "default: every local GPU)")
@@ -450,13 +479,16 @@ def main(argv=None):
             print(f"no plot: {e}")
         return 0
 
+    missing = gpus_missing(args.nranks)
+    if missing:
+        print(missing, file=sys.stderr)
+        return 1
+
     import torch
 
     from symnccl.bootstrap import free_port, local_device_count, spawn
     n = args.nranks or local_device_count()
-    if n < 2:
-        print("needs at least 2 GPUs")
-        return 1
+
     sizes = [s for s in (parse_sizes(args.sizes) if args.sizes else SIZES)
              if s <= args.max_bytes]
     free = min(torch.cuda.mem_get_info(i)[0] for i in range(n))

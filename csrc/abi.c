@@ -1,9 +1,12 @@
 /* The kernels' NCCL ABI: which build of the CUDA C++ side this process uses.
  *
- * The device API's structs change between NCCL minor versions, so setup.py
- * compiles the kernels once per supported minor (launch.h); the table of
- * the loaded libnccl's minor is chosen once, when the module is imported,
- * and the C entry points of launch.h call through it.
+ * setup.py compiles the kernels once per NCCL release of NCCL_HEADERS,
+ * each against that release's headers (launch.h); one build may serve
+ * several minors (nccl_policy.c: a library takes a device communicator of
+ * older headers where it carries a conversion for them). The build for the
+ * loaded libnccl is chosen once, when the module is imported (the newest
+ * that may run on it), and the C entry points of launch.h call through its
+ * table.
  */
 #include "symnccl.h"
 
@@ -17,6 +20,8 @@
 static const symnccl_kernels *const builds[] = {
     SYMNCCL_NCCL_BUILDS(BUILD_) NULL};
 #undef BUILD_
+
+#define N_BUILDS ((int)(sizeof(builds) / sizeof(builds[0])) - 1)
 
 /* The build in use: one libnccl per process, so one table. */
 static const symnccl_kernels *K;
@@ -33,28 +38,31 @@ library_path(void)
     return "libnccl.so.2";
 }
 
+/* The warning of sn_abi_multi_gpu_caveat for the build in use, or empty
+ * when that pair has passed on two GPUs. */
+static char caveat[600];
+
 int
 sn_abi_select(int nccl_version_code)
 {
-    int major = nccl_version_code / 10000;
-    int minor = (nccl_version_code % 10000) / 100;
+    int heads[N_BUILDS > 0 ? N_BUILDS : 1];
+    char why[600];
     runtime = nccl_version_code;
     K = NULL;
-    for (int i = 0; major == 2 && builds[i] != NULL; i++)
-        if (builds[i]->nccl_minor == minor)
-            K = builds[i];
-    if (K == NULL)
-        return -1;   /* symnccl/_loader.py says which minors there are */
-    /* A library older than the build's headers refuses the device API:
-     * symnccl would run without its kernels, so it does not run at all. */
-    char why[600];
-    if (sn_nccl_version_verdict(runtime, K->nccl_headers, why, sizeof(why))
-        != NULL) {
+    for (int i = 0; i < N_BUILDS; i++)
+        heads[i] = builds[i]->nccl_headers;
+    const int i = sn_nccl_pick_build(runtime, heads, N_BUILDS, why,
+                                     sizeof(why));
+    if (i < 0) {
+        /* symnccl would run without its kernels: it does not run at all */
         PyErr_Format(PyExc_ImportError, "%s (libnccl: %s)", why,
                      library_path());
-        K = NULL;
-        return -2;
+        return -1;
     }
+    K = builds[i];
+    if (sn_nccl_multi_gpu_caveat(runtime, K->nccl_headers, caveat,
+                                 sizeof(caveat)) == NULL)
+        caveat[0] = '\0';
     return 0;
 }
 
@@ -94,27 +102,12 @@ sn_abi_minor(void)
     return K != NULL ? K->nccl_minor : -1;
 }
 
-/* The minors that have not passed the self-check on two GPUs, and what was
- * seen (2x H200, driver 580.159.04; docs/PERFORMANCE.md, 'NCCL versions'). */
 const char *
 sn_abi_multi_gpu_caveat(int minor)
 {
-    switch (minor) {
-    case 29:
-        return "with NCCL 2.29.7 on 2x H200 `python -m symnccl --quick` "
-               "found 5122 wrong elements in 2876 checks (the pattern of "
-               "NCCL's own symmetric reduce_scatter on windows; NCCL now "
-               "gets plain memory on 2.29, SYMNCCL_NCCL_WINDOWS); symnccl "
-               "has not passed its self-check on two GPUs with it yet: run "
-               "`python -m symnccl`, or use NCCL 2.28";
-    case 30:
-        return "with NCCL 2.30.7 on 2x H200 (driver 580.159.04) NCCL's own "
-               "first ncclAllReduce failed ('invalid device function'); "
-               "symnccl has not passed its self-check on two GPUs with it "
-               "yet: run `python -m symnccl`, or use NCCL 2.28";
-    default:
+    if (K == NULL || K->nccl_minor != minor || caveat[0] == '\0')
         return NULL;
-    }
+    return caveat;
 }
 
 PyObject *

@@ -1,8 +1,10 @@
 /* Collectives fused with the computation around them: Communicator.
  * all_reduce_rmsnorm, the tensor-parallel all-reduce followed by the
  * residual add and RMSNorm of a transformer layer, as one kernel
- * (kernels/rmsnorm.cuh) or, where that cannot run, NCCL's all-reduce then
- * symnccl's own add+norm (the same kernel with no peer).
+ * (kernels/rmsnorm.cuh) or, where that does not run, an all-reduce then
+ * symnccl's own add+norm (the same kernel with no peer): under "auto"
+ * (past 4 MiB, or 3+ ranks) the all-reduce all_reduce's own "auto" picks
+ * (registry.c, sn_then_norm_algo), with algo="nccl" NCCL's.
  */
 #include "symnccl.h"
 

@@ -50,8 +50,8 @@ py_get_unique_id(PyObject *module, PyObject *unused)
     return PyBytes_FromStringAndSize(id.internal, NCCL_UNIQUE_ID_BYTES);
 }
 
-/* (2, minor) of the kernel build in use, or None (no build for the loaded
- * NCCL: import fails in symnccl/__init__.py). */
+/* (2, minor) of the headers of the kernel build in use (import fails
+ * without one: abi.c). */
 static PyObject *
 py_nccl_device_api(PyObject *module, PyObject *unused)
 {
@@ -70,15 +70,12 @@ py_nccl_runtime_version(PyObject *module, PyObject *unused)
     return PyLong_FromLong(v);
 }
 
-/* _multi_gpu_caveat(minor) -> None, or what a communicator of 2+ ranks
- * warns about NCCL 2.<minor> (abi.c). */
+/* _multi_gpu_caveat() -> None, or what a communicator of 2+ ranks warns
+ * about the loaded libnccl with the kernel build in use (abi.c). */
 static PyObject *
-py_multi_gpu_caveat(PyObject *module, PyObject *arg)
+py_multi_gpu_caveat(PyObject *module, PyObject *unused)
 {
-    const int minor = PyLong_AsLong(arg);
-    if (minor == -1 && PyErr_Occurred())
-        return NULL;
-    const char *caveat = sn_abi_multi_gpu_caveat(minor);
+    const char *caveat = sn_abi_multi_gpu_caveat(sn_abi_minor());
     return caveat == NULL ? Py_NewRef(Py_None)
                           : PyUnicode_FromString(caveat);
 }
@@ -377,11 +374,14 @@ static PyMethodDef sn_methods[] = {
      "Example:\n    uid = symnccl.get_unique_id()"},
     {"nccl_device_api", py_nccl_device_api, METH_NOARGS,
      "nccl_device_api($module, /)\n--\n\n-> (2, minor) of the NCCL device API symnccl's "
-     "kernels use in this process (the loaded libnccl's), or None."},
-    {"_multi_gpu_caveat", py_multi_gpu_caveat, METH_O,
-     "_multi_gpu_caveat($module, minor, /)\n--\n\n"
-     "None, or the RuntimeWarning a communicator of 2+ ranks gives with "
-     "NCCL 2.<minor> (it has not passed the self-check on two GPUs)."},
+     "kernels use in this process: the minor of the headers of the kernel "
+     "build in use (NCCL_DEVICE_API_HEADERS has their version), which may "
+     "be older than the loaded libnccl's."},
+    {"_multi_gpu_caveat", py_multi_gpu_caveat, METH_NOARGS,
+     "_multi_gpu_caveat($module, /)\n--\n\n"
+     "None, or the RuntimeWarning a communicator of 2+ ranks gives with the "
+     "loaded libnccl and the kernel build in use (that pair has not passed "
+     "the self-check on two GPUs)."},
     {"nccl_runtime_version", py_nccl_runtime_version, METH_NOARGS,
      "nccl_runtime_version($module, /)\n--\n\n"
      "Version code of the loaded libnccl (ncclGetVersion), e.g. 22809."},
@@ -534,10 +534,18 @@ sn_exec(PyObject *module)
     if (bad)
         return -1;
 
-    /* The kernels built for the loaded libnccl's minor, if any. */
+    /* The kernel build for the loaded libnccl: ImportError when none may
+     * run on it (symnccl would run without its kernels). */
     int v = 0;
-    if (ncclGetVersion(&v) == ncclSuccess && sn_abi_select(v) == -2)
-        return -1;   /* ImportError: the library is older than the headers */
+    ncclResult_t vrc = ncclGetVersion(&v);
+    if (vrc != ncclSuccess) {
+        PyErr_Format(PyExc_ImportError, "ncclGetVersion failed (%s): the "
+                     "loaded libnccl cannot say its version",
+                     ncclGetErrorString(vrc));
+        return -1;
+    }
+    if (sn_abi_select(v) < 0)
+        return -1;
     if (sn_abi_export(module) < 0 || sn_nccl_policy_export(module) < 0 ||
         sn_fault_export(module) < 0)
         return -1;

@@ -32,59 +32,243 @@ v_patch(int code)
 }
 
 /* ------------------------------------------------------------------ */
-/* The library a build of the kernels may run on. */
+/* The library a build of the kernels may run on. docs/BUILD.md, 'NCCL
+ * headers', has the evidence. NCCL refuses its device API to code built
+ * against newer headers than the library (dev_runtime.cc,
+ * getNcclVersionCompat: "NCCL library is too old"), and from 2.30 on a
+ * library takes a device communicator laid out by older headers only
+ * where it carries a conversion for them (ncclDevCommCompat_v<version>,
+ * src/devcomm/; "NCCL library is not backwards compatible" otherwise).
+ * 2.28's requirements carry no version, so a 2.28 build runs on 2.28
+ * only. */
+
+/* The newest NCCL symnccl was checked against: libraries past this minor
+ * are refused until their conversions are read (pyproject.toml's
+ * nvidia-nccl-cu13 range ends there too). */
+#define NEWEST_MINOR 32
+
+typedef struct {
+    int headers_lo, headers_hi;  /* the build's NCCL_VERSION_CODE range */
+    int library_lo, library_hi;  /* the libraries carrying a conversion */
+    const char *evidence;
+} nccl_conversion;
+
+static const nccl_conversion conversions[] = {
+    /* ncclDevCommCompat_v22907: its range (22905, 22907) in the 2.30.7,
+     * 2.31.2 and 2.32.3 libraries (in the sources from 2.30.3 on, its
+     * layout of the old struct fixed in 2.30.4: from 2.30.7 here) */
+    {V(2, 29, 5), V(2, 29, 7), V(2, 30, 7), V(2, NEWEST_MINOR, 99),
+     "ncclDevCommCompat_v22907 (2.29.5-2.29.7 headers)"},
+    /* ncclDevCommCompat_v23000 (23000, 23007) in the 2.31.2 and 2.32.3
+     * libraries (in 2.30 it is the library's own layout) */
+    {V(2, 30, 0), V(2, 30, 7), V(2, 31, 2), V(2, NEWEST_MINOR, 99),
+     "ncclDevCommCompat_v23000 (2.30.0-2.30.7 headers)"},
+    /* ncclDevCommCompat_v23100: (23100, 23203) in the 2.32.3 library,
+     * whose ncclDevComm is laid out as 2.31's */
+    {V(2, 31, 0), V(2, 31, 99), V(2, 32, 0), V(2, NEWEST_MINOR, 99),
+     "ncclDevCommCompat_v23100 (2.31.0-2.32.3 headers)"},
+};
+
+#define N_CONVERSIONS (sizeof(conversions) / sizeof(conversions[0]))
+
+/* Whether a build against `headers` may run on `runtime` (no message). */
+static int
+runs_on(int runtime, int headers)
+{
+    if (v_major(runtime) != 2 || v_major(headers) != 2 ||
+        v_minor(runtime) > NEWEST_MINOR || runtime < headers)
+        return 0;
+    if (v_minor(runtime) == v_minor(headers))
+        return 1;
+    for (size_t i = 0; i < N_CONVERSIONS; i++) {
+        const nccl_conversion *c = &conversions[i];
+        if (headers >= c->headers_lo && headers <= c->headers_hi &&
+            runtime >= c->library_lo && runtime <= c->library_hi)
+            return 1;
+    }
+    return 0;
+}
+
+/* The libraries a build against `headers` runs on, as text ("2.29.7 to
+ * 2.29.x, 2.30.7 to 2.32.x"), and the lowest and highest of them. */
+static void
+library_ranges(int headers, char *buf, size_t size, int *lo, int *hi)
+{
+    int los[N_CONVERSIONS + 1], his[N_CONVERSIONS + 1], n = 0;
+    los[n] = headers;   /* its own minor, from its headers on */
+    his[n++] = V(v_major(headers), v_minor(headers), 99);
+    for (size_t i = 0; i < N_CONVERSIONS; i++) {
+        const nccl_conversion *c = &conversions[i];
+        if (headers >= c->headers_lo && headers <= c->headers_hi) {
+            los[n] = c->library_lo;
+            his[n++] = c->library_hi;
+        }
+    }
+    /* in increasing order as declared; a range starting right where the
+     * one before ends (2.29.99, then 2.30.0) joins it */
+    size_t used = 0;
+    buf[0] = '\0';
+    *lo = los[0];
+    *hi = his[0];
+    for (int i = 0; i < n; i++) {
+        const int start = los[i];
+        int end = his[i];
+        while (i + 1 < n && los[i + 1] <= end + 1)
+            end = his[++i] > end ? his[i] : end;
+        if (end > *hi)
+            *hi = end;
+        if (used < size)
+            used += (size_t)snprintf(
+                buf + used, size - used, "%s%d.%d.%d to %d.%d.x",
+                used ? ", " : "", v_major(start), v_minor(start),
+                v_patch(start), v_major(end), v_minor(end));
+    }
+}
 
 const char *
 sn_nccl_version_verdict(int runtime, int headers, char *buf, size_t size)
 {
     const int cu = CUDART_VERSION / 1000;
-    if (v_major(runtime) != v_major(headers) ||
-        v_minor(runtime) != v_minor(headers)) {
-        snprintf(buf, size, "the loaded libnccl is NCCL %d.%d.%d, but these "
-                 "kernels were built against NCCL %d.%d.%d's headers: the "
-                 "NCCL device API needs the same major.minor. Install "
-                 "'nvidia-nccl-cu%d>=%d.%d.%d,<%d.%d'", v_major(runtime),
-                 v_minor(runtime), v_patch(runtime), v_major(headers),
-                 v_minor(headers), v_patch(headers), cu, v_major(headers),
-                 v_minor(headers), v_patch(headers), v_major(headers),
-                 v_minor(headers) + 1);
-        return buf;
-    }
-    /* NCCL refuses its device API to code built against newer headers
-     * than the library (dev_runtime.cc: "NCCL library is too old";
-     * ncclDevCommCreate and ncclCommQueryProperties return
-     * ncclInvalidUsage): symnccl would run without its kernels. */
-    if (runtime < headers) {
-        snprintf(buf, size, "the loaded libnccl is NCCL %d.%d.%d, older than "
-                 "the NCCL %d.%d.%d headers symnccl's kernels for %d.%d were "
+    if (runs_on(runtime, headers))
+        return NULL;
+    int lo, hi;
+    char ranges[160];
+    library_ranges(headers, ranges, sizeof(ranges), &lo, &hi);
+    if (v_major(runtime) == v_major(headers) &&
+        v_minor(runtime) == v_minor(headers)) {
+        /* NCCL refuses its device API to code built against newer headers
+         * than the library (ncclDevCommCreate and ncclCommQueryProperties
+         * return ncclInvalidUsage): symnccl would run without its
+         * kernels. */
+        snprintf(buf, size, "the loaded libnccl is NCCL %d.%d.%d, older "
+                 "than the NCCL %d.%d.%d headers symnccl's kernels were "
                  "built with, and NCCL refuses its device API to code built "
                  "against newer headers than the library. Install a newer "
                  "library: pip install 'nvidia-nccl-cu%d>=%d.%d.%d,<%d.%d' "
                  "(or rebuild symnccl against NCCL %d.%d.%d's headers: "
                  "SYMNCCL_NCCL_INCLUDE_2_%d)", v_major(runtime),
                  v_minor(runtime), v_patch(runtime), v_major(headers),
+                 v_minor(headers), v_patch(headers), cu, v_major(headers),
                  v_minor(headers), v_patch(headers), v_major(headers),
-                 v_minor(headers), cu, v_major(headers), v_minor(headers),
-                 v_patch(headers), v_major(headers), v_minor(headers) + 1,
-                 v_major(runtime), v_minor(runtime), v_patch(runtime),
-                 v_minor(headers));
+                 v_minor(headers) + 1, v_major(runtime), v_minor(runtime),
+                 v_patch(runtime), v_minor(headers));
         return buf;
     }
-    return NULL;
+    /* -U: the newest of the range, which runs (the range as one spec
+     * would keep a library in a gap, e.g. 2.30.5) */
+    snprintf(buf, size, "the loaded libnccl is NCCL %d.%d.%d, and "
+             "symnccl's kernels built against NCCL %d.%d.%d's headers run "
+             "on NCCL %s only (the NCCL device API of another minor takes "
+             "them only through a conversion that library carries; "
+             "docs/BUILD.md, 'NCCL headers'). Install one: pip install -U "
+             "'nvidia-nccl-cu%d>=%d.%d.%d,<%d.%d'", v_major(runtime),
+             v_minor(runtime), v_patch(runtime), v_major(headers),
+             v_minor(headers), v_patch(headers), ranges, cu, v_major(lo),
+             v_minor(lo), v_patch(lo), v_major(hi), v_minor(hi) + 1);
+    return buf;
+}
+
+int
+sn_nccl_pick_build(int runtime, const int *headers, int n, char *buf,
+                   size_t size)
+{
+    int best = -1;
+    for (int i = 0; i < n; i++)
+        if (runs_on(runtime, headers[i]) &&
+            (best < 0 || headers[i] > headers[best]))
+            best = i;
+    if (best >= 0 || n == 0) {
+        if (n == 0)
+            snprintf(buf, size, "symnccl was built without kernels");
+        return best;
+    }
+    /* no build runs on it: a library older than the headers of the
+     * build of its own minor says so; else every build's libraries */
+    for (int i = 0; i < n; i++)
+        if (v_major(headers[i]) == v_major(runtime) &&
+            v_minor(headers[i]) == v_minor(runtime)) {
+            sn_nccl_version_verdict(runtime, headers[i], buf, size);
+            return -1;
+        }
+    char all[400] = "";
+    int lo = 0, hi = 0;
+    size_t used = 0;
+    for (int i = 0; i < n && used < sizeof(all); i++) {
+        char ranges[160];
+        int l, h;
+        library_ranges(headers[i], ranges, sizeof(ranges), &l, &h);
+        lo = i == 0 || l < lo ? l : lo;
+        hi = i == 0 || h > hi ? h : hi;
+        used += (size_t)snprintf(all + used, sizeof(all) - used, "%s%s",
+                                 used ? ", " : "", ranges);
+    }
+    snprintf(buf, size, "the loaded libnccl is NCCL %d.%d.%d, and no kernel "
+             "build of symnccl runs on it: they run on NCCL %s (a library "
+             "takes a device communicator of another minor only through a "
+             "conversion it carries; docs/BUILD.md, 'NCCL headers'). "
+             "Install one: pip install -U 'nvidia-nccl-cu%d>=%d.%d.%d,<%d.%d'",
+             v_major(runtime), v_minor(runtime), v_patch(runtime), all,
+             CUDART_VERSION / 1000, v_major(lo), v_minor(lo), v_patch(lo),
+             v_major(hi), v_minor(hi) + 1);
+    return -1;
+}
+
+/* ------------------------------------------------------------------ */
+/* What has passed `python -m symnccl` on two GPUs: the library and the
+ * headers of the kernel build that ran on it, exact releases (another
+ * patch is another library). docs/FAILURES.md, 'NCCL versions', has the
+ * runs. */
+
+typedef struct {
+    int library, headers;
+    const char *where;
+} nccl_proof;
+
+static const nccl_proof proofs[] = {
+    {V(2, 28, 9), V(2, 28, 9), "2x H100, 2026-11-26: 2876 checks, 0 wrong"},
+    {V(2, 29, 7), V(2, 29, 7), "2x H100, 2026-11-26: 2876 checks, 0 wrong"},
+};
+
+#define N_PROOFS (sizeof(proofs) / sizeof(proofs[0]))
+
+const char *
+sn_nccl_multi_gpu_caveat(int runtime, int headers, char *buf, size_t size)
+{
+    for (size_t i = 0; i < N_PROOFS; i++)
+        if (proofs[i].library == runtime && proofs[i].headers == headers)
+            return NULL;
+    int n = snprintf(buf, size, "symnccl has not passed its self-check on "
+                     "two GPUs with NCCL %d.%d.%d loaded and its kernels "
+                     "built against NCCL %d.%d.%d's headers: run `python -m "
+                     "symnccl` on these GPUs (passed:", v_major(runtime),
+                     v_minor(runtime), v_patch(runtime), v_major(headers),
+                     v_minor(headers), v_patch(headers));
+    for (size_t i = 0; i < N_PROOFS && n > 0 && (size_t)n < size; i++)
+        n += snprintf(buf + n, size - (size_t)n, "%s NCCL %d.%d.%d with "
+                      "the %d.%d.%d build", i ? ";" : "",
+                      v_major(proofs[i].library), v_minor(proofs[i].library),
+                      v_patch(proofs[i].library), v_major(proofs[i].headers),
+                      v_minor(proofs[i].headers), v_patch(proofs[i].headers));
+    if (n > 0 && (size_t)n < size)
+        snprintf(buf + n, size - (size_t)n, "; docs/FAILURES.md)");
+    return buf;
 }
 
 /* ------------------------------------------------------------------ */
 /* Programmatic dependent launch. NCCL launches its symmetric kernels as
  * programmatic dependent launches (enqueue.cc, isSymColl), and only from
  * 2.30.7 on do they wait at entry for the kernel before them
- * (cudaGridDependencySynchronize, src/device/symmetric/generate.py). */
+ * (cudaGridDependencySynchronize, src/device/symmetric/generate.py). The
+ * minors after 2.30 have not been read or run for it: their kernels may
+ * not wait, so symnccl's kernels trigger no early launch beside them. */
 
 #define PDL_WAITING_NCCL V(2, 30, 7)
+#define PDL_WAITING_NCCL_LAST V(2, 30, 99)
 
 int
 sn_nccl_pdl_early(int runtime)
 {
-    return runtime >= PDL_WAITING_NCCL;
+    return runtime >= PDL_WAITING_NCCL && runtime <= PDL_WAITING_NCCL_LAST;
 }
 
 /* ------------------------------------------------------------------ */
@@ -93,10 +277,11 @@ sn_nccl_pdl_early(int runtime)
  * the reason). A call whose buffers are all plain memory never meets
  * them on the versions below (2.29 runs its symmetric LL kernels on plain
  * buffers only under NCCL_SYM_NOWIN_ENABLE=1 or NCCL_SYM_KERNEL, and
- * symnccl sets neither). */
+ * symnccl sets neither; the 2.30, 2.31 and 2.32 libraries read the same
+ * two variables). */
 
 enum {
-    CASE_UNVERIFIED,      /* every call that involves a window */
+    CASE_EVERY,           /* every call that involves a window */
     CASE_VIEW_UNALIGNED,  /* a window buffer's address % align != 0 */
     CASE_BLOCK_UNALIGNED, /* out in a window, block_bytes % align != 0 */
     CASE_MIXED,           /* one buffer in a window, the other not */
@@ -105,7 +290,7 @@ enum {
 };
 
 static const char *const case_names[CASE_COUNT] = {
-    "unverified", "view_unaligned", "block_unaligned", "mixed", "unaligned"};
+    "every", "view_unaligned", "block_unaligned", "mixed", "unaligned"};
 
 #define ALL_REDUCE (1 << SYMNCCL_COLL_ALL_REDUCE)
 #define REDUCE_SCATTER (1 << SYMNCCL_COLL_REDUCE_SCATTER)
@@ -133,14 +318,23 @@ static const nccl_case cases[] = {
      "NCCL 2.28's symmetric reduce_scatter writes zeros into every 4th "
      "16-bit element of a window output whose per-rank block is not a "
      "multiple of 16 bytes"},
-    /* 2.29 and 2.30 have not passed symnccl's self-check on two GPUs:
-     * 2.29.7 gave 5122 wrong elements in 2876 checks (every 4th element of
-     * five 4099-element blocks, the pattern of the reduce_scatter row
-     * above), 2.30.7's first ncclAllReduce failed ("invalid device
-     * function"). Until a multi-GPU run passes, NCCL gets plain memory. */
-    {V(2, 29, 0), V(2, 30, 99), SYMMETRIC, CASE_UNVERIFIED, 0,
-     "NCCL 2.29 and 2.30's symmetric kernels have not passed symnccl's "
-     "self-check on two GPUs"},
+    /* On 2x H100 (2026-11-26), with SYMNCCL_NCCL_WINDOWS=1: NCCL 2.29.7's
+     * symmetric kernels gave 5122 wrong elements in 2876 checks (every 4th
+     * element of five 4099-element blocks, the pattern of the
+     * reduce_scatter row above), 2.30.7's failed at the first call
+     * ("invalid device function", on 2x H200 too; NCCL_SYM_KERNEL=none
+     * passed). NCCL gets plain memory on 2.29 and 2.30. */
+    {V(2, 29, 0), V(2, 29, 99), SYMMETRIC, CASE_EVERY, 0,
+     "NCCL 2.29's symmetric kernels gave wrong results on windows on two "
+     "GPUs (2.29.7: 5122 wrong elements in 2876 checks)"},
+    {V(2, 30, 0), V(2, 30, 99), SYMMETRIC, CASE_EVERY, 0,
+     "NCCL 2.30's symmetric kernels failed on windows on two GPUs (2.30.7: "
+     "'invalid device function' at the first call)"},
+    /* Not run on windows on two GPUs yet: NCCL gets plain memory until a
+     * run with SYMNCCL_NCCL_WINDOWS=1 passes. */
+    {V(2, 31, 0), V(2, 32, 99), SYMMETRIC, CASE_EVERY, 0,
+     "NCCL 2.31 and 2.32's symmetric kernels have not been checked on "
+     "windows on two GPUs"},
     /* 2.29 runs its symmetric LL kernels when only one buffer is a window
      * (sym_kernels.cc, scheduler/symmetric_sched.cc); the 2.30 notes:
      * "Fix data corruption in symmetric LL kernels with unaligned
@@ -167,7 +361,7 @@ case_applies(const nccl_case *k, const char *x, size_t xbytes,
              int x_in_window, int out_in_window)
 {
     switch (k->what) {
-    case CASE_UNVERIFIED:
+    case CASE_EVERY:
         return 1;
     case CASE_VIEW_UNALIGNED:
         return (x_in_window && misaligned(x, k->align)) ||
@@ -258,6 +452,40 @@ policy_table(void)
     return rows;
 }
 
+/* NCCL_SUPPORT: {"conversions": ({"headers": (lo, hi), "libraries": (lo,
+ * hi), "evidence": str}, ...), "proven": ({"library", "headers", "where"},
+ * ...)}, versions as strings. */
+static PyObject *
+support_tables(void)
+{
+    PyObject *conv = PyTuple_New((Py_ssize_t)N_CONVERSIONS);
+    for (size_t i = 0; conv != NULL && i < N_CONVERSIONS; i++) {
+        const nccl_conversion *c = &conversions[i];
+        PyObject *row = Py_BuildValue(
+            "{s:(NN),s:(NN),s:s}", "headers", version_string(c->headers_lo),
+            version_string(c->headers_hi), "libraries",
+            version_string(c->library_lo), version_string(c->library_hi),
+            "evidence", c->evidence);
+        if (row == NULL || PyTuple_SetItem(conv, (Py_ssize_t)i, row) < 0)
+            Py_CLEAR(conv);
+    }
+    PyObject *proven = conv == NULL ? NULL
+                                    : PyTuple_New((Py_ssize_t)N_PROOFS);
+    for (size_t i = 0; proven != NULL && i < N_PROOFS; i++) {
+        const nccl_proof *p = &proofs[i];
+        PyObject *row = Py_BuildValue(
+            "{s:N,s:N,s:s}", "library", version_string(p->library),
+            "headers", version_string(p->headers), "where", p->where);
+        if (row == NULL || PyTuple_SetItem(proven, (Py_ssize_t)i, row) < 0)
+            Py_CLEAR(proven);
+    }
+    PyObject *d = proven == NULL ? NULL : Py_BuildValue(
+        "{s:N,s:N}", "conversions", conv, "proven", proven);
+    if (proven == NULL)
+        Py_XDECREF(conv);
+    return d;
+}
+
 /* _nccl_plain_reason(version, windows, collective, x, xbytes, out,
  * outbytes, block_bytes, x_in_window, out_in_window) -> None or str;
  * collective by name, x and out as integer addresses. */
@@ -285,6 +513,49 @@ py_plain_reason(PyObject *module, PyObject *args)
         version, windows, coll, (const char *)(uintptr_t)x, (size_t)xbytes,
         (const char *)(uintptr_t)out, (size_t)outbytes, (size_t)block, xw,
         ow);
+    return why == NULL ? Py_NewRef(Py_None) : PyUnicode_FromString(why);
+}
+
+/* _nccl_pick_build(runtime, (headers, ...)) -> the index of the build the
+ * import would use beside libnccl `runtime`, or the ImportError's message
+ * (str) when none may run on it. */
+static PyObject *
+py_pick_build(PyObject *module, PyObject *args)
+{
+    int runtime;
+    PyObject *seq;
+    if (!PyArg_ParseTuple(args, "iO!:_nccl_pick_build", &runtime,
+                          &PyTuple_Type, &seq))
+        return NULL;
+    int heads[16];
+    const Py_ssize_t n = PyTuple_Size(seq);
+    if (n > 16) {
+        PyErr_Format(PyExc_ValueError, "_nccl_pick_build: at most 16 "
+                     "builds, got %zd", n);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        heads[i] = (int)PyLong_AsLong(PyTuple_GetItem(seq, i));
+        if (heads[i] == -1 && PyErr_Occurred())
+            return NULL;
+    }
+    char buf[600];
+    const int i = sn_nccl_pick_build(runtime, heads, (int)n, buf,
+                                     sizeof(buf));
+    return i >= 0 ? PyLong_FromLong(i) : PyUnicode_FromString(buf);
+}
+
+/* _nccl_multi_gpu_caveat(runtime, headers) -> None or the warning. */
+static PyObject *
+py_multi_gpu_caveat(PyObject *module, PyObject *args)
+{
+    int runtime, headers;
+    char buf[600];
+    if (!PyArg_ParseTuple(args, "ii:_nccl_multi_gpu_caveat", &runtime,
+                          &headers))
+        return NULL;
+    const char *why = sn_nccl_multi_gpu_caveat(runtime, headers, buf,
+                                               sizeof(buf));
     return why == NULL ? Py_NewRef(Py_None) : PyUnicode_FromString(why);
 }
 
@@ -322,6 +593,16 @@ static PyMethodDef policy_methods[] = {
      "_nccl_version_verdict(runtime, headers)\n--\n\n"
      "Testing: why a kernel build against NCCL `headers` may not run on "
      "libnccl `runtime` (the import's ImportError), or None."},
+    {"_nccl_pick_build", py_pick_build, METH_VARARGS,
+     "_nccl_pick_build(runtime, headers)\n--\n\n"
+     "Testing: the index in `headers` (a tuple of NCCL_VERSION_CODEs, one "
+     "per kernel build) of the build the import uses beside libnccl "
+     "`runtime`, or the ImportError's message when none may run on it."},
+    {"_nccl_multi_gpu_caveat", py_multi_gpu_caveat, METH_VARARGS,
+     "_nccl_multi_gpu_caveat(runtime, headers)\n--\n\n"
+     "Testing: None when libnccl `runtime` with the kernel build against "
+     "NCCL `headers` has passed `python -m symnccl` on two GPUs, else the "
+     "warning a communicator of 2+ ranks gives."},
     {"_nccl_pdl_early", py_pdl_early, METH_O,
      "_nccl_pdl_early(version)\n--\n\n"
      "Testing: whether symnccl's kernels let the next kernel launch at "
@@ -339,7 +620,14 @@ sn_nccl_policy_export(PyObject *module)
     if (rc < 0)
         return -1;
     if (PyModule_AddIntConstant(module, "NCCL_PDL_WAITS_FROM",
-                                PDL_WAITING_NCCL) < 0)
+                                PDL_WAITING_NCCL) < 0 ||
+        PyModule_AddIntConstant(module, "NCCL_NEWEST_MINOR",
+                                NEWEST_MINOR) < 0)
+        return -1;
+    t = support_tables();
+    rc = t == NULL ? -1 : PyModule_AddObjectRef(module, "NCCL_SUPPORT", t);
+    Py_XDECREF(t);
+    if (rc < 0)
         return -1;
     return PyModule_AddFunctions(module, policy_methods);
 }

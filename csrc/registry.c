@@ -522,12 +522,22 @@ sn_algo_choices(void)
 /* Run-time knobs (README: "Build and run-time knobs"). Values outside
  * [lo, hi] are clamped; thread counts are rounded down to `multiple`. */
 
+/* A name a knob also takes for one of its values. */
+typedef struct {
+    const char *name;
+    int value;
+} knob_name;
+
 typedef struct {
     const char *env;
     size_t offset;             /* in sn_knobs */
     int dflt, lo, hi, multiple;
     const char *doc;
+    const knob_name *names;    /* NULL, or names of values ({NULL} ends) */
 } knob;
+
+static const knob_name nccl_windows_names[] = {
+    {"auto", SN_NCCL_WINDOWS_AUTO}, {NULL, 0}};
 
 static const knob knobs[] = {
     {"SYMNCCL_THREADS", offsetof(sn_knobs, lsa_threads), 512, 32, 512, 32,
@@ -592,8 +602,9 @@ static const knob knobs[] = {
      "host-side waits are no longer bounded by the timeout"},
     {"SYMNCCL_NCCL_WINDOWS", offsetof(sn_knobs, nccl_windows),
      SN_NCCL_WINDOWS_AUTO, 0, 2, 1, "NCCL's own kernels get windows: 0 "
-     "never (plain memory), 1 wherever the buffers are windows, 2 (auto) "
-     "as csrc/nccl_policy.c's table says for the loaded NCCL"},
+     "never (plain memory), 1 wherever the buffers are windows, 2 or auto "
+     "as csrc/nccl_policy.c's table says for the loaded NCCL",
+     nccl_windows_names},
     {"SYMNCCL_PDL", offsetof(sn_knobs, pdl), 1, 0, 1, 1,
      "1: kernels are programmatic dependent launches, whose launch overlaps "
      "the end of the kernel before them on the stream"},
@@ -607,13 +618,28 @@ sn_knobs_read(sn_knobs *k)
         const knob *kb = &knobs[i];
         int v = kb->dflt;
         const char *s = getenv(kb->env);
-        if (s != NULL && s[0] != '\0') {
+        const knob_name *named = NULL;
+        for (const knob_name *n = kb->names; s != NULL && n != NULL &&
+             n->name != NULL; n++)
+            if (strcmp(s, n->name) == 0)
+                named = n;
+        if (named != NULL) {
+            v = named->value;
+        } else if (s != NULL && s[0] != '\0') {
             char *end;
             errno = 0;
             long x = strtol(s, &end, 10);
             if (errno != 0 || *end != '\0') {
-                PyErr_Format(PyExc_ValueError, "%s=%s is not an integer (%s; "
-                             "default %d)", kb->env, s, kb->doc, kb->dflt);
+                char also[128] = "";   /* " or NAME, NAME" */
+                size_t used = 0;
+                for (const knob_name *n = kb->names; n != NULL &&
+                     n->name != NULL && used < sizeof(also); n++)
+                    used += (size_t)snprintf(also + used, sizeof(also) - used,
+                                             "%s%s", used ? ", " : " or ",
+                                             n->name);
+                PyErr_Format(PyExc_ValueError, "%s=%s is not an integer%s "
+                             "(%s; default %d)", kb->env, s, also, kb->doc,
+                             kb->dflt);
                 return -1;
             }
             v = x < kb->lo ? kb->lo : x > kb->hi ? kb->hi : (int)x;

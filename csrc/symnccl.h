@@ -133,9 +133,19 @@ sn_state_from_type(PyTypeObject *tp)
  * run on libnccl `runtime`, else why not and what to install (in buf). */
 const char *sn_nccl_version_verdict(int runtime, int headers, char *buf,
                                     size_t size);
+/* The index of the build (headers[i]: its NCCL_VERSION_CODE) to use beside
+ * libnccl `runtime`: the newest that may run on it; -1 with the reason in
+ * buf when none may. */
+int sn_nccl_pick_build(int runtime, const int *headers, int n, char *buf,
+                       size_t size);
+/* NULL when libnccl `runtime` with the build against `headers` has passed
+ * `python -m symnccl` on two GPUs, else the warning (in buf). */
+const char *sn_nccl_multi_gpu_caveat(int runtime, int headers, char *buf,
+                                     size_t size);
 /* 1 when NCCL `runtime`'s kernels wait at entry for the kernel before
- * them (2.30.7+): symnccl's kernels may then trigger the next launch at
- * their entry (symnccl_kargs.pdl_early). */
+ * them (2.30.7 to 2.30.x; later minors not read for it): symnccl's kernels
+ * may then trigger the next launch at their entry (symnccl_kargs.
+ * pdl_early). */
 int sn_nccl_pdl_early(int runtime);
 /* SYMNCCL_NCCL_WINDOWS: NCCL gets plain memory always, windows wherever
  * the buffers are windows, or as the table says for the loaded NCCL. */
@@ -162,17 +172,17 @@ int sn_nccl_policy_export(PyObject *module);
 /* ------------------------------------------------------------------ */
 /* abi.c: the build of the kernels for the loaded libnccl's minor. */
 
-/* Chooses the build for ncclGetVersion's code; -1 when none matches;
- * -2 with ImportError set when the library is older than the headers that
- * build was compiled with (nccl_policy.c, sn_nccl_version_verdict). */
+/* Chooses the build for ncclGetVersion's code (nccl_policy.c,
+ * sn_nccl_pick_build); -1 with ImportError set when none may run on it. */
 int sn_abi_select(int nccl_version_code);
 int sn_abi_runtime(void);              /* the code given to sn_abi_select */
 int sn_abi_headers(void);              /* the build's headers' code, or 0 */
 /* NCCL_DEVICE_API_HEADERS: {minor: NCCL_VERSION_CODE of its headers}. */
 int sn_abi_export(PyObject *module);
 int sn_abi_minor(void);                /* -1 before a successful select */
-/* NULL when NCCL 2.<minor> has passed `python -m symnccl` on two GPUs,
- * else what was seen (communicators of 2+ ranks warn with it). */
+/* NULL when the loaded libnccl with the build of NCCL 2.<minor>'s headers
+ * (sn_abi_minor(): the build in use) has passed `python -m symnccl` on two
+ * GPUs, else the warning (communicators of 2+ ranks give it). */
 const char *sn_abi_multi_gpu_caveat(int minor);
 PyObject *sn_abi_builds(void);         /* ((2, minor), ...) built */
 

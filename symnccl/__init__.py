@@ -21,10 +21,9 @@ from . import _loader
 
 _NCCL_PATH = _loader.preload()
 
-from . import _C  # noqa: E402  (libnccl must be loaded first)
-
-_loader.check_version(_C.NCCL_DEVICE_API_BUILDS, _C.nccl_runtime_version(),
-                      _loader.loaded_nccl_path())
+# libnccl must be loaded first; importing _C picks the kernel build for it
+# and raises ImportError when none may run on it (csrc/abi.c)
+from . import _C  # noqa: E402
 
 from . import _frameworks  # noqa: E402
 from ._C import (  # noqa: E402
@@ -90,6 +89,11 @@ def algo_supported(comm, algo: str, dtype: str, op: str = "sum",
         symnccl.algo_supported(comm, "one_shot", "bfloat16")  # True on NVLink
         symnccl.algo_supported(comm, "ll", "int8", collective="all_gather")
     """
+    if not isinstance(comm, Communicator):
+        raise TypeError(f"algo_supported: comm must be a symnccl."
+                        f"Communicator, got {type(comm).__name__} "
+                        f"{comm!r:.40}: algo_supported(comm, algo, dtype, "
+                        f"op='sum', collective='all_reduce')")
     if algo not in ALGORITHMS and algo != "auto":
         raise ValueError(f"unknown algo {algo!r}: expected one of "
                          f"{ALGORITHMS + ('auto',)}")
@@ -164,12 +168,19 @@ def close_all(comms) -> None:
 
 
 def versions() -> dict:
-    """Versions of everything symnccl depends on, for reports.
+    """Versions of everything symnccl depends on, for reports: the NCCL
+    library loaded (nccl_runtime, nccl_library), the kernel build that
+    runs beside it and the NCCL headers it was compiled against
+    (nccl_kernels: one build serves several NCCL minors, docs/BUILD.md),
+    every build this module holds (nccl_kernel_builds) and the nccl.h of
+    the host code (nccl_host_headers).
 
     Example::
 
         >>> symnccl.versions()["nccl_runtime"]
-        '2.28.9'
+        '2.30.7'
+        >>> symnccl.versions()["nccl_kernels"]
+        '2.29.7'
     """
     def fmt(code):
         return ".".join(map(str, _loader.version_tuple(code)))
@@ -177,13 +188,14 @@ def versions() -> dict:
 
     def cfmt(v):
         return f"{v // 1000}.{(v % 1000) // 10}" if v else "none"
+    heads = _C.NCCL_DEVICE_API_HEADERS
     return {
         "symnccl": __version__,
-        "nccl_build": fmt(_C.NCCL_BUILD_VERSION),
-        "nccl_device_api_builds": ", ".join(
-            f"{a}.{b}" for a, b in _C.NCCL_DEVICE_API_BUILDS),
         "nccl_runtime": fmt(_C.nccl_runtime_version()),
         "nccl_library": _loader.loaded_nccl_path() or _NCCL_PATH,
+        "nccl_kernels": fmt(heads[_C.nccl_device_api()[1]]),
+        "nccl_kernel_builds": ", ".join(fmt(heads[m]) for m in sorted(heads)),
+        "nccl_host_headers": fmt(_C.NCCL_BUILD_VERSION),
         "cuda_build": cfmt(_C.CUDA_BUILD_VERSION),
         "cuda_runtime": cfmt(cuda["runtime"]),
         "cuda_driver": cfmt(cuda["driver"]),

@@ -153,7 +153,16 @@ def _bench(argv) -> int:
     pre.add_argument("--out", default=None)
     known, _ = pre.parse_known_args(argv)
     helping = "-h" in argv or "--help" in argv
+    bench = _bench_module()
+    if bench is None:
+        return 2
     if known.report is None and not helping:
+        # the GPUs first: one line saying what was found, never torch's
+        # traceback of a machine without a driver
+        missing = bench.gpus_missing(known.nranks)
+        if missing:
+            print(f"{BENCH}: {missing}", file=sys.stderr)
+            return 1
         try:
             import torch  # noqa: F401  (the benchmark's anchors need it)
         except ImportError:
@@ -161,9 +170,6 @@ def _bench(argv) -> int:
                   "torch.distributed and torch symm_mem): pip install "
                   "'symnccl[bench]'", file=sys.stderr)
             return 2
-    bench = _bench_module()
-    if bench is None:
-        return 2
     if known.report is not None and not helping:
         return _bench_report(bench, known.report, known.out)
     # the benchmark's parser names itself after argv[0]
@@ -188,9 +194,9 @@ def main(argv=None) -> int:
     p.add_argument("command", nargs="?", default="check",
                    choices=["check", "bench"],
                    help="check (the default): the report and correctness "
-                        "check; bench: the all-reduce benchmark "
-                        "(benchmarks/bench_allreduce.py), whose options "
-                        "follow it: `python -m symnccl bench --help`")
+                        "check; bench: the all-reduce benchmark, whose "
+                        "options follow it: `python -m symnccl bench "
+                        "--help`")
     p.add_argument("--nranks", type=_positive_int, default=None,
                    metavar="N",
                    help="number of GPUs to check, one process each: the "
@@ -218,8 +224,10 @@ def main(argv=None) -> int:
 
     v = symnccl.versions()
     print("symnccl", v["symnccl"])
-    print(f"NCCL    {v['nccl_runtime']} (built against {v['nccl_build']}) "
-          f"from {v['nccl_library']}")
+    print(f"NCCL    {v['nccl_runtime']} from {v['nccl_library']}")
+    print(f"kernels built against NCCL {v['nccl_kernels']}'s headers, "
+          f"running on NCCL {v['nccl_runtime']} (builds in this module: "
+          f"{v['nccl_kernel_builds']})")
     print(f"CUDA    runtime {v['cuda_runtime']} (built {v['cuda_build']}), "
           f"driver {v['cuda_driver']}, {v['device_count']} device(s)")
     for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST",

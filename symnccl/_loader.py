@@ -1,9 +1,9 @@
 """Find and load libnccl.so.2 before the extension module is imported.
 
-symnccl's device code is compiled once per supported NCCL minor (the device
-API's structs change between minor versions) and the module uses the build
-of the libnccl it loads, so that libnccl must be one of those minors. In
-order of preference:
+symnccl's device code is compiled against a few NCCL releases' headers (the
+device API's structs change between minor versions) and the module uses
+the build that may run on the libnccl it loads (csrc/abi.c, which refuses
+the import when none may). In order of preference:
 
 1. a libnccl.so.2 already loaded in this process (torch and jaxlib load the
    nvidia-nccl-cu13 wheel's): reused, so one process has one NCCL;
@@ -16,7 +16,7 @@ import ctypes
 import os
 
 __all__ = ["preload", "loaded_nccl_path", "wheel_nccl_path",
-           "version_tuple", "check_version"]
+           "version_tuple"]
 
 
 def loaded_nccl_path() -> str | None:
@@ -66,20 +66,3 @@ def version_tuple(code: int) -> tuple[int, int, int]:
     if code >= 10000:
         return code // 10000, (code % 10000) // 100, code % 100
     return code // 1000, (code % 1000) // 100, code % 100   # pre-2.9 scheme
-
-
-def check_version(builds, runtime_code: int, path: str | None = None) -> None:
-    """Raise ImportError unless the loaded NCCL's (major, minor) is one the
-    kernels were built for (builds: ((2, 28), (2, 29), ...))."""
-    r = version_tuple(runtime_code)
-    if tuple(r[:2]) not in {tuple(b) for b in builds}:
-        where = f" from {path}" if path else ""
-        have = ", ".join(f"{b[0]}.{b[1]}" for b in builds) or "none"
-        lo, hi = min(builds) if builds else (2, 28), max(builds) if builds \
-            else (2, 28)
-        raise ImportError(
-            f"the loaded libnccl{where} is NCCL {r[0]}.{r[1]}.{r[2]}, but "
-            f"symnccl's kernels were built for NCCL {have}; the NCCL device "
-            f"API needs the same major.minor. Install "
-            f"'nvidia-nccl-cu13>={lo[0]}.{lo[1]},<{hi[0]}.{hi[1] + 1}' or "
-            f"rebuild symnccl with that NCCL's headers.")

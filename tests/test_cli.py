@@ -3,6 +3,7 @@ help, errors and the benchmark's --report), and the error a machine with
 no NVIDIA driver gives."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -159,3 +160,65 @@ def test_bench_options_state_their_units():
     assert "--max-bytes BYTES largest message size in bytes" in out
     assert "--nranks N number of GPUs, one process each" in out
     assert "same run, same process layout (one process per GPU)." in out
+
+
+def _no_gpu():
+    from symnccl.bootstrap import local_device_count
+    if local_device_count() > 0:
+        pytest.skip("a GPU is visible")
+
+
+@pytest.mark.parametrize("argv,says", [
+    (["--nranks", "2"], "needs at least 2 GPUs (--nranks 2)"),
+    ([], "needs at least 2 GPUs, one process each")])
+def test_bench_without_gpus_is_one_line_saying_what_was_found(argv, says):
+    """Without a GPU, `bench --nranks 2` ended in torch's 20-line "Found no
+    NVIDIA driver" traceback, and plain `bench` did not say how many GPUs
+    it found."""
+    _no_gpu()
+    r = _run("bench", *argv)
+    assert r.returncode == 1, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert says in lines[0] and "no CUDA GPU is visible" in lines[0], lines
+
+
+def test_bench_help_lists_every_method_the_benchmark_runs():
+    """--help's method list comes from the benchmark's own tuples (it
+    lacked symnccl:ll128) and names no file that does not exist."""
+    r = _run("bench", "--help")
+    assert r.returncode == 0, r.stderr
+    bench = cli._bench_module()
+    names = (bench.SYMNCCL_METHODS + bench.TENSOR_METHODS + bench.ANCHORS +
+             bench.CEILING)
+    assert "symnccl:ll128" in names
+    for m in names:
+        assert m in r.stdout, m
+    for path in re.findall(r"[\w.-]+/[\w./-]+\.json", r.stdout):
+        assert os.path.exists(os.path.join(ROOT, path)), path
+    assert "benchmarks/" not in r.stdout   # not there after a wheel install
+
+
+def test_bench_help_works_from_the_copy_a_wheel_ships(tmp_path):
+    """A wheel holds symnccl/_bench_allreduce.py (setup.py BuildPy) and no
+    benchmarks/ folder: the help comes from that copy alone."""
+    import shutil
+    pkg = tmp_path / "symnccl"
+    shutil.copytree(os.path.dirname(symnccl.__file__), pkg,
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(os.path.join(ROOT, "benchmarks", "bench_allreduce.py"),
+                pkg / "_bench_allreduce.py")
+    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    r = subprocess.run([sys.executable, "-m", "symnccl", "bench", "--help"],
+                       capture_output=True, text=True, env=env, timeout=120,
+                       cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "symnccl:ll128" in r.stdout
+
+
+def test_algo_supported_without_a_communicator_is_a_type_error():
+    """algo_supported("all_reduce", "ll", "bfloat16") (the collective where
+    the communicator goes) raised AttributeError."""
+    with pytest.raises(TypeError, match=r"comm must be a symnccl\."
+                                        r"Communicator, got str"):
+        symnccl.algo_supported("all_reduce", "ll", "bfloat16")

@@ -141,3 +141,73 @@ def test_collective_docstring_lists_its_kernels_nccl_and_auto(coll):
     # auto is a table over symnccl's kernels and NCCL, not NCCL alone
     assert "'nccl' and 'auto' run" not in doc
     assert "symnccl.AUTO_TABLE" in doc
+
+
+def _table_names(page, heading):
+    """The `NAME`s in the first column of the table under `heading`."""
+    text = _read(page)
+    part = text[text.index(heading):]
+    part = part[:part.find("\n## ", 1) if "\n## " in part[1:] else None]
+    names = set()
+    for line in part.splitlines():
+        if line.startswith("| `"):
+            first = line.split("|")[1]
+            names |= set(re.findall(r"`([A-Z][A-Z0-9_<>a-z]*)`", first))
+    return names
+
+
+def test_build_md_run_time_knob_table_is_the_knob_table():
+    """Every knob of the C table (registry.c, _C.KNOBS) has its row in
+    docs/BUILD.md and the table names no other (SYMNCCL_RMSNORM_CTAS and
+    SYMNCCL_RMSNORM_LOCAL_CTAS were missing)."""
+    assert _table_names("docs/BUILD.md", "## Run-time knobs") == \
+        set(_C.KNOBS)
+
+
+def test_build_md_build_knob_table_is_what_setup_py_reads():
+    """Every environment variable setup.py reads has its row, and the
+    table names no other."""
+    src = _read("setup.py")
+    read = {m.replace("{minor}", "<minor>") for m in re.findall(
+        r'environ\.get\(\s*f?"([A-Za-z0-9_{}]+)"', src)}
+    assert len(read) > 10
+    assert _table_names("docs/BUILD.md", "## Build knobs") == read
+
+
+def _proven():
+    """The libraries whose pair with the build the import picks for them
+    has passed on two GPUs (csrc/nccl_policy.c's proofs)."""
+    builds = tuple(sorted(_C.NCCL_DEVICE_API_HEADERS.values()))
+
+    def code(v):
+        a, b, c = (int(x) for x in v.split("."))
+        return a * 10000 + b * 100 + c
+
+    def proven(v):
+        pick = _C._nccl_pick_build(code(v), builds)
+        if not isinstance(pick, int):
+            return False
+        return _C._nccl_multi_gpu_caveat(code(v), builds[pick]) is None
+    return proven
+
+
+def test_readme_says_passed_exactly_where_a_two_gpu_run_passed():
+    """The install section's NCCL list follows the proofs table: a library
+    reads 'passed' only where its pair with the build that runs on it has
+    passed on two GPUs, and 'not yet' only where it has not."""
+    proven = _proven()
+    text = " ".join(_read("README.md").split())
+    said = re.findall(r"(2\.\d+\.\d+), (passed|not yet)", text)
+    assert len(said) >= 4, said
+    for version, verdict in said:
+        assert (verdict == "passed") == proven(version), (version, verdict)
+
+
+def test_failures_md_table_says_passed_exactly_where_a_run_passed():
+    proven = _proven()
+    rows = [line.split("|") for line in _read("docs/FAILURES.md").splitlines()
+            if re.match(r"\| .* \| 2\.\d+\.\d+ \| 2\.\d+\.\d+ \|", line)]
+    assert len(rows) >= 5, rows
+    for row in rows:
+        library, check = row[2].strip(), row[4].strip()
+        assert check.startswith("passed") == proven(library), row

@@ -1,5 +1,6 @@
 """CPU tier: the NCCL device API's layout that symnccl's kernels rely on,
-per supported NCCL minor, and the import's version check.
+per kernel build (setup.py NCCL_HEADERS) and per NCCL a build runs on, and
+the import's choice of build and version check (csrc/nccl_policy.c).
 
 The kernels take ncclDevComm by value and read lsaSize, lsaRank and
 lsaMultimem (kernels/devcomm.cu), NCCL 2.30's magic and version
@@ -19,8 +20,13 @@ import sys
 
 import pytest
 
-# Per minor: the headers' NCCL_VERSION_CODE (setup.py pins one patch per
-# minor) and the layout of every field the code relies on.
+# Per minor: the headers' NCCL_VERSION_CODE (setup.py pins the builds'
+# releases; 2.30.7, 2.31.2 and 2.32.3 are the libraries the 2.29.7 build
+# runs on through NCCL's conversion, recorded to show what it converts
+# between) and the layout of every field the code relies on. From 2.31 on
+# lsaMultimem moved (2.31's inlined resource window shrank): a 2.29.7
+# device communicator read with 2.31 offsets would be wrong, which is why
+# NCCL converts it (ncclDevCommCompat_v22907, docs/BUILD.md).
 EXPECTED = {
     28: {
         "NCCL_VERSION_CODE": 22809,
@@ -72,7 +78,29 @@ EXPECTED = {
         "ncclWindow_vidmem.lsaFlatBase": 8, "ncclWindow_vidmem.lsaRank": 16,
         "ncclWindow_vidmem.worldRank": 20, "ncclWindow_vidmem.stride4G": 24,
     },
+    31: {
+        "NCCL_VERSION_CODE": 23102,
+        "sizeof(ncclDevComm)": 248,
+        "ncclDevComm.magic": 0, "ncclDevComm.version": 4,
+        "ncclDevComm.rank": 8, "ncclDevComm.nRanks": 12,
+        "ncclDevComm.lsaRank": 20, "ncclDevComm.lsaSize": 24,
+        "ncclDevComm.lsaMultimem": 72,
+        "ncclMultimemHandle.mcBasePtr": 0,
+        "sizeof(ncclDevCommRequirements)": 120,
+        "ncclDevCommRequirements.lsaMultimem": 32,
+        "ncclDevCommRequirements.lsaBarrierCount": 40,
+        "ncclDevCommRequirements.size": 0,
+        "ncclDevCommRequirements.magic": 8,
+        "ncclDevCommRequirements.version": 12,
+        "initializer.size": 120, "initializer.magic": 0xcafebeef,
+        "initializer.version": 23102,
+        "ncclWindow_vidmem.lsaFlatBase": 8, "ncclWindow_vidmem.lsaRank": 16,
+        "ncclWindow_vidmem.worldRank": 20, "ncclWindow_vidmem.stride4G": 24,
+    },
 }
+# 2.32.3: 2.31.2's layout (NCCL converts between them as one version)
+EXPECTED[32] = dict(EXPECTED[31], **{"NCCL_VERSION_CODE": 23203,
+                                    "initializer.version": 23203})
 
 # Prints "name value" for every entry of EXPECTED its headers have.
 PROBE = r"""
@@ -207,43 +235,103 @@ def _pkg(C):
     return f"nvidia-nccl-cu{C.CUDA_BUILD_VERSION // 1000}"
 
 
+# What each library runs, written down from NCCL's compatibility tables
+# (docs/BUILD.md, 'NCCL headers'): the 2.28.9 build on 2.28 only (its
+# device communicator carries no version), the 2.29.7 build on 2.29.7 and,
+# through ncclDevCommCompat_v22907, on 2.30.7 to 2.32.x.
+B28, B29 = 22809, 22907
+BUILDS = (B28, B29)
+
+
 def test_a_library_older_than_the_headers_is_refused_naming_both():
     C = _C()
-    msg = C._nccl_version_verdict(22903, 22907)
+    msg = C._nccl_version_verdict(22903, B29)
     assert msg is not None
-    assert "2.29.3" in msg and "2.29.7" in msg, msg
+    assert "2.29.3" in msg and "2.29.7" in msg and "older" in msg, msg
     assert f"pip install '{_pkg(C)}>=2.29.7,<2.30'" in msg, msg
 
 
-@pytest.mark.parametrize("runtime,headers", [(22907, 22907), (22909, 22907),
-                                             (22809, 22809), (23007, 23003)])
-def test_the_headers_patch_or_a_newer_library_of_the_minor_is_accepted(
+@pytest.mark.parametrize("runtime,headers", [
+    (B29, B29), (22909, B29), (B28, B28), (22812, B28),
+    (23007, B29), (23099, B29), (23102, B29), (23203, B29),   # v22907
+    (23102, 23007), (23203, 23007),                            # v23000
+    (23203, 23102)])                                           # v23100
+def test_a_library_of_the_build_s_minor_or_carrying_a_conversion_is_accepted(
         runtime, headers):
     assert _C()._nccl_version_verdict(runtime, headers) is None
 
 
-@pytest.mark.parametrize("runtime,headers", [(23007, 22907), (22809, 22907),
-                                             (32907, 22907)])
-def test_another_minor_is_refused_with_the_range_to_install(runtime,
-                                                            headers):
+@pytest.mark.parametrize("runtime,headers", [
+    (22907, B28),      # 2.29 takes no unversioned (2.28) device communicator
+    (23203, B28),
+    (23006, B29),      # no 2.30 before 2.30.7 was read for its conversion
+    (23300, B29),      # past the newest minor checked
+    (32907, B29),
+    (23007, 23102)])   # older than the headers, of another minor
+def test_a_library_without_a_conversion_is_refused_with_the_range_to_install(
+        runtime, headers):
     C = _C()
     msg = C._nccl_version_verdict(runtime, headers)
-    assert msg is not None and "same major.minor" in msg, msg
-    assert f"'{_pkg(C)}>=2.29.7,<2.30'" in msg, msg
+    v = "%d.%d.%d" % (runtime // 10000, runtime % 10000 // 100, runtime % 100)
+    assert msg is not None and f"NCCL {v}" in msg, msg
+    assert f"'{_pkg(C)}>=" in msg, msg
 
 
-def test_each_build_records_headers_of_its_minor_and_the_library_is_not_older():
-    """The import went through, so the loaded library is not older than
-    the headers of its minor's build (else ImportError)."""
+@pytest.mark.parametrize("runtime,build", [
+    (22809, 0), (22812, 0), (22907, 1), (23007, 1), (23102, 1), (23203, 1)])
+def test_import_picks_the_build_that_runs_on_the_library(runtime, build):
+    assert _C()._nccl_pick_build(runtime, BUILDS) == build
+
+
+def test_import_picks_the_newest_build_that_runs_on_the_library():
+    """With a 2.30.7 build as well, 2.30.7 to 2.32 run it, 2.29 keeps the
+    2.29.7 build (2.29 is older than the 2.30.7 headers)."""
+    C = _C()
+    assert C._nccl_pick_build(23203, (B28, B29, 23007)) == 2
+    assert C._nccl_pick_build(23007, (B29, 23007, B28)) == 1
+    assert C._nccl_pick_build(22907, (B28, B29, 23007)) == 1
+
+
+@pytest.mark.parametrize("runtime,words", [
+    (22903, ("2.29.3", "older than the NCCL 2.29.7 headers",
+             ">=2.29.7,<2.30'")),
+    # a library in the gap of 2.30 patches without the conversion read: the
+    # ranges say so, and -U moves pip off it
+    (23005, ("2.30.5", "2.29.7 to 2.29.x, 2.30.7 to 2.32.x",
+             "pip install -U 'nvidia-nccl-cu")),
+    (23300, ("2.33.0", "2.29.7 to 2.29.x, 2.30.7 to 2.32.x", ",<2.33'")),
+    (22710, ("2.27.10", "2.30.7 to 2.32.x"))])
+def test_no_build_for_the_library_is_the_import_error_s_message(runtime,
+                                                                words):
+    msg = _C()._nccl_pick_build(runtime, BUILDS)
+    assert isinstance(msg, str), msg
+    for w in words:
+        assert w in msg, msg
+
+
+def test_support_tables_are_exported_for_the_docs():
+    C = _C()
+    conv = C.NCCL_SUPPORT["conversions"]
+    assert {"headers": ("2.29.5", "2.29.7"),
+            "libraries": ("2.30.7", f"2.{C.NCCL_NEWEST_MINOR}.99")} in [
+        {k: r[k] for k in ("headers", "libraries")} for r in conv]
+    proven = {(r["library"], r["headers"]) for r in
+              C.NCCL_SUPPORT["proven"]}
+    assert ("2.28.9", "2.28.9") in proven and ("2.29.7", "2.29.7") in proven
+
+
+def test_each_build_records_headers_of_its_minor_and_the_one_in_use_runs():
+    """The import went through, so the build in use may run on the loaded
+    library (else ImportError)."""
     C = _C()
     heads = C.NCCL_DEVICE_API_HEADERS
     assert sorted(heads) == sorted(m for _, m in C.NCCL_DEVICE_API_BUILDS)
     for minor, code in heads.items():
         assert code // 10000 == 2 and code % 10000 // 100 == minor, heads
     run = C.nccl_runtime_version()
-    minor = run % 10000 // 100
-    if minor in heads:
-        assert run >= heads[minor], (run, heads)
+    used = heads[C.nccl_device_api()[1]]
+    assert C._nccl_version_verdict(run, used) is None, (run, used)
+    assert run >= used
 
 
 def test_headers_recorded_here_are_those_setup_py_builds():
@@ -286,30 +374,48 @@ int ncclGetVersion(int *version) { *version = SHIM_VERSION; return 0; }
 """
 
 
+def _import_with_version(tmp_path, code):
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler for the version shim")
+    shim = tmp_path / "libshim.so"
+    src = tmp_path / "shim.c"
+    src.write_text(SHIM.replace("SHIM_VERSION", str(code)))
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(shim), str(src)],
+                   check=True, capture_output=True, timeout=120)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, LD_PRELOAD=str(shim), PYTHONPATH=root)
+    return subprocess.run([sys.executable, "-c", "import symnccl"], env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
 def test_import_refuses_a_library_older_than_its_build_s_headers(tmp_path):
     """The whole path: `import symnccl` beside a libnccl that reports an
     older patch of a built minor than that build's headers fails with
     ImportError naming both versions and what to install."""
     C = _C()
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        pytest.skip("no C compiler for the version shim")
     minor, headers = max(C.NCCL_DEVICE_API_HEADERS.items())
     if headers % 100 == 0:
         pytest.skip(f"the 2.{minor} build's headers are patch 0")
     older = headers - 1
-    shim = tmp_path / "libshim.so"
-    src = tmp_path / "shim.c"
-    src.write_text(SHIM.replace("SHIM_VERSION", str(older)))
-    subprocess.run([cc, "-shared", "-fPIC", "-o", str(shim), str(src)],
-                   check=True, capture_output=True, timeout=120)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env = dict(os.environ, LD_PRELOAD=str(shim), PYTHONPATH=root)
-    r = subprocess.run([sys.executable, "-c", "import symnccl"], env=env,
-                       capture_output=True, text=True, timeout=120)
+    r = _import_with_version(tmp_path, older)
     assert r.returncode != 0, r.stdout
     v = f"2.{minor}.{older % 100}", f"2.{minor}.{headers % 100}"
     assert "ImportError" in r.stderr, r.stderr[-2000:]
     assert v[0] in r.stderr and v[1] in r.stderr, r.stderr[-2000:]
     assert f"'{_pkg(C)}>={v[1]},<2.{minor + 1}'" in r.stderr, \
         r.stderr[-2000:]
+
+
+def test_import_refuses_a_library_newer_than_any_checked(tmp_path):
+    """NCCL 2.33 has not been read for its conversions: the import fails
+    naming it and the range to install, rather than run kernels whose
+    device communicator that library may lay out otherwise."""
+    C = _C()
+    newer = 2 * 10000 + (C.NCCL_NEWEST_MINOR + 1) * 100
+    r = _import_with_version(tmp_path, newer)
+    assert r.returncode != 0, r.stdout
+    assert "ImportError" in r.stderr, r.stderr[-2000:]
+    assert f"NCCL 2.{C.NCCL_NEWEST_MINOR + 1}.0" in r.stderr, \
+        r.stderr[-2000:]
+    assert f",<2.{C.NCCL_NEWEST_MINOR + 1}'" in r.stderr, r.stderr[-2000:]

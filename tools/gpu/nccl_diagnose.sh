@@ -43,7 +43,7 @@ list() {
   echo "#       bash $o prep"
   for v in $MINORS; do
     if [ "$v" != 28 ]; then
-      echo "# device: take NCCL 2.$v's pieces first ($o, 'take')"
+      echo "# device: each call carries out-nccl/n$v.gz ($o prep)"
     fi
     for s in selfcheck windows nosym; do
       echo "bash tools/gpu/nccl_diagnose.sh $v $s"
@@ -63,11 +63,15 @@ use_minor() {
     return 0
   fi
   if [ ! -f "$home/lib/libnccl.so.2" ]; then
-    ls "$ACC"/n"$v".part.* >/dev/null 2>&1 || {
-      echo "no NCCL 2.$v here: take its pieces first ($(other_nccl))"
-      exit 1; }
     mkdir -p "$home/lib"
-    cat "$ACC"/n"$v".part.* | gunzip > "$home/lib/libnccl.so.2" || exit 1
+    if [ -f "out-nccl/n$v.gz" ]; then   # other_nccl.sh prep, carried
+      gunzip -c "out-nccl/n$v.gz" > "$home/lib/libnccl.so.2" || exit 1
+    elif ls "$ACC"/n"$v".part.* >/dev/null 2>&1; then   # older pieces
+      cat "$ACC"/n"$v".part.* | gunzip > "$home/lib/libnccl.so.2" || exit 1
+    else
+      echo "no NCCL 2.$v here: carry out-nccl/n$v.gz ($(other_nccl) prep)"
+      exit 1
+    fi
   fi
   sha256sum "$home/lib/libnccl.so.2"
   ENVS=(NCCL_HOME="$home" LD_PRELOAD="$home/lib/libnccl.so.2")

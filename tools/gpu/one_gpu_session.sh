@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # A one-GPU session (nvidia-h100-x1 / nvidia-h200), in stages that each fit
 # one device call. Build here first and carry the module:
-#   SYMNCCL_NCCL_MINORS=28,30 SYMNCCL_CUDA_ARCHS=90 python setup.py build_ext --inplace
-#   (the device machines load NCCL 2.28.9; 30 keeps this machine's 2.30 import)
+#   SYMNCCL_NCCL_MINORS=28,29 SYMNCCL_CUDA_ARCHS=90 python setup.py build_ext --inplace
+#   (the device machines load NCCL 2.28.9; the 2.29.7 build serves 2.29.7-2.32)
 # then, there, with carry ["symnccl/_C.abi3.so"] (and ["out/ab"] for ab):
 #   STAGE=tests bash tools/gpu/one_gpu_session.sh   # the default GPU tier
 #   STAGE=bench bash tools/gpu/one_gpu_session.sh   # fused, all-to-all, eager
@@ -11,7 +11,7 @@
 # Results and logs go to $OUT. Multicast variables are left as found.
 set -uo pipefail
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-export SYMNCCL_NCCL_MINORS=${SYMNCCL_NCCL_MINORS:-28,30}
+export SYMNCCL_NCCL_MINORS=${SYMNCCL_NCCL_MINORS:-28,29}
 OUT=${OUT:-/tmp/symnccl-out}
 mkdir -p "$OUT"
 gpu=$(python3 -c "import sys, torch; sys.path.insert(0, 'benchmarks'); from bench_allreduce import gpu_model; print(gpu_model(torch.cuda.get_device_name(0)))")
