@@ -416,15 +416,13 @@ __global__ void __launch_bounds__(512)
 // ll_rmsnorm: one_shot_rmsnorm's rows on LL packets (packet.cuh), with no
 // barrier: the decode sizes, where one_shot's staging copy and two
 // barriers cost more than the bytes. Vector v (16 bytes) of row r of x is
-// LL items 2 (r rvec + v) and the one after it, sent to row `me` of every
-// peer's slot in the LL region as packet_one_shot sends a message, by
-// every CTA of the grid in turn (a row's sends spread over the SMs); then
-// each row is reduced by the CTA that owns it, in rank order 0..n-1 as its
-// packets land (the own part read from x), and normalised as
-// one_shot_rmsnorm normalises them: the same bits. Every CTA sends all it
-// sends before it waits for anything, so a wait depends only on sends that
-// are not behind a wait (the grid resident at once, as every packet
-// kernel's).
+// LL items 2 (r rvec + v) and the one after it, sent by the thread that
+// reduces it to row `me` of every peer's slot in the LL region, as
+// packet_one_shot sends a message; then each row is reduced in rank order
+// 0..n-1 as its packets land (the own part read from x), and normalised
+// as one_shot_rmsnorm normalises them: the same bits. A CTA sends every
+// row it owns before it waits for any, so no CTA waits for a peer's CTA
+// that waits in turn (every CTA's packets are out before its first wait).
 // Slots, flags and call counters are the LL family's: the grid is the
 // family's fixed grid (SYMNCCL_LL_CTAS), every CTA counts every call, rows
 // go round the CTAs. The block is one_shot_rmsnorm's (a thread per
@@ -480,19 +478,14 @@ __global__ void __launch_bounds__(512)
     if (has(u)) wk[u] = load_pack<16>(w, tid + u * bd, H, aligned);
   fetch_res(blockIdx.x);
 
-  // my x into row `me` of every peer's slot, vector i by the grid's
-  // thread i, the CTAs taking turns (one SM's NVLink stores carry ~25
-  // GB/s: a row sent by its own CTA alone cost ~1.3 us per 8 KiB at T 1)
-  // (a launch's vectors fit 32 bits: half an LL row, 16-byte vectors)
+  // my rows' vectors into row `me` of every peer's slot
   const Peers to = slot.at((size_t)me * a.row_bytes);
-  const uint32_t nvec = (uint32_t)(rows * rvec), rv = (uint32_t)rvec;
-  for (uint32_t i = threadIdx.x * gridDim.x + blockIdx.x; i < nvec;
-       i += gridDim.x * blockDim.x) {
-    const uint32_t r = i / rv;
-    const uint4 d = load_pack<16>(x + (size_t)r * H, i - r * rv, H, x_al);
-    for (int q = 0; q < n; q++)
-      if (q != me) send_vec(to(q) + (size_t)i * kVec, d, flag);
-  }
+  for (size_t r = blockIdx.x; r < rows; r += gridDim.x)
+    for (size_t v = tid; v < rvec; v += bd) {
+      const uint4 d = load_pack<16>(x + r * H, v, H, x_al);
+      for (int q = 0; q < n; q++)
+        if (q != me) send_vec(to(q) + (r * rvec + v) * kVec, d, flag);
+    }
 
   // my rows, each reduced in rank order as its packets land, then
   // normalised: rmsnorm_body's row loop, the same arithmetic in the same
