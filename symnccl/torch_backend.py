@@ -80,6 +80,7 @@ ROUTED = {
 # BXOR, PREMUL_SUM) go to NCCL
 _OPS = {"SUM": "sum", "AVG": "avg", "PRODUCT": "prod", "MIN": "min",
         "MAX": "max"}
+_OP_TYPES = {getattr(dist.ReduceOp.RedOpType, k): v for k, v in _OPS.items()}
 _DTYPES = {getattr(torch, n): n for n in symnccl.DTYPES if hasattr(torch, n)}
 
 # torch's c10d Backend class takes a Python subclass from torch 2.14 (the
@@ -100,6 +101,9 @@ def _backend_constructible() -> bool:
 
 #: whether this torch takes "symnccl" per device ("cpu:gloo,cuda:symnccl")
 PER_DEVICE = _backend_constructible()
+
+# resolver answers a group remembers (by collective, dtype, op, bytes)
+_ALGO_CACHE = 4096
 
 _warned: set = set()
 
@@ -181,6 +185,7 @@ class _Routes:
         self._stream = None        # the stream of async_op calls
         self._events: list = []    # finished events, reused
         self._supported: dict = {}
+        self._algos: dict = {}     # resolver answers, by call
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------ decisions
@@ -219,22 +224,37 @@ class _Routes:
             self._comm = comm
             return comm
 
-    def _takes(self, comm, t, collective, op="sum") -> bool:
-        """Whether symnccl runs `collective` of tensor t with op."""
+    def _takes(self, comm, t, collective, op) -> bool:
+        """Whether symnccl takes `collective` of tensor t with op at all
+        (the registry's answer, symnccl.algo_supported's)."""
         dtype = _DTYPES.get(t.dtype)
         if dtype is None or not t.is_contiguous() or t.is_sparse:
             return False
         key = (dtype, op, collective)
         ok = self._supported.get(key)
         if ok is None:
-            ok = self._supported[key] = symnccl.algo_supported(
-                comm, "auto", dtype, op, collective) \
-                if isinstance(comm, symnccl.Communicator) else \
-                comm.supports(dtype, op, collective)
+            ok = self._supported[key] = comm._algo_unavailable(
+                "auto", dtype, op, collective) is None
         return ok
 
-    def _target(self, tensors, collective, op="sum"):
-        """The communicator that runs this call, or None (NCCL)."""
+    def _resolves_to_nccl(self, comm, collective, dtype, op, nbytes):
+        """Whether symnccl's resolver ("auto") gives this call to NCCL:
+        then the group's NCCL backend makes it (the same NCCL algorithm,
+        without symnccl's non-blocking launch; docs/PERFORMANCE.md, 'Eager
+        NCCL calls')."""
+        key = (collective, dtype, op, nbytes)
+        algo = self._algos.get(key)
+        if algo is None:
+            if len(self._algos) >= _ALGO_CACHE:
+                self._algos.clear()
+            algo = self._algos[key] = comm._auto_algo(
+                nbytes, _DTYPES[dtype], op, False, collective)
+        return algo == "nccl"
+
+    def _target(self, tensors, collective, op="sum", sizes=()):
+        """The communicator that runs this call, or None (NCCL): every
+        tensor one symnccl takes, and every size in `sizes` (the bytes of
+        each call's larger buffer) one its resolver gives a kernel."""
         if not tensors:
             return None
         t = tensors[0]
@@ -246,6 +266,9 @@ class _Routes:
         for x in tensors:
             if x.device != t.device or not self._takes(comm, x, collective,
                                                        op):
+                return None
+        for nbytes in sizes:
+            if self._resolves_to_nccl(comm, collective, t.dtype, op, nbytes):
                 return None
         return comm
 
@@ -312,16 +335,17 @@ class _Routes:
 
     @staticmethod
     def _op(opts):
-        op = opts.reduceOp
-        op = getattr(op, "op", op)
-        return _OPS.get(getattr(op, "name", None))
+        """symnccl's name of the call's reduction op, None: not symnccl's."""
+        return _OP_TYPES.get(opts.reduceOp.op)
 
     # ------------------------------------------------------- the collectives
     def allreduce(self, tensors, opts=None):
         opts = opts if opts is not None else _c10d.AllreduceOptions()
         op = self._op(opts)
-        comm = self._target(tensors, "all_reduce", op) if op else None
-        if comm is None or len(tensors) != 1:
+        comm = self._target(tensors, "all_reduce", op,
+                            (tensors[0].nbytes,)) \
+            if op and len(tensors) == 1 else None
+        if comm is None:
             return self._nccl("allreduce", tensors, opts)
         s = self._begin(opts)
         comm.all_reduce(tensors[0], None, op, "auto", s)
@@ -330,7 +354,8 @@ class _Routes:
     def allreduce_coalesced(self, tensors, opts=None):
         opts = opts if opts is not None else _c10d.AllreduceCoalescedOptions()
         op = self._op(opts)
-        comm = self._target(tensors, "all_reduce", op) if op else None
+        comm = self._target(tensors, "all_reduce", op,
+                            [t.nbytes for t in tensors]) if op else None
         if comm is None:
             return self._nccl("allreduce_coalesced", tensors, opts)
         s = self._begin(opts)
@@ -346,7 +371,8 @@ class _Routes:
 
     def _all_gather(self, name, output, input, opts):
         opts = opts if opts is not None else _c10d.AllgatherOptions()
-        comm = self._target([output, input], "all_gather")
+        comm = self._target([output, input], "all_gather", "sum",
+                            (output.nbytes,))
         if comm is None or output.numel() != input.numel() * self._size:
             return self._nccl(name, output, input, opts)
         s = self._begin(opts)
@@ -364,7 +390,8 @@ class _Routes:
 
     def _all_gather_coalesced(self, name, outputs, inputs, opts):
         opts = opts if opts is not None else _c10d.AllgatherOptions()
-        comm = self._target([*outputs, *inputs], "all_gather")
+        comm = self._target([*outputs, *inputs], "all_gather", "sum",
+                            [o.nbytes for o in outputs])
         if comm is None or any(o.numel() != i.numel() * self._size
                                for o, i in zip(outputs, inputs)):
             return self._nccl(name, outputs, inputs, opts)
@@ -385,8 +412,8 @@ class _Routes:
     def _reduce_scatter(self, name, output, input, opts):
         opts = opts if opts is not None else _c10d.ReduceScatterOptions()
         op = self._op(opts)
-        comm = self._target([output, input], "reduce_scatter", op) \
-            if op else None
+        comm = self._target([output, input], "reduce_scatter", op,
+                            (input.nbytes,)) if op else None
         if comm is None or input.numel() != output.numel() * self._size:
             return self._nccl(name, output, input, opts)
         s = self._begin(opts)
@@ -405,8 +432,8 @@ class _Routes:
     def _reduce_scatter_coalesced(self, name, outputs, inputs, opts):
         opts = opts if opts is not None else _c10d.ReduceScatterOptions()
         op = self._op(opts)
-        comm = self._target([*outputs, *inputs], "reduce_scatter", op) \
-            if op else None
+        comm = self._target([*outputs, *inputs], "reduce_scatter", op,
+                            [i.nbytes for i in inputs]) if op else None
         if comm is None or any(i.numel() != o.numel() * self._size
                                for o, i in zip(outputs, inputs)):
             return self._nccl(name, outputs, inputs, opts)
@@ -428,7 +455,8 @@ class _Routes:
 
     def _all_to_all(self, name, output, input, out_splits, in_splits, opts):
         opts = opts if opts is not None else _c10d.AllToAllOptions()
-        comm = self._target([output, input], "all_to_all")
+        comm = self._target([output, input], "all_to_all", "sum",
+                            (input.nbytes,))
         n = self._size
         even = not out_splits and not in_splits
         if comm is None or input.dim() == 0 or output.dim() == 0 or (
@@ -445,8 +473,10 @@ class _Routes:
 
     def broadcast(self, tensors, opts=None):
         opts = opts if opts is not None else _c10d.BroadcastOptions()
-        comm = self._target(tensors, "broadcast")
-        if comm is None or len(tensors) != 1 or opts.rootTensor != 0:
+        comm = self._target(tensors, "broadcast", "sum",
+                            (tensors[0].nbytes,)) \
+            if len(tensors) == 1 and opts.rootTensor == 0 else None
+        if comm is None:
             return self._nccl("broadcast", tensors, opts)
         s = self._begin(opts)
         comm.broadcast(tensors[0], opts.rootRank, None, "auto", s)
@@ -455,8 +485,9 @@ class _Routes:
     def reduce(self, tensors, opts=None):
         opts = opts if opts is not None else _c10d.ReduceOptions()
         op = self._op(opts)
-        comm = self._target(tensors, "reduce", op) if op else None
-        if comm is None or len(tensors) != 1 or opts.rootTensor != 0:
+        comm = self._target(tensors, "reduce", op, (tensors[0].nbytes,)) \
+            if op and len(tensors) == 1 and opts.rootTensor == 0 else None
+        if comm is None:
             return self._nccl("reduce", tensors, opts)
         s = self._begin(opts)
         comm.reduce(tensors[0], opts.rootRank, None, op, "auto", s)

@@ -61,7 +61,8 @@ def test_every_routed_call_runs_on_symnccl_with_auto_and_the_rest_on_nccl():
     kernel for to its communicator with algo "auto" (one call per tensor
     of a coalesced call), and the others (send/recv, list all_gather,
     ops and dtypes symnccl lacks, non-contiguous tensors, what the
-    registry refuses) to its fallback; every result is the collective's."""
+    registry refuses, what symnccl's resolver gives NCCL) to its
+    fallback; every result is the collective's."""
     res = _cpu("routing")
     assert res[0].keys() == res[1].keys()
     to_symnccl = {
@@ -84,6 +85,7 @@ def test_every_routed_call_runs_on_symnccl_with_auto_and_the_rest_on_nccl():
     to_fallback = {"send/recv", "all_gather list", "all_reduce BAND",
                    "all_reduce bool", "all_reduce non-contiguous",
                    "all_reduce the registry refuses",
+                   "all_reduce the resolver gives NCCL",
                    "all_gather_into_tensor, all_to_all_single bool"}
     assert set(res[0]) == set(to_symnccl) | to_fallback
     for rank, rows in enumerate(res):

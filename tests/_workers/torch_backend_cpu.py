@@ -21,9 +21,15 @@ class RecordingComm:
         self.closed = False
         self.failure = None
         self.unsupported = set()     # (dtype, op, collective) refused
+        self.nccl_bytes = set()      # sizes the resolver gives NCCL
 
-    def supports(self, dtype, op, collective):
-        return (dtype, op, collective) not in self.unsupported
+    def _algo_unavailable(self, algo, dtype, op, collective):
+        if (dtype, op, collective) in self.unsupported:
+            return f"{collective} does not take {dtype} {op} (test)"
+        return None
+
+    def _auto_algo(self, nbytes, dtype, op, in_window, collective):
+        return "nccl" if nbytes in self.nccl_bytes else "ll"
 
     def check(self):
         if self.failure is not None:
@@ -294,6 +300,14 @@ def routing(rank, size):
         return ok
     run("all_gather_into_tensor, all_to_all_single bool",
         delegated_tensor_calls)
+
+    made["comm"].nccl_bytes.add(48 * 4)
+
+    def resolved_to_nccl():
+        x = torch.full((48,), float(r + 1))
+        dist.all_reduce(x, group=g)
+        return x.eq(3).all()
+    run("all_reduce the resolver gives NCCL", resolved_to_nccl)
 
     made["comm"].unsupported.add(("float64", "min", "all_reduce"))
 
