@@ -181,6 +181,7 @@ class _Routes:
         self._make_comm = make_comm
         self._device_type = device_type
         self._comm = None
+        self._ended = None         # "aborted" or "shut down"
         self._nvlink = True        # False: wider than one NVLink domain
         self._stream = None        # the stream of async_op calls
         self._events: list = []    # finished events, reused
@@ -194,6 +195,10 @@ class _Routes:
         call goes to NCCL."""
         comm = self._comm
         if comm is None:
+            if self._ended:
+                raise RuntimeError(
+                    f"symnccl backend: this group was {self._ended}; make a "
+                    "new group (dist.new_group) among the ranks left")
             if not self._nvlink:
                 return None
             comm = self._create(device)
@@ -515,6 +520,7 @@ class _Routes:
 
     # ----------------------------------------------------------- lifetime
     def _close(self, abort: bool):
+        self._ended = self._ended or ("aborted" if abort else "shut down")
         comm, self._comm = self._comm, None
         if comm is not None and not comm.closed:
             comm.abort() if abort else comm.close()
@@ -646,16 +652,45 @@ def _nccl_class():
     return getattr(dist, "ProcessGroupNCCL", ())
 
 
-def _nccl_backend(store, rank, size, timeout):
-    """The NCCL backend the group owns, over the same ranks and store."""
+def _nccl_backend(store, rank, size, timeout, ranks=None, name=None,
+                  options=None, split_from=None):
+    """The NCCL backend the group owns, over the same ranks and store, as
+    torch makes the "nccl" one: split from the default group's NCCL
+    communicator where torch splits (a bound default group; the ranks
+    outside the group then make the same split)."""
     nccl = _nccl_class()
     if not nccl:
         raise RuntimeError("symnccl backend: this torch has no NCCL backend "
                            "(torch.distributed.is_nccl_available() is "
                            "False)")
-    opts = nccl.Options()
+    opts = options if isinstance(options, nccl.Options) else nccl.Options()
     opts._timeout = timeout
+    if ranks is not None:
+        opts.global_ranks_in_group = ranks
+    if name is not None:
+        opts.group_name = name
+    if split_from is not None:
+        opts.split_from = split_from
+        opts.split_color = dist.distributed_c10d._process_group_color(ranks)
     return nccl(dist.PrefixStore("nccl", store), rank, size, opts)
+
+
+def _split_source():
+    """What torch splits a new group's NCCL communicator from (its
+    _get_split_source, for torch versions that do not hand it to a
+    backend's creator): the default group's NCCL backend, if the default
+    group is bound to a device."""
+    nccl = _nccl_class()
+    if not nccl or not dist.is_initialized():
+        return None
+    default = dist.distributed_c10d._get_default_group()
+    if not default.bound_device_id:
+        return None
+    try:
+        b = default._get_backend(default.bound_device_id)
+    except RuntimeError:
+        return None
+    return b if isinstance(b, nccl) and b.supports_splitting else None
 
 
 def _make_comm(store, rank, size, timeout, device):
@@ -669,9 +704,18 @@ def _make_comm(store, rank, size, timeout, device):
                                 timeout=timeout.total_seconds())
 
 
-def _create(store, rank, size, timeout):
+def _create(dist_opts, options):
+    """torch's creator (extended_api): the group's NCCL backend, then the
+    symnccl one around it."""
+    store, rank = dist_opts.store, dist_opts.group_rank
+    size, timeout = dist_opts.group_size, dist_opts.timeout
+    ranks = list(dist_opts.global_ranks_in_group) or list(range(size))
+    split = dist_opts.split_from if hasattr(dist_opts, "split_from") \
+        else _split_source()
+    fallback = _nccl_backend(store, rank, size, timeout, ranks,
+                             dist_opts.group_id, options, split)
     cls = SymncclBackend if PER_DEVICE else SymncclProcessGroup
-    return cls(store, rank, size, timeout)
+    return cls(store, rank, size, timeout, fallback=fallback)
 
 
 def register() -> None:
@@ -679,7 +723,8 @@ def register() -> None:
     symnccl.torch does it; again is a no-op)."""
     if NAME.upper() in getattr(dist.Backend, "_plugins", {}):
         return
-    dist.Backend.register_backend(NAME, _create, devices=["cuda"])
+    dist.Backend.register_backend(NAME, _create, extended_api=True,
+                                  devices=["cuda"])
 
 
 def _backend_of(group):

@@ -236,6 +236,32 @@ def routing(rank, size):
     run("reduce", rd)
     run("barrier", lambda: dist.barrier(group=g) or True)
 
+    # Works made in Python and held by C++: DDP's buckets (get_future),
+    # functional collectives (wait_tensor calls Work.wait from C++)
+    def ddp():
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        torch.manual_seed(0)
+        m = torch.nn.Linear(4, 3)
+        d = DDP(m, process_group=g)
+        torch.manual_seed(r)
+        d(torch.randn(2, 4)).sum().backward()
+        grads = [torch.empty_like(m.weight.grad) for _ in range(size)]
+        dist.all_gather(grads, m.weight.grad)       # the default group
+        return torch.equal(grads[0], grads[1])
+    run("DDP", ddp)
+
+    def funcol():
+        import gc
+
+        import torch.distributed._functional_collectives as fc
+        y = fc.all_reduce(torch.full((4,), float(r + 1)), "sum", g)
+        z = fc.reduce_scatter_tensor(torch.arange(4.) + r, "sum", 0, g)
+        gc.collect()                # the Python Works, held by C++ only
+        y = y.wait() if hasattr(y, "wait") else y
+        z = z.wait() if hasattr(z, "wait") else z
+        return y.eq(3).all() and z.tolist() == [[1., 3.], [5., 7.]][r]
+    run("functional collectives", funcol)
+
     # what goes to the fallback
     def sr():
         x = torch.full((2,), float(r))
@@ -344,6 +370,10 @@ def failure(rank, size):
     from symnccl import torch_backend as tb
     tb.abort(g)
     seen.append(("aborted", made["comm"].closed))
+    try:
+        dist.all_reduce(x, group=g)
+    except RuntimeError as e:
+        seen.append(("after abort", str(e)))
     return seen
 
 

@@ -248,26 +248,35 @@ def compiled_funcol(rank, nranks, uid, port):
     groups = {b: dist.new_group(list(range(nranks)), backend=b)
               for b in ("nccl", "symnccl")}
 
-    def step(x, g):
-        a = funcol.all_reduce(x * 2, "sum", g)
-        b = funcol.all_gather_tensor(a, 0, g)
-        c = funcol.reduce_scatter_tensor(b + 1, "sum", 0, g)
-        d = funcol.all_to_all_single(c, None, None, g)
-        return d * 3
+    def make(g):
+        def step(x):
+            a = funcol.all_reduce(x * 2, "sum", g)
+            b = funcol.all_gather_tensor(a, 0, g)
+            c = funcol.reduce_scatter_tensor(b + 1, "sum", 0, g)
+            d = funcol.all_to_all_single(c, None, None, g)
+            return d * 3
+        return step
 
     x = torch.arange(nranks * 256, device="cuda", dtype=torch.float32) + rank
     res = {}
     for b, g in groups.items():
         torch._dynamo.reset()
-        f = torch.compile(step, fullgraph=True)
-        f(x, g)
-        res[b] = f(x, g)
+        f = torch.compile(make(g), fullgraph=True)
+        f(x)
+        res[b] = f(x)
     before = _launches(groups["symnccl"])
-    torch._dynamo.reset()
-    torch.compile(step, fullgraph=True)(x, groups["symnccl"])
+    res["again"] = f(x)       # the symnccl group's, compiled last
     torch.cuda.synchronize()
     out = {"equal": bool(torch.equal(res["nccl"], res["symnccl"])),
            "symnccl ran": _launches(groups["symnccl"]) > before}
+    # in CUDA graphs (the async calls' stream fork and join captured)
+    torch._dynamo.reset()
+    f = torch.compile(make(groups["symnccl"]), mode="reduce-overhead",
+                      fullgraph=True)
+    ok = True
+    for _ in range(4):
+        ok &= bool(torch.equal(f(x).clone(), res["nccl"]))
+    out["cuda graphs"] = ok
     dist.destroy_process_group()
     return out
 
