@@ -519,6 +519,12 @@ class _Routes:
         return _Work(self, [])
 
     # ----------------------------------------------------------- lifetime
+    def getBackendName(self):
+        return NAME
+
+    def name(self):
+        return NAME
+
     def _close(self, abort: bool):
         self._ended = self._ended or ("aborted" if abort else "shut down")
         comm, self._comm = self._comm, None
@@ -569,11 +575,9 @@ class SymncclProcessGroup(_Routes, dist.ProcessGroup):
     does not hand to Python, and what symnccl does not take, runs there
     without Python."""
 
-    def __init__(self, store, rank, size, timeout, *, fallback=None,
+    def __init__(self, store, rank, size, timeout, *, fallback,
                  make_comm=None, device_type="cuda", cpu=None):
         dist.ProcessGroup.__init__(self, rank, size)
-        fallback = fallback if fallback is not None else \
-            _nccl_backend(store, rank, size, timeout)
         self._setup(store, rank, size, timeout, fallback,
                     make_comm or _make_comm, device_type)
         types = dist.ProcessGroup.BackendType
@@ -588,15 +592,11 @@ class SymncclProcessGroup(_Routes, dist.ProcessGroup):
         self._set_default_backend(kind)
         self._cpu = cpu
 
-    def getBackendName(self):
-        return NAME
-
-    def name(self):
-        return NAME
-
+    # The base's method is called from the override of the same name: only
+    # then does pybind11 not hand the call back to the override (recursion).
     def shutdown(self):
         self._close(abort=False)
-        dist.ProcessGroup.shutdown(self)
+        dist.ProcessGroup.shutdown(self)     # the NCCL and gloo backends
 
     def abort(self):
         self._close(abort=True)
@@ -616,19 +616,11 @@ if PER_DEVICE:
         next to the group's others ("cpu:gloo,cuda:symnccl"). What
         symnccl does not take goes to the NCCL backend it owns."""
 
-        def __init__(self, store, rank, size, timeout, *, fallback=None,
+        def __init__(self, store, rank, size, timeout, *, fallback,
                      make_comm=None, device_type="cuda"):
             _CBackend.__init__(self, rank, size)
-            fallback = fallback if fallback is not None else \
-                _nccl_backend(store, rank, size, timeout)
             self._setup(store, rank, size, timeout, fallback,
                         make_comm or _make_comm, device_type)
-
-        def getBackendName(self):
-            return NAME
-
-        def name(self):
-            return NAME
 
         def shutdown(self):
             self._close(abort=False)
