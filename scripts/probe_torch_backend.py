@@ -427,7 +427,6 @@ def _rank(rank, port, mode, q):
 
 
 def probe(mode: str) -> dict:
-    import torch
     import torch.multiprocessing as mp
     if mode == "backend":
         from torch._C._distributed_c10d import Backend as CBackend

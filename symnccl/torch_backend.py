@@ -187,6 +187,7 @@ class _Routes:
         self._events: list = []    # finished events, reused
         self._supported: dict = {}
         self._algos: dict = {}     # resolver answers, by call
+        self._coalesced = None     # inside _start/_end_coalescing: Works
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------ decisions
@@ -284,7 +285,7 @@ class _Routes:
         if self._stream is None or not getattr(opts, "asyncOp", True):
             return None
         ev = self._event()
-        ev.record()
+        ev.record(torch.cuda.current_stream(self._stream.device))
         self._stream.wait_event(ev)
         self._events.append(ev)    # free again once this call's is queued
         return self._stream
@@ -295,12 +296,16 @@ class _Routes:
 
     def _finish(self, stream, result, touched):
         if stream is None:
-            return _Work(self, result)
-        for t in touched:
-            t.record_stream(stream)
-        done = torch.cuda.Event()
-        done.record(stream)
-        return _Work(self, result, stream, done)
+            work = _Work(self, result)
+        else:
+            for t in touched:
+                t.record_stream(stream)
+            done = torch.cuda.Event()
+            done.record(stream)
+            work = _Work(self, result, stream, done)
+        if self._coalesced is not None:
+            self._coalesced.append(work)
+        return work
 
     def _host_wait(self, event, seconds):
         deadline = time.monotonic() + seconds
@@ -500,7 +505,9 @@ class _Routes:
 
     def barrier(self, opts=None):
         opts = opts if opts is not None else _c10d.BarrierOptions()
-        if self._device_type == "cuda":
+        if self._comm is not None and self._device_type == "cuda":
+            device = torch.device("cuda", self._comm.device)
+        elif self._device_type == "cuda":
             ids = list(getattr(opts, "device_ids", None) or ())
             dev = getattr(opts, "device", None)
             index = ids[0] if ids else (
@@ -515,7 +522,9 @@ class _Routes:
             return self._nccl("barrier", opts)
         # as ProcessGroupNCCL's barrier: the host waits for it, bounded by
         # the communicator's timeout, GIL released
-        comm.barrier(None, blocking=True)
+        stream = torch.cuda.current_stream(device).cuda_stream \
+            if device.type == "cuda" else None
+        comm.barrier(stream, blocking=True)
         return _Work(self, [])
 
     # ----------------------------------------------------------- lifetime
@@ -594,6 +603,18 @@ class SymncclProcessGroup(_Routes, dist.ProcessGroup):
 
     # The base's method is called from the override of the same name: only
     # then does pybind11 not hand the call back to the override (recursion).
+    def _start_coalescing(self, device):
+        # torch's _coalescing_manager(device=...): the collectives inside
+        # come as one coalesced call, then _end_coalescing's Work is the
+        # one waited for: symnccl's where symnccl ran it
+        self._coalesced = []
+        dist.ProcessGroup._start_coalescing(self, device)
+
+    def _end_coalescing(self, device):
+        work = dist.ProcessGroup._end_coalescing(self, device)
+        ours, self._coalesced = self._coalesced, None
+        return ours[-1] if ours else work
+
     def shutdown(self):
         self._close(abort=False)
         dist.ProcessGroup.shutdown(self)     # the NCCL and gloo backends
