@@ -270,7 +270,8 @@ def worker(rank, nranks, uid, opts):
         out["steps"] = _steps(torch, dist, groups, opts, rank, nranks)
     if "decode" in opts["parts"]:
         out["decode"] = _decode(torch, dist, groups, opts, rank, nranks)
-    launches = tb.communicator_of(groups["symnccl"])._launches()
+    sym = tb.communicator_of(groups["symnccl"])
+    launches = sym._launches() if sym is not None else {}
     out["symnccl_launches"] = {k: v for k, v in launches.items() if v}
     comm.close()
     dist.destroy_process_group()

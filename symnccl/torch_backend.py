@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import threading
 import time
 import warnings
 
@@ -188,7 +187,6 @@ class _Routes:
         self._supported: dict = {}
         self._algos: dict = {}     # resolver answers, by call
         self._coalesced = None     # inside _start/_end_coalescing: Works
-        self._lock = threading.Lock()
 
     # ------------------------------------------------------------ decisions
     def _comm_for(self, device):
@@ -209,26 +207,26 @@ class _Routes:
             self._device_type == "cpu" else None
 
     def _create(self, device):
-        with self._lock:
-            if self._comm is not None:
-                return self._comm
-            index = device.index if device.index is not None else \
-                torch.cuda.current_device() if device.type == "cuda" else -1
-            comm = self._make_comm(self._store, self._rank, self._size,
-                                   self._timeout, index)
-            if getattr(comm, "lsa_size", self._size) < self._size:
-                # past one NVLink domain: NCCL's own algorithms
-                self._nvlink = False
-                _warn_once("nvlink", f"symnccl backend: group of "
-                           f"{self._size} ranks spans more than one NVLink "
-                           f"domain ({comm.lsa_size} ranks); its "
-                           "collectives run on NCCL")
-                comm.close()
-                return None
-            if self._device_type == "cuda":
-                self._stream = torch.cuda.Stream(device=index)
-            self._comm = comm
-            return comm
+        """The group's communicator, made by its first call symnccl runs
+        (a collective: every rank makes that call, in the same order, as
+        every call on a group; no lock is held across it)."""
+        index = device.index if device.index is not None else \
+            torch.cuda.current_device() if device.type == "cuda" else -1
+        comm = self._make_comm(self._store, self._rank, self._size,
+                               self._timeout, index)
+        if getattr(comm, "lsa_size", self._size) < self._size:
+            # past one NVLink domain: NCCL's own algorithms
+            self._nvlink = False
+            _warn_once("nvlink", f"symnccl backend: group of "
+                       f"{self._size} ranks spans more than one NVLink "
+                       f"domain ({comm.lsa_size} ranks); its "
+                       "collectives run on NCCL")
+            comm.close()
+            return None
+        if self._device_type == "cuda":
+            self._stream = torch.cuda.Stream(device=index)
+        self._comm = comm
+        return comm
 
     def _takes(self, comm, t, collective, op) -> bool:
         """Whether symnccl takes `collective` of tensor t with op at all
