@@ -339,7 +339,7 @@ class _Routes:
             raise NotImplementedError(
                 f"symnccl backend: torch {torch.__version__}'s NCCL "
                 f"backend has no {name}")
-        return fn(self._fallback, *args)
+        return fn(self._fallback, *args, inside=self._coalesced is not None)
 
     @staticmethod
     def _op(opts):
@@ -543,8 +543,14 @@ def _coalesced(single):
     """A coalesced call that a torch version's NCCL binding lacks: the
     single-tensor calls between _start_coalescing and _end_coalescing, as
     torch's _coalescing_manager makes them."""
-    def run(backend, outputs, inputs, opts):
+    def run(backend, outputs, inputs, opts, inside=False):
         call = getattr(backend, single)
+        if inside:
+            # within the group's _start/_end_coalescing: the calls join
+            # that coalesced group, whose _end_coalescing gives the Work
+            for o, i in zip(outputs, inputs):
+                call(o, i, opts)
+            return None
         if not getattr(backend, "supports_coalescing", False):
             # one call after another (gloo: the CPU tests' fallback)
             works = [call(o, i, opts) for o, i in zip(outputs, inputs)]

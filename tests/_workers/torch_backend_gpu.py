@@ -74,6 +74,18 @@ def collectives(rank, nranks, uid, port):
     checks["all_gather coalesced"] = all(
         bool((o.view(n, -1) == torch.arange(n, device=dev)[:, None]).all())
         for o in outs)
+    # the same with tensors symnccl does not take (bool): NCCL's
+    # coalesced calls, inside the manager's own coalesced group
+    with dist._coalescing_manager(group=g, device=dev, async_ops=True) as cm:
+        outs = [torch.empty(n * 64, device=dev, dtype=torch.bool)
+                for _ in range(2)]
+        for o in outs:
+            dist.all_gather_into_tensor(
+                o, torch.full((64,), bool(r), device=dev), group=g)
+    cm.wait()
+    checks["all_gather coalesced, NCCL's"] = all(
+        bool((o.view(n, -1) == (torch.arange(n, device=dev) > 0)[:, None])
+             .all()) for o in outs)
     x = torch.arange(n * 8, device=dev, dtype=torch.float32) + 100 * r
     o = torch.empty_like(x)
     dist.all_to_all_single(o, x, group=g)
