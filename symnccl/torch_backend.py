@@ -17,10 +17,11 @@ tensor, all_gather_into_tensor and their coalesced forms, broadcast,
 reduce, all_to_all_single (even and uneven splits) and barrier go to the
 Communicator with algo "auto" when the call is one symnccl takes (a single
 contiguous CUDA tensor on the communicator's device, a dtype and op the
-registry accepts for that collective); everything else (send/recv,
-gather/scatter, list all_gather/reduce_scatter, the object collectives, a
-group wider than one NVLink domain) goes to the NCCL backend, with its
-semantics.
+registry accepts for that collective, a size the resolver gives one of
+symnccl's kernels); everything else (send/recv, gather/scatter, list
+all_gather/reduce_scatter, all_gather_object, what "auto" would run on
+NCCL, a group wider than one NVLink domain) goes to the NCCL backend,
+with its semantics.
 
 Streams, as ProcessGroupNCCL: a call with async_op=False runs on the
 current stream and returns a finished Work; with async_op=True (and every
