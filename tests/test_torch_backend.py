@@ -152,6 +152,14 @@ def test_gpu_c10d_calls_on_a_symnccl_world_give_nccls_values(nranks):
         assert not bad, (rank, bad)
 
 
+@ranks_param(2)
+def test_gpu_per_device_string_puts_cuda_on_symnccl_and_cpu_on_gloo(nranks):
+    from _workers import torch_backend_gpu as G
+    for r in spawn(G.per_device_string, nranks, args=(free_port(),),
+                   timeout=600):
+        assert r == {"cuda": True, "cpu": True, "symnccl ran": True}, r
+
+
 def _losses_match(res, rtol=1e-6):
     for rank, r in enumerate(res):
         a, b = r["losses"]["nccl"], r["losses"]["symnccl"]

@@ -339,3 +339,22 @@ def never_arrives(rank, nranks, uid, port, timeout_s=5.0):
     out["rebuilt"] = bool((y == nranks * (nranks + 1) / 2).all())
     dist.destroy_process_group()
     return out
+
+
+def per_device_string(rank, nranks, uid, port):
+    """init_process_group("cpu:gloo,cuda:symnccl"): CUDA tensors on
+    symnccl, CPU tensors on gloo (the ProcessGroup form carries gloo
+    itself, the per-device form gets torch's)."""
+    import torch
+    import torch.distributed as dist
+    _init(rank, nranks, port, backend="cpu:gloo,cuda:symnccl")
+    g = dist.group.WORLD
+    x = torch.full((1024,), float(rank + 1), device="cuda")
+    dist.all_reduce(x, group=g)
+    c = torch.full((16,), float(rank + 1))
+    dist.all_reduce(c, group=g)
+    want = nranks * (nranks + 1) / 2
+    out = {"cuda": bool((x == want).all()), "cpu": bool((c == want).all()),
+           "symnccl ran": _launches(g) > 0}
+    dist.destroy_process_group()
+    return out
