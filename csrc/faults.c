@@ -329,13 +329,15 @@ sn_fault_wait_nccl(SNState *st, CommObject *c, int collective)
             if (sn_now() >= spin)   /* spin first (symnccl.h) */
                 nap();
         Py_END_ALLOW_THREADS
-        if (done)
-            return 0;
+        /* an abort first: the work it stopped may complete as it gives up,
+         * and the call must not read as a success then */
         if (c->stop) {
             PyErr_Format(PyExc_RuntimeError, "%s on rank %d was interrupted "
                          "by abort()", sn_collective_name(collective), c->rank);
             return -1;
         }
+        if (done)
+            return 0;
         if (PyErr_CheckSignals() < 0)
             return -1;
         if (sn_now() >= deadline) {

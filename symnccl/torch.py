@@ -1122,3 +1122,10 @@ def all_to_all_v(x: torch.Tensor, out: torch.Tensor, in_splits, comm,
     with torch.no_grad():
         out.copy_(y)
     return y, got
+
+
+# ------------------------------------------------ torch.distributed backend
+# dist.init_process_group("symnccl"): symnccl/torch_backend.py.
+if torch.distributed.is_available():
+    from . import torch_backend as _torch_backend
+    _torch_backend.register()

@@ -165,7 +165,9 @@ def test_closed_communicators_leave_the_torch_registry():
     new.closed = True
     last = _FakeComm()
     snt._register(last)
-    assert all(not c.closed for c in snt._COMMS.values())
+    # (other tests' fakes may stand in the registry without the attribute)
+    assert all(not getattr(c, "closed", False)
+               for c in snt._COMMS.values())
     last.closed = True
     snt._register(old)                # pruned again: no fake stays open
     with snt._lock:
