@@ -327,7 +327,18 @@ class _Routes:
     def _nccl(self, name, *args):
         """The call as the NCCL backend makes it (under its own name: the
         ProcessGroup of torch 2.12-2.13 calls methods by the names of
-        2.14, which their NCCL binding does not have yet)."""
+        2.14, which their NCCL binding does not have yet); CPU tensors
+        (torch's object collectives) to the group's CPU backend, where it
+        has one (the ProcessGroup before 2.14 is handed every call)."""
+        cpu = getattr(self, "_cpu", None)
+        first = _first_tensor(args)
+        if cpu is not None and first is not None and \
+                first.device.type == "cpu":
+            fn = getattr(cpu, name, None)
+            for alias in _ALIASES.get(name, ()):
+                fn = fn or getattr(cpu, alias, None)
+            if fn is not None:
+                return fn(*args)
         fn = getattr(self._fallback, name, None)
         if fn is not None:
             return fn(*args)
@@ -580,6 +591,19 @@ _ALIASES = {
     "all_gather_single_coalesced": ("allgather_into_tensor_coalesced",),
     "reduce_scatter_single_coalesced": ("reduce_scatter_tensor_coalesced",),
 }
+
+
+def _first_tensor(args):
+    """The first tensor in a call's arguments (a tensor, or lists of
+    them), or None."""
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            return a
+        if isinstance(a, (list, tuple)):
+            t = _first_tensor(a)
+            if t is not None:
+                return t
+    return None
 
 
 class SymncclProcessGroup(_Routes, dist.ProcessGroup):

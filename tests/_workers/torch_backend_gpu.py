@@ -237,7 +237,9 @@ def _build(which, g, nranks):
         parallelize_module(m, mesh, {
             "norm": SequenceParallel(),
             "up": ColwiseParallel(input_layouts=Shard(1)),
-            "down": RowwiseParallel(output_layouts=Shard(1))})
+            # down's output a DTensor, as the residual x is
+            "down": RowwiseParallel(output_layouts=Shard(1),
+                                    use_local_output=False)})
         from torch.distributed.tensor import DTensor
 
         def fwd(m, x):
