@@ -186,8 +186,9 @@ def _steps(torch, dist, groups, opts, rank, n):
                 parallelize_module(model, mesh, plan)
 
                 def fwd(x, model=model, mesh=mesh):
+                    # RowwiseParallel's output is local (use_local_output)
                     y = model(DTensor.from_local(x, mesh, [Shard(0)]))
-                    return y.to_local()
+                    return y.to_local() if isinstance(y, DTensor) else y
             opt = torch.optim.SGD(model.parameters(), lr=1e-3)
 
             def step(fwd=fwd, opt=opt):
