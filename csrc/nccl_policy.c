@@ -227,6 +227,8 @@ typedef struct {
 static const nccl_proof proofs[] = {
     {V(2, 28, 9), V(2, 28, 9), "2x H100, 2026-11-26: 2876 checks, 0 wrong"},
     {V(2, 29, 7), V(2, 29, 7), "2x H100, 2026-11-26: 2876 checks, 0 wrong"},
+    {V(2, 30, 7), V(2, 29, 7), "2x H200, 2026-11-26: 2876 checks, 0 wrong"},
+    {V(2, 32, 3), V(2, 29, 7), "2x H200, 2026-11-26: 2876 checks, 0 wrong"},
 };
 
 #define N_PROOFS (sizeof(proofs) / sizeof(proofs[0]))
@@ -330,11 +332,16 @@ static const nccl_case cases[] = {
     {V(2, 30, 0), V(2, 30, 99), SYMMETRIC, CASE_EVERY, 0,
      "NCCL 2.30's symmetric kernels failed on windows on two GPUs (2.30.7: "
      "'invalid device function' at the first call)"},
-    /* Not run on windows on two GPUs yet: NCCL gets plain memory until a
-     * run with SYMNCCL_NCCL_WINDOWS=1 passes. */
-    {V(2, 31, 0), V(2, 32, 99), SYMMETRIC, CASE_EVERY, 0,
-     "NCCL 2.31 and 2.32's symmetric kernels have not been checked on "
-     "windows on two GPUs"},
+    /* 2.31: not run on windows on two GPUs yet, plain memory until a run
+     * with SYMNCCL_NCCL_WINDOWS=1 passes. 2.32.3 on 2x H200 (2026-11-26,
+     * tools/gpu/other_nccl.sh): 'invalid device function' at the first
+     * call, as 2.30.7. */
+    {V(2, 31, 0), V(2, 31, 99), SYMMETRIC, CASE_EVERY, 0,
+     "NCCL 2.31's symmetric kernels have not been checked on windows on "
+     "two GPUs"},
+    {V(2, 32, 0), V(2, 32, 99), SYMMETRIC, CASE_EVERY, 0,
+     "NCCL 2.32's symmetric kernels failed on windows on two GPUs (2.32.3: "
+     "'invalid device function' at the first call)"},
     /* 2.29 runs its symmetric LL kernels when only one buffer is a window
      * (sym_kernels.cc, scheduler/symmetric_sched.cc); the 2.30 notes:
      * "Fix data corruption in symmetric LL kernels with unaligned
