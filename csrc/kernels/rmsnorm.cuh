@@ -489,8 +489,9 @@ __global__ void __launch_bounds__(512)
 
   // my rows, each reduced in rank order as its packets land, then
   // normalised: rmsnorm_body's row loop, the same arithmetic in the same
-  // order (kept apart: one helper for both made ptxas spill
-  // one_shot_rmsnorm's float32 unit). A thread whose wait gave up stores
+  // order, and add_rmsnorm's y stores (kept apart: a helper shared with
+  // rmsnorm_body made ptxas spill one_shot_rmsnorm's float32 unit, one
+  // shared with add_rmsnorm its float16 unit: 16 bytes each way). A thread whose wait gave up stores
   // no more h; the CTA stores no y for the row (__syncthreads_and).
   const char* mine = slot(me);
   bool ok = true;
