@@ -3,7 +3,8 @@
  * residual add and RMSNorm of a transformer layer, as one kernel
  * (kernels/rmsnorm.cuh) or, where that does not run, an all-reduce then
  * symnccl's own add+norm (the same kernel with no peer): under "auto"
- * (past 4 MiB, or 3+ ranks) the all-reduce all_reduce's own "auto" picks
+ * (past the fused rows of AUTO_TABLE: 32 MiB at 2 ranks, every size at 3+)
+ * the all-reduce all_reduce's own "auto" picks
  * (registry.c, sn_then_norm_algo), with algo="nccl" NCCL's.
  */
 #include "symnccl.h"

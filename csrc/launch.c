@@ -370,7 +370,7 @@ row_launches(const sn_ar *r, int kernel, sn_err *err)
 
 /* all_to_all, one launch, bytes whatever the dtype: push on its slots and
  * flags, in chunks of a slot (or SYMNCCL_PUSH_CHUNK_KIB); ll in one row of
- * the LL region per source (the host checked that x fits). */
+ * the LL region per source (a block past it cut there: sn_a2a_plan). */
 static int
 all_to_all_launch(const sn_ar *r, int kernel, sn_err *err)
 {
@@ -528,7 +528,8 @@ sn_a2a_plan(const CommObject *c, int asked, int *algo, int ragged,
     /* the largest block a receiver keeps: out's rows (all_to_all_v; the
      * same on every rank by the call's contract), or x's rows / n */
     const size_t most = ragged ? out_rows : rows / (size_t)c->nranks;
-    if (asked == SN_ALGO_AUTO && most > cap) {   /* push carries any size */
+    /* push carries any size (and "auto" never refuses for ll's rows) */
+    if (asked == SN_ALGO_AUTO && (most > cap || cap == 0)) {
         const sn_topology t = sn_topology_of(c);
         *algo = sn_collective_unavailable(&t, SYMNCCL_COLL_ALL_TO_ALL,
                                           SN_ALGO_PUSH, NULL, NULL) == NULL

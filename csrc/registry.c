@@ -270,8 +270,8 @@ sn_collective_unavailable(const sn_topology *t, int collective, int algo,
 #define ANY_SIZE ((size_t)1 << 60)   /* a limit no call reaches */
 
 /* A row: the algorithm of a call of `bytes` is the first whose limit it
- * does not exceed, in the order of the fields (a limit of 0: never), then
- * `above`. */
+ * does not exceed, in the order of the fields (a limit of 0: never, but
+ * for an empty call, which launches nothing), then `above`. */
 typedef struct {
     int collective, max_ranks;
     size_t ll, ll128, one_shot, two_shot_window, two_shot_tensor, push;
@@ -303,8 +303,9 @@ static const auto_row auto_table[] = {
      * add+norm with no peer) at every size measured, 3.9-5.7 us against
      * 8.5-16.5 for all_reduce + torch's add + rms_norm up to T 128 x H 8192
      * (2 MiB), 75.9 against 115.2 at 32 MiB. 2 ranks over NVLink (2x H200,
-     * fused_h200x2_bfloat16.json; H 4096 and 8192, T 1-2048): ll to 256
-     * KiB (T 1: 6.4-7.8 us against one_shot's 8.8-10.8), one_shot from
+     * fused_h200x2_bfloat16.json; H 4096 and 8192, T 1-2048): ll ahead to
+     * 256 KiB, the largest measured below 1 MiB (T 1: 6.4-7.8 us against
+     * one_shot's 8.8-10.8): the row takes it to 512 KiB; one_shot from
      * 1 MiB (12.9 against ll's 17.2) to 32 MiB (136.0 against the
      * composed path's 149.9 and unfused 159.9); past 32 MiB, and from 3
      * ranks, "nccl" resolved from "auto": all_reduce's own choice, then

@@ -652,8 +652,9 @@ typedef struct CommObject {
     char failure_msg[400];     /* a host-found failure's own message */
     cudaStream_t ctl_stream;   /* non-blocking: writes the fault word */
     void *check_dev, *check_host;  /* SYMNCCL_CHECK (staging.c) */
-    /* all_to_all_v on NCCL (alltoall.c): the counts' memory, 2 x
-     * SYMNCCL_MAX_RANKS int64 each, allocated at the first such call and
+    /* all_to_all_v on NCCL (alltoall.c): the counts' memory, every rank's
+     * row of counts, x rows and out rows (A2A_WORDS int64) each, allocated
+     * at the first such call and
      * freed with the scratch (staging.c); a2a_busy: a call is using it;
      * a2a_lost_*: a failed call's, which a queued copy may still use,
      * freed with the scratch once the communicator's work has drained */

@@ -243,10 +243,13 @@ xla_window_cached(CommObject *c, const char *p, size_t bytes,
  * entered; c->lock is not held across the registration, which waits for
  * the peers (up to c's timeout, no longer once c is aborted): another XLA
  * thread of c waits for it (xla_registering) without the lock, the same
- * bound. */
+ * bound. A wait that outlasts it sets *refuse: the call fails rather than
+ * run on the staging window, since whether a peer's thread found the
+ * window by then is a matter of timing (the ranks would read different
+ * windows). */
 static const sn_window *
 xla_window(CommObject *c, const char *p, size_t bytes, int device,
-           char *err, size_t errlen)
+           char *err, size_t errlen, int *refuse)
 {
     const sn_window *found = NULL;
     const double until = sn_deadline(c->timeout);
@@ -263,8 +266,10 @@ xla_window(CommObject *c, const char *p, size_t bytes, int device,
             break;
         if (c->stop || sn_now() >= until) {
             snprintf(err, errlen, "another XLA thread was still "
-                     "registering a window of this communicator; using "
-                     "the staging window");
+                     "registering a window of this communicator after "
+                     "%.3g s (its timeout%s)", c->timeout,
+                     c->stop ? ", or an abort" : "");
+            *refuse = 1;
             return NULL;
         }
         struct timespec t = {0, 100000};
@@ -440,9 +445,17 @@ all_reduce(const snx_api *api, snx_call_frame *call, CommObject *c,
         const int plan = symnccl_kernel_row_of(
             sn_kernel_for(SYMNCCL_COLL_ALL_REDUCE, algo, SYMNCCL_SHOT_ONE))
                              .plan;
+        int refuse = 0;
         if (plan != SYMNCCL_PLAN_PACKETS && may_register)
             r.win = xla_window(c, x->data, count * is, dev, msg,
-                               sizeof(msg));
+                               sizeof(msg), &refuse);
+        if (refuse) {
+            char why[sizeof(msg)];
+            snprintf(why, sizeof(why), "symnccl_all_reduce: %s", msg);
+            snprintf(msg, sizeof(msg), "%s", why);
+            failed = 1;
+            goto done;
+        }
         sn_lock(c);
         if (r.win != NULL)
             stats[dev].window_calls++;
@@ -456,6 +469,7 @@ all_reduce(const snx_api *api, snx_call_frame *call, CommObject *c,
             failed = 1;
         }
     }
+done:
     if (prev >= 0 && prev != c->device)
         cudaSetDevice(prev);
     if (failed)
@@ -862,9 +876,19 @@ handle_a2a(snx_call_frame *call, int ragged)
         goto out;
     }
     /* _v's "auto" past the table's kernels: push (NCCL would read the
-     * splits on the host) */
-    if (ragged && asked == SN_ALGO_AUTO && algo == SN_ALGO_NCCL)
+     * splits on the host), where push can run */
+    if (ragged && asked == SN_ALGO_AUTO && algo == SN_ALGO_NCCL) {
+        const sn_topology t = sn_topology_of(c);
+        const char *no = sn_collective_unavailable(
+            &t, SYMNCCL_COLL_ALL_TO_ALL, SN_ALGO_PUSH, dt, NULL);
+        if (no != NULL) {
+            snprintf(msg, sizeof(msg), "%s: the splits stay on the device "
+                     "and only symnccl's kernels take them, which cannot "
+                     "run here: %s", name, no);
+            goto out;
+        }
         algo = SN_ALGO_PUSH;
+    }
     /* the one size check of every all-to-all (launch.c), from what every
      * rank agrees on */
     if (sn_a2a_plan(c, asked, &algo, ragged, rows, out_rows, row * is,
@@ -874,6 +898,11 @@ handle_a2a(snx_call_frame *call, int ragged)
     }
     if (!ragged && rows * row == 0)   /* the same on every rank */
         goto out;
+    if (ragged && algo == SN_ALGO_NCCL) {   /* sn_a2a_plan never gives it */
+        snprintf(msg, sizeof(msg), "%s: no NCCL path keeps the splits on "
+                 "the device", name);
+        goto out;
+    }
     code = SNX_ERR_INTERNAL;
     int prev = -1;
     cudaGetDevice(&prev);

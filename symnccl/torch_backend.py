@@ -475,10 +475,14 @@ class _Routes:
 
     def _all_to_all(self, name, output, input, out_splits, in_splits, opts):
         opts = opts if opts is not None else _c10d.AllToAllOptions()
-        comm = self._target([output, input], "all_to_all", "sum",
-                            (input.nbytes,))
         n = self._size
         even = not out_splits and not in_splits
+        # every rank must choose alike: equal blocks by x's bytes (the same
+        # on every rank), uneven splits by nothing that differs by rank
+        # (torch sizes each rank's output for what it receives): push,
+        # which carries any size
+        comm = self._target([output, input], "all_to_all", "sum",
+                            (input.nbytes,) if even else ())
         if comm is None or input.dim() == 0 or output.dim() == 0 or (
                 even and (input.shape[0] % n or output.shape != input.shape)):
             return self._nccl(name, output, input, out_splits, in_splits,
@@ -488,7 +492,7 @@ class _Routes:
             comm.all_to_all(input, output, "auto", s)
         else:
             ins = list(in_splits) or [input.shape[0] // n] * n
-            comm.all_to_all_v(input, output, ins, None, "auto", s)
+            comm.all_to_all_v(input, output, ins, None, "push", s)
         return self._finish(s, [output], (output, input))
 
     def broadcast(self, tensors, opts=None):
