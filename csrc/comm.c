@@ -583,8 +583,9 @@ static PyGetSetDef comm_getset[] = {
      "The run-time knobs this communicator read at creation "
      "(symnccl._C.KNOBS lists them).", NULL},
     {"_pdl_early", (getter)get_pdl_early, (setter)set_pdl_early,
-     "Whether its kernels let the next launch begin at their entry (with "
-     "NCCL >= 2.30.7); settable, for testing.", NULL},
+     "Whether its kernels let the next launch begin at their entry (beside "
+     "NCCL 2.30.7 to 2.30.x: csrc/nccl_policy.c, sn_nccl_pdl_early); "
+     "settable, for testing.", NULL},
     {NULL},
 };
 

@@ -137,7 +137,8 @@ sn_windows_detach(CommObject *c, int deregister)
     /* Buffers may outlive the communicator: their memory stays valid
      * (ncclMemFree needs no communicator); only the window goes. With
      * `deregister` (abort(), once no kernel of c runs any more) each window
-     * is deregistered first. That is local in NCCL 2.28-2.30 (no peer takes
+     * is deregistered first. That is local in NCCL 2.28-2.30, the releases
+     * whose sources were read (2.31 and 2.32 not read; no peer takes
      * part, so a dead one does not matter), and without it ncclCommAbort
      * keeps NCCL's reference to the memory: ncclMemFree could not give it
      * back to the device. Errors are ignored: c is being aborted. */

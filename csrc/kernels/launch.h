@@ -9,11 +9,13 @@
  * argument struct, symnccl_kargs; the kernels receive that struct by value.
  *
  * The device API's structs change between NCCL minor versions, so the .cu
- * files are compiled once per supported minor, against that minor's
- * headers, into one object each whose only global symbol is its table of
- * entry points, symnccl_kernels_2_<minor> (setup.py). At import the module
- * picks the table of the loaded libnccl's minor (csrc/abi.c); the
- * functions declared below call through it.
+ * files are compiled once per kernel build (setup.py NCCL_HEADERS: 2.28's
+ * headers, and 2.29's, which NCCL 2.29 to 2.32 accept through the
+ * conversions they carry; docs/BUILD.md, "NCCL headers"), into one object
+ * each whose only global symbol is its table of entry points,
+ * symnccl_kernels_2_<minor>. At import the module picks the newest build
+ * the loaded libnccl runs (csrc/nccl_policy.c, csrc/abi.c); the functions
+ * declared below call through it.
  */
 #ifndef SYMNCCL_KERNELS_LAUNCH_H
 #define SYMNCCL_KERNELS_LAUNCH_H
