@@ -33,6 +33,9 @@ if command -v nvidia-smi >/dev/null; then
   TAG=${TAG:-${card}x$(nvidia-smi -L | wc -l)}
 fi
 TAG=${TAG:-gpu}
+# ranks of the benchmarks and examples: 2, or NPROC=3/4/8 on a larger
+# machine (issue 43; the tag then says x4, x8)
+NPROC=${NPROC:-2}
 # builds to compare: the landing before the redesign, the build before the
 # failure model (both NCCL 2.28 only)
 OLD=${OLD:-9cbc5b9}
@@ -92,21 +95,21 @@ faults)  # 2-GPU failure scenarios, ~20-65 s each (a rehearsal
     tests/test_faults.py ${FAULTS_K:+-k "$FAULTS_K"} 2>&1 |
     tee "$OUT/pytest_faults.log" | tail -30 ;;
 ab)
-  BUILDS=${BUILDS:-"old new"} ROUNDS=2 BENCH_TIMEOUT=150 BENCH_ARGS="--nranks 2 \
+  BUILDS=${BUILDS:-"old new"} ROUNDS=2 BENCH_TIMEOUT=150 BENCH_ARGS="--nranks $NPROC \
     --dtype bfloat16 --reps 7 --sizes 4K,64K,256K,1M,4M,16M,64M,256M \
     --methods symnccl:" bash tools/gpu/ab_builds.sh 2>&1 | tee "$OUT/ab.log" |
     tail -60 ;;
 bench)
-  timeout 240 python3 benchmarks/bench_allreduce.py --nranks 2 \
+  timeout 240 python3 benchmarks/bench_allreduce.py --nranks $NPROC \
     --dtype bfloat16 --out "$OUT/allreduce_${TAG}_bfloat16.json" 2>&1 | tail -20
-  timeout 150 python3 benchmarks/bench_step.py --nranks 2 \
+  timeout 150 python3 benchmarks/bench_step.py --nranks $NPROC \
     --out "$OUT/step_${TAG}_bfloat16.json" 2>&1 | tail -10
-  timeout 120 python3 benchmarks/bench_step.py --nranks 2 --tokens 1 \
+  timeout 120 python3 benchmarks/bench_step.py --nranks $NPROC --tokens 1 \
     --sp-algo ll128 --out "$OUT/step_${TAG}_bfloat16_ll128.json" 2>&1 |
     tail -4 ;;
 collectives)
   for mode in "" --eager; do
-    timeout 200 python3 benchmarks/bench_collectives.py --nranks 2 $mode \
+    timeout 200 python3 benchmarks/bench_collectives.py --nranks $NPROC $mode \
       --out "$OUT/collectives_${TAG}_bfloat16${mode:+_eager}.json" 2>&1 |
       tail -24
   done ;;
@@ -117,27 +120,27 @@ push)    # push reduce_scatter/all_gather by SYMNCCL_PUSH_CHUNK_KIB
   for kib in ${CHUNKS:-0 1024 2048 4096}; do
     echo "== SYMNCCL_PUSH_CHUNK_KIB=$kib"
     SYMNCCL_PUSH_CHUNK_KIB=$kib timeout 150 python3 \
-      benchmarks/bench_collectives.py --nranks 2 \
+      benchmarks/bench_collectives.py --nranks $NPROC \
       --collectives reduce_scatter,all_gather --sizes 1M,4M,16M,64M \
       --out "$OUT/collectives_${TAG}_push_chunk$kib.json" 2>&1 | tail -12
   done ;;
 serving)    # issues 31 and 32 over NVLink: the fused all-reduce + RMSNorm
             # against the unfused path (and FlashInfer's where installed),
             # the all-to-all against all_to_all_single and all_to_all_vdev
-  timeout 200 torchrun --standalone --nproc-per-node 2 \
+  timeout 200 torchrun --standalone --nproc-per-node $NPROC \
     benchmarks/bench_fused.py --out "$OUT/fused_${TAG}_bfloat16.json" \
     2>&1 | tail -14
-  timeout 200 torchrun --standalone --nproc-per-node 2 \
+  timeout 200 torchrun --standalone --nproc-per-node $NPROC \
     benchmarks/bench_alltoall.py --out "$OUT/alltoall_${TAG}_bfloat16.json" \
     2>&1 | tail -12 ;;
 examples)   # the examples' tests (2 ranks), then each example as is
   timeout 300 python3 -m pytest -q -rfE --tb=line tests/test_examples.py \
     2>&1 | tee "$OUT/pytest_examples.log" | tail -8
-  timeout 100 torchrun --standalone --nproc-per-node 2 \
+  timeout 100 torchrun --standalone --nproc-per-node $NPROC \
     examples/train_tp_torch.py 2>&1 | tail -8
   timeout 80 python3 examples/train_tp_jax.py 2>&1 | tail -6
   for ex in decode_tp_torch moe_ep_torch; do
-    timeout 150 torchrun --standalone --nproc-per-node 2 \
+    timeout 150 torchrun --standalone --nproc-per-node $NPROC \
       examples/$ex.py 2>&1 | tail -6
   done ;;
 *)
