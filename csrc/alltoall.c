@@ -167,63 +167,31 @@ plan(sn_call *k, const char *name, int asked, int *algo, int ragged,
     return -1;
 }
 
-/* symnccl's kernel (launch.c) on `rows` of x; the failure raised. */
-static int
-kernel_call(sn_call *k, int algo, size_t rows, size_t row_size,
-            size_t out_rows, const sn_splits *s, int64_t *out_splits,
-            int64_t *out_offsets)
+/* The call's sn_ar: `rows` of x, of row_size bytes, into out_rows of out,
+ * the splits as the call gave them (s). */
+static sn_ar
+a2a_ar(const sn_call *k, int algo, size_t rows, size_t row_size,
+       size_t out_rows, const sn_splits *s, int64_t *out_splits,
+       int64_t *out_offsets)
 {
-    sn_ar r = {k->c, algo, k->x.ptr, k->out.ptr, NULL, rows, k->x.dtype,
-               NULL, k->stream, SYMNCCL_COLL_ALL_TO_ALL, -1};
-    r.row_size = row_size;
-    r.out_rows = out_rows;
-    r.in_splits = (const int64_t *)s->dev.ptr;
-    r.host_splits = s->host;
-    r.out_splits = out_splits;
-    r.out_offsets = out_offsets;
-    sn_err err = {cudaSuccess, ncclSuccess, ""};
-    if (sn_launch_kernels(&r, &err) < 0)
-        return sn_fault_check(k->st, k->c) < 0 ? -1 : sn_raise(k->st, &err);
-    return 0;
-}
-
-/* Grouped ncclSend/ncclRecv of send[q] rows (from x's row send_off[q])
- * to and recv[q] rows (into out's row recv_off[q]) from every rank q, in
- * rank order; NULL offsets: one block after another. */
-static int
-nccl_exchange(sn_call *k, const int64_t *send, const int64_t *send_off,
-              const int64_t *recv, const int64_t *recv_off, size_t row_size)
-{
-    CommObject *c = k->c;
-    const size_t is = (size_t)k->x.dtype->itemsize;
-    const size_t elems = row_size / is;
-    ncclResult_t rc = ncclGroupStart(), bad = ncclSuccess;
-    size_t so = 0, ro = 0;
-    for (int q = 0; rc == ncclSuccess && q < c->nranks; q++) {
-        if (send_off != NULL)
-            so = (size_t)send_off[q];
-        if (recv_off != NULL)
-            ro = (size_t)recv_off[q];
-        if (send[q] > 0) {
-            rc = ncclSend(k->x.ptr + so * row_size, (size_t)send[q] * elems,
-                          k->x.dtype->nccl, q, c->comm, k->stream);
-            so += (size_t)send[q];
-        }
-        if (rc == ncclSuccess && recv[q] > 0) {
-            rc = ncclRecv(k->out.ptr + ro * row_size,
-                          (size_t)recv[q] * elems, k->x.dtype->nccl, q,
-                          c->comm, k->stream);
-            ro += (size_t)recv[q];
-        }
-    }
-    if (rc != ncclSuccess && rc != ncclInProgress)
-        bad = rc;
-    rc = ncclGroupEnd();
-    if (bad != ncclSuccess)
-        return sn_set_nccl_error(k->st, bad, c->comm, "ncclSend/ncclRecv "
-                                 "(all_to_all)");
-    return sn_call_enqueued(k, rc, SYMNCCL_COLL_ALL_TO_ALL,
-                            "ncclSend/ncclRecv (all_to_all)");
+    return (sn_ar){
+        .c = k->c,
+        .algo = algo,
+        .x = k->x.ptr,
+        .out = k->out.ptr,
+        .count = rows,
+        .dtype = k->x.dtype,
+        .stream = k->stream,
+        .collective = SYMNCCL_COLL_ALL_TO_ALL,
+        .root = -1,
+        .row_size = row_size,
+        .out_rows = out_rows,
+        .in_splits = (const int64_t *)s->dev.ptr,
+        .host_splits = s->host,
+        .out_splits = out_splits,
+        .out_offsets = out_offsets,
+        .in_group = k->st->group_depth > 0,
+    };
 }
 
 /* all_to_all_v on NCCL: every rank's counts, x's rows and out's rows
@@ -393,7 +361,14 @@ nccl_all_to_all_v(sn_call *k, const sn_splits *s, size_t row_size,
                                             cudaMemcpyHostToDevice,
                                             k->stream),
                      "out_offsets copy", done);
-    ok = nccl_exchange(k, send, send_off, recv, offs, row_size) == 0;
+    const sn_ar r = a2a_ar(k, SN_ALGO_NCCL, x_rows, row_size, out_rows, s,
+                           NULL, NULL);
+    sn_err err = {.cuda = cudaSuccess};
+    const int ran = sn_run_exchange(&r, send, send_off, recv, offs,
+                                    sn_call_nccl_done, k, &err);
+    if (ran == -1)
+        sn_raise(k->st, &err);
+    ok = ran == 0;
 done:
     if (in_flight) {
         /* a copy of this call may still be queued (it failed before the
@@ -460,11 +435,8 @@ sn_all_to_all(CommObject *c, PyObject *args, PyObject *kw)
     memset(&s, 0, sizeof(s));
     for (int q = 0; q < n; q++)
         s.host[q] = (int64_t)(rows / (size_t)n);
-    if (algo != SN_ALGO_NCCL)
-        return sn_call_end(&k, kernel_call(&k, algo, rows, row_size, rows,
-                                           &s, NULL, NULL) == 0);
-    return sn_call_end(&k, nccl_exchange(&k, s.host, NULL, s.host, NULL,
-                                         row_size) == 0);
+    const sn_ar r = a2a_ar(&k, algo, rows, row_size, rows, &s, NULL, NULL);
+    return sn_call_end(&k, sn_call_run(&k, &r) == 0);
 }
 
 PyObject *
@@ -548,8 +520,9 @@ sn_all_to_all_v(CommObject *c, PyObject *args, PyObject *kw)
                       -1) < 0)
         goto end;
     if (algo != SN_ALGO_NCCL) {
-        ok = kernel_call(&k, algo, x_rows, elems * is, out_rows, &s,
-                         (int64_t *)osp.ptr, (int64_t *)off.ptr) == 0;
+        const sn_ar r = a2a_ar(&k, algo, x_rows, elems * is, out_rows, &s,
+                               (int64_t *)osp.ptr, (int64_t *)off.ptr);
+        ok = sn_call_run(&k, &r) == 0;
         /* told after the launch, so that a warning turned into an error
          * never leaves the peers waiting */
         for (int q = 0; ok && s.dev.ptr == NULL && q < c->nranks; q++)

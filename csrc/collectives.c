@@ -1,8 +1,8 @@
 /* The collective methods of Communicator: argument handling shared by
- * every op, the choice of algorithm (sn_resolve, registry.c), symnccl's
- * kernels (launch.c) or NCCL (ncclAllReduce & co. on the caller's stream;
- * NCCL's own symmetric-window kernels see a window only where the
- * NCCL-window policy of nccl_policy.c allows).
+ * every op (the call's entry, stream, borrowed tensors and output), the
+ * choice of algorithm (sn_resolve, registry.c) and SYMNCCL_CHECK; the
+ * launch is run.c's (sn_run, for the methods and the XLA handlers alike),
+ * with NCCL's calls completed the methods' way (sn_call_nccl_done).
  */
 #include "symnccl.h"
 
@@ -189,31 +189,68 @@ parse_algo(PyObject *obj)
     return a;
 }
 
-/* The call on symnccl's kernels (launch.c): `count` elements of out for
- * reduce_scatter, of x for the others. */
-static int
-kernel_call(sn_call *k, int collective, int algo, const sn_op *op,
-            const sn_window *win, size_t count, int root)
+/* The method's completion of an NCCL call (sn_nccl_done_fn): counted,
+ * watched (watchdog.c) and completed; -1 with the exception set. */
+int
+sn_call_nccl_done(void *ctx, ncclResult_t rc, int collective,
+                  const char *what)
 {
-    sn_ar r = {k->c, algo, k->x.ptr, k->out.ptr, win, count, k->x.dtype,
-               op, k->stream, collective, root};
-    sn_err err = {cudaSuccess, ncclSuccess, ""};
-    if (sn_launch_kernels(&r, &err) < 0)
-        return sn_fault_check(k->st, k->c) < 0 ? -1 : sn_raise(k->st, &err);
-    return 0;
-}
-
-/* After enqueueing an NCCL collective (SYMNCCL_COLL_*): counted, watched
- * (watchdog.c) and completed. */
-static int
-enqueue_done(sn_call *k, ncclResult_t rc, int collective, const char *what)
-{
+    sn_call *k = ctx;
     if (rc == ncclSuccess || rc == ncclInProgress) {
         sn_count_nccl(k->c);
         if (k->st->group_depth == 0)   /* a group launches at its end */
             sn_watch_nccl(k->c, collective, k->stream);
     }
     return sn_nccl_complete(k->st, k->c, rc, what);
+}
+
+int
+sn_call_run(sn_call *k, const sn_ar *r)
+{
+    sn_err err = {.cuda = cudaSuccess};
+    const int rc = sn_run(r, sn_call_nccl_done, k, &err);
+    if (rc != -1)
+        return rc == 0 ? 0 : -1;
+    /* where a kernel was launched, its failure may be the communicator's
+     * (faults.c): that one is raised */
+    const int kernel = r->algo != SN_ALGO_NCCL ||
+                       r->collective == SYMNCCL_COLL_ALL_REDUCE_RMSNORM;
+    if (kernel && sn_fault_check(k->st, k->c) < 0)
+        return -1;
+    return sn_raise(k->st, &err);
+}
+
+/* The sn_ar of a call on x and out (k), resolved to `algo`: `count`
+ * elements of out for reduce_scatter, of x for the others. NCCL's
+ * window policy reads whether x and out lie in c's windows. */
+static int
+run(sn_call *k, int collective, int algo, const sn_op *op,
+    const sn_window *win, size_t count, int root)
+{
+    CommObject *c = k->c;
+    sn_ar r = {
+        .c = c,
+        .algo = algo,
+        .x = k->x.ptr,
+        .out = k->out.ptr,
+        .win = win,
+        .count = count,
+        .dtype = k->x.dtype,
+        .op = op,
+        .stream = k->stream,
+        .collective = collective,
+        .root = root,
+        .in_group = k->st->group_depth > 0,
+    };
+    if (algo == SN_ALGO_NCCL) {
+        const size_t is = (size_t)k->x.dtype->itemsize;
+        const size_t xbytes = k->x.count * is, obytes = k->out.count * is;
+        r.x_in_window =
+            sn_window_find(c, k->x.ptr, xbytes ? xbytes : 1) != NULL;
+        r.out_in_window =
+            sn_window_find(c, k->out.ptr, obytes ? obytes : 1) != NULL;
+    }
+    return sn_call_run(k, &r);
 }
 
 /* ------------------------------------------------------------------ */
@@ -275,9 +312,15 @@ check_call(sn_call *k, int collective, size_t count, const sn_op *op,
     if (!c->knobs.check || k->st->group_depth > 0 ||
         sn_capture_id(k->stream, &capture) != cudaSuccess || capture != 0)
         return 0;
-    sn_sig mine = {collective, (int32_t)(k->x.dtype - sn_dtypes),
-                   op != NULL ? (int32_t)(op - sn_ops) : 0, algo, root, then,
-                   count};
+    sn_sig mine = {
+        .collective = collective,
+        .dtype = (int32_t)(k->x.dtype - sn_dtypes),
+        .op = op != NULL ? (int32_t)(op - sn_ops) : 0,
+        .algo = algo,
+        .root = root,
+        .then = then,
+        .count = count,
+    };
     char *dev;
     sn_sig *all;
     if (sn_check_buffers(k->st, c, sizeof(sn_sig), (void **)&dev,
@@ -334,110 +377,23 @@ static int
 call_algo(sn_call *k, int collective, int algo, const sn_op *op,
           size_t bytes, int in_window)
 {
-    const sn_topology topo = sn_topology_of(k->c);
-    const sn_call_desc d = {collective, algo, bytes, k->x.dtype, op,
-                            in_window, k->st->group_depth > 0};
+    const sn_call_desc d = {
+        .collective = collective,
+        .algo = algo,
+        .bytes = bytes,
+        .dtype = k->x.dtype,
+        .op = op,
+        .in_window = in_window,
+        .in_group = k->st->group_depth > 0,
+    };
     char why[320];
-    const int got = sn_resolve(&topo, &k->c->knobs, &d, why, sizeof(why));
+    const int got = sn_run_resolve(k->c, &d, why, sizeof(why));
     if (got == SN_ALGO_UNKNOWN)
         PyErr_SetString(algo == SN_ALGO_AUTO || algo == SN_ALGO_NCCL
                             ? PyExc_RuntimeError
                             : PyExc_ValueError,
                         why);
     return got;
-}
-
-/* The NCCL call itself, on the buffers given. */
-static ncclResult_t
-nccl_enqueue(sn_call *k, int collective, const sn_op *op, int root,
-             const void *x, void *out)
-{
-    const ncclDataType_t t = k->x.dtype->nccl;
-    ncclComm_t comm = k->c->comm;
-    switch (collective) {
-    case SYMNCCL_COLL_ALL_REDUCE:
-        return ncclAllReduce(x, out, k->x.count, t, op->nccl, comm,
-                             k->stream);
-    case SYMNCCL_COLL_REDUCE_SCATTER:
-        return ncclReduceScatter(x, out, k->out.count, t, op->nccl, comm,
-                                 k->stream);
-    case SYMNCCL_COLL_ALL_GATHER:
-        return ncclAllGather(x, out, k->x.count, t, comm, k->stream);
-    case SYMNCCL_COLL_BROADCAST:
-        return ncclBroadcast(x, out, k->x.count, t, root, comm, k->stream);
-    case SYMNCCL_COLL_REDUCE:
-        return ncclReduce(x, out, k->x.count, t, op->nccl, root, comm,
-                          k->stream);
-    default:
-        return ncclInvalidArgument;
-    }
-}
-
-/* A collective on NCCL. NCCL's own symmetric-window kernels see a window
- * only where the NCCL-window policy allows (nccl_policy.c: the calls the
- * loaded NCCL's kernels get wrong, SYMNCCL_NCCL_WINDOWS); otherwise the
- * call runs on stream-ordered plain memory, which NCCL reduces with its
- * regular kernels: copy in, the collective, copy out. */
-static int
-nccl_call(sn_call *k, int collective, const sn_op *op, int root)
-{
-    static const char *const names[SYMNCCL_COLL_COUNT] = {
-        [SYMNCCL_COLL_ALL_REDUCE] = "ncclAllReduce",
-        [SYMNCCL_COLL_REDUCE_SCATTER] = "ncclReduceScatter",
-        [SYMNCCL_COLL_ALL_GATHER] = "ncclAllGather",
-        [SYMNCCL_COLL_BROADCAST] = "ncclBroadcast",
-        [SYMNCCL_COLL_REDUCE] = "ncclReduce"};
-    CommObject *c = k->c;
-    const char *what = names[collective];
-    const size_t is = (size_t)k->x.dtype->itemsize;
-    const size_t xbytes = k->x.count * is, obytes = k->out.count * is;
-    const size_t block = collective == SYMNCCL_COLL_REDUCE_SCATTER ? obytes
-                         : collective == SYMNCCL_COLL_ALL_GATHER  ? xbytes
-                                                                  : 0;
-    const char *why = sn_nccl_plain_reason(
-        sn_abi_runtime(), c->knobs.nccl_windows, collective, k->x.ptr,
-        xbytes, k->out.ptr, obytes, block,
-        sn_window_find(c, k->x.ptr, xbytes ? xbytes : 1) != NULL,
-        sn_window_find(c, k->out.ptr, obytes ? obytes : 1) != NULL);
-    if (why == NULL)
-        return enqueue_done(k, nccl_enqueue(k, collective, op, root,
-                                            k->x.ptr, k->out.ptr),
-                            collective, what);
-    if (k->st->group_depth > 0) {
-        /* a group launches at its end: the copy out could not follow */
-        PyErr_Format(PyExc_NotImplementedError, "%s on a symmetric window "
-                     "cannot run inside symnccl.group(): %s (call it outside "
-                     "the group, or set SYMNCCL_NCCL_WINDOWS=1 to give NCCL "
-                     "the window anyway)", sn_collective_name(collective),
-                     why);
-        return -1;
-    }
-    const int in_place = k->x.ptr == k->out.ptr;
-    char *tmp = NULL;
-    const size_t total = in_place ? obytes : xbytes + obytes;
-    cudaError_t e = cudaMallocAsync((void **)&tmp, total ? total : 1,
-                                    k->stream);
-    if (e != cudaSuccess)
-        return sn_set_cuda_error(k->st, e, "cudaMallocAsync (NCCL on plain "
-                                 "memory)");
-    char *tx = tmp, *tout = in_place ? tmp : tmp + xbytes;
-    int ok = 0;
-    e = cudaMemcpyAsync(tx, k->x.ptr, xbytes, cudaMemcpyDeviceToDevice,
-                        k->stream);
-    if (e == cudaSuccess) {
-        ok = enqueue_done(k, nccl_enqueue(k, collective, op, root, tx, tout),
-                          collective, what) == 0;
-        if (ok)
-            e = cudaMemcpyAsync(k->out.ptr, tout, obytes,
-                                cudaMemcpyDeviceToDevice, k->stream);
-    }
-    cudaError_t e2 = cudaFreeAsync(tmp, k->stream);
-    if (!PyErr_Occurred() && (e != cudaSuccess || e2 != cudaSuccess)) {
-        sn_set_cuda_error(k->st, e != cudaSuccess ? e : e2,
-                          "copy through plain memory (NCCL-window policy)");
-        ok = 0;
-    }
-    return ok ? 0 : -1;
 }
 
 PyObject *
@@ -456,10 +412,7 @@ sn_all_reduce(CommObject *c, PyObject *args, PyObject *kw)
     if (algo_obj != NULL &&
         (algo = parse_algo(algo_obj)) == SN_ALGO_UNKNOWN)
         return NULL;
-    /* One rank: avg is sum. NCCL 2.28.9's single-rank ncclAvg left the last
-     * float64 element of a 4099-element output unwritten (seen on H200). */
-    if (op->nccl == ncclAvg && c->nranks == 1)
-        op = sn_op_by_name("sum");
+    op = sn_run_op(c, op);
     sn_call k;
     if (call_begin(&k, c, x, stream) < 0 ||
         call_output(&k, x, out, k.x.count, k.x.ndim, k.x.shape, 1) < 0)
@@ -472,10 +425,9 @@ sn_all_reduce(CommObject *c, PyObject *args, PyObject *kw)
     if (check_call(&k, SYMNCCL_COLL_ALL_REDUCE, k.x.count, op, algo, -1,
                    -1) < 0)
         return call_end(&k, 0);
-    if (algo != SN_ALGO_NCCL)
-        return call_end(&k, kernel_call(&k, SYMNCCL_COLL_ALL_REDUCE, algo, op,
-                                        win, k.x.count, -1) == 0);
-    return call_end(&k, nccl_call(&k, SYMNCCL_COLL_ALL_REDUCE, op, -1) == 0);
+    return call_end(&k, run(&k, SYMNCCL_COLL_ALL_REDUCE, algo, op,
+                            algo != SN_ALGO_NCCL ? win : NULL, k.x.count,
+                            -1) == 0);
 }
 
 PyObject *
@@ -519,11 +471,8 @@ sn_reduce_scatter(CommObject *c, PyObject *args, PyObject *kw)
         check_call(&k, SYMNCCL_COLL_REDUCE_SCATTER, k.x.count, op, algo,
                    -1, -1) < 0)
         return call_end(&k, 0);
-    if (algo != SN_ALGO_NCCL)
-        return call_end(&k, kernel_call(&k, SYMNCCL_COLL_REDUCE_SCATTER, algo,
-                                        op, NULL, k.x.count / n, -1) == 0);
-    return call_end(&k, nccl_call(&k, SYMNCCL_COLL_REDUCE_SCATTER, op,
-                                  -1) == 0);
+    return call_end(&k, run(&k, SYMNCCL_COLL_REDUCE_SCATTER, algo, op, NULL,
+                            k.x.count / n, -1) == 0);
 }
 
 PyObject *
@@ -558,11 +507,8 @@ sn_all_gather(CommObject *c, PyObject *args, PyObject *kw)
         check_call(&k, SYMNCCL_COLL_ALL_GATHER, k.x.count, NULL, algo,
                    -1, -1) < 0)
         return call_end(&k, 0);
-    if (algo != SN_ALGO_NCCL)
-        return call_end(&k, kernel_call(&k, SYMNCCL_COLL_ALL_GATHER, algo,
-                                        NULL, NULL, k.x.count, -1) == 0);
-    return call_end(&k, nccl_call(&k, SYMNCCL_COLL_ALL_GATHER, NULL, -1) ==
-                            0);
+    return call_end(&k, run(&k, SYMNCCL_COLL_ALL_GATHER, algo, NULL, NULL,
+                            k.x.count, -1) == 0);
 }
 
 /* broadcast and reduce: root's x to every rank, or every rank's x reduced
@@ -602,10 +548,10 @@ rooted(CommObject *c, PyObject *args, PyObject *kw, int collective)
             SN_ALGO_UNKNOWN ||
         check_call(&k, collective, k.x.count, rop, algo, root, -1) < 0)
         return call_end(&k, 0);
-    if (algo != SN_ALGO_NCCL)
-        return call_end(&k, kernel_call(&k, collective, algo, rop, NULL,
-                                        k.x.count, root) == 0);
-    return call_end(&k, nccl_call(&k, collective, op, root) == 0);
+    /* NCCL's reduce takes op; its broadcast reads none */
+    return call_end(&k, run(&k, collective, algo,
+                            algo == SN_ALGO_NCCL ? op : rop, NULL,
+                            k.x.count, root) == 0);
 }
 
 PyObject *
@@ -636,8 +582,8 @@ sn_barrier(CommObject *c, PyObject *args, PyObject *kw)
     int *word = sn_barrier_word(c);
     ncclResult_t rc = ncclAllReduce(word, word, 1, ncclInt32, ncclSum,
                                     c->comm, k.stream);
-    if (enqueue_done(&k, rc, SYMNCCL_COLL_BARRIER,
-                     "barrier (ncclAllReduce)") < 0)
+    if (sn_call_nccl_done(&k, rc, SYMNCCL_COLL_BARRIER,
+                          "barrier (ncclAllReduce)") < 0)
         return call_end(&k, 0);
     /* blocking: until the barrier completed, for at most the timeout */
     if (blocking && k.st->group_depth == 0 &&
@@ -685,11 +631,4 @@ int
 sn_call_check(sn_call *k, int collective, size_t count, int algo, int then)
 {
     return check_call(k, collective, count, NULL, algo, -1, then);
-}
-
-int
-sn_call_enqueued(sn_call *k, ncclResult_t rc, int collective,
-                 const char *what)
-{
-    return enqueue_done(k, rc, collective, what);
 }

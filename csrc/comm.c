@@ -831,8 +831,14 @@ comm_auto_algo(CommObject *self, PyObject *args)
         (coll = sn_collective_by_name(cname)) < 0)
         return NULL;
     const sn_topology t = sn_topology_of(self);
-    const sn_call_desc desc = {coll, SN_ALGO_AUTO, (size_t)bytes, dt, op,
-                               in_window, 0};
+    const sn_call_desc desc = {
+        .collective = coll,
+        .algo = SN_ALGO_AUTO,
+        .bytes = (size_t)bytes,
+        .dtype = dt,
+        .op = op,
+        .in_window = in_window,
+    };
     char why[320];
     algo = sn_resolve(&t, &self->knobs, &desc, why, sizeof(why));
     if (algo == SN_ALGO_UNKNOWN) {

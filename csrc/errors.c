@@ -74,6 +74,7 @@ sn_fail(sn_err *e, cudaError_t cuda, ncclResult_t nccl, const char *fmt, ...)
     va_end(ap);
     e->cuda = cuda;
     e->nccl = nccl;
+    e->not_implemented = 0;
     return -1;
 }
 
@@ -84,6 +85,7 @@ sn_raise(SNState *st, const sn_err *e)
         return sn_set_nccl_error(st, e->nccl, NULL, e->msg);
     if (e->cuda != cudaSuccess)
         return sn_set_cuda_error(st, e->cuda, e->msg);
-    PyErr_SetString(PyExc_RuntimeError, e->msg);
+    PyErr_SetString(e->not_implemented ? PyExc_NotImplementedError
+                                       : PyExc_RuntimeError, e->msg);
     return -1;
 }

@@ -5,7 +5,9 @@
  * symnccl's own add+norm (the same kernel with no peer): under "auto"
  * (past the fused rows of AUTO_TABLE: 32 MiB at 2 ranks, every size at 3+)
  * the all-reduce all_reduce's own "auto" picks
- * (registry.c, sn_then_norm_algo), with algo="nccl" NCCL's.
+ * (registry.c, sn_then_norm_algo), with algo="nccl" NCCL's. This file
+ * is the method's face (its arguments); the launch is run.c's (sn_run),
+ * which the XLA handler calls too.
  */
 #include "symnccl.h"
 
@@ -205,101 +207,6 @@ check_scale(fcall *f, PyObject *obj, int quant, size_t rows)
 }
 
 /* ------------------------------------------------------------------ */
-/* The call without the Python API: the Communicator method below and the
- * XLA handler (xla_ffi.c) both run it. */
-
-const char *
-sn_rmsnorm_unavailable(int algo, int quant)
-{
-    if (algo == SN_ALGO_TWO_SHOT && quant != SYMNCCL_QUANT_NONE)
-        return "all_reduce_rmsnorm: algo 'two_shot' has no FP8 output "
-               "(quant=); use 'one_shot' or 'nccl'";
-    return NULL;
-}
-
-int
-sn_rmsnorm_ar_algo(CommObject *c, int asked, int algo, const sn_dtype *dt,
-                   size_t bytes)
-{
-    if (algo != SN_ALGO_NCCL)
-        return -1;
-    const sn_topology topo = sn_topology_of(c);
-    return sn_then_norm_algo(&topo, &c->knobs, asked, dt, bytes);
-}
-
-/* The all-reduce of x (NCCL's, or symnccl's kernel of r->ar_algo:
- * sn_then_norm_algo) into y's buffer, then the add and the norm by
- * symnccl's kernel with no peer (r->local), on the same stream, reading
- * the sums where it writes y (each row's reads come before its stores).
- * A temporary where y's buffer cannot hold them: an FP8 y, or y written
- * over the residual (which the sums would overwrite before the add). */
-static int
-all_reduce_then_norm(const sn_ar *r, sn_nccl_done_fn done, void *ctx,
-                     sn_err *err)
-{
-    CommObject *c = r->c;
-    const sn_topology t = sn_topology_of(c);
-    if (!t.symmetric || !t.staging)
-        return sn_fail(err, cudaSuccess, ncclSuccess,
-                       "all_reduce_rmsnorm: symnccl's add+norm kernel "
-                       "needs the NCCL device API on this communicator, "
-                       "which it does not have (%s)",
-                       c->symmetric_reason != NULL ? c->symmetric_reason
-                                                   : "no staging window");
-    const size_t bytes = r->count * (size_t)r->dtype->itemsize;
-    const int own_tmp = r->quant != SYMNCCL_QUANT_NONE ||
-                        r->out == r->residual;
-    char *tmp = r->out;
-    cudaError_t e = cudaSuccess;
-    if (own_tmp &&
-        (e = cudaMallocAsync((void **)&tmp, bytes, r->stream)) != cudaSuccess)
-        return sn_fail(err, e, ncclSuccess, "cudaMallocAsync");
-    int rc;
-    if (r->ar_algo != SN_ALGO_NCCL) {
-        const sn_ar ar = {c, r->ar_algo, r->x, tmp, NULL, r->count,
-                          r->dtype, sn_op_by_name("sum"), r->stream,
-                          SYMNCCL_COLL_ALL_REDUCE, -1};
-        rc = sn_launch_kernels(&ar, err);
-    }
-    else   /* done() failed: -2, its own error set */
-        rc = done(ctx, ncclAllReduce(r->x, tmp, r->count, r->dtype->nccl,
-                                     ncclSum, c->comm, r->stream)) == 0
-                 ? 0 : -2;
-    if (rc == 0) {
-        sn_ar local = *r;
-        local.algo = SN_ALGO_ONE_SHOT;
-        local.x = tmp;
-        local.local = 1;
-        rc = sn_launch_kernels(&local, err);
-    }
-    if (own_tmp && (e = cudaFreeAsync(tmp, r->stream)) != cudaSuccess &&
-        rc == 0)
-        rc = sn_fail(err, e, ncclSuccess, "cudaFreeAsync");
-    return rc;
-}
-
-int
-sn_rmsnorm_launch(const sn_ar *r, sn_nccl_done_fn done, void *ctx,
-                  sn_err *err)
-{
-    if (r->count == 0)
-        return 0;
-    if (r->algo == SN_ALGO_NCCL)
-        return all_reduce_then_norm(r, done, ctx, err);
-    return sn_launch_kernels(r, err);
-}
-
-/* ------------------------------------------------------------------ */
-
-/* The method's completion of the NCCL all-reduce: counted, watched,
- * waited for (sn_call_enqueued); -1 with the exception set. */
-static int
-method_nccl_done(void *ctx, ncclResult_t rc)
-{
-    return sn_call_enqueued((sn_call *)ctx, rc,
-                            SYMNCCL_COLL_ALL_REDUCE_RMSNORM,
-                            "ncclAllReduce (all_reduce_rmsnorm)");
-}
 
 PyObject *
 sn_all_reduce_rmsnorm(CommObject *c, PyObject *args, PyObject *kw)
@@ -390,13 +297,28 @@ sn_all_reduce_rmsnorm(CommObject *c, PyObject *args, PyObject *kw)
     if (sn_call_check(k, SYMNCCL_COLL_ALL_REDUCE_RMSNORM, xt->count, algo,
                       then) < 0)
         return fcall_end(&f, 0);
-    sn_ar r = {c, algo, xt->ptr, y->ptr, NULL, xt->count, xt->dtype,
-               sn_op_by_name("sum"), k->stream,
-               SYMNCCL_COLL_ALL_REDUCE_RMSNORM, -1, f.res.ptr, f.h.ptr,
-               f.w.ptr, H, (float)eps, 0, quant, (float *)f.scale.ptr,
-               then};
-    sn_err err = {cudaSuccess, ncclSuccess, ""};
-    const int rc = sn_rmsnorm_launch(&r, method_nccl_done, k, &err);
+    const sn_ar r = {
+        .c = c,
+        .algo = algo,
+        .x = xt->ptr,
+        .out = y->ptr,
+        .count = xt->count,
+        .dtype = xt->dtype,
+        .op = sn_op_by_name("sum"),
+        .stream = k->stream,
+        .collective = SYMNCCL_COLL_ALL_REDUCE_RMSNORM,
+        .root = -1,
+        .residual = f.res.ptr,
+        .out_h = f.h.ptr,
+        .weight = f.w.ptr,
+        .row_len = H,
+        .eps = (float)eps,
+        .quant = quant,
+        .scale = (float *)f.scale.ptr,
+        .ar_algo = then,
+    };
+    sn_err err = {.cuda = cudaSuccess};
+    const int rc = sn_run(&r, sn_call_nccl_done, k, &err);
     if (rc == -1 && sn_fault_check(k->st, c) == 0)
         sn_raise(k->st, &err);
     return fcall_end(&f, rc == 0);

@@ -356,8 +356,14 @@ py_auto_algo_for(PyObject *module, PyObject *args)
         sn_registry_lookup("auto", d, o, &algo, &dt, &op) < 0 ||
         (coll = sn_collective_by_name(cname)) < 0 || sn_knobs_read(&k) < 0)
         return NULL;
-    const sn_call_desc desc = {coll, SN_ALGO_AUTO, (size_t)bytes, dt, op,
-                               in_window, 0};
+    const sn_call_desc desc = {
+        .collective = coll,
+        .algo = SN_ALGO_AUTO,
+        .bytes = (size_t)bytes,
+        .dtype = dt,
+        .op = op,
+        .in_window = in_window,
+    };
     char why[320];
     algo = sn_resolve(&t, &k, &desc, why, sizeof(why));
     if (algo == SN_ALGO_UNKNOWN) {

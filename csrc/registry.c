@@ -6,6 +6,7 @@
  * to add an entry.
  */
 #include "symnccl.h"
+#include "xla_ffi_abi.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -20,22 +21,23 @@
 
 const sn_dtype sn_dtypes[] = {
     {"float32", "float fp32 f32", SN_kDLFloat, 32, ncclFloat32, 4,
-     SYMNCCL_DT_F32},
-    {"bfloat16", "bf16", SN_kDLBfloat, 16, ncclBfloat16, 2, SYMNCCL_DT_BF16},
+     SYMNCCL_DT_F32, SNX_F32},
+    {"bfloat16", "bf16", SN_kDLBfloat, 16, ncclBfloat16, 2, SYMNCCL_DT_BF16,
+     SNX_BF16},
     {"float16", "half fp16 f16", SN_kDLFloat, 16, ncclFloat16, 2,
-     SYMNCCL_DT_F16},
+     SYMNCCL_DT_F16, SNX_F16},
     {"float64", "double fp64 f64", SN_kDLFloat, 64, ncclFloat64, 8,
-     SYMNCCL_DT_F64},
+     SYMNCCL_DT_F64, SNX_F64},
     {"float8_e4m3fn", "float8_e4m3 fp8_e4m3", SN_kDLFloat8_e4m3fn, 8,
-     ncclFloat8e4m3, 1, SYMNCCL_DT_F8E4M3},
+     ncclFloat8e4m3, 1, SYMNCCL_DT_F8E4M3, SNX_F8E4M3FN},
     {"float8_e5m2", "fp8_e5m2", SN_kDLFloat8_e5m2, 8, ncclFloat8e5m2, 1,
-     SYMNCCL_DT_F8E5M2},
-    {"int8", "", SN_kDLInt, 8, ncclInt8, 1, -1},
-    {"uint8", "", SN_kDLUInt, 8, ncclUint8, 1, -1},
-    {"int32", "", SN_kDLInt, 32, ncclInt32, 4, SYMNCCL_DT_I32},
-    {"uint32", "", SN_kDLUInt, 32, ncclUint32, 4, -1},
-    {"int64", "", SN_kDLInt, 64, ncclInt64, 8, SYMNCCL_DT_I64},
-    {"uint64", "", SN_kDLUInt, 64, ncclUint64, 8, -1},
+     SYMNCCL_DT_F8E5M2, SNX_F8E5M2},
+    {"int8", "", SN_kDLInt, 8, ncclInt8, 1, -1, SNX_S8},
+    {"uint8", "", SN_kDLUInt, 8, ncclUint8, 1, -1, SNX_U8},
+    {"int32", "", SN_kDLInt, 32, ncclInt32, 4, SYMNCCL_DT_I32, SNX_S32},
+    {"uint32", "", SN_kDLUInt, 32, ncclUint32, 4, -1, SNX_U32},
+    {"int64", "", SN_kDLInt, 64, ncclInt64, 8, SYMNCCL_DT_I64, SNX_S64},
+    {"uint64", "", SN_kDLUInt, 64, ncclUint64, 8, -1, SNX_U64},
 };
 const int sn_n_dtypes = (int)(sizeof(sn_dtypes) / sizeof(sn_dtypes[0]));
 
@@ -356,8 +358,13 @@ sn_then_norm_algo(const sn_topology *t, const sn_knobs *k, int asked,
 {
     if (asked != SN_ALGO_AUTO)
         return SN_ALGO_NCCL;
-    const sn_call_desc ar = {SYMNCCL_COLL_ALL_REDUCE, SN_ALGO_AUTO, bytes,
-                             dt, sn_op_by_name("sum"), 0, 0};
+    const sn_call_desc ar = {
+        .collective = SYMNCCL_COLL_ALL_REDUCE,
+        .algo = SN_ALGO_AUTO,
+        .bytes = bytes,
+        .dtype = dt,
+        .op = sn_op_by_name("sum"),
+    };
     return auto_algo(t, k, &ar);
 }
 
@@ -467,6 +474,24 @@ sn_dtype_by_dlpack(SN_DLDataType dt)
     for (int i = 0; i < sn_n_dtypes; i++)
         if (sn_dtypes[i].dl_code == dt.code && sn_dtypes[i].dl_bits == dt.bits)
             return &sn_dtypes[i];
+    return NULL;
+}
+
+const sn_dtype *
+sn_dtype_by_xla(int type)
+{
+    for (int i = 0; i < sn_n_dtypes; i++)
+        if (sn_dtypes[i].xla == type)
+            return &sn_dtypes[i];
+    return NULL;
+}
+
+const sn_op *
+sn_op_by_nccl(int code)
+{
+    for (int i = 0; i < sn_n_ops; i++)
+        if ((int)sn_ops[i].nccl == code)
+            return &sn_ops[i];
     return NULL;
 }
 
@@ -827,19 +852,27 @@ sn_registry_export(PyObject *module)
         return -1;
     PyObject *dtypes = PyTuple_New(sn_n_dtypes);
     PyObject *kdtypes = PyList_New(0);
-    if (dtypes == NULL || kdtypes == NULL)
+    PyObject *fdtypes = PyList_New(0);
+    if (dtypes == NULL || kdtypes == NULL || fdtypes == NULL)
         goto error;
     for (int i = 0; i < sn_n_dtypes; i++) {
         PyTuple_SetItem(dtypes, i, PyUnicode_FromString(sn_dtypes[i].name));
         if (sn_dtypes[i].kernel >= 0 &&
             PyList_Append(kdtypes, PyTuple_GetItem(dtypes, i)) < 0)
             goto error;
+        /* all_reduce_rmsnorm's: the dtypes of the FLOAT units */
+        if (sn_dtypes[i].kernel >= 0 &&
+            SYMNCCL_UNIT_FLOAT_TAKES(sn_dtypes[i].kernel) &&
+            PyList_Append(fdtypes, PyTuple_GetItem(dtypes, i)) < 0)
+            goto error;
     }
     if (add(module, "DTYPES", Py_NewRef(dtypes)) < 0 ||
-        add(module, "KERNEL_DTYPES", PyList_AsTuple(kdtypes)) < 0)
+        add(module, "KERNEL_DTYPES", PyList_AsTuple(kdtypes)) < 0 ||
+        add(module, "RMSNORM_DTYPES", PyList_AsTuple(fdtypes)) < 0)
         goto error;
     Py_CLEAR(dtypes);
     Py_CLEAR(kdtypes);
+    Py_CLEAR(fdtypes);
 
     PyObject *ops = PyTuple_New(sn_n_ops);
     PyObject *codes = PyDict_New();
@@ -958,5 +991,6 @@ algo_error:
 error:
     Py_XDECREF(dtypes);
     Py_XDECREF(kdtypes);
+    Py_XDECREF(fdtypes);
     return -1;
 }

@@ -8,7 +8,7 @@
  *   1  nccl_policy.c  abi.c  errors.c  wait.c  registry.c  dtypes.c
  *      streams.c
  *   2  windows.c  staging.c  faults.c
- *   3  lifecycle.c  watchdog.c  launch.c
+ *   3  lifecycle.c  watchdog.c  launch.c  run.c
  *   4  buffer.c
  *   5  dlpack.c
  *   6  collectives.c  fused.c  alltoall.c  xla_ffi.c
@@ -197,6 +197,7 @@ typedef struct sn_dtype {
     ncclDataType_t nccl;
     int itemsize;
     int kernel;                /* SYMNCCL_DT_*, or -1: no symnccl kernel */
+    int xla;                   /* XLA's element type (xla_ffi_abi.h) */
 } sn_dtype;
 
 typedef struct sn_op {
@@ -262,7 +263,9 @@ extern const int sn_n_ops;
 extern const sn_algo sn_algos[SN_ALGO_COUNT];
 const sn_dtype *sn_dtype_by_name(const char *name);   /* aliases too */
 const sn_dtype *sn_dtype_by_dlpack(SN_DLDataType dt);
+const sn_dtype *sn_dtype_by_xla(int type);            /* SNX_*, or NULL */
 const sn_op *sn_op_by_name(const char *name);
+const sn_op *sn_op_by_nccl(int code);                 /* ncclRedOp_t */
 /* SN_ALGO_* for a name ("auto" included), SN_ALGO_UNKNOWN if none. */
 int sn_algo_by_name(const char *name);
 /* Algorithm ("auto" too), dtype and op by name; -1 with ValueError. */
@@ -334,7 +337,9 @@ int sn_set_cuda_error(SNState *st, cudaError_t rc, const char *what);
 typedef struct {
     cudaError_t cuda;          /* cudaSuccess unless a CUDA call failed */
     ncclResult_t nccl;         /* ncclSuccess unless an NCCL call failed */
-    char msg[200];
+    char msg[400];
+    int not_implemented;       /* NotImplementedError (a call that cannot
+                                  run inside symnccl.group()) */
 } sn_err;
 
 int sn_fail(sn_err *e, cudaError_t cuda, ncclResult_t nccl, const char *fmt,
@@ -688,9 +693,16 @@ static inline void sn_unlock(CommObject *c) { pthread_mutex_unlock(&c->lock); }
 static inline sn_topology
 sn_topology_of(const CommObject *c)
 {
-    sn_topology t = {c->nranks, c->lsa_size, c->symmetric,
-                     c->staging_win != NULL, c->layout.push_slot != 0,
-                     c->multicast, c->comm != NULL, c->multicast_reason};
+    const sn_topology t = {
+        .nranks = c->nranks,
+        .lsa_size = c->lsa_size,
+        .symmetric = c->symmetric,
+        .staging = c->staging_win != NULL,
+        .push = c->layout.push_slot != 0,
+        .multicast = c->multicast,
+        .nccl = c->comm != NULL,
+        .multicast_reason = c->multicast_reason,
+    };
     return t;
 }
 
@@ -863,6 +875,11 @@ typedef struct {
     size_t row_size, out_rows;
     const int64_t *in_splits, *host_splits;
     int64_t *out_splits, *out_offsets;
+    /* NCCL (run.c): x / out lie in a registered window (the NCCL-window
+     * policy reads it); inside symnccl.group() (a call that must copy
+     * through plain memory cannot run there) */
+    int x_in_window, out_in_window;
+    int in_group;
 } sn_ar;
 
 /* Enqueues the collective on r->stream; 0, or -1 with *err filled. */
@@ -883,6 +900,50 @@ int sn_a2a_plan(const CommObject *c, int asked, int *algo, int ragged,
                 char *why, size_t len);
 /* Counts an NCCL collective in c->launches. */
 void sn_count_nccl(CommObject *c);
+
+/* ------------------------------------------------------------------ */
+/* run.c: one launch path per collective, without the Python API, shared
+ * by every face (the methods, the torch ops through them, the XLA
+ * handlers): symnccl's kernels or NCCL's call, the NCCL-window policy. */
+
+/* Completes an NCCL call of `collective` (`what`: the NCCL function, for
+ * messages) that returned rc, the caller's way (the methods: counted,
+ * watched, waited for with Python's exception on failure; the XLA
+ * handlers: without the GIL); 0, or -1 with the caller's error set. */
+typedef int (*sn_nccl_done_fn)(void *ctx, ncclResult_t rc, int collective,
+                               const char *what);
+/* The resolver (sn_resolve) on c's topology and knobs. */
+int sn_run_resolve(const CommObject *c, const sn_call_desc *d, char *why,
+                   size_t len);
+/* The op a call on c runs (avg is sum on one rank). */
+const sn_op *sn_run_op(const CommObject *c, const sn_op *op);
+/* Enqueues a resolved call on r->stream: r->algo a kernel's (launch.c),
+ * or SN_ALGO_NCCL: the collective's NCCL call (r->count is NCCL's count:
+ * reduce_scatter's of out, all_gather's of x), on the buffers where the
+ * NCCL-window policy allows (r->x_in_window, r->out_in_window), else
+ * through stream-ordered plain memory (refused with not_implemented when
+ * r->in_group); all_to_all's equal blocks (r->host_splits) as grouped
+ * ncclSend/ncclRecv; all_reduce_rmsnorm's all-reduce (NCCL's, or the
+ * kernel of r->ar_algo) then the add+norm kernel with no peer. NCCL's
+ * calls are completed by done(ctx, ...). 0; -1 with *err filled; -2 when
+ * done() failed (its error is the caller's). */
+int sn_run(const sn_ar *r, sn_nccl_done_fn done, void *ctx, sn_err *err);
+/* Grouped ncclSend/ncclRecv of send[q] rows of r->row_size bytes (from
+ * x's row send_off[q]) to and recv[q] rows (into out's row recv_off[q])
+ * from every rank q, in rank order; NULL offsets: one block after
+ * another. Returns as sn_run. */
+int sn_run_exchange(const sn_ar *r, const int64_t *send,
+                    const int64_t *send_off, const int64_t *recv,
+                    const int64_t *recv_off, sn_nccl_done_fn done, void *ctx,
+                    sn_err *err);
+/* Why the fused collective cannot run a call that sn_resolve gave `algo`
+ * (two_shot has no FP8 output), or NULL. */
+const char *sn_rmsnorm_unavailable(int algo, int quant);
+/* A call that resolved to `algo`: the all-reduce before the add+norm
+ * (SN_ALGO_NCCL or a kernel's, sn_then_norm_algo) when algo is
+ * SN_ALGO_NCCL, else -1. */
+int sn_rmsnorm_ar_algo(CommObject *c, int asked, int algo,
+                       const sn_dtype *dt, size_t bytes);
 
 /* ------------------------------------------------------------------ */
 /* buffer.c */
@@ -976,9 +1037,13 @@ int sn_call_algo(sn_call *k, int collective, int algo, size_t bytes);
  * (sn_rmsnorm_ar_algo), else -1. */
 int sn_call_check(sn_call *k, int collective, size_t count, int algo,
                   int then);
-/* After enqueueing an NCCL call (rc): counted, watched and completed. */
-int sn_call_enqueued(sn_call *k, ncclResult_t rc, int collective,
-                     const char *what);
+/* The methods' completion of an NCCL call (an sn_nccl_done_fn, ctx the
+ * sn_call): counted, watched and completed; -1 with the exception set. */
+int sn_call_nccl_done(void *ctx, ncclResult_t rc, int collective,
+                      const char *what);
+/* sn_run (run.c) for a method's call; -1 with the exception set (a
+ * launched kernel's failure: the communicator's, if it has failed). */
+int sn_call_run(sn_call *k, const sn_ar *r);
 
 /* ------------------------------------------------------------------ */
 /* alltoall.c: all_to_all and all_to_all_v. */
@@ -1001,29 +1066,5 @@ PyObject *sn_py_xla_stats(PyObject *module, PyObject *arg);
 /* comm.c */
 
 extern PyType_Spec sn_communicator_spec;
-
-/* ------------------------------------------------------------------ */
-/* fused.c, for the XLA handler (xla_ffi.c): all_reduce_rmsnorm without
- * the Python API (callable without the GIL). */
-
-/* Why the fused collective cannot run a call that sn_resolve gave `algo`
- * (two_shot has no FP8 output), or NULL. */
-const char *sn_rmsnorm_unavailable(int algo, int quant);
-/* Completes an NCCL call that returned rc, the caller's way (the method:
- * counted, watched, waited for with Python's exception on failure; the
- * XLA handler: without the GIL); 0, or -1 with the caller's error set. */
-typedef int (*sn_nccl_done_fn)(void *ctx, ncclResult_t rc);
-/* A call that resolved to `algo`: the all-reduce before the add+norm
- * (SN_ALGO_NCCL or a kernel's, sn_then_norm_algo) when algo is
- * SN_ALGO_NCCL, else -1. */
-int sn_rmsnorm_ar_algo(CommObject *c, int asked, int algo,
-                       const sn_dtype *dt, size_t bytes);
-/* Enqueues a resolved call (r->algo: a fused kernel's, or SN_ALGO_NCCL:
- * the all-reduce of x into stream-ordered scratch -- NCCL's, finished by
- * done(ctx), or r->ar_algo's kernel -- then the add+norm kernel with no
- * peer). 0; -1 with *err filled; -2 when done() failed (its error is the
- * caller's). */
-int sn_rmsnorm_launch(const sn_ar *r, sn_nccl_done_fn done, void *ctx,
-                      sn_err *err);
 
 #endif /* SYMNCCL_H */

@@ -142,26 +142,6 @@ ffi_error(const snx_api *api, snx_error_code code, const char *msg)
     return api->error_create(&a);
 }
 
-/* XLA's element types, by the registry's name (which holds the rest). */
-static const struct { int xla; const char *name; } xla_types[] = {
-    {SNX_F32, "float32"},   {SNX_F64, "float64"},
-    {SNX_F16, "float16"},   {SNX_BF16, "bfloat16"},
-    {SNX_F8E4M3FN, "float8_e4m3fn"},
-    {SNX_F8E5M2, "float8_e5m2"},
-    {SNX_S8, "int8"},       {SNX_U8, "uint8"},
-    {SNX_S32, "int32"},     {SNX_U32, "uint32"},
-    {SNX_S64, "int64"},     {SNX_U64, "uint64"},
-};
-
-static const sn_dtype *
-xla_dtype(int t)
-{
-    for (size_t i = 0; i < sizeof(xla_types) / sizeof(xla_types[0]); i++)
-        if (xla_types[i].xla == t)
-            return sn_dtype_by_name(xla_types[i].name);
-    return NULL;
-}
-
 /* Integer attribute `name` (an int32 scalar), or dflt when absent. */
 static int
 attr_int(const snx_call_frame *call, const char *name, int dflt)
@@ -307,81 +287,68 @@ xla_window(CommObject *c, const char *p, size_t bytes, int device,
     return w != NULL && w->win != NULL ? w : NULL;
 }
 
-/* A collective on NCCL from an XLA handler (c entered, its device
- * current): x has xcount elements, y ycount. NCCL's own symmetric-window
- * kernels see one of the windows symnccl registered for XLA's buffers only
- * where the NCCL-window policy allows (nccl_policy.c); otherwise through
- * stream-ordered plain memory. 0, or -1 with msg[] filled. */
+/* A handler's completion of an NCCL call (sn_nccl_done_fn): finished
+ * without the GIL, then counted and watched; -1 with msg[] filled. */
+typedef struct {
+    CommObject *c;
+    cudaStream_t stream;
+    const char *name;          /* the handler's target, for messages */
+    char *msg;
+    size_t len;
+} xla_done_ctx;
+
 static int
-xla_nccl(CommObject *c, int collective, const sn_dtype *dt, const sn_op *op,
-         const char *x, size_t xcount, char *y, size_t ycount,
-         cudaStream_t stream, char *msg, size_t len)
+xla_nccl_done(void *ctx, ncclResult_t rc, int collective, const char *what)
 {
-    const char *name = sn_collective_name(collective);
-    const size_t is = (size_t)dt->itemsize;
-    const size_t xb = xcount * is, yb = ycount * is;
-    int xw = 0, yw = 0;
-    sn_lock(c);
-    for (sn_window *w = c->xla_windows; w != NULL; w = w->next)
-        if (w->win != NULL) {
-            xw |= x >= w->base && x + xb <= w->base + w->size;
-            yw |= y >= w->base && y + yb <= w->base + w->size;
-        }
-    sn_unlock(c);
-    const size_t block = collective == SYMNCCL_COLL_REDUCE_SCATTER ? yb
-                         : collective == SYMNCCL_COLL_ALL_GATHER  ? xb
-                                                                  : 0;
-    const int plain =
-        sn_nccl_plain_reason(sn_abi_runtime(), c->knobs.nccl_windows,
-                             collective, x, xb, y, yb, block, xw, yw) != NULL;
-    char *tmp = NULL;
-    const int in_place = x == y;
-    const char *nx = x;
-    char *ny = y;
-    cudaError_t e = cudaSuccess;
-    if (plain) {
-        const size_t total = in_place ? yb : xb + yb;
-        e = cudaMallocAsync((void **)&tmp, total ? total : 1, stream);
-        if (e == cudaSuccess)
-            e = cudaMemcpyAsync(tmp, x, xb, cudaMemcpyDeviceToDevice, stream);
-        nx = tmp;
-        ny = in_place ? tmp : tmp + xb;
+    xla_done_ctx *d = ctx;
+    if ((rc = nccl_finish(d->c, rc)) == ncclSuccess) {
+        sn_count_nccl(d->c);
+        sn_watch_nccl(d->c, collective, d->stream);
+        return 0;
     }
-    ncclResult_t rc = ncclSuccess;
-    if (e == cudaSuccess) {
-        if (collective == SYMNCCL_COLL_ALL_REDUCE)
-            rc = ncclAllReduce(nx, ny, xcount, dt->nccl, op->nccl, c->comm,
-                               stream);
-        else if (collective == SYMNCCL_COLL_REDUCE_SCATTER)
-            rc = ncclReduceScatter(nx, ny, ycount, dt->nccl, op->nccl,
-                                   c->comm, stream);
-        else
-            rc = ncclAllGather(nx, ny, xcount, dt->nccl, c->comm, stream);
-        rc = nccl_finish(c, rc);
-        if (rc == ncclSuccess) {
-            sn_count_nccl(c);
-            sn_watch_nccl(c, collective, stream);
-            if (plain)
-                e = cudaMemcpyAsync(y, ny, yb, cudaMemcpyDeviceToDevice,
-                                    stream);
-        }
+    snprintf(d->msg, d->len, "%s: NCCL: %s", d->name, nccl_why(d->c, rc));
+    return -1;
+}
+
+/* sn_run (run.c) for a handler (c entered, its device current): 0, or -1
+ * with msg[] filled, naming the handler (`name`). An NCCL call sees one of
+ * the windows symnccl registered for XLA's buffers where the NCCL-window
+ * policy allows; r->x_in_window and r->out_in_window are set here. */
+static int
+xla_run(sn_ar *r, const char *name, char *msg, size_t len)
+{
+    CommObject *c = r->c;
+    if (r->algo == SN_ALGO_NCCL &&
+        r->collective != SYMNCCL_COLL_ALL_TO_ALL &&
+        r->collective != SYMNCCL_COLL_ALL_REDUCE_RMSNORM) {
+        const size_t is = (size_t)r->dtype->itemsize;
+        const size_t n = (size_t)c->nranks;
+        const size_t xb = r->count * is *
+                          (r->collective == SYMNCCL_COLL_REDUCE_SCATTER ? n
+                                                                        : 1);
+        const size_t yb = r->count * is *
+                          (r->collective == SYMNCCL_COLL_ALL_GATHER ? n : 1);
+        int xw = 0, yw = 0;
+        sn_lock(c);
+        for (sn_window *w = c->xla_windows; w != NULL; w = w->next)
+            if (w->win != NULL) {
+                xw |= r->x >= w->base && r->x + xb <= w->base + w->size;
+                yw |= r->out >= w->base && r->out + yb <= w->base + w->size;
+            }
+        sn_unlock(c);
+        r->x_in_window = xw;
+        r->out_in_window = yw;
     }
-    if (tmp != NULL) {
-        cudaError_t e2 = cudaFreeAsync(tmp, stream);
-        if (e == cudaSuccess)
-            e = e2;
-    }
-    if (rc != ncclSuccess) {
-        snprintf(msg, len, "symnccl_%s: NCCL: %s", name,
-                 nccl_why(c, rc));
-        return -1;
-    }
-    if (e != cudaSuccess) {
-        snprintf(msg, len, "symnccl_%s: copy through plain memory "
-                 "(NCCL-window policy): %s", name, cudaGetErrorString(e));
-        return -1;
-    }
-    return 0;
+    xla_done_ctx d = {
+        .c = c, .stream = r->stream, .name = name, .msg = msg, .len = len,
+    };
+    sn_err err = {.cuda = cudaSuccess};
+    const int rc = sn_run(r, xla_nccl_done, &d, &err);
+    if (rc == -1)
+        snprintf(msg, len, "%s: %.300s%s%s", name, err.msg,
+                 err.cuda != cudaSuccess ? ": " : "",
+                 err.cuda != cudaSuccess ? cudaGetErrorString(err.cuda) : "");
+    return rc == 0 ? 0 : -1;
 }
 
 /* The algorithm of one call (sn_resolve, as for the Communicator
@@ -392,10 +359,16 @@ resolve(CommObject *c, int collective, int algo, size_t bytes,
         const sn_dtype *dt, const sn_op *op, int in_window, char *msg,
         size_t len)
 {
-    const sn_topology topo = sn_topology_of(c);
-    const sn_call_desc d = {collective, algo, bytes, dt, op, in_window, 0};
+    const sn_call_desc d = {
+        .collective = collective,
+        .algo = algo,
+        .bytes = bytes,
+        .dtype = dt,
+        .op = op,
+        .in_window = in_window,
+    };
     char why[256];
-    const int got = sn_resolve(&topo, &c->knobs, &d, why, sizeof(why));
+    const int got = sn_run_resolve(c, &d, why, sizeof(why));
     if (got == SN_ALGO_UNKNOWN)
         snprintf(msg, len, "symnccl_%s: %s", sn_collective_name(collective),
                  why);
@@ -410,18 +383,13 @@ all_reduce(const snx_api *api, snx_call_frame *call, CommObject *c,
 {
     char msg[320];
     /* op: an ncclRedOp_t (symnccl._C.OP_CODES); algo: SN_ALGO_* */
-    const int op_code = attr_int(call, "op", ncclSum);
-    const sn_op *op = NULL;
-    for (int i = 0; i < sn_n_ops; i++)
-        if ((int)sn_ops[i].nccl == op_code)
-            op = &sn_ops[i];
+    const sn_op *op = sn_op_by_nccl(attr_int(call, "op", ncclSum));
     int algo = attr_int(call, "algo", SN_ALGO_AUTO);
     int may_register = attr_int(call, "register", 0);
     if (op == NULL || algo < SN_ALGO_AUTO || algo >= SN_ALGO_COUNT)
         return ffi_error(api, SNX_ERR_INVALID_ARGUMENT,
                          "symnccl_all_reduce: bad op or algo attribute");
-    if (op->nccl == ncclAvg && c->nranks == 1)
-        op = sn_op_by_name("sum");
+    op = sn_run_op(c, op);
     const size_t is = (size_t)dt->itemsize;
     /* may_register: the same attribute on every rank */
     if ((algo = resolve(c, SYMNCCL_COLL_ALL_REDUCE, algo, count * is, dt, op,
@@ -433,13 +401,20 @@ all_reduce(const snx_api *api, snx_call_frame *call, CommObject *c,
     if (prev != c->device)
         cudaSetDevice(c->device);
     int failed = 0;
-    if (algo == SN_ALGO_NCCL)
-        failed = xla_nccl(c, SYMNCCL_COLL_ALL_REDUCE, dt, op, x->data, count,
-                          y->data, count, stream, msg, sizeof(msg)) < 0;
-    else {
-        sn_ar r = {c,      algo, x->data, y->data, NULL, count, dt, op,
-                   stream, SYMNCCL_COLL_ALL_REDUCE, -1};
-        msg[0] = '\0';
+    sn_ar r = {
+        .c = c,
+        .algo = algo,
+        .x = x->data,
+        .out = y->data,
+        .count = count,
+        .dtype = dt,
+        .op = op,
+        .stream = stream,
+        .collective = SYMNCCL_COLL_ALL_REDUCE,
+        .root = -1,
+    };
+    msg[0] = '\0';
+    if (algo != SN_ALGO_NCCL) {
         /* the load kernels read x in a window, or stage it; the packet
          * kernels never use one; push stores into it when in place */
         const int plan = symnccl_kernel_row_of(
@@ -462,13 +437,8 @@ all_reduce(const snx_api *api, snx_call_frame *call, CommObject *c,
         else if (plan == SYMNCCL_PLAN_LOADS)
             stats[dev].staged_calls++;
         sn_unlock(c);
-        sn_err err = {cudaSuccess, ncclSuccess, ""};
-        if (sn_launch_kernels(&r, &err) < 0) {
-            snprintf(msg, sizeof(msg), "symnccl_all_reduce: %s: %s", err.msg,
-                     cudaGetErrorString(err.cuda));
-            failed = 1;
-        }
     }
+    failed = xla_run(&r, "symnccl_all_reduce", msg, sizeof(msg)) < 0;
 done:
     if (prev >= 0 && prev != c->device)
         cudaSetDevice(prev);
@@ -491,9 +461,7 @@ slice_collective(const snx_api *api, snx_call_frame *call,
     const sn_op *op = NULL;
     if (collective == SYMNCCL_COLL_REDUCE_SCATTER) {
         const int op_code = attr_int(call, "op", ncclSum);
-        for (int i = 0; i < sn_n_ops; i++)
-            if ((int)sn_ops[i].nccl == op_code)
-                op = &sn_ops[i];
+        op = sn_op_by_nccl(op_code);
         if (op == NULL) {
             snprintf(msg, sizeof(msg), "symnccl_%s: bad op attribute %d",
                      name, op_code);
@@ -515,22 +483,22 @@ slice_collective(const snx_api *api, snx_call_frame *call,
     cudaGetDevice(&prev);
     if (prev != c->device)
         cudaSetDevice(c->device);
-    int failed = 0;
-    if (algo != SN_ALGO_NCCL) {
-        /* count: of the result for reduce_scatter, of x for all_gather */
-        sn_ar r = {c, algo, x->data, y->data, NULL,
-                   collective == SYMNCCL_COLL_REDUCE_SCATTER ? ycount : count,
-                   dt, op, stream, collective, -1};
-        sn_err err = {cudaSuccess, ncclSuccess, ""};
-        if (sn_launch_kernels(&r, &err) < 0) {
-            snprintf(msg, sizeof(msg), "symnccl_%s: %s: %s", name, err.msg,
-                     cudaGetErrorString(err.cuda));
-            failed = 1;
-        }
-    }
-    else
-        failed = xla_nccl(c, collective, dt, op, x->data, count, y->data,
-                          ycount, stream, msg, sizeof(msg)) < 0;
+    char target[48];
+    snprintf(target, sizeof(target), "symnccl_%s", name);
+    /* count: of the result for reduce_scatter, of x for all_gather */
+    sn_ar r = {
+        .c = c,
+        .algo = algo,
+        .x = x->data,
+        .out = y->data,
+        .count = collective == SYMNCCL_COLL_REDUCE_SCATTER ? ycount : count,
+        .dtype = dt,
+        .op = op,
+        .stream = stream,
+        .collective = collective,
+        .root = -1,
+    };
+    const int failed = xla_run(&r, target, msg, sizeof(msg)) < 0;
     if (prev >= 0 && prev != c->device)
         cudaSetDevice(prev);
     if (failed)
@@ -662,7 +630,7 @@ handle(snx_call_frame *call, int collective)
     }
     const snx_buffer *x = call->args.args[0];
     const snx_buffer *y = call->rets.rets[0];
-    const sn_dtype *dt = xla_dtype(x->dtype);
+    const sn_dtype *dt = sn_dtype_by_xla(x->dtype);
     if (dt == NULL || x->dtype != y->dtype) {
         snprintf(msg, sizeof(msg), "%s: XLA dtype %d is not supported (or "
                  "differs from the result's, %d)", target, (int)x->dtype,
@@ -733,60 +701,6 @@ handle_all_gather(snx_call_frame *call)
  * NCCL), since NCCL's path would read the counts on the host. A buffer of 8 x nranks bytes holds the n int64 whatever
  * XLA's element type says (JAX without x64 passes them as uint32 pairs). */
 
-/* symnccl's kernel: `rows` of x, of row_size bytes, splits
- * from the device (in_splits) or the host; 0, or -1 with msg[] filled. */
-static int
-a2a_kernel(xla_call *x, int algo, const sn_dtype *dt, const char *src,
-           size_t rows, size_t row_size, char *out, size_t out_rows,
-           const int64_t *in_splits, const int64_t *host_splits,
-           int64_t *out_splits, char *msg, size_t len)
-{
-    CommObject *c = x->c;
-    sn_ar r = {c, algo, src, out, NULL, rows, dt, NULL, x->stream,
-               SYMNCCL_COLL_ALL_TO_ALL, -1};
-    r.row_size = row_size;
-    r.out_rows = out_rows;
-    r.in_splits = in_splits;
-    r.host_splits = host_splits;
-    r.out_splits = out_splits;
-    sn_err err = {cudaSuccess, ncclSuccess, ""};
-    if (sn_launch_kernels(&r, &err) < 0) {
-        snprintf(msg, len, "%s%s%s", err.msg,
-                 err.cuda != cudaSuccess ? ": " : "",
-                 err.cuda != cudaSuccess ? cudaGetErrorString(err.cuda) : "");
-        return -1;
-    }
-    return 0;
-}
-
-/* Equal blocks on NCCL: grouped ncclSend/ncclRecv of `block` bytes per
- * rank, as bytes (every dtype); 0, or -1 with msg[] filled. */
-static int
-a2a_nccl(xla_call *x, const char *src, char *out, size_t block, char *msg,
-         size_t len)
-{
-    CommObject *c = x->c;
-    ncclResult_t rc = ncclGroupStart();
-    for (int q = 0; rc == ncclSuccess && q < c->nranks; q++) {
-        rc = ncclSend(src + (size_t)q * block, block, ncclInt8, q, c->comm,
-                      x->stream);
-        if (rc == ncclSuccess)
-            rc = ncclRecv(out + (size_t)q * block, block, ncclInt8, q,
-                          c->comm, x->stream);
-    }
-    ncclResult_t end = ncclGroupEnd();
-    if (rc == ncclSuccess)
-        rc = end;
-    rc = nccl_finish(c, rc);
-    if (rc != ncclSuccess) {
-        snprintf(msg, len, "NCCL: %s", nccl_why(c, rc));
-        return -1;
-    }
-    sn_count_nccl(c);
-    sn_watch_nccl(c, SYMNCCL_COLL_ALL_TO_ALL, x->stream);
-    return 0;
-}
-
 static snx_error *
 handle_a2a(snx_call_frame *call, int ragged)
 {
@@ -815,7 +729,7 @@ handle_a2a(snx_call_frame *call, int ragged)
     }
     const snx_buffer *xb = call->args.args[0];
     const snx_buffer *yb = call->rets.rets[0];
-    const sn_dtype *dt = xla_dtype(xb->dtype);
+    const sn_dtype *dt = sn_dtype_by_xla(xb->dtype);
     if (dt == NULL || xb->dtype != yb->dtype) {
         snprintf(msg, sizeof(msg), "%s: XLA dtype %d is not supported (or "
                  "differs from the result's, %d)", name, (int)xb->dtype,
@@ -845,7 +759,7 @@ handle_a2a(snx_call_frame *call, int ragged)
         for (int i = 1; i < 3; i++) {
             const snx_buffer *b = i == 1 ? call->args.args[1]
                                          : call->rets.rets[1];
-            const sn_dtype *t = xla_dtype(b->dtype);
+            const sn_dtype *t = sn_dtype_by_xla(b->dtype);
             if (t == NULL || elems(b, 0) * (size_t)t->itemsize != 8 * n) {
                 snprintf(msg, sizeof(msg), "%s: the %s hold %zu bytes, "
                          "expected nranks (%zu) int64", name, i == 1
@@ -908,22 +822,30 @@ handle_a2a(snx_call_frame *call, int ragged)
     cudaGetDevice(&prev);
     if (prev != c->device)
         cudaSetDevice(c->device);
-    int failed;
-    if (algo == SN_ALGO_NCCL)
-        failed = a2a_nccl(&x, xb->data, yb->data, rows / n * row * is, why,
-                          sizeof(why)) < 0;
-    else {
-        int64_t equal[SYMNCCL_MAX_RANKS];
-        for (size_t q = 0; q < n; q++)
-            equal[q] = (int64_t)(rows / n);
-        failed = a2a_kernel(&x, algo, dt, xb->data, rows, row * is,
-                            yb->data, out_rows, splits, equal, got, why,
-                            sizeof(why)) < 0;
-    }
+    /* equal blocks: the rows each rank gets (the kernels' host splits, and
+     * NCCL's grouped ncclSend/ncclRecv); _v: the device's splits */
+    int64_t equal[SYMNCCL_MAX_RANKS];
+    for (size_t q = 0; q < n; q++)
+        equal[q] = (int64_t)(rows / n);
+    sn_ar r = {
+        .c = c,
+        .algo = algo,
+        .x = xb->data,
+        .out = yb->data,
+        .count = rows,
+        .dtype = dt,
+        .stream = x.stream,
+        .collective = SYMNCCL_COLL_ALL_TO_ALL,
+        .root = -1,
+        .row_size = row * is,
+        .out_rows = out_rows,
+        .in_splits = splits,
+        .host_splits = equal,
+        .out_splits = got,
+    };
+    xla_run(&r, name, msg, sizeof(msg));
     if (prev >= 0 && prev != c->device)
         cudaSetDevice(prev);
-    if (failed)
-        snprintf(msg, sizeof(msg), "%s: %s", name, why);
 out:
     xla_leave(&x);
     return msg[0] != '\0' ? ffi_error(api, code, msg) : NULL;
@@ -952,7 +874,7 @@ handle_all_to_all_v(snx_call_frame *call)
  * fused kernels copy x into the staging window themselves (launch.c,
  * row_launches), so XLA's buffers are never registered as windows. The
  * algorithm is the resolver's (sn_resolve) and the launch, NCCL fallback
- * included, fused.c's (sn_rmsnorm_launch), as for the method. */
+ * included, run.c's (sn_run), as for the method. */
 
 /* Float attribute `name` (a float32 or float64 scalar), or dflt. */
 static double
@@ -1005,7 +927,7 @@ rmsnorm_buffers(const snx_call_frame *call, const snx_buffer *b[6],
              : nr == 3 ? SYMNCCL_QUANT_DYNAMIC
                        : SYMNCCL_QUANT_NONE;
     const snx_buffer *x = b[0];
-    *dt = xla_dtype(x->dtype);
+    *dt = sn_dtype_by_xla(x->dtype);
     const int ydt = *quant != SYMNCCL_QUANT_NONE ? SNX_F8E4M3FN : x->dtype;
     if (*dt == NULL || !SYMNCCL_UNIT_FLOAT_TAKES((*dt)->kernel) ||
         b[1]->dtype != x->dtype || b[2]->dtype != x->dtype ||
@@ -1037,29 +959,6 @@ rmsnorm_buffers(const snx_call_frame *call, const snx_buffer *b[6],
     return 0;
 }
 
-/* The fused call's NCCL all-reduce, finished without the GIL (as
- * xla_nccl's): counted and watched once complete. */
-typedef struct {
-    CommObject *c;
-    cudaStream_t stream;
-    char *msg;
-    size_t len;
-} xla_done_ctx;
-
-static int
-xla_nccl_done(void *ctx, ncclResult_t rc)
-{
-    xla_done_ctx *d = ctx;
-    if ((rc = nccl_finish(d->c, rc)) == ncclSuccess) {
-        sn_count_nccl(d->c);
-        sn_watch_nccl(d->c, SYMNCCL_COLL_ALL_REDUCE_RMSNORM, d->stream);
-        return 0;
-    }
-    snprintf(d->msg, d->len, "symnccl_all_reduce_rmsnorm: NCCL: %s",
-             nccl_why(d->c, rc));
-    return -1;
-}
-
 static snx_error *
 all_reduce_rmsnorm(snx_call_frame *call, CommObject *c, const sn_dtype *dt,
                    int quant, size_t H, const snx_buffer *const *b,
@@ -1088,21 +987,29 @@ all_reduce_rmsnorm(snx_call_frame *call, CommObject *c, const sn_dtype *dt,
     cudaGetDevice(&prev);
     if (prev != c->device)
         cudaSetDevice(c->device);
-    sn_ar r = {c,      algo, b[0]->data, b[3]->data, NULL, count, dt,
-               sn_op_by_name("sum"), stream,
-               SYMNCCL_COLL_ALL_REDUCE_RMSNORM, -1, b[1]->data,
-               b[4]->data, b[2]->data, H, (float)eps, 0, quant,
-               b[5] != NULL ? b[5]->data : NULL,
-               sn_rmsnorm_ar_algo(c, asked, algo, dt,
-                                  count * (size_t)dt->itemsize)};
-    xla_done_ctx d = {c, stream, msg, sizeof(msg)};
-    sn_err err = {cudaSuccess, ncclSuccess, ""};
-    const int rc = sn_rmsnorm_launch(&r, xla_nccl_done, &d, &err);
-    if (rc == -1)
-        snprintf(msg, sizeof(msg), "symnccl_all_reduce_rmsnorm: %s%s%s",
-                 err.msg, err.cuda != cudaSuccess ? ": " : "",
-                 err.cuda != cudaSuccess ? cudaGetErrorString(err.cuda)
-                                         : "");
+    sn_ar r = {
+        .c = c,
+        .algo = algo,
+        .x = b[0]->data,
+        .out = b[3]->data,
+        .count = count,
+        .dtype = dt,
+        .op = sn_op_by_name("sum"),
+        .stream = stream,
+        .collective = SYMNCCL_COLL_ALL_REDUCE_RMSNORM,
+        .root = -1,
+        .residual = b[1]->data,
+        .out_h = b[4]->data,
+        .weight = b[2]->data,
+        .row_len = H,
+        .eps = (float)eps,
+        .quant = quant,
+        .scale = b[5] != NULL ? b[5]->data : NULL,
+        .ar_algo = sn_rmsnorm_ar_algo(c, asked, algo, dt,
+                                      count * (size_t)dt->itemsize),
+    };
+    const int rc = xla_run(&r, "symnccl_all_reduce_rmsnorm", msg,
+                           sizeof(msg));
     if (prev >= 0 && prev != c->device)
         cudaSetDevice(prev);
     return rc != 0 ? ffi_error(api, SNX_ERR_INTERNAL, msg) : NULL;

@@ -742,8 +742,9 @@ def ragged_all_to_all(operand, output, input_offsets, send_sizes,
 # add+norm), differentiable as the unfused composition is.
 
 __all__ += ["all_reduce_rmsnorm"]
-#: the dtypes of the fused kernels (x, residual and weight alike)
-_RMSNORM_DTYPES = ("float32", "float16", "bfloat16")
+#: the dtypes of the fused kernels (x, residual and weight alike): the
+#: registry's (kernels/table.h's FLOAT units)
+_RMSNORM_DTYPES = _C.RMSNORM_DTYPES
 
 
 def _all_reduce_rmsnorm_raw(x, residual, weight, eps, quant, scale, algo):

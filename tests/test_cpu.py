@@ -1063,7 +1063,7 @@ def test_readme_names_every_algorithm_and_knob():
 # Host files in layer order (csrc/symnccl.h): each may call only files
 # before it.
 LAYERS = ["nccl_policy", "abi", "errors", "wait", "registry", "dtypes", "streams", "windows",
-          "staging", "faults", "loopback", "lifecycle", "watchdog", "launch", "buffer",
+          "staging", "faults", "loopback", "lifecycle", "watchdog", "launch", "run", "buffer",
           "dlpack", "collectives", "fused", "alltoall", "xla_ffi", "comm",
           "module"]
 
