@@ -397,6 +397,9 @@ static PyMethodDef sn_methods[] = {
      "present."},
     {"_set_hooks", py_set_hooks, METH_VARARGS, NULL},
     {"_shutdown", py_shutdown, METH_O, NULL},
+    {"_exit_timeout", sn_py_exit_timeout, METH_NOARGS,
+     "_exit_timeout(): the seconds SYMNCCL_EXIT_TIMEOUT gives each "
+     "communicator at exit (the knob table, registry.c)"},
     {"_check_timeout", py_check_timeout, METH_O,
      "_check_timeout(seconds, /): the check every timeout passes "
      "(finite, > 0, <= MAX_TIMEOUT); returns it as a float, or raises "

@@ -637,6 +637,50 @@ static const knob knobs[] = {
 };
 #define N_KNOBS (sizeof(knobs) / sizeof(knobs[0]))
 
+/* The process's knob, read at its moment (the interpreter's exit: the
+ * seconds each communicator left open gets to close before it is
+ * aborted), not per communicator, and never refused: a value the timeout
+ * check (sn_check_timeout) refuses warns, and the default is used, so
+ * that exit still closes every communicator. */
+static const struct {
+    const char *env;
+    int dflt;
+    const char *doc;
+} exit_knob = {"SYMNCCL_EXIT_TIMEOUT", 30,
+               "seconds interpreter exit gives each communicator left open "
+               "to close before aborting it (read at exit; a value the "
+               "timeout check refuses warns and the default is used)"};
+
+PyObject *
+sn_py_exit_timeout(PyObject *module, PyObject *unused)
+{
+    const char *s = getenv(exit_knob.env);
+    if (s == NULL)
+        return PyFloat_FromDouble(exit_knob.dflt);
+    PyObject *text = PyUnicode_DecodeFSDefault(s);
+    if (text == NULL)
+        return NULL;
+    PyObject *f = PyFloat_FromString(text);
+    const double v = f != NULL ? PyFloat_AsDouble(f) : -1.0;
+    Py_XDECREF(f);
+    if (f != NULL && sn_check_timeout(v, "timeout") == 0) {
+        Py_DECREF(text);
+        return PyFloat_FromDouble(v);
+    }
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    const int rc = PyErr_WarnFormat(PyExc_RuntimeWarning, 1, "%s=%R: %S; "
+                                    "using %d s", exit_knob.env, text,
+                                    value != NULL ? value : Py_None,
+                                    exit_knob.dflt);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+    Py_DECREF(text);
+    return rc < 0 ? NULL : PyFloat_FromDouble(exit_knob.dflt);
+}
+
 int
 sn_knobs_read(sn_knobs *k)
 {
@@ -972,6 +1016,13 @@ sn_registry_export(PyObject *module)
             Py_CLEAR(kn);
         Py_XDECREF(v);
     }
+    PyObject *exit_v = Py_BuildValue("(iiis)", exit_knob.dflt, 0,
+                                     (int)SN_MAX_TIMEOUT, exit_knob.doc);
+    if (kn != NULL &&
+        (exit_v == NULL ||
+         PyDict_SetItemString(kn, exit_knob.env, exit_v) < 0))
+        Py_CLEAR(kn);
+    Py_XDECREF(exit_v);
     PyObject *algo_knob = Py_BuildValue("(ssss)", "auto", "", "",
                                         "overrides algo='auto' of every "
                                         "collective where that algorithm "

@@ -1,13 +1,16 @@
 /* symnccl internal header: module state, object layouts, and the functions
  * each .c file offers the others.
  *
- * The .c files form layers (docs/ARCHITECTURE.md, "Host code"); a file
- * calls only files of the layers above it, never one below, so there is no
- * circle (tests/test_cpu.py checks it):
+ * The .c files form layers; a file calls only files listed before it (the
+ * layers above it, and earlier files of its own), never one after, so
+ * there is no circle. This list is the one declaration of the order:
+ * tests/layering.py reads it for the layering test (tests/test_cpu.py,
+ * which also checks that it names every file) and for docs/ARCHITECTURE.md's
+ * table ("Host code", tests/test_docs.py).
  *
  *   1  nccl_policy.c  abi.c  errors.c  wait.c  registry.c  dtypes.c
  *      streams.c
- *   2  windows.c  staging.c  faults.c
+ *   2  windows.c  staging.c  faults.c  loopback.c
  *   3  lifecycle.c  watchdog.c  launch.c  run.c
  *   4  buffer.c
  *   5  dlpack.c
@@ -320,6 +323,9 @@ const char *sn_algo_unavailable(const sn_topology *t, int algo,
                                 const sn_dtype *dt, const sn_op *op);
 /* The knobs from the environment; -1 with ValueError on a bad value. */
 int sn_knobs_read(sn_knobs *k);
+/* _exit_timeout(): SYMNCCL_EXIT_TIMEOUT's seconds (a refused value warns,
+ * and its default is used). */
+PyObject *sn_py_exit_timeout(PyObject *module, PyObject *unused);
 /* Communicator.knobs: every knob's value, by its variable's name. */
 PyObject *sn_knobs_dict(const sn_knobs *k);
 /* Adds DTYPES, OPS, ALGORITHMS, ... to the module. */

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import os
 
 from . import _loader
 
@@ -209,18 +208,10 @@ def _at_exit() -> None:
     _C._shutdown(_exit_timeout())
 
 
-def _exit_timeout() -> float:
-    """SYMNCCL_EXIT_TIMEOUT (seconds, 30 when unset): a value the timeout
-    check refuses is named in a warning and 30 is used, so that exit still
-    closes every communicator."""
-    value = os.environ.get("SYMNCCL_EXIT_TIMEOUT", "30")
-    try:
-        return _C._check_timeout(float(value))
-    except ValueError as e:
-        import warnings
-        warnings.warn(f"SYMNCCL_EXIT_TIMEOUT={value!r}: {e}; using 30 s",
-                      RuntimeWarning, stacklevel=2)
-        return 30.0
+#: SYMNCCL_EXIT_TIMEOUT (seconds, 30 when unset), from the knob table
+#: (csrc/registry.c): a value the timeout check refuses is named in a
+#: warning and 30 is used, so that exit still closes every communicator.
+_exit_timeout = _C._exit_timeout
 
 
 atexit.register(_at_exit)

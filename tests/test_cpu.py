@@ -11,6 +11,8 @@ import pytest
 import symnccl
 from symnccl import _C, _check, _loader
 from symnccl.bootstrap import local_device_count, spawn
+# the order symnccl.h's header comment declares
+from layering import LAYERS
 
 
 def test_loaded_nccl_is_the_wheel_or_nccl_home():
@@ -1062,12 +1064,6 @@ def test_readme_names_every_algorithm_and_knob():
 
 # Host files in layer order (csrc/symnccl.h): each may call only files
 # before it.
-LAYERS = ["nccl_policy", "abi", "errors", "wait", "registry", "dtypes", "streams", "windows",
-          "staging", "faults", "loopback", "lifecycle", "watchdog", "launch", "run", "buffer",
-          "dlpack", "collectives", "fused", "alltoall", "xla_ffi", "comm",
-          "module"]
-
-
 def test_c_files_call_only_the_layers_above_them():
     """No circle of C files: a function defined in csrc/X.c is called only
     by X.c and files after it in LAYERS."""

@@ -211,3 +211,21 @@ def test_failures_md_table_says_passed_exactly_where_a_run_passed():
     for row in rows:
         library, check = row[2].strip(), row[4].strip()
         assert check.startswith("passed") == proven(library), row
+
+
+def test_architecture_layer_table_is_symnccl_h_s_layers():
+    """ARCHITECTURE.md's 'Host code' table lists the layers symnccl.h's
+    header comment declares (tests/layering.py): the same files, in the
+    same layers, in the same order."""
+    from layering import layers
+    text = _read("docs/ARCHITECTURE.md")
+    table = text[text.index("| layer | files | what |"):]
+    rows = []
+    for line in table.splitlines()[2:]:
+        if not line.startswith("|"):
+            break
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        rows.append((int(cells[0]),
+                     [f[:-2] for f in re.findall(r"`([\w/]+\.c)`",
+                                                 cells[1])]))
+    assert rows == layers()
