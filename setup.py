@@ -554,6 +554,11 @@ class BuildPy(build_py):
 
 class BuildExt(build_ext):
     def build_extensions(self):
+        # csrc/methods.py's table -> csrc/methods.h and _C.pyi's method
+        # stubs (files written only when they change)
+        gen = os.path.join(HERE, "csrc", "methods.py")
+        if os.path.exists(gen):
+            subprocess.check_call([sys.executable, gen])
         nvcc = CUDA[0]
         objects = compile_kernels(nvcc, NCCL[0],
                                   os.path.join(self.build_temp, "kernels"),

@@ -392,9 +392,9 @@ error:
 PyObject *
 sn_all_to_all(CommObject *c, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"x", "out", "algo", "stream", NULL};
+    static char *kwlist[] = SN_KW_all_to_all;
     PyObject *x, *out = Py_None, *stream = Py_None, *algo_obj = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OOO:all_to_all", kwlist,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, SN_FMT_all_to_all, kwlist,
                                      &x, &out, &algo_obj, &stream))
         return NULL;
     int algo = SN_ALGO_AUTO;
@@ -442,11 +442,10 @@ sn_all_to_all(CommObject *c, PyObject *args, PyObject *kw)
 PyObject *
 sn_all_to_all_v(CommObject *c, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"x", "out", "in_splits", "out_splits", "algo",
-                             "stream", "out_offsets", NULL};
+    static char *kwlist[] = SN_KW_all_to_all_v;
     PyObject *x, *out, *in_obj, *osp_obj = Py_None, *stream = Py_None;
     PyObject *algo_obj = NULL, *off_obj = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOO|OOO$O:all_to_all_v",
+    if (!PyArg_ParseTupleAndKeywords(args, kw, SN_FMT_all_to_all_v,
                                      kwlist, &x, &out, &in_obj, &osp_obj,
                                      &algo_obj, &stream, &off_obj))
         return NULL;

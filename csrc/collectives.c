@@ -399,10 +399,10 @@ call_algo(sn_call *k, int collective, int algo, const sn_op *op,
 PyObject *
 sn_all_reduce(CommObject *c, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"x", "out", "op", "algo", "stream", NULL};
+    static char *kwlist[] = SN_KW_all_reduce;
     PyObject *x, *out = Py_None, *stream = Py_None;
     PyObject *op_obj = NULL, *algo_obj = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OOOO:all_reduce", kwlist,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, SN_FMT_all_reduce, kwlist,
                                      &x, &out, &op_obj, &algo_obj, &stream))
         return NULL;
     const sn_op *op = op_obj != NULL ? parse_op(op_obj) : sn_op_by_name("sum");
@@ -433,10 +433,10 @@ sn_all_reduce(CommObject *c, PyObject *args, PyObject *kw)
 PyObject *
 sn_reduce_scatter(CommObject *c, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"x", "out", "op", "algo", "stream", NULL};
+    static char *kwlist[] = SN_KW_reduce_scatter;
     PyObject *x, *out = Py_None, *stream = Py_None;
     PyObject *op_obj = NULL, *algo_obj = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OOOO:reduce_scatter",
+    if (!PyArg_ParseTupleAndKeywords(args, kw, SN_FMT_reduce_scatter,
                                      kwlist, &x, &out, &op_obj, &algo_obj,
                                      &stream))
         return NULL;
@@ -478,9 +478,9 @@ sn_reduce_scatter(CommObject *c, PyObject *args, PyObject *kw)
 PyObject *
 sn_all_gather(CommObject *c, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"x", "out", "algo", "stream", NULL};
+    static char *kwlist[] = SN_KW_all_gather;
     PyObject *x, *out = Py_None, *stream = Py_None, *algo_obj = NULL;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OOO:all_gather", kwlist,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, SN_FMT_all_gather, kwlist,
                                      &x, &out, &algo_obj, &stream))
         return NULL;
     int algo = SN_ALGO_AUTO;
@@ -516,15 +516,15 @@ sn_all_gather(CommObject *c, PyObject *args, PyObject *kw)
 static PyObject *
 rooted(CommObject *c, PyObject *args, PyObject *kw, int collective)
 {
-    static char *bkw[] = {"x", "root", "out", "algo", "stream", NULL};
-    static char *rkw[] = {"x", "root", "out", "op", "algo", "stream", NULL};
+    static char *bkw[] = SN_KW_broadcast;
+    static char *rkw[] = SN_KW_reduce;
     PyObject *x, *out = Py_None, *stream = Py_None, *op_obj = NULL;
     PyObject *algo_obj = NULL;
     int root = 0;
     int ok = collective == SYMNCCL_COLL_BROADCAST
-        ? PyArg_ParseTupleAndKeywords(args, kw, "O|iOOO:broadcast", bkw, &x,
+        ? PyArg_ParseTupleAndKeywords(args, kw, SN_FMT_broadcast, bkw, &x,
                                       &root, &out, &algo_obj, &stream)
-        : PyArg_ParseTupleAndKeywords(args, kw, "O|iOOOO:reduce", rkw, &x,
+        : PyArg_ParseTupleAndKeywords(args, kw, SN_FMT_reduce, rkw, &x,
                                       &root, &out, &op_obj, &algo_obj,
                                       &stream);
     if (!ok)
@@ -569,10 +569,10 @@ sn_reduce(CommObject *c, PyObject *args, PyObject *kw)
 PyObject *
 sn_barrier(CommObject *c, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"stream", "blocking", NULL};
+    static char *kwlist[] = SN_KW_barrier;
     PyObject *stream = Py_None;
     int blocking = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|O$p:barrier", kwlist,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, SN_FMT_barrier, kwlist,
                                      &stream, &blocking))
         return NULL;
     sn_call k;

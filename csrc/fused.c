@@ -211,15 +211,12 @@ check_scale(fcall *f, PyObject *obj, int quant, size_t rows)
 PyObject *
 sn_all_reduce_rmsnorm(CommObject *c, PyObject *args, PyObject *kw)
 {
-    static char *kwlist[] = {"x", "residual", "weight", "eps", "out",
-                             "residual_out", "quant", "scale", "algo",
-                             "stream", NULL};
+    static char *kwlist[] = SN_KW_all_reduce_rmsnorm;
     PyObject *x, *res, *w, *out = Py_None, *res_out = Py_None;
     PyObject *quant_obj = Py_None, *scale_obj = Py_None;
     PyObject *algo_obj = NULL, *stream_obj = Py_None;
     double eps;
-    if (!PyArg_ParseTupleAndKeywords(args, kw,
-                                     "OOOd|$OOOOOO:all_reduce_rmsnorm",
+    if (!PyArg_ParseTupleAndKeywords(args, kw, SN_FMT_all_reduce_rmsnorm,
                                      kwlist, &x, &res, &w, &eps, &out,
                                      &res_out, &quant_obj, &scale_obj,
                                      &algo_obj, &stream_obj))

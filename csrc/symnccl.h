@@ -34,6 +34,7 @@
 
 #include "dlpack_abi.h"
 #include "kernels/launch.h"
+#include "methods.h"
 
 #define SN_MAX_NDIM 16
 /* The most bytes a tensor may span: what DLPack's int64 shapes, strides
@@ -989,12 +990,14 @@ PyObject *sn_py_import_info(PyObject *module, PyObject *args);
 /* ------------------------------------------------------------------ */
 /* collectives.c: the collective methods of Communicator. */
 
-PyObject *sn_all_reduce(CommObject *c, PyObject *args, PyObject *kw);
-PyObject *sn_reduce_scatter(CommObject *c, PyObject *args, PyObject *kw);
-PyObject *sn_all_gather(CommObject *c, PyObject *args, PyObject *kw);
-PyObject *sn_broadcast(CommObject *c, PyObject *args, PyObject *kw);
-PyObject *sn_reduce(CommObject *c, PyObject *args, PyObject *kw);
-PyObject *sn_barrier(CommObject *c, PyObject *args, PyObject *kw);
+/* The collective methods (csrc/methods.py's table, SN_METHODS: their
+ * keyword lists, formats and docstrings too): sn_<name>(c, args, kw), in
+ * collectives.c, fused.c (all_reduce_rmsnorm) and alltoall.c (all_to_all,
+ * all_to_all_v). */
+#define SN_METHOD_DECL_(name) \
+    PyObject *sn_##name(CommObject *c, PyObject *args, PyObject *kw);
+SN_METHODS(SN_METHOD_DECL_)
+#undef SN_METHOD_DECL_
 /* A new output of like's framework with this shape: the framework
  * allocates it (torch: like.new_empty, like's dtype; cupy), or symnccl
  * does (dtype dt) and hands it over zero-copy (JAX, symnccl's own
@@ -1003,17 +1006,9 @@ PyObject *sn_new_output(SNState *st, CommObject *c, PyObject *like, int ndim,
                         const int64_t *shape, const sn_dtype *dt,
                         cudaStream_t stream);
 
-/* ------------------------------------------------------------------ */
-/* fused.c: collectives fused with the computation around them. */
-
-/* all_reduce_rmsnorm(x, residual, weight, eps, *, out=None,
- * residual_out=None, quant=None, scale=None, algo="auto", stream=None)
- * -> (y, h) */
-PyObject *sn_all_reduce_rmsnorm(CommObject *c, PyObject *args,
-                                PyObject *kw);
-
 /* One call's state: stream, device guard, borrowed tensors, result. The
- * collectives of later layers (alltoall.c) use it through these: */
+ * collectives of later layers (fused.c, alltoall.c) use it through
+ * these: */
 typedef struct {
     SNState *st;
     CommObject *c;
@@ -1050,12 +1045,6 @@ int sn_call_nccl_done(void *ctx, ncclResult_t rc, int collective,
 /* sn_run (run.c) for a method's call; -1 with the exception set (a
  * launched kernel's failure: the communicator's, if it has failed). */
 int sn_call_run(sn_call *k, const sn_ar *r);
-
-/* ------------------------------------------------------------------ */
-/* alltoall.c: all_to_all and all_to_all_v. */
-
-PyObject *sn_all_to_all(CommObject *c, PyObject *args, PyObject *kw);
-PyObject *sn_all_to_all_v(CommObject *c, PyObject *args, PyObject *kw);
 
 /* ------------------------------------------------------------------ */
 /* xla_ffi.c: the XLA FFI handler and its module functions. */

@@ -325,3 +325,24 @@ def test_release_output_is_ignored_and_its_tools_stay_out_of_this_env():
     assert installs, "the recipe installs its tools somewhere"
     for line in installs:
         assert '"$tmp/tools/bin/python" -m pip install' in line, line
+
+
+def test_method_declarations_are_generated_from_the_one_table():
+    """csrc/methods.py is the one declaration of each collective method:
+    csrc/methods.h (keyword lists, formats, docstrings) and _C.pyi's method
+    stubs are what it generates now, and the module's methods carry its
+    signatures."""
+    import importlib.util
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = os.path.join(root, "csrc", "methods.py")
+    r = subprocess.run([sys.executable, path, "--check"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    spec = importlib.util.spec_from_file_location("sn_methods", path)
+    m = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(m)
+    from symnccl import _C
+    for name, params, _, doc in m.METHODS:
+        f = getattr(_C.Communicator, name)
+        assert name + f.__text_signature__ == m.signature(name, params)
+        assert f.__doc__ == doc

@@ -55,6 +55,13 @@ def test_every_method_that_uses_the_communicator_enters_it():
     table = comm[comm.index("static PyMethodDef comm_methods[]"):]
     methods = re.findall(r'\{"(\w+)", \(PyCFunction\)'
                          r'(?:\(void \(\*\)\(void\)\))?(\w+)', table)
+    # the collective methods: csrc/methods.py's table (SN_METHODS), whose
+    # C functions are sn_<name>
+    assert "SN_METHODS(SN_METHOD_DEF_)" in table
+    listed = _src("methods.h").split("#define SN_METHODS(X)")[1]
+    methods += [(m, "sn_" + m) for m in
+                re.findall(r"X\((\w+)\)", listed.split("\n\n")[0])]
+    assert "all_reduce" in dict(methods), methods
     bodies = {}
     for name in ("comm.c", "collectives.c", "fused.c", "alltoall.c"):
         bodies.update(_functions(_src(name)))
