@@ -60,11 +60,16 @@ def _warm_up(comm, x, collective, algo):
 
 
 def peer_failure(rank, nranks, uid, scenario, collective, algo, timeout,
-                 rehearsal_uid):
+                 rehearsal_uid, survivors_uid):
     """scenario: "exit" (rank 1 leaves after the warm-up), "sleep" (rank 1
     sleeps past the timeout, then makes the call), "mismatch" (rank 1 passes
     8 more elements; SYMNCCL_CHECK=1 when checked), "abort" (rank 1 leaves,
-    and rank 0's call is ended by abort() from another thread).
+    and every other rank's call is ended by abort() from another thread).
+
+    After abort() the ranks still running (all but rank 1 where it left)
+    make a new communicator among themselves (survivors_uid, renumbered
+    0, 1, ... in rank order, on the same GPUs) and all-reduce ones:
+    "fresh_ok" when every element is the number of survivors.
 
     "leaked" is measured against the device memory after a rehearsal: a
     communicator (rehearsal_uid) that makes the same calls and is closed
@@ -116,13 +121,19 @@ def peer_failure(rank, nranks, uid, scenario, collective, algo, timeout,
     out["closed"] = comm.closed
     del x
     out["leaked"] = free0 - _free_bytes(torch)
-    # a new communicator among the survivors (here: this rank alone)
-    with symnccl.Communicator(symnccl.get_unique_id(), 0, 1, device=rank,
-                              timeout=timeout) as fresh:
+    # a new communicator among the survivors, which reach this point at
+    # different times (a sleeper's later; each abort takes its own time):
+    # its creation waits for them all, at least 60 s
+    left = scenario in ("exit", "abort")
+    survivors = [q for q in range(nranks) if not (left and q == 1)]
+    with symnccl.Communicator(survivors_uid, survivors.index(rank),
+                              len(survivors), device=rank,
+                              timeout=max(timeout, 60.0)) as fresh:
         y = torch.ones(1031, device="cuda")
         fresh.all_reduce(y, algo=algo if collective == "all_reduce" and
                          algo != "nccl" else "auto")
         torch.cuda.synchronize()
-        out["fresh_ok"] = bool((y == 1).all().item())
+        out["fresh_ok"] = bool((y == len(survivors)).all().item())
+        out["fresh_nranks"] = fresh.nranks
     out["total_seconds"] = time.monotonic() - t0
     return out
