@@ -203,17 +203,23 @@ kernel_call(sn_call *k, int collective, int algo, const sn_op *op,
     return 0;
 }
 
-/* After enqueueing an NCCL collective (SYMNCCL_COLL_*): counted, watched
- * (watchdog.c) and completed. */
+/* After enqueueing an NCCL collective (SYMNCCL_COLL_*): counted,
+ * completed, then watched (watchdog.c). The watch event is recorded only
+ * once the call has completed: a non-blocking communicator may put NCCL's
+ * kernel on the stream after the call returned ncclInProgress, and an
+ * event recorded before it completes at once, so the watchdog never saw
+ * the kernel hang (2x H100: the survivor of a peer that left waited
+ * forever in torch.cuda.synchronize()). */
 static int
 enqueue_done(sn_call *k, ncclResult_t rc, int collective, const char *what)
 {
-    if (rc == ncclSuccess || rc == ncclInProgress) {
+    if (rc == ncclSuccess || rc == ncclInProgress)
         sn_count_nccl(k->c);
-        if (k->st->group_depth == 0)   /* a group launches at its end */
-            sn_watch_nccl(k->c, collective, k->stream);
-    }
-    return sn_nccl_complete(k->st, k->c, rc, what);
+    if (sn_nccl_complete(k->st, k->c, rc, what) < 0)
+        return -1;
+    if (k->st->group_depth == 0)   /* a group launches at its end */
+        sn_watch_nccl(k->c, collective, k->stream);
+    return 0;
 }
 
 /* ------------------------------------------------------------------ */

@@ -28,7 +28,7 @@ from conftest import ranks_param
 TIMEOUT = 3.0
 SLACK = 5.0           # the bound: timeout + 5 s
 GIVE_UP = 1.0         # the timeout of the tests that wait it out once
-LEAK = 64 << 20       # the staging window alone is over 100 MiB
+LEAK = W.LEAK         # the staging window alone is over 100 MiB
 ALGOS = ["ll", "ll128", "one_shot", "two_shot", "push", "nccl"]
 
 
