@@ -190,18 +190,24 @@ parse_algo(PyObject *obj)
 }
 
 /* The method's completion of an NCCL call (sn_nccl_done_fn): counted,
- * watched (watchdog.c) and completed; -1 with the exception set. */
+ * completed, then watched (watchdog.c); -1 with the exception set. The
+ * watch event is recorded only once the call has completed: a
+ * non-blocking communicator may put NCCL's kernel on the stream after the
+ * call returned ncclInProgress, and an event recorded before it completes
+ * at once, so the watchdog never saw the kernel hang (2x H100: the
+ * survivor of a peer that left waited forever in torch.cuda.synchronize()). */
 int
 sn_call_nccl_done(void *ctx, ncclResult_t rc, int collective,
                   const char *what)
 {
     sn_call *k = ctx;
-    if (rc == ncclSuccess || rc == ncclInProgress) {
+    if (rc == ncclSuccess || rc == ncclInProgress)
         sn_count_nccl(k->c);
-        if (k->st->group_depth == 0)   /* a group launches at its end */
-            sn_watch_nccl(k->c, collective, k->stream);
-    }
-    return sn_nccl_complete(k->st, k->c, rc, what);
+    if (sn_nccl_complete(k->st, k->c, rc, what) < 0)
+        return -1;
+    if (k->st->group_depth == 0)   /* a group launches at its end */
+        sn_watch_nccl(k->c, collective, k->stream);
+    return 0;
 }
 
 int

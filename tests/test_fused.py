@@ -11,6 +11,10 @@ the registry's view of the collective (which algorithm runs what)."""
 import pytest
 
 import symnccl
+from _workers.serving import EPS, FP8_MAX, fp8_dynamic_scales
+from _workers.serving import fp8_off_by_more_than_a_step as \
+    _fp8_off_by_more_than_a_step
+from _workers.serving import rmsnorm_wrong as _wrong
 from conftest import last_rank_never_calls
 from symnccl import _C
 
@@ -22,7 +26,6 @@ SHAPES = [(1, 8), (3, 1000), (17, 4096), (128, 4096), (1000, 1000),
 WORLDS = [1, 2, 3, 4, 8]
 # the fused kernels; ll's bits are one_shot's
 KERNEL_ALGOS = ["one_shot", "two_shot", "ll"]
-EPS = 1e-6
 TOPO_2 = dict(nranks=2, lsa_size=2, symmetric=1, staging=1, push=1,
               multicast=0)
 
@@ -149,37 +152,6 @@ def _poisoned(torch, like, pad=0):
     full = torch.full((like.numel() + pad,), float("nan"), dtype=like.dtype,
                       device="cuda")
     return full[pad:].view(like.shape)
-
-
-def _ulp(torch, dtype):
-    return {"float32": 2.0 ** -23, "float16": 2.0 ** -10,
-            "bfloat16": 2.0 ** -7}[dtype]
-
-
-def _wrong(torch, xs, res, w, y, h, dtype):
-    """Elements of h and y outside the rounding bounds of the float64
-    reference (NaN, from a poisoned output left unwritten, counts)."""
-    x64 = sum(x.double() for x in xs)
-    r64 = res.double()
-    h64 = x64 + r64
-    H = h64.shape[-1]
-    rstd = torch.rsqrt((h64 * h64).sum(-1, keepdim=True) / H + EPS)
-    y64 = h64 * rstd * w.double()
-    u = _ulp(torch, dtype)
-    # h: the all-reduce and the add each round once (fp32 accumulation of
-    # n terms adds n fp32 roundings)
-    mag = sum(x.double().abs() for x in xs) + r64.abs()
-    hb = 2 * u * mag + len(xs) * 2.0 ** -23 * mag + 1e-30
-    # y: h's error carried through the norm (each element's, and the
-    # row's sum of squares'), the fp32 sum of squares (at most 64 roundings
-    # deep), then two roundings
-    rel = ((h64.abs() * hb).sum(-1, keepdim=True) /
-           (h64 * h64).sum(-1, keepdim=True))
-    yb = (w.double().abs() * rstd * hb * 1.01 +
-          y64.abs() * (rel * 1.01 + 64 * 2.0 ** -24 + 3 * u) + 1e-6 * rstd)
-    bad_h = ~((h.double() - h64).abs() <= hb)
-    bad_y = ~((y.double() - y64).abs() <= yb)
-    return int(bad_h.sum()), int(bad_y.sum())
 
 
 def _call_all(torch, team, streams, xs, res, w, ys, hs, **kw):
@@ -667,20 +639,6 @@ def test_auto_beyond_the_fused_rows_is_all_reduce_s_choice_then_the_norm(
 
 # ----------------------------------------------------------------- FP8
 
-FP8_MAX = 448.0
-
-
-def _fp8_off_by_more_than_a_step(torch, q, y, s):
-    """Elements of q (float8_e4m3fn) whose dequantised value q * s is more
-    than one e4m3 step from y (y / s saturated to +-448): a step is 2^-3 of
-    the value's binade, 2^-9 below the normal range."""
-    v = (y.double() / s).clamp(-FP8_MAX, FP8_MAX)
-    step = torch.where(v.abs() >= 2.0 ** -6,
-                       2.0 ** (torch.floor(torch.log2(v.abs())) - 3),
-                       torch.full_like(v, 2.0 ** -9))
-    return int((~((q.double() - v).abs() <= step)).sum())
-
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("nranks", [1, 2, 4])
 def test_fp8_static_and_dynamic_outputs(monkeypatch, nranks):
@@ -732,13 +690,7 @@ def test_fp8_static_and_dynamic_outputs(monkeypatch, nranks):
                                          quant="fp8_dynamic", scale=sc,
                                          stream=st, algo="one_shot")
                 torch.cuda.synchronize()
-                # the kernel's fp32 division, correctly rounded: the float64
-                # quotient rounded to float32 is the same number (53 >= 2 *
-                # 24 + 2 bits). Divided by a tensor: torch's tensor / scalar
-                # multiplies by the reciprocal instead.
-                amax = y.float().abs().amax(-1).double()
-                want = torch.clamp(amax / torch.full_like(amax, FP8_MAX),
-                                   min=1.0 / (FP8_MAX * 512)).float()
+                want = fp8_dynamic_scales(torch, y)
                 exact = torch.equal(scales[0], want)
                 bad_d = _fp8_off_by_more_than_a_step(
                     torch, qs[0].float(), y, scales[0].double()[:, None])

@@ -5,9 +5,11 @@ import sys
 
 import pytest
 
+import symnccl
 from symnccl.bootstrap import spawn
 
 from _workers import collectives as W
+from _workers import serving as S
 from conftest import ranks_param
 
 
@@ -105,7 +107,6 @@ def test_push_many_chunks_short_last_chunk_under_sm_contention(nranks):
 @ranks_param(2, 4)
 def test_two_communicators_and_two_streams_never_deadlock(nranks):
     pytest.importorskip("torch")
-    import symnccl
     res = spawn(W.lsa_two_comms_two_streams, nranks,
                 args=(symnccl.get_unique_id(), 60), timeout=600)
     assert all(not b for b in res), res
@@ -153,3 +154,66 @@ def test_multimem_all_reduce_matches_float64(nranks):
         pytest.skip("multicast disabled: NCCL granted no multicast handle")
     bad = [row for rows in res for row in rows if row[-1]]
     assert not bad, bad[:10]
+
+
+# ------------------------------------------- serving collectives on peers
+
+@ranks_param(2, 3, 4, 8)
+def test_fused_rmsnorm_every_kernel_dtype_and_shape_on_real_peers(nranks):
+    """all_reduce_rmsnorm on real peers: one_shot, two_shot, ll, auto and
+    nccl, float32/float16/bfloat16, T 1/3/17/128 x H 8/1000/4096/16384,
+    every other shape unaligned, poisoned outputs, in place, FP8 static
+    and dynamic: within the float64 reference's rounding bounds, the
+    kernels each algo runs (launch counters), the same bits on every rank
+    and from every fused kernel (one_shot, two_shot, ll, and auto where it
+    runs one), in place as out of place."""
+    pytest.importorskip("torch")
+    res = spawn(S.fused_rmsnorm_every_kernel, nranks, args=(31,),
+                timeout=600)
+    bad = [row for rows, _, _ in res for row in rows if row[-1]]
+    assert not bad, bad[:10]
+    # 3 dtypes x 16 shapes x 5 algos, 3 x 4 in place x 3 kernels, 3 x 2
+    # FP8 shapes x 2 kernels x 2 quants, and H 1031's refusal
+    assert len(res[0][0]) == 240 + 36 + 24 + 1, len(res[0][0])
+    ref = res[0][1]
+    for r, (_, digests, _) in enumerate(res[1:], 1):
+        assert set(digests) == set(ref), r
+        diff = [k for k in ref if ref[k][0] != "nccl" and
+                ref[k] != digests[k]]
+        assert not diff, f"rank {r} differs from rank 0 in {diff[:5]}"
+    by_case = {}
+    for (what, algo, dtype, T, H, pad), (family, h) in ref.items():
+        if family == "fused":
+            kind = what if what.startswith("fp8") else "y,h"
+            by_case.setdefault((kind, dtype, T, H, pad), set()).add(
+                (what, algo, h))
+    assert len(by_case) == 3 * 16 + 3 * 2 * 2, len(by_case)
+    for case, got in by_case.items():
+        assert len({h for _, _, h in got}) == 1, (case, sorted(got))
+    for rank, (_, _, launches) in enumerate(res):
+        for k in ("one_shot_rmsnorm", "two_shot_rmsnorm", "ll_rmsnorm",
+                  "nccl"):
+            assert launches[k] > 0, (rank, k, launches)
+
+
+@ranks_param(2, 3, 4, 8)
+def test_all_to_all_and_v_every_kernel_and_dtype_on_real_peers(nranks):
+    """all_to_all (push, ll, auto, nccl) in every dtype, rows of 1, 3 and
+    64 elements, unaligned views: bit-exact against the expected
+    permutation; all_to_all_v with random uneven splits from the host and
+    the device: bit-exact, out's rest still poisoned, out_splits and
+    out_offsets right; each call ran its algo's kernel (launch counters)."""
+    pytest.importorskip("torch")
+    res = spawn(S.all_to_all_every_kernel, nranks, args=(37,), timeout=600)
+    bad = [row for rows, _ in res for row in rows if row[-1]]
+    assert not bad, bad[:10]
+    rows = res[0][0]
+    assert sum(r[0] == "all_to_all_v" for r in rows) == 24 * 4
+    for algo in S.A2A_ALGOS:
+        dtypes = {r[2] for r in rows if r[:2] == ("all_to_all", algo)}
+        assert dtypes == set(symnccl.DTYPES), (algo, dtypes)
+        assert {r[6] for r in rows if r[:2] == ("all_to_all_v", algo)} \
+            == {"host", "device"}, algo
+    for rank, (_, launches) in enumerate(res):
+        for k in ("push_all_to_all", "ll_all_to_all", "nccl"):
+            assert launches[k] > 0, (rank, k, launches)

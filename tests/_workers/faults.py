@@ -12,6 +12,12 @@ import symnccl
 KERNEL = {"ll": "ll", "ll128": "ll128", "one_shot": "one_shot",
           "two_shot": "two_shot", "push": "push", "nccl": "nccl"}
 COUNT = 1 << 16
+# What abort() may leave behind (the staging window alone is over 100 MiB),
+# and how long a peer that is still running (aborting, or a process
+# exiting) may hold this rank's memory through its mapping of it: the
+# physical pages go back when the last process holding them lets go.
+LEAK = 64 << 20
+LEAK_SETTLE = 15.0
 
 
 def _call(comm, x, collective, algo):
@@ -21,13 +27,29 @@ def _call(comm, x, collective, algo):
         return comm.reduce_scatter(x, algo=algo)
     if collective == "all_gather":
         return comm.all_gather(x, algo=algo)
-    return comm.broadcast(x, root=0, algo=algo)
+    # rooted at rank 1, the rank that leaves (or sleeps): the survivors
+    # wait to receive. A root only sends, and over NVLink NCCL's sends to
+    # a peer that left its communicator open complete (2x H100)
+    return comm.broadcast(x, root=1, algo=algo)
 
 
 def _free_bytes(torch):
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     return torch.cuda.mem_get_info()[0]
+
+
+def _leaked(torch, free0):
+    """Device memory not back since free0, once every peer that mapped it
+    has let go (polled up to LEAK_SETTLE seconds: a real leak never comes
+    back), and how long that took."""
+    t0 = time.monotonic()
+    while True:
+        leaked = free0 - _free_bytes(torch)
+        waited = time.monotonic() - t0
+        if leaked < LEAK or waited > LEAK_SETTLE:
+            return leaked, waited
+        time.sleep(0.25)
 
 
 def _usable(torch):
@@ -60,11 +82,16 @@ def _warm_up(comm, x, collective, algo):
 
 
 def peer_failure(rank, nranks, uid, scenario, collective, algo, timeout,
-                 rehearsal_uid):
+                 rehearsal_uid, survivors_uid):
     """scenario: "exit" (rank 1 leaves after the warm-up), "sleep" (rank 1
     sleeps past the timeout, then makes the call), "mismatch" (rank 1 passes
     8 more elements; SYMNCCL_CHECK=1 when checked), "abort" (rank 1 leaves,
-    and rank 0's call is ended by abort() from another thread).
+    and every other rank's call is ended by abort() from another thread).
+
+    After abort() the ranks still running (all but rank 1 where it left)
+    make a new communicator among themselves (survivors_uid, renumbered
+    0, 1, ... in rank order, on the same GPUs) and all-reduce ones:
+    "fresh_ok" when every element is the number of survivors.
 
     "leaked" is measured against the device memory after a rehearsal: a
     communicator (rehearsal_uid) that makes the same calls and is closed
@@ -115,14 +142,20 @@ def peer_failure(rank, nranks, uid, scenario, collective, algo, timeout,
     comm.abort()
     out["closed"] = comm.closed
     del x
-    out["leaked"] = free0 - _free_bytes(torch)
-    # a new communicator among the survivors (here: this rank alone)
-    with symnccl.Communicator(symnccl.get_unique_id(), 0, 1, device=rank,
-                              timeout=timeout) as fresh:
+    out["leaked"], out["leak_settled_in"] = _leaked(torch, free0)
+    # a new communicator among the survivors, which reach this point at
+    # different times (a sleeper's later; each abort takes its own time):
+    # its creation waits for them all, at least 60 s
+    left = scenario in ("exit", "abort")
+    survivors = [q for q in range(nranks) if not (left and q == 1)]
+    with symnccl.Communicator(survivors_uid, survivors.index(rank),
+                              len(survivors), device=rank,
+                              timeout=max(timeout, 60.0)) as fresh:
         y = torch.ones(1031, device="cuda")
         fresh.all_reduce(y, algo=algo if collective == "all_reduce" and
                          algo != "nccl" else "auto")
         torch.cuda.synchronize()
-        out["fresh_ok"] = bool((y == 1).all().item())
+        out["fresh_ok"] = bool((y == len(survivors)).all().item())
+        out["fresh_nranks"] = fresh.nranks
     out["total_seconds"] = time.monotonic() - t0
     return out
