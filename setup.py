@@ -1,4 +1,5 @@
-"""Build symnccl._C: CPython C sources in csrc/, CUDA C++ in csrc/kernels/.
+"""Build symnccl._C: C sources in csrc/runtime/, csrc/python/ and csrc/xla/,
+CUDA C++ in csrc/kernels/.
 
 The .cu files are compiled by nvcc into objects that the C extension links
 (the approach cupy takes), with the CUDA runtime linked statically and
@@ -56,10 +57,10 @@ from setuptools.command.build_py import build_py
 # a library runs kernels built against older headers where it carries a
 # conversion of their device communicator (NCCL 2.30.3+ for 2.29.5-2.29.7
 # headers), and never against newer headers than itself ("NCCL library is
-# too old"); csrc/nccl_policy.c declares which library each build may run
-# on, csrc/abi.c picks the newest build that may, and pyproject.toml's
-# nvidia-nccl-cu13 range admits exactly the libraries some build serves
-# (tests/test_build.py checks the three agree; docs/BUILD.md, 'NCCL
+# too old"); csrc/runtime/nccl_policy.c declares which library each build
+# may run on, csrc/runtime/abi.c picks the newest build that may, and
+# pyproject.toml's nvidia-nccl-cu13 range admits exactly the libraries some
+# build serves (tests/test_build.py checks the three agree; docs/BUILD.md, 'NCCL
 # headers', has the evidence). 2.28's device communicator carries no
 # version, so 2.28 needs its own build; 2.29.7's serves 2.29.7 to 2.32.
 NCCL_HEADERS = {28: "2.28.9", 29: "2.29.7"}
@@ -296,7 +297,7 @@ def find_nccl():
     for minor in sorted(builds):
         say(f"NCCL 2.{minor} kernels: headers {builds[minor]}")
     # the host code's nccl.h and the libnccl.so.2 to link (its soname is
-    # what counts: the library is chosen at run time, csrc/abi.c):
+    # what counts: the library is chosen at run time, csrc/runtime/abi.c):
     # NCCL_HOME's, else the lowest minor's with a library at hand
     libroot = home or next(
         (roots[m] for m in sorted(roots)
@@ -584,6 +585,7 @@ class BuildExt(build_ext):
             a for a in self.compiler.linker_so
             if not a.startswith(("-Wl,-rpath", "-Wl,-R"))]
         headers = glob.glob(os.path.join("csrc", "*.h")) + \
+            glob.glob(os.path.join("csrc", "xla", "*.h")) + \
             glob.glob(os.path.join("csrc", "kernels", "launch.h"))
         for ext in self.extensions:
             ext.extra_objects = objects + list(ext.extra_objects or [])
@@ -594,15 +596,17 @@ class BuildExt(build_ext):
 
 
 def _sources():
-    """The C sources; a tree (or sdist) without them cannot build."""
-    sources = sorted(glob.glob(os.path.join("csrc", "*.c")))
+    """The C sources (csrc/runtime/, csrc/python/, csrc/xla/); a tree (or
+    sdist) without them cannot build."""
+    sources = sorted(p for d in ("runtime", "python", "xla")
+                     for p in glob.glob(os.path.join("csrc", d, "*.c")))
     need = [os.path.join("csrc", "symnccl.h"),
             os.path.join("csrc", "kernels", "launch.h"),
             os.path.join("csrc", "kernels", "unit.cu")]
     missing = [p for p in need if not os.path.exists(p)]
     if not sources or missing:
         _fail("the C/CUDA sources are missing from this tree (" +
-              ", ".join(missing or ["csrc/*.c"]) + "): build from a git "
+              ", ".join(missing or ["csrc/*/*.c"]) + "): build from a git "
               "checkout or a complete sdist")
     return sources
 
@@ -611,7 +615,7 @@ def make_extension():
     nvcc, cuda_inc, cuda_lib = CUDA
     _, nccl_inc, nccl_lib, nccl_home = NCCL
     macros = [("Py_LIMITED_API", "0x030B0000")]
-    # the XLA FFI handlers need no jaxlib here: csrc/xla_ffi_abi.h
+    # the XLA FFI handlers need no jaxlib here: csrc/xla/xla_ffi_abi.h
     include_dirs = ["csrc", nccl_inc, cuda_inc]
     # $ORIGIN/../nvidia/nccl/lib is the wheel's libnccl beside an installed
     # symnccl; symnccl/_loader.py preloads it explicitly in any case.

@@ -1,6 +1,14 @@
 /* symnccl internal header: module state, object layouts, and the functions
  * each .c file offers the others.
  *
+ * The .c files live in folders by face (docs/ARCHITECTURE.md, "Host
+ * code"): runtime/ (what a launch needs, meant to run without Python: the
+ * XLA handlers call it on XLA's threads), python/ (the Python face: the
+ * module, its types and methods, argument parsing, raising), xla/ (the XLA
+ * FFI face, which never calls the Python API). runtime/ and xla/ call no
+ * Python API, except the files tests/layering.py's PYTHON_PENDING lists
+ * (what is left to split); tests/test_cpu.py checks it.
+ *
  * The .c files form layers; a file calls only files listed before it (the
  * layers above it, and earlier files of its own), never one after, so
  * there is no circle. This list is the one declaration of the order:
@@ -8,15 +16,19 @@
  * which also checks that it names every file) and for docs/ARCHITECTURE.md's
  * table ("Host code", tests/test_docs.py).
  *
- *   1  nccl_policy.c  abi.c  errors.c  wait.c  registry.c  dtypes.c
- *      streams.c
- *   2  windows.c  staging.c  faults.c  loopback.c
- *   3  lifecycle.c  watchdog.c  launch.c  run.c
- *   4  buffer.c
- *   5  dlpack.c
- *   6  collectives.c  fused.c  alltoall.c  xla_ffi.c
- *   7  comm.c
- *   8  module.c
+ *   1  runtime/nccl_policy.c  runtime/abi.c  python/errors.c
+ *      runtime/wait.c  runtime/registry.c  python/dtypes.c
+ *      python/streams.c
+ *   2  runtime/windows.c  runtime/staging.c  runtime/faults.c
+ *      runtime/loopback.c
+ *   3  runtime/lifecycle.c  runtime/watchdog.c  runtime/launch.c
+ *      runtime/run.c
+ *   4  python/buffer.c
+ *   5  python/dlpack.c
+ *   6  python/collectives.c  python/fused.c  python/alltoall.c
+ *      xla/xla_ffi.c
+ *   7  python/comm.c
+ *   8  python/module.c
  *
  * The .c files talk to NCCL through nccl.h and to the CUDA C++ side only
  * through kernels/launch.h.

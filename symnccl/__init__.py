@@ -21,7 +21,7 @@ from . import _loader
 _NCCL_PATH = _loader.preload()
 
 # libnccl must be loaded first; importing _C picks the kernel build for it
-# and raises ImportError when none may run on it (csrc/abi.c)
+# and raises ImportError when none may run on it (csrc/runtime/abi.c)
 from . import _C  # noqa: E402
 
 from . import _frameworks  # noqa: E402
@@ -48,7 +48,7 @@ __all__ = [
     "MAX_TIMEOUT",
 ]
 
-# What symnccl knows is declared once, in the C registry (csrc/registry.c);
+# What symnccl knows is declared once, in the C registry (csrc/runtime/registry.c);
 # these are its views.
 
 #: a communicator's timeout when none is given, and the longest it takes
@@ -209,7 +209,7 @@ def _at_exit() -> None:
 
 
 #: SYMNCCL_EXIT_TIMEOUT (seconds, 30 when unset), from the knob table
-#: (csrc/registry.c): a value the timeout check refuses is named in a
+#: (csrc/runtime/registry.c): a value the timeout check refuses is named in a
 #: warning and 30 is used, so that exit still closes every communicator.
 _exit_timeout = _C._exit_timeout
 

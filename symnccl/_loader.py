@@ -2,7 +2,7 @@
 
 symnccl's device code is compiled against a few NCCL releases' headers (the
 device API's structs change between minor versions) and the module uses
-the build that may run on the libnccl it loads (csrc/abi.c, which refuses
+the build that may run on the libnccl it loads (csrc/runtime/abi.c, which refuses
 the import when none may). In order of preference:
 
 1. a libnccl.so.2 already loaded in this process (torch and jaxlib load the

@@ -5,7 +5,7 @@ inside jax.jit, shard_map and jax.grad.
 Each is an XLA FFI custom call ("symnccl_all_reduce",
 "symnccl_reduce_scatter", "symnccl_all_gather", "symnccl_all_to_all",
 "symnccl_all_to_all_v", "symnccl_all_reduce_rmsnorm") whose handler is C
-(csrc/xla_ffi.c): it takes XLA's stream and device, and uses the
+(csrc/xla/xla_ffi.c): it takes XLA's stream and device, and uses the
 communicator created for that device by communicator(). Communicators are
 made before the computation runs, never inside it. Each is differentiable
 (jax.custom_vjp), with the gradients of jax.lax.psum, psum_scatter(tiled=
@@ -48,7 +48,7 @@ from . import _C, Communicator, OPS
 __all__ = ["communicator", "all_reduce", "reduce_scatter", "all_gather",
            "TARGET", "TARGETS"]
 
-#: collective -> the FFI target of its handler (csrc/xla_ffi.c's table)
+#: collective -> the FFI target of its handler (csrc/xla/xla_ffi.c's table)
 TARGETS = {k: f"symnccl_{k}" for k in _C.XLA_HANDLERS}
 TARGET = TARGETS["all_reduce"]
 #: op name -> the ncclRedOp_t the handler takes (the C registry's).
@@ -457,7 +457,7 @@ def stats(device: int) -> dict:
 # ---------------------------------------------------------------- all-to-all
 #
 # jax.lax.all_to_all and ragged_all_to_all (issue 32) on two custom calls
-# (csrc/xla_ffi.c, "all-to-all"): "symnccl_all_to_all" moves nranks equal
+# (csrc/xla/xla_ffi.c, "all-to-all"): "symnccl_all_to_all" moves nranks equal
 # blocks of rows (axis 0), "symnccl_all_to_all_v" the rows of device splits,
 # packed rank after rank (Communicator.all_to_all_v). Other axes are
 # transposes and reshapes in jnp around the equal one; ragged's explicit
@@ -737,7 +737,7 @@ def ragged_all_to_all(operand, output, input_offsets, send_sizes,
 # ------------------------------------------------------ all_reduce_rmsnorm
 #
 # The all-reduce fused with the residual add and RMSNorm after it (issue
-# 31): one custom call, "symnccl_all_reduce_rmsnorm" (csrc/xla_ffi.c), on
+# 31): one custom call, "symnccl_all_reduce_rmsnorm" (csrc/xla/xla_ffi.c), on
 # fused.c's launch (the fused kernels, or NCCL's all-reduce and symnccl's
 # add+norm), differentiable as the unfused composition is.
 

@@ -1,6 +1,6 @@
 """CPU tier: the build's contract with packaging. pip may install exactly
 the NCCL libraries some kernel build (setup.py NCCL_HEADERS) runs on, as
-csrc/nccl_policy.c decides at import (pyproject.toml), an sdist needs no
+csrc/runtime/nccl_policy.c decides at import (pyproject.toml), an sdist needs no
 NCCL, and the build uses the pinned headers only."""
 import os
 import subprocess
@@ -55,7 +55,7 @@ def _code(v):
 
 def test_nccl_dependency_admits_exactly_the_libraries_a_build_runs_on(
         setup_py, pyproject):
-    """pyproject's range and the import's choice (csrc/nccl_policy.c,
+    """pyproject's range and the import's choice (csrc/runtime/nccl_policy.c,
     through _C._nccl_pick_build over NCCL_HEADERS' releases) agree on
     every release: none pip installs is refused at import, none the
     import takes is left out (installing symnccl then never downgrades an

@@ -33,7 +33,7 @@ def test_kernels_are_built_for_every_nccl_release_the_build_was_asked_for():
     SYMNCCL_NCCL_MINORS the build was given, a GPU machine's one-build
     developer build; pyproject's range: tests/test_build.py), each against
     that release's headers; the one in use is the newest that may run on
-    the loaded library (csrc/nccl_policy.c)."""
+    the loaded library (csrc/runtime/nccl_policy.c)."""
     import re
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     sys.path.insert(0, root)
@@ -910,7 +910,7 @@ def test_every_view_of_the_kernel_table_holds_every_kernel_once():
                 TOPO_2, r["algo"], "float32", "sum", r["collective"]) is None
 
 
-# csrc/xla_ffi_abi.h against jaxlib's xla/ffi/api/c_api.h: every size,
+# csrc/xla/xla_ffi_abi.h against jaxlib's xla/ffi/api/c_api.h: every size,
 # offset and constant the handlers rely on, as static assertions.
 XLA_ABI_CHECK = r"""
 #include <stddef.h>
@@ -1028,7 +1028,7 @@ def _xla_include():
 
 
 def test_own_xla_ffi_declarations_match_jaxlib_s_header(tmp_path):
-    """The handlers are built on csrc/xla_ffi_abi.h in every build: its
+    """The handlers are built on csrc/xla/xla_ffi_abi.h in every build: its
     layout must be XLA's, field by field."""
     import shutil
     inc = _xla_include()
@@ -1040,7 +1040,7 @@ def test_own_xla_ffi_declarations_match_jaxlib_s_header(tmp_path):
     src = tmp_path / "abi_check.c"
     src.write_text(XLA_ABI_CHECK)
     r = subprocess.run([cc, "-std=c11", "-fsyntax-only", f"-I{inc}",
-                        f"-I{os.path.join(root, 'csrc')}", str(src)],
+                        f"-I{os.path.join(root, 'csrc', 'xla')}", str(src)],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-3000:]
 
@@ -1065,14 +1065,13 @@ def test_readme_names_every_algorithm_and_knob():
 # Host files in layer order (csrc/symnccl.h): each may call only files
 # before it.
 def test_c_files_call_only_the_layers_above_them():
-    """No circle of C files: a function defined in csrc/X.c is called only
+    """No circle of C files: a function defined in csrc/D/X.c is called only
     by X.c and files after it in LAYERS."""
     import re
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    csrc = os.path.join(root, "csrc")
-    files = sorted(f[:-2] for f in os.listdir(csrc) if f.endswith(".c"))
+    from layering import c_files, source
+    files = c_files()
     assert sorted(LAYERS) == files
-    text = {f: open(os.path.join(csrc, f + ".c")).read() for f in files}
+    text = {f: source(f + ".c") for f in files}
     owner = {}
     for f, t in text.items():
         for m in re.finditer(r"^(?:[a-zA-Z_][\w ]*\*?\s*\n)?(sn_\w+)\(",

@@ -176,7 +176,7 @@ def test_build_md_build_knob_table_is_what_setup_py_reads():
 
 def _proven():
     """The libraries whose pair with the build the import picks for them
-    has passed on two GPUs (csrc/nccl_policy.c's proofs)."""
+    has passed on two GPUs (csrc/runtime/nccl_policy.c's proofs)."""
     builds = tuple(sorted(_C.NCCL_DEVICE_API_HEADERS.values()))
 
     def code(v):

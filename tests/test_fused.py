@@ -1,5 +1,5 @@
 """all_reduce_rmsnorm: the all-reduce fused with the residual add and
-RMSNorm (csrc/fused.c, csrc/kernels/rmsnorm.cuh), against a float64
+RMSNorm (csrc/python/fused.c, csrc/kernels/rmsnorm.cuh), against a float64
 reference of the unfused composition
 
     h = all_reduce(x) + residual

@@ -16,10 +16,10 @@ import pytest
 
 import symnccl
 from conftest import xla_handler_or_skip
+from layering import c_files, source
 from symnccl.bootstrap import spawn
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-CSRC = os.path.join(HERE, os.pardir, "csrc")
 
 ROUNDS = 100
 # close() and abort() return within this, every caller leaves within it
@@ -30,8 +30,7 @@ LEAK = 64 << 20
 
 
 def _src(name):
-    with open(os.path.join(CSRC, name)) as f:
-        return f.read()
+    return source(name)
 
 
 def _functions(text):
@@ -88,8 +87,8 @@ def test_no_entry_point_checks_usable_then_uses_memory():
     rely on it afterwards for c's memory (only entering keeps it). It is
     used nowhere but by lifecycle.c's own callers of it."""
     users = []
-    for name in sorted(os.listdir(CSRC)):
-        if name.endswith(".c") and name != "lifecycle.c" and \
+    for name in (f + ".c" for f in c_files()):
+        if name != "runtime/lifecycle.c" and \
                 "sn_comm_check_usable(" in _src(name):
             users.append(name)
     assert not users, users
@@ -122,9 +121,7 @@ def test_no_lock_is_held_across_a_wait():
                        r"ncclCommWindowRegister|sn_fault_drain|"
                        r"PyObject_Call|PyErr_")
     bad = []
-    for name in sorted(os.listdir(CSRC)):
-        if not name.endswith(".c"):
-            continue
+    for name in (f + ".c" for f in c_files()):
         for body in _functions(_src(name)).values():
             for m in re.finditer(r"sn_lock\((\w+(?:->\w+)?)\);(.*?)"
                                  r"sn_unlock\(\1\);", body, re.S):

@@ -1,5 +1,5 @@
 """GPU tier, one GPU: symnccl's kernels at world sizes 2, 3, 4 and 8 on a
-loopback team (Communicator._loopback, csrc/loopback.c): every rank of the
+loopback team (Communicator._loopback, csrc/runtime/loopback.c): every rank of the
 team on this GPU, each rank's calls on a stream of its own, the kernels and
 the host launch path unchanged. The kernels' peer logic (packets, epochs,
 slots, barriers, flags, the fault words) runs here as on NVLink, through

@@ -1,6 +1,6 @@
 """CPU tier: the NCCL device API's layout that symnccl's kernels rely on,
 per kernel build (setup.py NCCL_HEADERS) and per NCCL a build runs on, and
-the import's choice of build and version check (csrc/nccl_policy.c).
+the import's choice of build and version check (csrc/runtime/nccl_policy.c).
 
 The kernels take ncclDevComm by value and read lsaSize, lsaRank and
 lsaMultimem (kernels/devcomm.cu), NCCL 2.30's magic and version

@@ -1,5 +1,5 @@
 """CPU tier: which calls NCCL's own symmetric-window kernels may see
-(csrc/nccl_policy.c), and which NCCL lets symnccl's kernels trigger the
+(csrc/runtime/nccl_policy.c), and which NCCL lets symnccl's kernels trigger the
 next launch early. Every expectation is a fact written down here (what was
 seen on GPUs, what NCCL's sources say), asked of the C functions the
 collectives use; nothing is computed from the table itself."""

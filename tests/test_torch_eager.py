@@ -312,7 +312,7 @@ def test_tp_mlp_on_a_loopback_team_matches_the_model(monkeypatch, nranks,
             return t
 
         # Load every kernel of the step before ranks wait on each other
-        # (csrc/loopback.c: a kernel's first launch waits for running
+        # (csrc/runtime/loopback.c: a kernel's first launch waits for running
         # ones): the step with stand-ins for the pair, then the team's
         # all_reduce of this shape and algo.
         for q, s in enumerate(streams):

@@ -8,7 +8,7 @@
 # Steps, per minor (28 29 30):
 #   selfcheck  python -m symnccl --quick (every GPU): the summary and every
 #              failing cell ("wrong:" lines); SYMNCCL_NCCL_WINDOWS as set
-#              (auto: NCCL gets plain memory where csrc/nccl_policy.c says)
+#              (auto: NCCL gets plain memory where csrc/runtime/nccl_policy.c says)
 #   windows    the same with SYMNCCL_NCCL_WINDOWS=1: NCCL gets every
 #              window (its symmetric kernels run where it picks them)
 #   nosym      the same with NCCL_SYM_KERNEL=none: no NCCL symmetric kernel

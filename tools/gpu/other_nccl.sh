@@ -28,7 +28,7 @@
 #   probe     NCCL's own kernels on plain buffers (nccl_kernel_probe.py):
 #             that the library loads and runs here at all
 #   self      python -m symnccl --quick on every GPU (the default window
-#             policy: csrc/nccl_policy.c)
+#             policy: csrc/runtime/nccl_policy.c)
 #   windows   the same with SYMNCCL_NCCL_WINDOWS=1: NCCL's own symmetric
 #             kernels get every window
 #   torch     TORCH_TESTS (pytest) with the library preloaded, so torch

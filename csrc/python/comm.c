@@ -584,7 +584,7 @@ static PyGetSetDef comm_getset[] = {
      "(symnccl._C.KNOBS lists them).", NULL},
     {"_pdl_early", (getter)get_pdl_early, (setter)set_pdl_early,
      "Whether its kernels let the next launch begin at their entry (beside "
-     "NCCL 2.30.7 to 2.30.x: csrc/nccl_policy.c, sn_nccl_pdl_early); "
+     "NCCL 2.30.7 to 2.30.x: csrc/runtime/nccl_policy.c, sn_nccl_pdl_early); "
      "settable, for testing.", NULL},
     {NULL},
 };
@@ -884,7 +884,7 @@ static PyMethodDef comm_methods[] = {
      "_loopback($type, /, nranks, device=-1, *, timeout=30.0, "
      "staging_bytes=33554432)\n--\n\n"
      "-> list of Communicator\n\n"
-     "Testing: nranks ranks of one team on one GPU (csrc/loopback.c). "
+     "Testing: nranks ranks of one team on one GPU (csrc/runtime/loopback.c). "
      "symnccl's kernels run on them unchanged, each rank's calls on a "
      "stream of its own; NCCL calls and windows are not available."},
     {"empty", (PyCFunction)(void (*)(void))comm_empty,

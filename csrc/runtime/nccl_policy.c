@@ -595,7 +595,7 @@ static PyMethodDef policy_methods[] = {
      "_nccl_plain_reason(version, windows, collective, x, xbytes, out, "
      "outbytes, block_bytes, x_in_window, out_in_window)\n--\n\n"
      "Testing: why NCCL must get plain memory for this call (None: the "
-     "buffers may go as they are); csrc/nccl_policy.c."},
+     "buffers may go as they are); csrc/runtime/nccl_policy.c."},
     {"_nccl_version_verdict", py_version_verdict, METH_VARARGS,
      "_nccl_version_verdict(runtime, headers)\n--\n\n"
      "Testing: why a kernel build against NCCL `headers` may not run on "

@@ -6,7 +6,7 @@
  * to add an entry.
  */
 #include "symnccl.h"
-#include "xla_ffi_abi.h"
+#include "xla/xla_ffi_abi.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -629,7 +629,7 @@ static const knob knobs[] = {
     {"SYMNCCL_NCCL_WINDOWS", offsetof(sn_knobs, nccl_windows),
      SN_NCCL_WINDOWS_AUTO, 0, 2, 1, "NCCL's own kernels get windows: 0 "
      "never (plain memory), 1 wherever the buffers are windows, 2 or auto "
-     "as csrc/nccl_policy.c's table says for the loaded NCCL",
+     "as csrc/runtime/nccl_policy.c's table says for the loaded NCCL",
      nccl_windows_names},
     {"SYMNCCL_PDL", offsetof(sn_knobs, pdl), 1, 0, 1, 1,
      "1: kernels are programmatic dependent launches, whose launch overlaps "
