@@ -16,7 +16,7 @@
  * which also checks that it names every file) and for docs/ARCHITECTURE.md's
  * table ("Host code", tests/test_docs.py).
  *
- *   1  runtime/nccl_policy.c  runtime/abi.c  python/errors.c
+ *   1  runtime/base.c  runtime/nccl_policy.c  runtime/abi.c  python/errors.c
  *      runtime/wait.c  runtime/registry.c  python/dtypes.c
  *      python/streams.c
  *   2  runtime/windows.c  runtime/staging.c  runtime/faults.c
@@ -26,7 +26,7 @@
  *   4  python/buffer.c
  *   5  python/dlpack.c
  *   6  python/collectives.c  python/fused.c  python/alltoall.c
- *      xla/xla_ffi.c
+ *      xla/xla_ffi.c  python/xla.c
  *   7  python/comm.c
  *   8  python/module.c
  *
@@ -140,6 +140,24 @@ sn_state_from_type(PyTypeObject *tp)
 {
     return (SNState *)PyType_GetModuleState(tp);
 }
+
+/* ------------------------------------------------------------------ */
+/* base.c: the runtime's base, free of the Python API. */
+
+/* A failure where no Python exception can be set (no GIL, XLA's threads,
+ * the launch path), turned into one later by sn_raise (python/errors.c). */
+typedef struct {
+    cudaError_t cuda;          /* cudaSuccess unless a CUDA call failed */
+    ncclResult_t nccl;         /* ncclSuccess unless an NCCL call failed */
+    char msg[400];
+    int not_implemented;       /* NotImplementedError (a call that cannot
+                                  run inside symnccl.group()) */
+} sn_err;
+
+int sn_fail(sn_err *e, cudaError_t cuda, ncclResult_t nccl, const char *fmt,
+            ...);
+/* The id of the capture `s` takes part in, 0 when it is not capturing. */
+cudaError_t sn_capture_id(cudaStream_t s, unsigned long long *id);
 
 /* ------------------------------------------------------------------ */
 /* nccl_policy.c: what symnccl knows of NCCL's versions (pure functions of
@@ -351,18 +369,7 @@ int sn_set_nccl_error(SNState *st, ncclResult_t rc, ncclComm_t comm,
                       const char *what);
 int sn_set_cuda_error(SNState *st, cudaError_t rc, const char *what);
 
-/* A failure where no Python exception can be set (no GIL, XLA's threads,
- * the launch path), turned into one later by sn_raise. */
-typedef struct {
-    cudaError_t cuda;          /* cudaSuccess unless a CUDA call failed */
-    ncclResult_t nccl;         /* ncclSuccess unless an NCCL call failed */
-    char msg[400];
-    int not_implemented;       /* NotImplementedError (a call that cannot
-                                  run inside symnccl.group()) */
-} sn_err;
-
-int sn_fail(sn_err *e, cudaError_t cuda, ncclResult_t nccl, const char *fmt,
-            ...);
+/* The runtime's failure (runtime/base.c) as a Python exception. */
 int sn_raise(SNState *st, const sn_err *e);
 
 /* Checks in the style of NCCL's NCCLCHECKGOTO: on failure, set the Python
@@ -458,8 +465,6 @@ PyObject *sn_py_torch_eager(PyObject *module, PyObject *x);
 int sn_default_stream(SNState *st, PyObject *tensor, int device,
                       cudaStream_t *out, int *torch_current);
 intptr_t sn_stream_to_dlpack(cudaStream_t s);
-/* The id of the capture `s` takes part in, 0 when it is not capturing. */
-cudaError_t sn_capture_id(cudaStream_t s, unsigned long long *id);
 /* Switch to a device, remembering the previous one. */
 int sn_device_push(SNState *st, int device, int *prev);
 void sn_device_pop(int prev);
@@ -1059,9 +1064,29 @@ int sn_call_nccl_done(void *ctx, ncclResult_t rc, int collective,
 int sn_call_run(sn_call *k, const sn_ar *r);
 
 /* ------------------------------------------------------------------ */
-/* xla_ffi.c: the XLA FFI handler and its module functions. */
+/* xla_ffi.c: the XLA FFI handlers, without the Python API. */
 
-/* Installs the close hook (SNState.on_close). */
+/* The devices the handlers' registry has a slot for. */
+#define SN_XLA_MAX_DEVICES 64
+/* The close hook (SNState.on_close). */
+ncclResult_t sn_xla_on_close(CommObject *c, int deregister);
+/* c leaves the registry; how many of the registry's references to c the
+ * caller drops (GIL held). */
+int sn_xla_unregister(CommObject *c);
+/* The communicator registered for `device` becomes c (a reference the
+ * caller took); the one it replaces (a reference the caller drops). */
+CommObject *sn_xla_swap(int device, CommObject *c);
+/* window_calls, staged_calls, registrations of `device`'s handler calls. */
+void sn_xla_get_stats(int device, unsigned long long out[3]);
+/* The handler table: how many, each one's name and its function. */
+size_t sn_xla_n_handlers(void);
+const char *sn_xla_handler_name(size_t i);
+void *sn_xla_handler_fn(size_t i);
+
+/* ------------------------------------------------------------------ */
+/* python/xla.c: the XLA handlers' module functions. */
+
+/* Installs the closing and close hooks (SNState.on_closing, on_close). */
 void sn_xla_init(SNState *st);
 PyObject *sn_py_xla_handler(PyObject *module, PyObject *args);
 /* _C.XLA_HANDLERS: the handlers' names, from xla_ffi.c's one table. */

@@ -108,7 +108,14 @@ def test_xla_handler_enters_under_the_registry_lock_and_leaves_by_unpin():
     assert lock < enter.index("sn_comm_pin(") < unlock
     assert "sn_comm_unpin(" in fns["xla_leave"]
     assert "busy" not in fns["xla_leave"]
-    assert "Py_NewRef" in fns["sn_py_xla_register"]
+    # the registry's reference: taken by the Python face (python/xla.c),
+    # stored under the registry's lock (xla_ffi.c, sn_xla_swap)
+    register = _functions(_src("xla.c"))["sn_py_xla_register"]
+    assert "Py_NewRef" in register and "sn_xla_swap(" in register
+    swap = fns["sn_xla_swap"]
+    assert swap.index("pthread_mutex_lock(&registry_lock)") < \
+        swap.index("registry[device] = c") < \
+        swap.index("pthread_mutex_unlock(&registry_lock)")
 
 
 def test_no_lock_is_held_across_a_wait():

@@ -1,9 +1,6 @@
 /* Errors: one formatter per library (NCCL, CUDA); the exceptions carry
- * .code. */
+ * .code. sn_raise turns the runtime's sn_err (runtime/base.c) into one. */
 #include "symnccl.h"
-
-#include <stdarg.h>
-#include <stdio.h>
 
 static int
 raise_with_code(PyObject *type, int code, PyObject *msg)
@@ -63,19 +60,6 @@ sn_set_cuda_error(SNState *st, cudaError_t rc, const char *what)
                                          what, cudaGetErrorString(rc),
                                          cudaGetErrorName(rc), (int)rc);
     return raise_with_code(st->CudaError, (int)rc, msg);
-}
-
-int
-sn_fail(sn_err *e, cudaError_t cuda, ncclResult_t nccl, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(e->msg, sizeof(e->msg), fmt, ap);
-    va_end(ap);
-    e->cuda = cuda;
-    e->nccl = nccl;
-    e->not_implemented = 0;
-    return -1;
 }
 
 int

@@ -202,17 +202,6 @@ sn_stream_to_dlpack(cudaStream_t s)
     return s == NULL ? SN_DLPACK_STREAM_LEGACY : (intptr_t)s;
 }
 
-cudaError_t
-sn_capture_id(cudaStream_t s, unsigned long long *id)
-{
-    enum cudaStreamCaptureStatus cs;
-    unsigned long long i = 0;
-    cudaError_t e = cudaStreamGetCaptureInfo(s, &cs, &i, NULL, NULL, NULL,
-                                             NULL);
-    *id = e == cudaSuccess && cs == cudaStreamCaptureStatusActive ? i : 0;
-    return e;
-}
-
 int
 sn_device_push(SNState *st, int device, int *prev)
 {

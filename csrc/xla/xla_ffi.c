@@ -32,8 +32,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define SN_XLA_MAX_DEVICES 64
-
 /* The communicator of each device, a strong reference (taken and dropped
  * with the GIL: _xla_register, the closing hook). A handler enters its
  * communicator under registry_lock (lock order: registry_lock, then
@@ -77,11 +75,11 @@ nccl_why(const CommObject *c, ncclResult_t rc)
                    : "timed out";
 }
 
-/* The closing hook (SNState.on_closing, GIL held): c leaves the registry
- * and the registry's reference goes (the caller holds one of its own), so
- * no handler enters c again. */
-static void
-on_closing(CommObject *c)
+/* For the closing hook (python/xla.c, GIL held): c leaves the registry,
+ * so no handler enters c again; the number of the registry's references
+ * to c, which the caller drops. */
+int
+sn_xla_unregister(CommObject *c)
 {
     int held = 0;
     pthread_mutex_lock(&registry_lock);
@@ -91,8 +89,7 @@ on_closing(CommObject *c)
             held++;
         }
     pthread_mutex_unlock(&registry_lock);
-    while (held-- > 0)
-        Py_DECREF((PyObject *)c);
+    return held;
 }
 
 /* The close hook (SNState.on_close), once no caller is inside c, without
@@ -100,8 +97,8 @@ on_closing(CommObject *c)
  * (deregistered on close, and on abort once no kernel of c runs; else
  * forgotten). Called by lifecycle.c before the communicator's own
  * windows. */
-static ncclResult_t
-on_close(CommObject *c, int deregister)
+ncclResult_t
+sn_xla_on_close(CommObject *c, int deregister)
 {
     ncclResult_t first = ncclSuccess;
     sn_window *w = c->xla_windows;
@@ -120,11 +117,26 @@ on_close(CommObject *c, int deregister)
     return first;
 }
 
-void
-sn_xla_init(SNState *st)
+/* The communicator registered for `device` becomes c (a reference the
+ * caller took, GIL held); the one it replaces, whose reference the caller
+ * drops. */
+CommObject *
+sn_xla_swap(int device, CommObject *c)
 {
-    st->on_closing = on_closing;
-    st->on_close = on_close;
+    pthread_mutex_lock(&registry_lock);
+    CommObject *old = registry[device];
+    registry[device] = c;
+    pthread_mutex_unlock(&registry_lock);
+    return old;
+}
+
+/* _xla_stats(device): window_calls, staged_calls, registrations. */
+void
+sn_xla_get_stats(int device, unsigned long long out[3])
+{
+    out[0] = stats[device].window_calls;
+    out[1] = stats[device].staged_calls;
+    out[2] = stats[device].registrations;
 }
 
 #include <cuda.h>
@@ -1053,96 +1065,20 @@ static const struct {
 };
 #define N_HANDLERS (sizeof(handlers) / sizeof(handlers[0]))
 
-/* _xla_handler(collective="all_reduce") -> PyCapsule of that collective's
- * handler, for jax.ffi.register_ffi_target. */
-PyObject *
-sn_py_xla_handler(PyObject *module, PyObject *args)
+size_t
+sn_xla_n_handlers(void)
 {
-    const char *which = "all_reduce";
-    if (!PyArg_ParseTuple(args, "|s:_xla_handler", &which))
-        return NULL;
-    char names[256];
-    size_t len = 0;
-    for (size_t i = 0; i < N_HANDLERS; i++) {
-        if (strcmp(which, handlers[i].name) == 0)
-            return PyCapsule_New((void *)handlers[i].fn, NULL, NULL);
-        if (len < sizeof(names))
-            len += (size_t)snprintf(names + len, sizeof(names) - len,
-                                    "%s'%s'", i == 0 ? ""
-                                              : i + 1 < N_HANDLERS ? ", "
-                                                                   : " or ",
-                                    handlers[i].name);
-    }
-    PyErr_Format(PyExc_ValueError, "no XLA handler for '%s': expected %s",
-                 which, names);
-    return NULL;
+    return N_HANDLERS;
 }
 
-int
-sn_xla_export(PyObject *module)
+const char *
+sn_xla_handler_name(size_t i)
 {
-    PyObject *names = PyTuple_New((Py_ssize_t)N_HANDLERS);
-    for (size_t i = 0; names != NULL && i < N_HANDLERS; i++) {
-        PyObject *s = PyUnicode_FromString(handlers[i].name);
-        /* PyTuple_SetItem steals s, even when it fails */
-        if (s == NULL || PyTuple_SetItem(names, (Py_ssize_t)i, s) < 0)
-            Py_CLEAR(names);
-    }
-    const int bad = names == NULL ||
-                    PyModule_AddObjectRef(module, "XLA_HANDLERS", names) < 0;
-    Py_XDECREF(names);
-    return bad ? -1 : 0;
+    return handlers[i].name;
 }
 
-
-/* _xla_register(comm): the handler uses comm for comm.device. */
-PyObject *
-sn_py_xla_register(PyObject *module, PyObject *arg)
+void *
+sn_xla_handler_fn(size_t i)
 {
-    SNState *st = PyModule_GetState(module);
-    if (!PyObject_TypeCheck(arg, st->CommunicatorType)) {
-        PyErr_Format(PyExc_TypeError, "expected a symnccl.Communicator, got "
-                     "%T", arg);
-        return NULL;
-    }
-    CommObject *c = (CommObject *)arg;
-    if (c->device < 0 || c->device >= SN_XLA_MAX_DEVICES) {
-        PyErr_Format(PyExc_ValueError, "device %d is out of range for the "
-                     "XLA handler (< %d)", c->device, SN_XLA_MAX_DEVICES);
-        return NULL;
-    }
-    if (c->loopback != NULL) {
-        PyErr_SetString(PyExc_ValueError, "a loopback communicator "
-                        "(Communicator._loopback) has no NCCL communicator "
-                        "for the XLA handler");
-        return NULL;
-    }
-    /* entered while it goes in: an OPEN communicator (a teardown that
-     * begins later takes it out again: on_closing) */
-    if (sn_comm_enter(st, c) < 0)
-        return NULL;
-    pthread_mutex_lock(&registry_lock);
-    CommObject *old = registry[c->device];
-    registry[c->device] = (CommObject *)Py_NewRef((PyObject *)c);
-    pthread_mutex_unlock(&registry_lock);
-    sn_comm_leave(st, c);
-    /* the one it replaces may go now (its teardown waits for the handlers
-     * inside it) */
-    Py_XDECREF((PyObject *)old);
-    Py_RETURN_NONE;
-}
-
-/* _xla_stats(device) -> (window_calls, staged_calls, registrations) */
-PyObject *
-sn_py_xla_stats(PyObject *module, PyObject *arg)
-{
-    long d = PyLong_AsLong(arg);
-    if (d == -1 && PyErr_Occurred())
-        return NULL;
-    if (d < 0 || d >= SN_XLA_MAX_DEVICES) {
-        PyErr_Format(PyExc_ValueError, "device %ld is out of range", d);
-        return NULL;
-    }
-    return Py_BuildValue("(KKK)", stats[d].window_calls,
-                         stats[d].staged_calls, stats[d].registrations);
+    return (void *)handlers[i].fn;
 }
