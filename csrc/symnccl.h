@@ -86,6 +86,7 @@ enum { SN_TORCH_NAMES(SN_TORCH_NAME_ENUM_) SN_N_TORCH_NAMES };
 #undef SN_TORCH_NAME_ENUM_
 
 struct CommObject;
+typedef struct CommObject CommObject;
 
 /* ------------------------------------------------------------------ */
 /* Module state: everything that would otherwise be a process global. */
@@ -491,7 +492,7 @@ sn_window *sn_window_acquire(SNState *st, struct CommObject *c, char *base,
 /* Unlinks and frees w's node (GIL held: the list is the GIL's). */
 void sn_window_forget(struct CommObject *c, sn_window *w);
 /* Deregisters w now, local in NCCL 2.28-2.30: no GIL needed, no Python;
- * waits at most c->timeout for NCCL, and no longer once c->stop is set;
+ * waits at most c->timeout for NCCL, and no longer once c->life.stop is set;
  * 0 (w->win NULL), or -1 (left registered). */
 int sn_window_deregister_now(struct CommObject *c, sn_window *w);
 /* A node for a window registered by the caller (inside a group). */
@@ -525,6 +526,18 @@ typedef struct {
     size_t splits_offset;      /* all_to_all's splits packets */
     size_t bytes;              /* the whole allocation */
 } sn_layout;
+
+/* A communicator's memory (CommObject.mem), staging.c's: it allocates and
+ * frees it. A loopback rank's staging is its team's (loopback.c);
+ * lifecycle.c registers the staging window, and forgets the pointers
+ * where an abort leaves the memory allocated. */
+typedef struct {
+    sn_layout layout;
+    int *scratch;              /* device scratch */
+    char *staging;             /* the staging window's memory */
+    sn_window *staging_win;
+    void *check_dev, *check_host;  /* SYMNCCL_CHECK's buffers */
+} sn_comm_memory;
 
 /* The layout for c's ranks, staging size and knobs (no allocation). */
 void sn_layout_compute(struct CommObject *c, size_t staging_bytes);
@@ -566,11 +579,34 @@ PyObject *sn_layout_dict(const struct CommObject *c);
 /* faults.c: a communicator's failure record, the checks that raise from
  * it, and the first steps of an abort (docs/ARCHITECTURE.md, "Failures"). */
 
+/* A communicator's failure record (CommObject.fail), faults.c's
+ * (lifecycle.c forgets the pointers where an abort leaves the memory
+ * allocated). */
+typedef struct {
+    symnccl_fault *fault;      /* the record, mapped host memory */
+    symnccl_fault *fault_dev;  /* ... its device address */
+    uint64_t *fault_src;       /* pinned: the code written to the word */
+    symnccl_fault failure;     /* the record once c failed (reason != 0) */
+    char msg[400];             /* a host-found failure's own message */
+    cudaStream_t ctl_stream;   /* non-blocking: writes the fault word */
+} sn_comm_failure;
+
+/* A communicator's NCCL calls in flight (CommObject.watch): faults.c's
+ * watched list, under its mutex, which watchdog.c's thread polls
+ * (lifecycle.c forgets the event as above). */
+typedef struct {
+    cudaEvent_t event;         /* recorded after each eager NCCL call */
+    double deadline;
+    int collective, armed, expired;
+    int listed;                /* on the watched list */
+    struct CommObject *next, *prev;
+} sn_comm_watch;
+
 /* The record (mapped host memory), c's own stream and the NCCL watch
  * event; -1 with an exception. */
 int sn_fault_alloc(SNState *st, struct CommObject *c);
 void sn_fault_free(struct CommObject *c);
-/* 1 once c has failed (the record is copied into c->failure), else 0.
+/* 1 once c has failed (the record is copied into c->fail.failure), else 0.
  * Reads host memory only: no CUDA call, no synchronisation. */
 int sn_fault_poll(struct CommObject *c);
 /* Raises c's failure (PeerTimeoutError or CallMismatchError): -1. */
@@ -602,7 +638,7 @@ void sn_fault_stop_kernels(struct CommObject *c, int reason, double seconds);
  * not. */
 int sn_fault_drain(struct CommObject *c, double seconds, int nccl);
 /* The watched list (the watchdog's thread is watchdog.c). sn_watch_arm:
- * records c->watch_event on `stream` and arms the deadline; 0 when not
+ * records c->watch.event on `stream` and arms the deadline; 0 when not
  * (inside a graph capture). sn_watch_forget: close, abort, deallocation.
  * sn_watch_poll: looks at the armed events, 1 when a communicator has
  * expired (deadline passed, or its abort flag raised). sn_watch_collect:
@@ -612,123 +648,13 @@ int sn_watch_arm(struct CommObject *c, int collective, cudaStream_t stream);
 void sn_watch_forget(struct CommObject *c);
 int sn_watch_poll(void);
 int sn_watch_collect(struct CommObject **out, int max);
-/* Waits for c->watch_event (recorded after the NCCL call of `collective`)
+/* Waits for c->watch.event (recorded after the NCCL call of `collective`)
  * with the GIL released and Ctrl-C honoured, for at most c->timeout. Past
  * it the failure is recorded and raised (-1). */
 int sn_fault_wait_nccl(SNState *st, struct CommObject *c, int collective);
 
 /* ------------------------------------------------------------------ */
 /* Objects. */
-
-typedef struct CommObject {
-    PyObject_HEAD
-    struct CommObject *live_next, *live_prev;   /* open communicators */
-    ncclComm_t comm;           /* NULL: closed, or a loopback rank */
-    sn_loopback *loopback;     /* a loopback rank's team (loopback.c) */
-    symnccl_devcomm *devcomm;
-    int rank, nranks, device;
-    int lsa_size, lsa_rank;
-    int symmetric, multicast;
-    const char *symmetric_reason;
-    const char *multicast_reason;
-    int multicast_requested;
-    char device_api_why[240];  /* symmetric_reason, when it is composed */
-    int pdl_early;             /* symnccl_kargs.pdl_early (nccl_policy.c;
-                                  settable for testing: _pdl_early) */
-    int sms;                   /* the device's SMs */
-    int state;                 /* SN_OPEN ... SN_ABORTED (lock) */
-    double timeout;
-    sn_knobs knobs;
-    sn_layout layout;
-    int *scratch;              /* device scratch (staging.c) */
-    char *staging;             /* the staging window's memory */
-    sn_window *staging_win;
-    sn_window *windows;        /* windows.c */
-    /* The LSA kernels of a communicator share its barrier slots, packet
-     * regions and epochs, so they run one after another: lsa_event is
-     * recorded after each launch, and a call on another stream first waits
-     * for it (launch.c). */
-    cudaEvent_t lsa_event;
-    cudaStream_t lsa_stream;
-    unsigned long long lsa_capture;  /* capture id of the last record, 0 */
-    int lsa_used;
-    /* Kernels launched (SYMNCCL_K_*) and NCCL collectives enqueued
-     * ([SYMNCCL_K_COUNT]): Communicator._launches(). */
-    unsigned long long launches[SYMNCCL_K_COUNT + 1];
-    /* Guards the lifecycle (state, teardown, busy, abort_pending), the
-     * cross-stream state, the counters and xla_windows: the XLA FFI
-     * handler enters and launches from XLA's threads without the GIL.
-     *
-     * Lock order (deadlock-free because nothing takes them the other way
-     * round): the GIL, then xla_ffi.c's registry lock or faults.c's
-     * watch_mu, then c->lock. c->lock is held for a few memory operations
-     * and kernel launches only: never across a wait for a peer, a device
-     * synchronisation or an NCCL wait, never while taking the GIL or
-     * calling the Python API (which may release and retake the GIL). A
-     * thread that waits (for peers, for callers to leave, for the device)
-     * holds no lock, and holds the GIL only for waits that cannot last
-     * (docs/FAILURES.md, "Lifecycle"). */
-    pthread_mutex_t lock;
-    SNState *st;               /* the module's state, for GIL-free paths */
-    sn_window *xla_windows;    /* XLA buffers registered by xla_ffi.c */
-    int xla_registering;       /* an XLA thread registers a window (lock):
-                                  the others wait for it, without the lock */
-    /* Failures (faults.c, watchdog.c) */
-    symnccl_fault *fault;      /* the record, mapped host memory */
-    symnccl_fault *fault_dev;  /* ... its device address */
-    uint64_t *fault_src;       /* pinned: the code written to the word */
-    symnccl_fault failure;     /* the record once c failed (reason != 0) */
-    char failure_msg[400];     /* a host-found failure's own message */
-    cudaStream_t ctl_stream;   /* non-blocking: writes the fault word */
-    void *check_dev, *check_host;  /* SYMNCCL_CHECK (staging.c) */
-    /* all_to_all_v on NCCL (alltoall.c): the counts' memory, every rank's
-     * row of counts, x rows and out rows (A2A_WORDS int64) each, allocated
-     * at the first such call and
-     * freed with the scratch (staging.c); a2a_busy: a call is using it;
-     * a2a_lost_*: a failed call's, which a queued copy may still use,
-     * freed with the scratch once the communicator's work has drained */
-    int64_t *a2a_dev, *a2a_host;
-    int64_t *a2a_lost_dev, *a2a_lost_host;
-    int a2a_busy;
-    /* The lifecycle (lifecycle.c; docs/FAILURES.md, "Lifecycle"), under
-     * the lock: */
-    int busy;                  /* callers inside c (sn_comm_enter/_pin ..
-                                  sn_comm_leave/_unpin) */
-    int teardown;              /* while SN_CLOSING: SN_TEAR_CLOSE or
-                                  SN_TEAR_ABORT (a close turned abort) */
-    int abort_pending;         /* the abort waits for busy to reach 0: the
-                                  last caller to leave finishes it */
-    int leak_object;           /* deallocated with callers inside: the
-                                  object's memory is never freed */
-    volatile int stop;         /* an abort began: every wait on c ends */
-    int user_aborted;          /* abort() was called (not the watchdog) */
-    int inject;                /* testing: SYMNCCL_K_* mask of launches
-                                  that get a fault injected (once) */
-    /* NCCL calls in flight (watchdog.c, under its mutex) */
-    cudaEvent_t watch_event;   /* recorded after each eager NCCL call */
-    double watch_deadline;
-    int watch_collective, watch_armed, watch_expired, watched;
-    struct CommObject *watch_next, *watch_prev;
-} CommObject;
-
-static inline void sn_lock(CommObject *c) { pthread_mutex_lock(&c->lock); }
-static inline void sn_unlock(CommObject *c) { pthread_mutex_unlock(&c->lock); }
-
-static inline sn_topology
-sn_topology_of(const CommObject *c)
-{
-    const sn_topology t = {
-        .nranks = c->nranks,
-        .lsa_size = c->lsa_size,
-        .symmetric = c->symmetric,
-        .staging = c->staging_win != NULL,
-        .push = c->layout.push_slot != 0,
-        .multicast = c->multicast,
-        .nccl = c->comm != NULL,
-        .multicast_reason = c->multicast_reason,
-    };
-    return t;
-}
 
 /* SN_ALLOC_HOST: malloc'd host memory exported as a CPU tensor, only for
  * testing the DLPack machinery on machines without a GPU. */
@@ -782,6 +708,23 @@ typedef struct {
  * it fails, or when abort() is called meanwhile. */
 enum { SN_OPEN = 0, SN_CLOSING = 1, SN_CLOSED = 2, SN_ABORTED = 3 };
 enum { SN_TEAR_NONE = 0, SN_TEAR_CLOSE = 1, SN_TEAR_ABORT = 2 };
+
+/* A communicator's lifecycle (CommObject.life), lifecycle.c's
+ * (docs/FAILURES.md, "Lifecycle"), under the lock: */
+typedef struct {
+    int state;                 /* SN_OPEN ... SN_ABORTED */
+    int busy;                  /* callers inside c (sn_comm_enter/_pin ..
+                                  sn_comm_leave/_unpin) */
+    int teardown;              /* while SN_CLOSING: SN_TEAR_CLOSE or
+                                  SN_TEAR_ABORT (a close turned abort) */
+    int abort_pending;         /* the abort waits for busy to reach 0: the
+                                  last caller to leave finishes it */
+    int leak_object;           /* deallocated with callers inside: the
+                                  object's memory is never freed */
+    volatile int stop;         /* an abort began: every wait on c ends */
+    int user_aborted;          /* abort() was called (not the watchdog) */
+    struct CommObject *next, *prev;   /* open communicators (SNState.live) */
+} sn_comm_life;
 /* How long a buffer's deallocation waits (GIL released) for the kernels
  * of its communicator before it leaves the window's release to the
  * communicator (windows.c, sn_window_release). */
@@ -808,7 +751,7 @@ int sn_comms_connect(SNState *st, CommObject **cs, int n,
                      const ncclUniqueId *id);
 /* Entry of every method that uses c (GIL held): -1 with an exception
  * when c is not OPEN (closing, closed, aborted) or has failed; else counts
- * the caller in c->busy until sn_comm_leave, and c's memory stays until
+ * the caller in c->life.busy until sn_comm_leave, and c's memory stays until
  * then. */
 int sn_comm_enter(SNState *st, CommObject *c);
 /* Leaving; the last caller to leave finishes an abort that waited for it
@@ -864,6 +807,28 @@ void sn_watch_shutdown(void);
 
 /* ------------------------------------------------------------------ */
 /* launch.c: a collective on symnccl's kernels, without the Python API. */
+
+/* The order of a communicator's LSA kernels (CommObject.order), launch.c's
+ * (staging.c creates and frees the event with the scratch): they share
+ * its barrier slots, packet regions and epochs, so they run one after
+ * another: the event is recorded after each launch, and a call on
+ * another stream first waits for it. */
+typedef struct {
+    cudaEvent_t event;
+    cudaStream_t stream;       /* where the event was last recorded */
+    unsigned long long capture;  /* capture id of the last record, 0 */
+    int used;
+} sn_comm_order;
+
+/* A communicator's counters (CommObject.count), launch.c's: kernels
+ * launched (SYMNCCL_K_*) and NCCL collectives enqueued ([SYMNCCL_K_COUNT]),
+ * Communicator._launches(); and the launches that get a fault injected
+ * (testing: a SYMNCCL_K_* mask, once each; comm.c's _inject_fault sets
+ * it). */
+typedef struct {
+    unsigned long long launches[SYMNCCL_K_COUNT + 1];
+    int inject;
+} sn_comm_counters;
 
 typedef struct {
     CommObject *c;
@@ -922,7 +887,7 @@ int sn_launch_kernels(const sn_ar *r, sn_err *err);
 int sn_a2a_plan(const CommObject *c, int asked, int *algo, int ragged,
                 size_t rows, size_t out_rows, size_t row_size, size_t *block,
                 char *why, size_t len);
-/* Counts an NCCL collective in c->launches. */
+/* Counts an NCCL collective in c->count.launches. */
 void sn_count_nccl(CommObject *c);
 
 /* ------------------------------------------------------------------ */
@@ -1064,7 +1029,30 @@ int sn_call_nccl_done(void *ctx, ncclResult_t rc, int collective,
 int sn_call_run(sn_call *k, const sn_ar *r);
 
 /* ------------------------------------------------------------------ */
+/* alltoall.c: all_to_all and all_to_all_v. */
+
+/* all_to_all_v's NCCL scratch (CommObject.a2a), alltoall.c's: the counts'
+ * memory, every rank's row of counts, x rows and out rows (A2A_WORDS
+ * int64) each, allocated at the first such call; busy: a call is using
+ * it; lost_*: a failed call's, which a queued copy may still use. Freed
+ * with the scratch (staging.c) once the communicator's work has drained
+ * (lifecycle.c forgets them where an abort leaves the memory allocated). */
+typedef struct {
+    int64_t *dev, *host;
+    int64_t *lost_dev, *lost_host;
+    int busy;
+} sn_comm_a2a;
+
+/* ------------------------------------------------------------------ */
 /* xla_ffi.c: the XLA FFI handlers, without the Python API. */
+
+/* A communicator's XLA buffers (CommObject.xla), xla_ffi.c's, under the
+ * communicator's lock. */
+typedef struct {
+    sn_window *windows;        /* XLA buffers registered by xla_ffi.c */
+    int registering;           /* an XLA thread registers a window: the
+                                  others wait for it, without the lock */
+} sn_comm_xla;
 
 /* The devices the handlers' registry has a slot for. */
 #define SN_XLA_MAX_DEVICES 64
@@ -1098,5 +1086,71 @@ PyObject *sn_py_xla_stats(PyObject *module, PyObject *arg);
 /* comm.c */
 
 extern PyType_Spec sn_communicator_spec;
+
+/* ------------------------------------------------------------------ */
+/* The communicator object: what every layer shares, and one part per file
+ * that owns it (declared in that file's section above). */
+
+typedef struct CommObject {
+    PyObject_HEAD
+    ncclComm_t comm;           /* NULL: closed, or a loopback rank */
+    sn_loopback *loopback;     /* a loopback rank's team (loopback.c) */
+    symnccl_devcomm *devcomm;
+    int rank, nranks, device;
+    int lsa_size, lsa_rank;
+    int symmetric, multicast;
+    const char *symmetric_reason;
+    const char *multicast_reason;
+    int multicast_requested;
+    char device_api_why[240];  /* symmetric_reason, when it is composed */
+    int pdl_early;             /* symnccl_kargs.pdl_early (nccl_policy.c;
+                                  settable for testing: _pdl_early) */
+    int sms;                   /* the device's SMs */
+    double timeout;
+    sn_knobs knobs;
+    sn_window *windows;        /* windows.c */
+    /* Guards the lifecycle (life: state, teardown, busy, abort_pending),
+     * the cross-stream order, the counters and the XLA windows: the XLA
+     * FFI handler enters and launches from XLA's threads without the GIL.
+     *
+     * Lock order (deadlock-free because nothing takes them the other way
+     * round): the GIL, then xla_ffi.c's registry lock or faults.c's
+     * watch_mu, then c->lock. c->lock is held for a few memory operations
+     * and kernel launches only: never across a wait for a peer, a device
+     * synchronisation or an NCCL wait, never while taking the GIL or
+     * calling the Python API (which may release and retake the GIL). A
+     * thread that waits (for peers, for callers to leave, for the device)
+     * holds no lock, and holds the GIL only for waits that cannot last
+     * (docs/FAILURES.md, "Lifecycle"). */
+    pthread_mutex_t lock;
+    SNState *st;               /* the module's state, for GIL-free paths */
+    sn_comm_life life;         /* lifecycle.c */
+    sn_comm_memory mem;        /* staging.c */
+    sn_comm_order order;       /* launch.c */
+    sn_comm_counters count;    /* launch.c */
+    sn_comm_failure fail;      /* faults.c */
+    sn_comm_watch watch;       /* faults.c, watchdog.c's list */
+    sn_comm_a2a a2a;           /* alltoall.c */
+    sn_comm_xla xla;           /* xla_ffi.c */
+} CommObject;
+
+static inline void sn_lock(CommObject *c) { pthread_mutex_lock(&c->lock); }
+static inline void sn_unlock(CommObject *c) { pthread_mutex_unlock(&c->lock); }
+
+static inline sn_topology
+sn_topology_of(const CommObject *c)
+{
+    const sn_topology t = {
+        .nranks = c->nranks,
+        .lsa_size = c->lsa_size,
+        .symmetric = c->symmetric,
+        .staging = c->mem.staging_win != NULL,
+        .push = c->mem.layout.push_slot != 0,
+        .multicast = c->multicast,
+        .nccl = c->comm != NULL,
+        .multicast_reason = c->multicast_reason,
+    };
+    return t;
+}
 
 #endif /* SYMNCCL_H */

@@ -1107,6 +1107,71 @@ def test_runtime_and_xla_call_no_python_api():
                      bad)
 
 
+# CommObject's parts (csrc/symnccl.h): each is declared in its owner's
+# section and changed by its owner; the other files that change one, and
+# what they change, are these exactly.
+COMM_PARTS = {
+    "life": ("runtime/lifecycle", {
+        "runtime/faults": {"state", "teardown"},   # the watchdog's take-over
+        "python/comm": {"user_aborted"},           # abort()
+    }),
+    "mem": ("runtime/staging", {
+        # a loopback rank's staging is its team's
+        "runtime/loopback": {"staging", "staging_win"},
+        # registers the staging window; forgets the memory an abort leaves
+        "runtime/lifecycle": {"staging", "staging_win", "scratch",
+                              "check_dev", "check_host"},
+    }),
+    "order": ("runtime/launch", {
+        "runtime/staging": {"event"},     # created and freed with the scratch
+        "runtime/lifecycle": {"event"},   # forgotten where an abort leaks
+    }),
+    "count": ("runtime/launch", {"python/comm": {"inject"}}),   # testing
+    "fail": ("runtime/faults", {
+        "runtime/lifecycle": {"fault", "fault_dev", "fault_src",
+                              "ctl_stream"},   # forgotten where an abort leaks
+    }),
+    "watch": ("runtime/faults", {"runtime/lifecycle": {"event"}}),
+    "a2a": ("python/alltoall", {
+        "runtime/lifecycle": {"dev", "host", "lost_dev", "lost_host"},
+    }),
+    "xla": ("xla/xla_ffi", {}),
+}
+
+
+def test_each_part_of_the_communicator_is_changed_by_its_owner():
+    """CommObject is split into parts (life, mem, order, count, fail,
+    watch, a2a, xla), each changed (assigned, incremented) only by the file
+    that owns it and the exceptions COMM_PARTS names; the parts' types are
+    declared in their owner's section of symnccl.h."""
+    import re
+    from layering import HEADER, _code, c_files, source
+    header = open(HEADER).read()
+    obj = header[header.index("typedef struct CommObject {"):]
+    parts = dict(re.findall(r"^    sn_comm_(\w+) (\w+);", obj, re.M))
+    assert sorted(parts.values()) == sorted(COMM_PARTS)
+    for ty, part in parts.items():
+        owner = COMM_PARTS[part][0].split("/")[1]
+        section = header[:header.index(f"}} sn_comm_{ty};")]
+        assert section.rindex(f"/* {owner}.c") > \
+            section.rindex("/* ----"), (part, owner)
+    seen = {}
+    for f in c_files():
+        code = _code(source(f + ".c"))
+        for part in COMM_PARTS:
+            fields = set(re.findall(
+                r"->" + part + r"\.(\w+)(?:\[[^\]]*\])?\s*"
+                r"(?:[-+*/|&]?=(?!=)|\+\+|--)", code))
+            fields |= set(re.findall(r"(?:\+\+|--)\s*\w+->" + part +
+                                     r"\.(\w+)", code))
+            if fields:
+                seen.setdefault(part, {})[f] = fields
+    for part, (owner, others) in COMM_PARTS.items():
+        got = dict(seen.get(part, {}))
+        assert got.pop(owner, None), (part, owner)
+        assert got == others, (part, got)
+
+
 def test_profile_ncu_reads_recorded_csv_and_groups_metrics(monkeypatch,
                                                            capsys, tmp_path):
     import importlib.util

@@ -211,7 +211,7 @@ a2a_ar(const sn_call *k, int algo, size_t rows, size_t row_size,
  * peers' sends waiting (docs/FAILURES.md, "Refusals every rank agrees
  * on"), and here every rank reaches the same plan from the same numbers.
  *
- * The counts' memory is the communicator's (a2a_dev, a2a_host: room for
+ * The counts' memory is the communicator's (a2a.dev, a2a.host: room for
  * A2A_WORDS int64, allocated at its first such call and freed with its
  * scratch, staging.c; a failed call's are kept apart until then), not a
  * call's: a cudaMallocHost / cudaFreeHost per call cost ~1 ms,
@@ -222,7 +222,7 @@ a2a_ar(const sn_call *k, int algo, size_t rows, size_t row_size,
  * out_offsets are copied from this function's stack through pageable
  * memory, which cudaMemcpyAsync has staged by the time it returns), so a
  * call returns with nothing in flight on that memory, on any stream.
- * a2a_busy refuses a second thread while one waits without the GIL (NCCL
+ * a2a.busy refuses a second thread while one waits without the GIL (NCCL
  * communicators are not for concurrent use anyway). */
 #define A2A_ROW (SYMNCCL_MAX_RANKS + 2)
 
@@ -256,20 +256,20 @@ nccl_all_to_all_v(sn_call *k, const sn_splits *s, size_t row_size,
                         "capture (algo='push' can)");
         return -1;
     }
-    if (c->a2a_busy) {
+    if (c->a2a.busy) {
         PyErr_Format(PyExc_RuntimeError, "all_to_all_v with algo='nccl' is "
                      "already running on rank %d's communicator in another "
                      "thread (expected one call at a time)", c->rank);
         return -1;
     }
-    if (c->a2a_dev == NULL)
-        SN_CUDA_GOTO(k->st, cudaMalloc((void **)&c->a2a_dev, room),
+    if (c->a2a.dev == NULL)
+        SN_CUDA_GOTO(k->st, cudaMalloc((void **)&c->a2a.dev, room),
                      "cudaMalloc (all_to_all_v counts)", error);
-    if (c->a2a_host == NULL)
-        SN_CUDA_GOTO(k->st, cudaMallocHost((void **)&c->a2a_host, room),
+    if (c->a2a.host == NULL)
+        SN_CUDA_GOTO(k->st, cudaMallocHost((void **)&c->a2a.host, room),
                      "cudaMallocHost (all_to_all_v counts)", error);
-    int64_t *dev = c->a2a_dev, *host = c->a2a_host;
-    c->a2a_busy = 1;
+    int64_t *dev = c->a2a.dev, *host = c->a2a.host;
+    c->a2a.busy = 1;
     int ok = 0, in_flight = 1;
     /* this rank's row at dev[mine]: its n counts (from the device or the
      * host), then x's rows and out's rows */
@@ -376,14 +376,14 @@ done:
          * work has drained (sn_scratch_free), and the next call allocates
          * its own; a second failed call's stays allocated (a communicator
          * that failed is aborted, and 9 KiB is the cost) */
-        if (c->a2a_lost_dev == NULL && c->a2a_lost_host == NULL) {
-            c->a2a_lost_dev = c->a2a_dev;
-            c->a2a_lost_host = c->a2a_host;
+        if (c->a2a.lost_dev == NULL && c->a2a.lost_host == NULL) {
+            c->a2a.lost_dev = c->a2a.dev;
+            c->a2a.lost_host = c->a2a.host;
         }
-        c->a2a_dev = NULL;
-        c->a2a_host = NULL;
+        c->a2a.dev = NULL;
+        c->a2a.host = NULL;
     }
-    c->a2a_busy = 0;
+    c->a2a.busy = 0;
     return ok ? 0 : -1;
 error:
     return -1;

@@ -239,14 +239,14 @@ comm_loopback(PyObject *cls, PyObject *args, PyObject *kw)
         if (cs[q] == NULL)
             goto done;
     }
-    t = sn_loopback_new(st, nranks, device, cs[0]->layout.bytes);
+    t = sn_loopback_new(st, nranks, device, cs[0]->mem.layout.bytes);
     if (t == NULL)
         goto done;
     for (int q = 0; q < nranks; q++)
         if (sn_loopback_join(st, cs[q], t) < 0)
             goto done;
     /* the kernels' addressing of the peers holds for this layout */
-    SN_CUDA_GOTO(st, symnccl_lsa_layout_ok(cs[0]->staging_win->win, nranks,
+    SN_CUDA_GOTO(st, symnccl_lsa_layout_ok(cs[0]->mem.staging_win->win, nranks,
                                            &ok),
                  "checking the loopback layout", done);
     if (!ok) {
@@ -284,7 +284,7 @@ comm_close(CommObject *self, PyObject *unused)
          * half-closed communicator: abort it, then report. */
         PyObject *et, *ev, *tb;
         PyErr_Fetch(&et, &ev, &tb);
-        self->user_aborted = 1;
+        self->life.user_aborted = 1;
         sn_comm_abort(st, self);
         PyErr_Restore(et, ev, tb);
         return NULL;
@@ -295,7 +295,7 @@ comm_close(CommObject *self, PyObject *unused)
 static PyObject *
 comm_abort(CommObject *self, PyObject *unused)
 {
-    self->user_aborted = 1;
+    self->life.user_aborted = 1;
     sn_comm_abort(comm_state(self), self);
     Py_RETURN_NONE;
 }
@@ -332,8 +332,8 @@ get_failure(CommObject *self, void *unused)
     /* the record is read while c is OPEN only (its memory goes with the
      * teardown); after that, the copy taken at the failure */
     sn_lock(self);
-    const int failed = self->state == SN_OPEN ? sn_fault_poll(self)
-                                              : self->failure.reason != 0;
+    const int failed = self->life.state == SN_OPEN ? sn_fault_poll(self)
+                                              : self->fail.failure.reason != 0;
     sn_unlock(self);
     if (!failed)
         Py_RETURN_NONE;
@@ -366,7 +366,7 @@ comm_inject_fault(CommObject *self, PyObject *arg)
         mask |= 1 << k;
     }
     sn_lock(self);
-    self->inject |= mask;
+    self->count.inject |= mask;
     sn_unlock(self);
     Py_RETURN_NONE;
 }
@@ -390,7 +390,7 @@ comm_dealloc(CommObject *self)
     SNState *st = sn_state_from_type(tp);
     if (st != NULL)
         sn_comm_finalize(st, self);
-    if (self->leak_object)   /* callers still inside (sn_comm_finalize) */
+    if (self->life.leak_object)   /* callers still inside (sn_comm_finalize) */
         return;
     sn_windows_free(self);
     pthread_mutex_destroy(&self->lock);
@@ -458,7 +458,7 @@ static PyObject *
 get_closed(CommObject *s, void *c)
 {
     sn_lock(s);
-    const int open = s->state == SN_OPEN;
+    const int open = s->life.state == SN_OPEN;
     sn_unlock(s);
     return PyBool_FromLong(!open);
 }
@@ -467,7 +467,8 @@ static PyObject *get_timeout(CommObject *s, void *c) { return PyFloat_FromDouble
 static PyObject *
 get_staging_bytes(CommObject *s, void *c)
 {
-    return PyLong_FromSize_t(s->staging != NULL ? s->layout.staging : 0);
+    return PyLong_FromSize_t(s->mem.staging != NULL ? s->mem.layout.staging
+                                                    : 0);
 }
 
 static PyObject *
@@ -741,7 +742,7 @@ comm_launches(CommObject *self, PyObject *unused)
     PyObject *d = PyDict_New();
     sn_lock(self);
     for (int i = 0; d != NULL && i <= SYMNCCL_K_COUNT; i++) {
-        PyObject *v = PyLong_FromUnsignedLongLong(self->launches[i]);
+        PyObject *v = PyLong_FromUnsignedLongLong(self->count.launches[i]);
         if (v == NULL || PyDict_SetItemString(d, sn_kernel_name(i), v) < 0)
             Py_CLEAR(d);
         Py_XDECREF(v);
@@ -773,7 +774,7 @@ comm_epoch(CommObject *self, PyObject *arg)
     int k = 0;
     while (k < SYMNCCL_K_COUNT && strcmp(sn_kernel_name(k), name) != 0)
         k++;
-    if (k == SYMNCCL_K_COUNT || self->scratch == NULL) {
+    if (k == SYMNCCL_K_COUNT || self->mem.scratch == NULL) {
         PyErr_Format(PyExc_ValueError, "_epoch: no counters for kernel "
                      "'%s' on this communicator", name);
         sn_comm_leave(st, self);

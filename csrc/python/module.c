@@ -251,7 +251,7 @@ py_group_end(PyObject *module, PyObject *unused)
     for (Py_ssize_t i = 0; i < ncomms; i++)
         if (objs[i]->timeout > timeout)
             timeout = objs[i]->timeout;
-    const volatile int *stop = ncomms == 1 ? &objs[0]->stop : NULL;
+    const volatile int *stop = ncomms == 1 ? &objs[0]->life.stop : NULL;
     if (err == 0 && ncomms > 0)
         err = sn_wait_comms(st, comms, (int)ncomms, timeout, stop,
                             "ncclGroupEnd");

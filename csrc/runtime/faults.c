@@ -56,15 +56,15 @@ sn_fault_alloc(SNState *st, CommObject *c)
                  "cudaHostAlloc (failure record)", error);
     memset(h, 0, sizeof(*h));
     fault_track(&h->rec, 1);
-    c->fault = &h->rec;
-    c->fault_src = &h->word;
-    SN_CUDA_GOTO(st, cudaHostGetDevicePointer((void **)&c->fault_dev,
+    c->fail.fault = &h->rec;
+    c->fail.fault_src = &h->word;
+    SN_CUDA_GOTO(st, cudaHostGetDevicePointer((void **)&c->fail.fault_dev,
                                               &h->rec, 0),
                  "cudaHostGetDevicePointer (failure record)", error);
-    SN_CUDA_GOTO(st, cudaStreamCreateWithFlags(&c->ctl_stream,
+    SN_CUDA_GOTO(st, cudaStreamCreateWithFlags(&c->fail.ctl_stream,
                                                cudaStreamNonBlocking),
                  "cudaStreamCreateWithFlags", error);
-    SN_CUDA_GOTO(st, cudaEventCreateWithFlags(&c->watch_event,
+    SN_CUDA_GOTO(st, cudaEventCreateWithFlags(&c->watch.event,
                                               cudaEventDisableTiming),
                  "cudaEventCreateWithFlags", error);
     return 0;
@@ -75,45 +75,46 @@ error:
 void
 sn_fault_free(CommObject *c)
 {
-    if (c->fault != NULL) {
-        fault_track(c->fault, 0);
-        cudaFreeHost(c->fault);   /* the allocation starts with the record */
-        c->fault = c->fault_dev = NULL;
-        c->fault_src = NULL;
+    if (c->fail.fault != NULL) {
+        fault_track(c->fail.fault, 0);
+        /* the allocation starts with the record */
+        cudaFreeHost(c->fail.fault);
+        c->fail.fault = c->fail.fault_dev = NULL;
+        c->fail.fault_src = NULL;
     }
-    if (c->ctl_stream != NULL) {
-        cudaStreamDestroy(c->ctl_stream);
-        c->ctl_stream = NULL;
+    if (c->fail.ctl_stream != NULL) {
+        cudaStreamDestroy(c->fail.ctl_stream);
+        c->fail.ctl_stream = NULL;
     }
-    if (c->watch_event != NULL) {
-        cudaEventDestroy(c->watch_event);
-        c->watch_event = NULL;
+    if (c->watch.event != NULL) {
+        cudaEventDestroy(c->watch.event);
+        c->watch.event = NULL;
     }
 }
 
 int
 sn_fault_poll(CommObject *c)
 {
-    if (c->failure.reason != 0)
+    if (c->fail.failure.reason != 0)
         return 1;
-    if (c->fault == NULL)
+    if (c->fail.fault == NULL)
         return 0;
-    const volatile symnccl_fault *r = c->fault;
+    const volatile symnccl_fault *r = c->fail.fault;
     uint32_t reason = r->reason;
     if (reason == 0)
         return 0;
     /* the fields were written before `reason` (__threadfence_system) */
     __atomic_thread_fence(__ATOMIC_ACQUIRE);
-    c->failure.kernel = r->kernel;
-    c->failure.collective = r->collective;
-    c->failure.peer = r->peer;
-    c->failure.detail = r->detail;
-    c->failure.origin = r->origin;
-    c->failure.wait = r->wait;
-    c->failure.cta = r->cta;
-    c->failure.flag = r->flag;
-    c->failure.waited_ns = r->waited_ns;
-    c->failure.reason = reason;
+    c->fail.failure.kernel = r->kernel;
+    c->fail.failure.collective = r->collective;
+    c->fail.failure.peer = r->peer;
+    c->fail.failure.detail = r->detail;
+    c->fail.failure.origin = r->origin;
+    c->fail.failure.wait = r->wait;
+    c->fail.failure.cta = r->cta;
+    c->fail.failure.flag = r->flag;
+    c->fail.failure.waited_ns = r->waited_ns;
+    c->fail.failure.reason = reason;
     return 1;
 }
 
@@ -133,9 +134,9 @@ sn_fault_record(CommObject *c, int reason, int kernel, int collective,
     f.cta = -1;
     f.waited_ns = (uint64_t)(waited * 1e9);
     if (msg != NULL)
-        snprintf(c->failure_msg, sizeof(c->failure_msg), "%s", msg);
-    if (c->fault != NULL) {
-        volatile symnccl_fault *r = c->fault;
+        snprintf(c->fail.msg, sizeof(c->fail.msg), "%s", msg);
+    if (c->fail.fault != NULL) {
+        volatile symnccl_fault *r = c->fail.fault;
         r->kernel = f.kernel;
         r->collective = f.collective;
         r->peer = f.peer;
@@ -152,13 +153,13 @@ sn_fault_record(CommObject *c, int reason, int kernel, int collective,
         return;
     }
     f.reason = (uint32_t)reason;
-    c->failure = f;
+    c->fail.failure = f;
 }
 
 void
 sn_fault_describe(const CommObject *c, char *buf, size_t size)
 {
-    const symnccl_fault *f = &c->failure;
+    const symnccl_fault *f = &c->fail.failure;
     const char *coll = sn_collective_name(f->collective);
     const char *kernel = sn_kernel_name(f->kernel);
     const double waited = (double)f->waited_ns * 1e-9;
@@ -166,8 +167,8 @@ sn_fault_describe(const CommObject *c, char *buf, size_t size)
     snprintf(where, sizeof(where), "%s (%s%s) on rank %d of %d (cuda:%d)",
              coll, f->kernel == SYMNCCL_K_COUNT ? "" : "symnccl kernel ",
              kernel, c->rank, c->nranks, c->device);
-    if (c->failure_msg[0] != '\0')
-        snprintf(what, sizeof(what), "%s", c->failure_msg);
+    if (c->fail.msg[0] != '\0')
+        snprintf(what, sizeof(what), "%s", c->fail.msg);
     else if (f->reason == SYMNCCL_FAULT_TIMEOUT &&
              f->kernel == SYMNCCL_K_COUNT)
         snprintf(what, sizeof(what), "%s did not complete within %.1f s: a "
@@ -209,7 +210,7 @@ sn_fault_dict(CommObject *c)
 {
     if (!sn_fault_poll(c))
         Py_RETURN_NONE;
-    const symnccl_fault *f = &c->failure;
+    const symnccl_fault *f = &c->fail.failure;
     char msg[700];
     sn_fault_describe(c, msg, sizeof(msg));
     PyObject *rank = f->peer >= 0 ? PyLong_FromLong(f->peer)
@@ -231,7 +232,7 @@ sn_fault_raise(SNState *st, CommObject *c)
         Py_XDECREF(d);
         return d == NULL ? -1 : 0;
     }
-    PyObject *type = c->failure.reason == SYMNCCL_FAULT_MISMATCH
+    PyObject *type = c->fail.failure.reason == SYMNCCL_FAULT_MISMATCH
                          ? st->CallMismatchError : st->PeerTimeoutError;
     PyObject *exc = PyObject_CallFunctionObjArgs(
         type, PyDict_GetItemString(d, "message"), NULL);
@@ -266,22 +267,23 @@ nap(void)
 void
 sn_fault_stop_kernels(CommObject *c, int reason, double seconds)
 {
-    if (c->fault == NULL)
+    if (c->fail.fault == NULL)
         return;
-    ((volatile symnccl_fault *)c->fault)->abort = 1;
-    if (c->staging == NULL || c->ctl_stream == NULL)
+    ((volatile symnccl_fault *)c->fail.fault)->abort = 1;
+    if (c->mem.staging == NULL || c->fail.ctl_stream == NULL)
         return;
-    *c->fault_src = SYMNCCL_FAULT_CODE(reason, c->lsa_rank, c->lsa_rank);
+    *c->fail.fault_src = SYMNCCL_FAULT_CODE(reason, c->lsa_rank, c->lsa_rank);
     int prev;
     if (cudaGetDevice(&prev) != cudaSuccess)
         return;
     cudaSetDevice(c->device);
-    cudaError_t e = cudaMemcpyAsync(c->staging + c->layout.ctl_offset,
-                                    c->fault_src, sizeof(uint64_t),
-                                    cudaMemcpyHostToDevice, c->ctl_stream);
+    cudaError_t e = cudaMemcpyAsync(c->mem.staging + c->mem.layout.ctl_offset,
+                                    c->fail.fault_src, sizeof(uint64_t),
+                                    cudaMemcpyHostToDevice,
+                                    c->fail.ctl_stream);
     double until = sn_deadline(seconds);
     while (e == cudaSuccess &&
-           (e = cudaStreamQuery(c->ctl_stream)) == cudaErrorNotReady &&
+           (e = cudaStreamQuery(c->fail.ctl_stream)) == cudaErrorNotReady &&
            sn_now() < until)
         nap();
     (void)cudaGetLastError();
@@ -306,8 +308,8 @@ sn_fault_drain(CommObject *c, double seconds, int nccl)
 {
     double until = sn_deadline(seconds);
     for (;;) {
-        if (event_done(c->lsa_event) &&
-            (!nccl || event_done(c->watch_event)))
+        if (event_done(c->order.event) &&
+            (!nccl || event_done(c->watch.event)))
             return 1;
         if (sn_now() >= until)
             return 0;
@@ -324,14 +326,14 @@ sn_fault_wait_nccl(SNState *st, CommObject *c, int collective)
         int done;
         double slice = sn_deadline(0.05);
         Py_BEGIN_ALLOW_THREADS
-        while (!(done = event_done(c->watch_event)) && !c->stop &&
+        while (!(done = event_done(c->watch.event)) && !c->life.stop &&
                sn_now() < (slice < deadline ? slice : deadline))
             if (sn_now() >= spin)   /* spin first (symnccl.h) */
                 nap();
         Py_END_ALLOW_THREADS
         /* an abort first: the work it stopped may complete as it gives up,
          * and the call must not read as a success then */
-        if (c->stop) {
+        if (c->life.stop) {
             PyErr_Format(PyExc_RuntimeError, "%s on rank %d was interrupted "
                          "by abort()", sn_collective_name(collective), c->rank);
             return -1;
@@ -424,31 +426,31 @@ sn_py_abort_on_signal(PyObject *module, PyObject *arg)
  * then a communicator's lock. */
 
 static pthread_mutex_t watch_mu = PTHREAD_MUTEX_INITIALIZER;
-static CommObject *watched;    /* through watch_next / watch_prev */
+static CommObject *watched;    /* through watch.next / watch.prev */
 
 int
 sn_watch_arm(CommObject *c, int collective, cudaStream_t stream)
 {
     unsigned long long capture = 0;
-    if (c->watch_event == NULL ||
+    if (c->watch.event == NULL ||
         sn_capture_id(stream, &capture) != cudaSuccess || capture != 0)
         return 0;
-    if (cudaEventRecord(c->watch_event, stream) != cudaSuccess) {
+    if (cudaEventRecord(c->watch.event, stream) != cudaSuccess) {
         (void)cudaGetLastError();
         return 0;
     }
     pthread_mutex_lock(&watch_mu);
-    c->watch_collective = collective;
-    c->watch_deadline = sn_deadline(c->timeout);
-    c->watch_armed = 1;
-    c->watch_expired = 0;
-    if (!c->watched) {
-        c->watch_prev = NULL;
-        c->watch_next = watched;
+    c->watch.collective = collective;
+    c->watch.deadline = sn_deadline(c->timeout);
+    c->watch.armed = 1;
+    c->watch.expired = 0;
+    if (!c->watch.listed) {
+        c->watch.prev = NULL;
+        c->watch.next = watched;
         if (watched != NULL)
-            watched->watch_prev = c;
+            watched->watch.prev = c;
         watched = c;
-        c->watched = 1;
+        c->watch.listed = 1;
     }
     pthread_mutex_unlock(&watch_mu);
     return 1;
@@ -458,17 +460,17 @@ void
 sn_watch_forget(CommObject *c)
 {
     pthread_mutex_lock(&watch_mu);
-    if (c->watched) {
-        if (c->watch_prev != NULL)
-            c->watch_prev->watch_next = c->watch_next;
+    if (c->watch.listed) {
+        if (c->watch.prev != NULL)
+            c->watch.prev->watch.next = c->watch.next;
         else
-            watched = c->watch_next;
-        if (c->watch_next != NULL)
-            c->watch_next->watch_prev = c->watch_prev;
-        c->watch_next = c->watch_prev = NULL;
-        c->watched = 0;
+            watched = c->watch.next;
+        if (c->watch.next != NULL)
+            c->watch.next->watch.prev = c->watch.prev;
+        c->watch.next = c->watch.prev = NULL;
+        c->watch.listed = 0;
     }
-    c->watch_armed = c->watch_expired = 0;
+    c->watch.armed = c->watch.expired = 0;
     pthread_mutex_unlock(&watch_mu);
 }
 
@@ -478,21 +480,21 @@ sn_watch_poll(void)
     int expired = 0;
     double now = sn_now();
     pthread_mutex_lock(&watch_mu);
-    for (CommObject *c = watched; c != NULL; c = c->watch_next) {
-        expired |= c->watch_expired;   /* busy before: retried */
-        if (!c->watch_armed || c->watch_expired)
+    for (CommObject *c = watched; c != NULL; c = c->watch.next) {
+        expired |= c->watch.expired;   /* busy before: retried */
+        if (!c->watch.armed || c->watch.expired)
             continue;
         cudaSetDevice(c->device);
-        cudaError_t e = cudaEventQuery(c->watch_event);
+        cudaError_t e = cudaEventQuery(c->watch.event);
         if (e != cudaErrorNotReady) {
             (void)cudaGetLastError();
-            c->watch_armed = 0;
+            c->watch.armed = 0;
             continue;
         }
-        const int aborted = c->fault != NULL &&
-                            ((volatile symnccl_fault *)c->fault)->abort;
-        if (now >= c->watch_deadline || aborted) {
-            c->watch_expired = 1;
+        const int aborted = c->fail.fault != NULL &&
+                            ((volatile symnccl_fault *)c->fail.fault)->abort;
+        if (now >= c->watch.deadline || aborted) {
+            c->watch.expired = 1;
             expired = 1;
         }
     }
@@ -505,18 +507,18 @@ sn_watch_collect(CommObject **out, int max)
 {
     int n = 0;
     pthread_mutex_lock(&watch_mu);
-    for (CommObject *c = watched; c != NULL && n < max; c = c->watch_next) {
-        if (!c->watch_expired)
+    for (CommObject *c = watched; c != NULL && n < max; c = c->watch.next) {
+        if (!c->watch.expired)
             continue;
         /* a caller inside reports with its own bounded wait (retried);
          * a communicator being torn down is its teardown's. Else the
          * watchdog takes the teardown here, in one step with the check
          * (lifecycle.c, sn_comm_abort_owned finishes it). */
         sn_lock(c);
-        const int idle = c->busy == 0 && c->state == SN_OPEN;
+        const int idle = c->life.busy == 0 && c->life.state == SN_OPEN;
         if (idle) {
-            c->state = SN_CLOSING;
-            c->teardown = SN_TEAR_ABORT;
+            c->life.state = SN_CLOSING;
+            c->life.teardown = SN_TEAR_ABORT;
         }
         sn_unlock(c);
         if (!idle)

@@ -54,12 +54,12 @@ static int
 order_begin(const sn_ar *r, sn_err *err)
 {
     CommObject *c = r->c;
-    if (!c->lsa_used || r->stream == c->lsa_stream)
+    if (!c->order.used || r->stream == c->order.stream)
         return 0;
     unsigned long long id;
     cudaError_t e = sn_capture_id(r->stream, &id);
-    if (e == cudaSuccess && id == c->lsa_capture)
-        e = cudaStreamWaitEvent(r->stream, c->lsa_event, 0);
+    if (e == cudaSuccess && id == c->order.capture)
+        e = cudaStreamWaitEvent(r->stream, c->order.event, 0);
     if (e != cudaSuccess)
         return sn_fail(err, e, ncclSuccess, "ordering after the previous "
                        "symnccl launch");
@@ -73,12 +73,12 @@ order_end(const sn_ar *r, sn_err *err)
     unsigned long long id;
     cudaError_t e = sn_capture_id(r->stream, &id);
     if (e == cudaSuccess)
-        e = cudaEventRecord(c->lsa_event, r->stream);
+        e = cudaEventRecord(c->order.event, r->stream);
     if (e != cudaSuccess)
         return sn_fail(err, e, ncclSuccess, "recording the symnccl launch");
-    c->lsa_stream = r->stream;
-    c->lsa_capture = id;
-    c->lsa_used = 1;
+    c->order.stream = r->stream;
+    c->order.capture = id;
+    c->order.used = 1;
     return 0;
 }
 
@@ -101,11 +101,11 @@ kargs(const sn_ar *r, int kernel)
      * SN_MAX_TIMEOUT, so the product is far below 2^64) */
     a.timeout_ns = (uint64_t)(c->timeout * 1e9);
     a.collective = r->collective;
-    a.fault = c->fault_dev;
+    a.fault = c->fail.fault_dev;
     a.claim = sn_claim_word(c);
-    a.fault_word = (uint64_t *)(c->staging + c->layout.ctl_offset);
-    a.ctl_win = c->staging_win->win;
-    a.ctl_offset = c->layout.ctl_offset;
+    a.fault_word = (uint64_t *)(c->mem.staging + c->mem.layout.ctl_offset);
+    a.ctl_win = c->mem.staging_win->win;
+    a.ctl_offset = c->mem.layout.ctl_offset;
     a.pdl = c->knobs.pdl;
     a.pdl_early = c->pdl_early;
     return a;
@@ -116,15 +116,15 @@ launch(const sn_ar *r, symnccl_kargs *a, sn_err *err)
 {
     CommObject *c = r->c;
     /* testing (Communicator._inject_fault): this kernel's next launch */
-    a->inject = (c->inject >> a->kernel) & 1;
+    a->inject = (c->count.inject >> a->kernel) & 1;
     cudaError_t e = symnccl_launch(a, r->stream);
     a->inject = 0;
     if (e != cudaSuccess)
         return sn_fail(err, e, ncclSuccess, "%s %s launch",
                        sn_algos[r->algo].name,
                        sn_collective_name(r->collective));
-    c->inject &= ~(1 << a->kernel);
-    c->launches[a->kernel]++;
+    c->count.inject &= ~(1 << a->kernel);
+    c->count.launches[a->kernel]++;
     return 0;
 }
 
@@ -135,11 +135,11 @@ static symnccl_kargs
 packet_kargs(const sn_ar *r, int kernel)
 {
     CommObject *c = r->c;
-    const sn_layout *l = &c->layout;
+    const sn_layout *l = &c->mem.layout;
     const int ll128 =
         symnccl_kernel_row_of(kernel).family == SYMNCCL_FAMILY_LL128;
     symnccl_kargs a = kargs(r, kernel);
-    a.region_win = c->staging_win->win;
+    a.region_win = c->mem.staging_win->win;
     a.region_offset = ll128 ? l->ll128_offset : l->ll_offset;
     a.row_bytes = ll128 ? l->ll128_row : l->ll_row;
     a.ctas = c->knobs.ll_ctas;
@@ -156,10 +156,10 @@ push_kargs(const sn_ar *r, int kernel)
 {
     CommObject *c = r->c;
     symnccl_kargs a = kargs(r, kernel);
-    a.region_win = c->staging_win->win;
-    a.region_offset = c->layout.push_offset;
-    a.data_offset = c->layout.push_data;
-    a.row_bytes = c->layout.push_slot;
+    a.region_win = c->mem.staging_win->win;
+    a.region_offset = c->mem.layout.push_offset;
+    a.data_offset = c->mem.layout.push_data;
+    a.row_bytes = c->mem.layout.push_slot;
     const size_t kib = (size_t)c->knobs.push_chunk_kib << 10;
     a.chunk_bytes = kib == 0 || kib > a.row_bytes ? a.row_bytes : kib;
     a.ctas = c->knobs.push_ctas;
@@ -238,9 +238,9 @@ rooted_launches(const sn_ar *r, int kernel, sn_err *err)
         a.dtype = SYMNCCL_DT_BYTES;
     a.root = r->root;
     a.threads = threads;
-    a.win = c->staging_win->win;
+    a.win = c->mem.staging_win->win;
     a.win_offset = 0;
-    const size_t chunk = c->layout.staging / 16 * 16 / is;
+    const size_t chunk = c->mem.layout.staging / 16 * 16 / is;
     for (size_t done = 0; done < total; done += chunk) {
         const size_t len = total - done < chunk ? total - done : chunk;
         a.src = r->x + done * is;
@@ -318,14 +318,14 @@ row_launches(const sn_ar *r, int kernel, sn_err *err)
         chunk = symnccl_packet_max_count(kernel, a.row_bytes, 1, c->nranks) /
                 row_bytes;
     else if (peers)
-        chunk = c->layout.staging / (row_bytes * (two ? 3 : 1));
+        chunk = c->mem.layout.staging / (row_bytes * (two ? 3 : 1));
     if (chunk == 0)
         return sn_fail(err, cudaErrorInvalidValue, ncclSuccess, "a row of "
                        "%zu bytes is larger than %s (%zu bytes%s)", row_bytes,
                        ll ? "an LL packet row carries" : "the staging area",
-                       ll ? a.row_bytes / 2 : c->layout.staging,
+                       ll ? a.row_bytes / 2 : c->mem.layout.staging,
                        ll ? "" : ", staging_bytes=");
-    a.win = c->staging_win->win;
+    a.win = c->mem.staging_win->win;
     a.win_offset = 0;
     a.weight = r->weight;
     a.row_len = r->row_len;
@@ -381,7 +381,7 @@ all_to_all_launch(const sn_ar *r, int kernel, sn_err *err)
     else
         a = push_kargs(r, kernel);
     a.dtype = SYMNCCL_DT_BYTES;
-    a.splits_offset = c->layout.splits_offset;
+    a.splits_offset = c->mem.layout.splits_offset;
     a.src = r->x;
     a.out = r->out;
     a.count = r->count;
@@ -418,18 +418,18 @@ load_launches(const sn_ar *r, int kernel, sn_err *err)
     const size_t quantum = 16 * (size_t)c->nranks;
     size_t chunk = r->count;
     if (staged || mid_staging || scratch)
-        chunk = c->layout.staging / quantum * quantum / is;
+        chunk = c->mem.layout.staging / quantum * quantum / is;
     const int threads = c->knobs.lsa_threads;
     const int max_ctas = algo == SN_ALGO_ONE_SHOT ? c->knobs.one_shot_ctas
                                                   : c->knobs.two_shot_ctas;
     symnccl_kargs a = kargs(r, kernel);
-    a.scratch = c->staging;
+    a.scratch = c->mem.staging;
     a.in_place = in_place && !staged;
     a.threads = threads;
     for (size_t done = 0; done < r->count; done += chunk) {
         size_t len = r->count - done < chunk ? r->count - done : chunk;
         if (staged) {
-            a.win = c->staging_win->win;
+            a.win = c->mem.staging_win->win;
             a.win_offset = 0;
             a.src = r->x + done * is;
         }
@@ -437,7 +437,7 @@ load_launches(const sn_ar *r, int kernel, sn_err *err)
             a.win = w->win;
             a.win_offset = (size_t)(r->x - w->base) + done * is;
         }
-        a.mid_win = mid_staging || staged ? c->staging_win->win : a.win;
+        a.mid_win = mid_staging || staged ? c->mem.staging_win->win : a.win;
         a.mid_offset = mid_staging || staged ? 0 : a.win_offset;
         a.out = r->out + done * is;
         a.count = len;
@@ -462,11 +462,11 @@ sn_launch_kernels(const sn_ar *r, sn_err *err)
     CommObject *c = r->c;
     sn_lock(c);
     int rc = 0;
-    if (c->devcomm == NULL || c->staging_win == NULL)
+    if (c->devcomm == NULL || c->mem.staging_win == NULL)
         rc = sn_fail(err, cudaErrorInvalidValue, ncclSuccess,
                      "the communicator has no device communicator or "
                      "staging window (closed?)");
-    else if (c->stop)   /* entered before an abort began */
+    else if (c->life.stop)   /* entered before an abort began */
         rc = sn_fail(err, cudaErrorInvalidValue, ncclSuccess,
                      "the communicator is being aborted");
     else if (sn_fault_poll(c))   /* a kernel or the watchdog was quicker */
@@ -505,7 +505,7 @@ void
 sn_count_nccl(CommObject *c)
 {
     sn_lock(c);
-    c->launches[SYMNCCL_K_COUNT]++;
+    c->count.launches[SYMNCCL_K_COUNT]++;
     sn_unlock(c);
 }
 
@@ -522,7 +522,8 @@ sn_a2a_plan(const CommObject *c, int asked, int *algo, int ragged,
      * communicator and the row size alone */
     const int kernel = sn_kernel_for(SYMNCCL_COLL_ALL_TO_ALL, SN_ALGO_LL,
                                      SYMNCCL_SHOT_ONE);
-    const size_t room = symnccl_packet_max_count(kernel, c->layout.ll_row, 1,
+    const size_t room = symnccl_packet_max_count(kernel,
+                                                 c->mem.layout.ll_row, 1,
                                                  c->nranks);
     const size_t cap = room > 8 && row_size ? (room - 8) / row_size : 0;
     /* the largest block a receiver keeps: out's rows (all_to_all_v; the

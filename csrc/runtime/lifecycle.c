@@ -113,23 +113,23 @@ decide_multicast(int mode, int nranks, int device)
 static void
 live_add(SNState *st, CommObject *c)
 {
-    c->live_prev = NULL;
-    c->live_next = st->live;
+    c->life.prev = NULL;
+    c->life.next = st->live;
     if (st->live != NULL)
-        st->live->live_prev = c;
+        st->live->life.prev = c;
     st->live = c;
 }
 
 static void
 live_remove(SNState *st, CommObject *c)
 {
-    if (c->live_prev != NULL)
-        c->live_prev->live_next = c->live_next;
+    if (c->life.prev != NULL)
+        c->life.prev->life.next = c->life.next;
     else if (st->live == c)
-        st->live = c->live_next;
-    if (c->live_next != NULL)
-        c->live_next->live_prev = c->live_prev;
-    c->live_next = c->live_prev = NULL;
+        st->live = c->life.next;
+    if (c->life.next != NULL)
+        c->life.next->life.prev = c->life.prev;
+    c->life.next = c->life.prev = NULL;
 }
 
 CommObject *
@@ -151,7 +151,7 @@ sn_comm_new(PyTypeObject *tp, int rank, int nranks, int device,
      * pdl_wait) */
     c->pdl_early = sn_nccl_pdl_early(sn_abi_runtime());
     c->st = sn_state_from_type(tp);
-    c->state = SN_OPEN;
+    c->life.state = SN_OPEN;
     pthread_mutex_init(&c->lock, NULL);
     const char *why = decide_multicast(multicast, nranks, device);
     c->multicast_requested = why == NULL;
@@ -357,18 +357,19 @@ register_staging(SNState *st, CommObject **cs, int n, ncclComm_t *raw)
     rc = ncclGroupStart();
     for (int i = 0; i < n && rc == ncclSuccess; i++) {
         CommObject *c = cs[i];
-        if (c->staging == NULL)
+        if (c->mem.staging == NULL)
             continue;
-        c->staging_win = sn_window_node(c, c->staging, c->layout.bytes);
-        if (c->staging_win == NULL) {
+        c->mem.staging_win = sn_window_node(c, c->mem.staging,
+                                            c->mem.layout.bytes);
+        if (c->mem.staging_win == NULL) {
             rc = ncclSystemError;
             break;
         }
         any = 1;
         cudaSetDevice(c->device);
-        rc = started(ncclCommWindowRegister(c->comm, c->staging,
-                                            c->layout.bytes,
-                                            &c->staging_win->win,
+        rc = started(ncclCommWindowRegister(c->comm, c->mem.staging,
+                                            c->mem.layout.bytes,
+                                            &c->mem.staging_win->win,
                                             NCCL_WIN_COLL_SYMMETRIC));
     }
     rc = group_end(rc);
@@ -385,11 +386,11 @@ register_staging(SNState *st, CommObject **cs, int n, ncclComm_t *raw)
     for (int i = 0; i < n; i++) {
         CommObject *c = cs[i];
         int ok = 0;
-        if (c->staging_win == NULL)
+        if (c->mem.staging_win == NULL)
             continue;
         SN_CUDA_GOTO(st, cudaSetDevice(c->device), "cudaSetDevice", error);
-        SN_CUDA_GOTO(st, symnccl_lsa_layout_ok(c->staging_win->win, c->nranks,
-                                               &ok),
+        SN_CUDA_GOTO(st, symnccl_lsa_layout_ok(c->mem.staging_win->win,
+                                               c->nranks, &ok),
                      "checking the LSA layout", error);
         if (!ok)
             no_device_api(c, "NCCL's LSA addresses of a window are not "
@@ -511,17 +512,17 @@ error:
  * busy > 0:
  *   - close waits for the callers inside, at most c's timeout (their own
  *     waits end by then); past it, or on any failure, it aborts instead;
- *   - abort first ends every wait on c (c->stop) and c's kernels (abort
+ *   - abort first ends every wait on c (c->life.stop) and c's kernels (abort
  *     flag and fault word), so callers leave within milliseconds, waits
  *     ABORT_LEAVE_SECONDS for them, and if one is still inside, leaves
  *     the rest to the last caller to leave (abort_pending): nothing is
  *     freed under a caller, and abort() returns within its bounds;
- *   - abort() while another thread closes c sets c->stop; that close sees
+ *   - abort() while another thread closes c sets c->life.stop; that close sees
  *     it in its waits and turns into the abort.
  * The GIL is released wherever a teardown waits; no lock is held then. */
 
 /* Seconds abort() waits for another thread to leave a method of c (its
- * waits end within 50 ms of c->stop), for c's kernels to leave once told
+ * waits end within 50 ms of c->life.stop), for c's kernels to leave once told
  * to (their waits poll the fault word and the abort flag every few
  * milliseconds), and for everything of c to end after ncclCommAbort. */
 #define ABORT_LEAVE_SECONDS 2.0
@@ -558,7 +559,7 @@ const char *
 sn_comm_state_name(CommObject *c)
 {
     sn_lock(c);
-    const char *name = state_name(c->state, c->teardown);
+    const char *name = state_name(c->life.state, c->life.teardown);
     sn_unlock(c);
     return name;
 }
@@ -569,9 +570,9 @@ sn_comm_state_name(CommObject *c)
 static int
 may_enter(CommObject *c, int *failed)
 {
-    *failed = c->state == SN_OPEN ? sn_fault_poll(c)
-                                  : c->failure.reason != 0;
-    return c->state == SN_OPEN && !*failed;
+    *failed = c->life.state == SN_OPEN ? sn_fault_poll(c)
+                                  : c->fail.failure.reason != 0;
+    return c->life.state == SN_OPEN && !*failed;
 }
 
 /* Why a caller may not enter, without Python. */
@@ -579,7 +580,7 @@ static void
 refusal(const CommObject *c, int state, int teardown, int failed,
         char *why, size_t len)
 {
-    if (failed && !c->user_aborted)
+    if (failed && !c->life.user_aborted)
         sn_fault_describe(c, why, len);
     else
         snprintf(why, len, "communicator (rank %d of %d, cuda:%d) is %s: "
@@ -590,11 +591,11 @@ refusal(const CommObject *c, int state, int teardown, int failed,
 }
 
 /* The same as a Python exception: the failure (PeerTimeoutError,
- * CallMismatchError; c->failure holds it), else RuntimeError. */
+ * CallMismatchError; c->fail.failure holds it), else RuntimeError. */
 static int
 refuse(SNState *st, CommObject *c, int state, int teardown, int failed)
 {
-    if (failed && !c->user_aborted)
+    if (failed && !c->life.user_aborted)
         return sn_fault_raise(st, c);
     char why[240];
     refusal(c, state, teardown, 0, why, sizeof(why));
@@ -608,7 +609,7 @@ sn_comm_check_usable(SNState *st, CommObject *c)
     sn_lock(c);
     int failed;
     const int ok = may_enter(c, &failed);
-    const int state = c->state, teardown = c->teardown;
+    const int state = c->life.state, teardown = c->life.teardown;
     sn_unlock(c);
     return ok ? 0 : refuse(st, c, state, teardown, failed);
 }
@@ -619,9 +620,9 @@ sn_comm_enter(SNState *st, CommObject *c)
     sn_lock(c);
     int failed;
     const int ok = may_enter(c, &failed);
-    const int state = c->state, teardown = c->teardown;
+    const int state = c->life.state, teardown = c->life.teardown;
     if (ok)
-        c->busy++;
+        c->life.busy++;
     sn_unlock(c);
     return ok ? 0 : refuse(st, c, state, teardown, failed);
 }
@@ -633,9 +634,9 @@ sn_comm_pin(CommObject *c, char *why, size_t len)
     int failed;
     const int ok = may_enter(c, &failed);
     if (ok)
-        c->busy++;
+        c->life.busy++;
     else
-        refusal(c, c->state, c->teardown, failed, why, len);
+        refusal(c, c->life.state, c->life.teardown, failed, why, len);
     sn_unlock(c);
     return ok ? 0 : -1;
 }
@@ -648,9 +649,9 @@ static int
 unpin(CommObject *c)
 {
     sn_lock(c);
-    const int last = --c->busy == 0 && c->abort_pending;
+    const int last = --c->life.busy == 0 && c->life.abort_pending;
     if (last)
-        c->abort_pending = 0;
+        c->life.abort_pending = 0;
     sn_unlock(c);
     return last;
 }
@@ -672,7 +673,7 @@ sn_comm_leave(SNState *st, CommObject *c)
     }
 }
 
-/* Waits, GIL released, until no caller is inside c (0), c->stop is set
+/* Waits, GIL released, until no caller is inside c (0), c->life.stop is set
  * while `stoppable` (1), or `seconds` have passed (2). */
 static int
 wait_callers(CommObject *c, double seconds, int stoppable)
@@ -680,11 +681,11 @@ wait_callers(CommObject *c, double seconds, int stoppable)
     const double until = sn_deadline(seconds);
     for (;;) {
         sn_lock(c);
-        const int busy = c->busy;
+        const int busy = c->life.busy;
         sn_unlock(c);
         if (busy == 0)
             return 0;
-        if (stoppable && c->stop)
+        if (stoppable && c->life.stop)
             return 1;
         if (sn_now() >= until)
             return 2;
@@ -703,7 +704,7 @@ wait_teardown(CommObject *c, double seconds)
     const double until = sn_deadline(seconds);
     for (;;) {
         sn_lock(c);
-        const int state = c->state, pending = c->abort_pending;
+        const int state = c->life.state, pending = c->life.abort_pending;
         sn_unlock(c);
         if (state != SN_CLOSING || pending || sn_now() >= until)
             return state;
@@ -718,10 +719,10 @@ static int
 take_teardown(CommObject *c, int kind)
 {
     sn_lock(c);
-    const int mine = c->state == SN_OPEN;
+    const int mine = c->life.state == SN_OPEN;
     if (mine) {
-        c->state = SN_CLOSING;
-        c->teardown = kind;
+        c->life.state = SN_CLOSING;
+        c->life.teardown = kind;
     }
     sn_unlock(c);
     return mine;
@@ -747,8 +748,8 @@ end_teardown(CommObject *c, int state)
         w->next = dead;
         dead = w;
     }
-    c->state = state;
-    c->teardown = SN_TEAR_NONE;
+    c->life.state = state;
+    c->life.teardown = SN_TEAR_NONE;
     sn_unlock(c);
     return dead;
 }
@@ -811,10 +812,10 @@ sn_comm_release_window(CommObject *c, sn_window *w, void *mem)
     if (w == NULL || --w->refs > 0)
         return 1;
     sn_lock(c);
-    const int state = c->state;
+    const int state = c->life.state;
     const int enter = state == SN_OPEN && c->st->group_depth == 0;
     if (enter)
-        c->busy++;
+        c->life.busy++;
     if (state == SN_OPEN || state == SN_CLOSING)
         w->dead = mem;   /* c frees it: now (below), later, or at teardown */
     sn_unlock(c);
@@ -842,16 +843,16 @@ free_memory(CommObject *c, int drained)
                 "the communicator still ran after %.0f s; its device memory "
                 "is left allocated\n", c->rank, c->device,
                 ABORT_KERNELS_SECONDS + ABORT_DRAIN_SECONDS);
-        c->staging = NULL;
-        c->scratch = NULL;
-        c->check_dev = c->check_host = NULL;
-        c->a2a_dev = c->a2a_host = NULL;
-        c->a2a_lost_dev = c->a2a_lost_host = NULL;
-        c->lsa_event = NULL;
-        c->fault = c->fault_dev = NULL;
-        c->fault_src = NULL;
-        c->ctl_stream = NULL;
-        c->watch_event = NULL;
+        c->mem.staging = NULL;
+        c->mem.scratch = NULL;
+        c->mem.check_dev = c->mem.check_host = NULL;
+        c->a2a.dev = c->a2a.host = NULL;
+        c->a2a.lost_dev = c->a2a.lost_host = NULL;
+        c->order.event = NULL;
+        c->fail.fault = c->fail.fault_dev = NULL;
+        c->fail.fault_src = NULL;
+        c->fail.ctl_stream = NULL;
+        c->watch.event = NULL;
         return;
     }
     sn_loopback_leave(c);
@@ -906,16 +907,16 @@ static void
 abort_owned(CommObject *c)
 {
     sn_lock(c);
-    c->teardown = SN_TEAR_ABORT;
+    c->life.teardown = SN_TEAR_ABORT;
     sn_unlock(c);
-    c->stop = 1;
+    c->life.stop = 1;
     Py_BEGIN_ALLOW_THREADS
     sn_fault_stop_kernels(c, SYMNCCL_FAULT_ABORT, 1.0);
     Py_END_ALLOW_THREADS
     if (wait_callers(c, ABORT_LEAVE_SECONDS, 0) != 0) {
         sn_lock(c);
-        const int defer = c->busy > 0;
-        c->abort_pending = defer;
+        const int defer = c->life.busy > 0;
+        c->life.abort_pending = defer;
         sn_unlock(c);
         if (defer)
             return;
@@ -928,7 +929,7 @@ abort_owned(CommObject *c)
 void
 sn_comm_abort_owned(SNState *st, CommObject *c)
 {
-    c->stop = 1;
+    c->life.stop = 1;
     if (st->on_closing != NULL)
         st->on_closing(c);
     abort_owned(c);
@@ -938,9 +939,9 @@ void
 sn_comm_abort(SNState *st, CommObject *c)
 {
     sn_lock(c);
-    const int state = c->state, was = c->teardown;
+    const int state = c->life.state, was = c->life.teardown;
     if (state == SN_CLOSING)
-        c->teardown = SN_TEAR_ABORT;
+        c->life.teardown = SN_TEAR_ABORT;
     sn_unlock(c);
     if (state == SN_OPEN) {
         if (take_teardown(c, SN_TEAR_ABORT))
@@ -952,9 +953,9 @@ sn_comm_abort(SNState *st, CommObject *c)
     /* closed, aborted, or an abort under way (or left to its callers) */
     if (state != SN_CLOSING || was == SN_TEAR_ABORT)
         return;
-    /* another thread's close: it sees c->stop in its waits and turns into
+    /* another thread's close: it sees c->life.stop in its waits and turns into
      * the abort; this thread touches nothing of c's and waits, bounded */
-    c->stop = 1;
+    c->life.stop = 1;
     (void)wait_teardown(c, ABORT_ALL_SECONDS);
 }
 
@@ -970,18 +971,18 @@ static int
 close_within(SNState *st, CommObject *c, double timeout)
 {
     sn_lock(c);
-    const int state = c->state;
+    const int state = c->life.state;
     int failed;
     (void)may_enter(c, &failed);
     const int mine = state == SN_OPEN && !failed && st->group_depth == 0;
     if (mine) {
-        c->state = SN_CLOSING;
-        c->teardown = SN_TEAR_CLOSE;
+        c->life.state = SN_CLOSING;
+        c->life.teardown = SN_TEAR_CLOSE;
     }
     sn_unlock(c);
     if (!mine) {
         /* a failure is the answer until the user aborts */
-        if (failed && !c->user_aborted)
+        if (failed && !c->life.user_aborted)
             return sn_fault_raise(st, c);
         if (state == SN_OPEN) {
             PyErr_SetString(PyExc_RuntimeError, "close() cannot be called "
@@ -996,7 +997,7 @@ close_within(SNState *st, CommObject *c, double timeout)
         if (end != SN_CLOSING)
             return 0;
         sn_lock(c);
-        const int pending = c->abort_pending;
+        const int pending = c->life.abort_pending;
         sn_unlock(c);
         if (pending)
             PyErr_SetString(PyExc_RuntimeError, "close(): the communicator "
@@ -1023,7 +1024,7 @@ close_within(SNState *st, CommObject *c, double timeout)
         break;
     default:
         sn_lock(c);
-        const int busy = c->busy;
+        const int busy = c->life.busy;
         sn_unlock(c);
         PyErr_Format(PyExc_TimeoutError, "close(): %d call(s) from other "
                      "threads were still inside the communicator after "
@@ -1055,11 +1056,11 @@ complete_within(SNState *st, CommObject *c, ncclResult_t rc,
 {
     if (rc != ncclSuccess && rc != ncclInProgress)
         return sn_set_nccl_error(st, rc, c->comm, what);
-    return sn_wait_comms(st, &c->comm, 1, timeout, &c->stop, what);
+    return sn_wait_comms(st, &c->comm, 1, timeout, &c->life.stop, what);
 }
 
 /* c's symnccl and (watched) NCCL work has completed: 1; `seconds`
- * passed: 0; c->stop was set meanwhile: -1. No GIL needed. */
+ * passed: 0; c->life.stop was set meanwhile: -1. No GIL needed. */
 static int
 drain_or_stop(CommObject *c, double seconds)
 {
@@ -1067,7 +1068,7 @@ drain_or_stop(CommObject *c, double seconds)
     for (;;) {
         if (sn_fault_drain(c, 0.05, 1))
             return 1;
-        if (c->stop)
+        if (c->life.stop)
             return -1;
         if (sn_now() >= until)
             return 0;
@@ -1171,7 +1172,7 @@ sn_comm_finalize(SNState *st, CommObject *c)
     if (st->shutting_down)
         return;
     sn_lock(c);
-    const int state = c->state;
+    const int state = c->life.state;
     int failed;
     (void)may_enter(c, &failed);
     sn_unlock(c);
@@ -1189,10 +1190,10 @@ sn_comm_finalize(SNState *st, CommObject *c)
     /* Callers that hold no reference may still be inside (XLA handlers
      * past an abort's bounds): c's memory must outlive them. */
     sn_lock(c);
-    c->leak_object = c->busy > 0 || c->state == SN_CLOSING;
-    const int busy = c->busy;
+    c->life.leak_object = c->life.busy > 0 || c->life.state == SN_CLOSING;
+    const int busy = c->life.busy;
     sn_unlock(c);
-    if (c->leak_object)
+    if (c->life.leak_object)
         fprintf(stderr, "symnccl: communicator (rank %d of %d, cuda:%d) "
                 "was deallocated while %d call(s) were still inside it: "
                 "its object is left allocated so that they leave safely\n",
@@ -1205,19 +1206,19 @@ sn_comm_shutdown_all(SNState *st, double timeout)
     /* the live list, as new references: closing releases the GIL, and
      * another thread may meanwhile drop a communicator of the list */
     Py_ssize_t n = 0;
-    for (CommObject *c = st->live; c != NULL; c = c->live_next)
+    for (CommObject *c = st->live; c != NULL; c = c->life.next)
         n++;
     CommObject **cs = PyMem_Calloc(n > 0 ? (size_t)n : 1, sizeof(*cs));
     if (cs == NULL)
         return 0;
     n = 0;
-    for (CommObject *c = st->live; c != NULL; c = c->live_next)
+    for (CommObject *c = st->live; c != NULL; c = c->life.next)
         cs[n++] = (CommObject *)Py_NewRef((PyObject *)c);
     int failures = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         CommObject *c = cs[i];
         sn_lock(c);
-        const int state = c->state;
+        const int state = c->life.state;
         sn_unlock(c);
         if (state == SN_OPEN &&
             close_within(st, c, timeout < c->timeout ? timeout

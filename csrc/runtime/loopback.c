@@ -188,15 +188,16 @@ sn_loopback_join(SNState *st, CommObject *c, sn_loopback *t)
         PyErr_NoMemory();
         return -1;
     }
-    c->staging = (char *)t->base + (size_t)q * SYMNCCL_LOOPBACK_STRIDE;
+    c->mem.staging = (char *)t->base + (size_t)q * SYMNCCL_LOOPBACK_STRIDE;
     c->loopback = t;
     __atomic_add_fetch(&t->refs, 1, __ATOMIC_RELAXED);
-    c->staging_win = sn_window_node(c, c->staging, c->layout.bytes);
-    if (c->staging_win == NULL) {
+    c->mem.staging_win = sn_window_node(c, c->mem.staging,
+                                        c->mem.layout.bytes);
+    if (c->mem.staging_win == NULL) {
         PyErr_NoMemory();
         return -1;
     }
-    c->staging_win->win = t->win[q];
+    c->mem.staging_win->win = t->win[q];
     c->lsa_size = t->nranks;
     c->lsa_rank = q;
     c->symmetric = 1;
@@ -221,6 +222,6 @@ sn_loopback_leave(CommObject *c)
     sn_loopback *t = c->loopback;
     c->loopback = NULL;
     if (t != NULL)
-        c->staging = NULL;
+        c->mem.staging = NULL;
     sn_loopback_release(t);
 }

@@ -53,7 +53,7 @@ pages(size_t bytes)
 void
 sn_layout_compute(CommObject *c, size_t staging_bytes)
 {
-    sn_layout *l = &c->layout;
+    sn_layout *l = &c->mem.layout;
     const size_t n = (size_t)c->nranks;
     memset(l, 0, sizeof(*l));
     l->staging = staging_bytes;
@@ -80,7 +80,7 @@ sn_layout_compute(CommObject *c, size_t staging_bytes)
 int
 sn_staging_alloc(SNState *st, CommObject *c)
 {
-    const sn_layout *l = &c->layout;
+    const sn_layout *l = &c->mem.layout;
     if (!c->symmetric || c->lsa_size != c->nranks || l->staging == 0)
         return 0;
     ncclResult_t rc;
@@ -90,15 +90,15 @@ sn_staging_alloc(SNState *st, CommObject *c)
     Py_END_ALLOW_THREADS
     if (rc != ncclSuccess)
         return sn_set_nccl_error(st, rc, c->comm, "ncclMemAlloc (staging)");
-    c->staging = p;
+    c->mem.staging = p;
     /* the packet regions, push's flag lines, the control block and the
      * splits area (after it); no peer
      * can write into them before the window is registered, after this
      * returns */
-    cudaError_t e = cudaMemset(c->staging + l->ll_offset, 0,
+    cudaError_t e = cudaMemset(c->mem.staging + l->ll_offset, 0,
                                l->push_data - l->ll_offset);
     if (e == cudaSuccess)
-        e = cudaMemset(c->staging + l->ctl_offset, 0,
+        e = cudaMemset(c->mem.staging + l->ctl_offset, 0,
                        l->bytes - l->ctl_offset);
     if (e == cudaSuccess)
         e = cudaDeviceSynchronize();
@@ -112,20 +112,20 @@ void
 sn_staging_free(CommObject *c)
 {
     /* a loopback rank's is its team's (lifecycle.c leaves the team first) */
-    if (c->staging != NULL && c->loopback == NULL)
-        ncclMemFree(c->staging);
-    c->staging = NULL;
-    c->staging_win = NULL;   /* the node stays in c->windows, detached */
+    if (c->mem.staging != NULL && c->loopback == NULL)
+        ncclMemFree(c->mem.staging);
+    c->mem.staging = NULL;
+    c->mem.staging_win = NULL;   /* the node stays in c->windows, detached */
 }
 
 int
 sn_scratch_alloc(SNState *st, CommObject *c)
 {
-    SN_CUDA_GOTO(st, cudaMalloc((void **)&c->scratch, SCRATCH_BYTES),
+    SN_CUDA_GOTO(st, cudaMalloc((void **)&c->mem.scratch, SCRATCH_BYTES),
                  "cudaMalloc (scratch)", error);
-    SN_CUDA_GOTO(st, cudaMemset(c->scratch, 0, SCRATCH_BYTES),
+    SN_CUDA_GOTO(st, cudaMemset(c->mem.scratch, 0, SCRATCH_BYTES),
                  "cudaMemset (scratch)", error);
-    SN_CUDA_GOTO(st, cudaEventCreateWithFlags(&c->lsa_event,
+    SN_CUDA_GOTO(st, cudaEventCreateWithFlags(&c->order.event,
                                               cudaEventDisableTiming),
                  "cudaEventCreateWithFlags", error);
     return 0;
@@ -140,7 +140,7 @@ sn_check_buffers(SNState *st, CommObject *c, size_t bytes, void **dev,
     /* both or neither: a pair half made (cudaMallocHost failing after
      * cudaMalloc) is freed, never kept for the next call to write through
      * its NULL */
-    if (c->check_dev == NULL) {
+    if (c->mem.check_dev == NULL) {
         const size_t size = bytes * ((size_t)c->nranks + 1);
         void *d = NULL, *h = NULL;
         cudaError_t e = cudaMalloc(&d, size);
@@ -152,31 +152,31 @@ sn_check_buffers(SNState *st, CommObject *c, size_t bytes, void **dev,
             return sn_set_cuda_error(st, e, "cudaMallocHost "
                                             "(SYMNCCL_CHECK)");
         }
-        c->check_dev = d;
-        c->check_host = h;
+        c->mem.check_dev = d;
+        c->mem.check_host = h;
     }
-    *dev = c->check_dev;
-    *host = c->check_host;
+    *dev = c->mem.check_dev;
+    *host = c->mem.check_host;
     return 0;
 }
 
 void
 sn_scratch_free(CommObject *c)
 {
-    if (c->scratch != NULL) {
-        cudaFree(c->scratch);
-        c->scratch = NULL;
+    if (c->mem.scratch != NULL) {
+        cudaFree(c->mem.scratch);
+        c->mem.scratch = NULL;
     }
-    if (c->check_dev != NULL) {
-        cudaFree(c->check_dev);
-        c->check_dev = NULL;
+    if (c->mem.check_dev != NULL) {
+        cudaFree(c->mem.check_dev);
+        c->mem.check_dev = NULL;
     }
-    if (c->check_host != NULL) {
-        cudaFreeHost(c->check_host);
-        c->check_host = NULL;
+    if (c->mem.check_host != NULL) {
+        cudaFreeHost(c->mem.check_host);
+        c->mem.check_host = NULL;
     }
-    int64_t **devs[] = {&c->a2a_dev, &c->a2a_lost_dev};
-    int64_t **hosts[] = {&c->a2a_host, &c->a2a_lost_host};
+    int64_t **devs[] = {&c->a2a.dev, &c->a2a.lost_dev};
+    int64_t **hosts[] = {&c->a2a.host, &c->a2a.lost_host};
     for (int i = 0; i < 2; i++) {
         if (*devs[i] != NULL)
             cudaFree(*devs[i]);
@@ -184,9 +184,9 @@ sn_scratch_free(CommObject *c)
             cudaFreeHost(*hosts[i]);
         *devs[i] = *hosts[i] = NULL;
     }
-    if (c->lsa_event != NULL) {
-        cudaEventDestroy(c->lsa_event);
-        c->lsa_event = NULL;
+    if (c->order.event != NULL) {
+        cudaEventDestroy(c->order.event);
+        c->order.event = NULL;
     }
 }
 
@@ -196,26 +196,26 @@ sn_epochs(const CommObject *c, int kernel)
     /* the kernels of a family share its slots or barrier lines, so its
      * call counters */
     const int family = symnccl_kernel_row_of(kernel).family;
-    return (uint64_t *)((char *)c->scratch + SCRATCH_EPOCHS +
+    return (uint64_t *)((char *)c->mem.scratch + SCRATCH_EPOCHS +
                         (size_t)family * 8 * SN_MAX_CTAS);
 }
 
 int *
 sn_barrier_word(const CommObject *c)
 {
-    return c->scratch;
+    return c->mem.scratch;
 }
 
 unsigned *
 sn_claim_word(const CommObject *c)
 {
-    return (unsigned *)((char *)c->scratch + SCRATCH_CLAIM);
+    return (unsigned *)((char *)c->mem.scratch + SCRATCH_CLAIM);
 }
 
 PyObject *
 sn_layout_dict(const CommObject *c)
 {
-    const sn_layout *l = &c->layout;
+    const sn_layout *l = &c->mem.layout;
     return Py_BuildValue(
         "{s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n}", "staging",
         (Py_ssize_t)l->staging, "ll_offset", (Py_ssize_t)l->ll_offset,

@@ -137,5 +137,5 @@ sn_nccl_complete(SNState *st, CommObject *c, ncclResult_t rc,
         return PyList_Append(st->group_pending, (PyObject *)c);
     /* A non-blocking communicator may still be busy after a call returned
      * ncclSuccess; the next call would fail. Wait for it (cheap when done). */
-    return sn_wait_comms(st, &c->comm, 1, c->timeout, &c->stop, what);
+    return sn_wait_comms(st, &c->comm, 1, c->timeout, &c->life.stop, what);
 }

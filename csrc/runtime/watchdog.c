@@ -12,8 +12,8 @@
  *
  * The abort needs the GIL (it runs the same path as abort(), hooks
  * included). While a thread is inside a method of that communicator
- * (c->busy) the watchdog leaves it alone: such a method waits with its own
- * bound and records the failure itself; the watchdog aborts once it has
+ * (c->life.busy) the watchdog leaves it alone: such a method waits with its
+ * own bound and records the failure itself; the watchdog aborts once it has
  * left. A communicator being closed or aborted is its teardown's. Calls inside a CUDA graph capture or a symnccl.group() are not
  * watched (README: Failures).
  */
@@ -40,13 +40,13 @@ abort_expired(void)
     int n = sn_watch_collect(todo, 16);
     for (int i = 0; i < n; i++) {
         CommObject *c = todo[i];
-        const int signalled = c->fault != NULL &&
-                              ((volatile symnccl_fault *)c->fault)->abort;
+        const int signalled = c->fail.fault != NULL &&
+                              ((volatile symnccl_fault *)c->fail.fault)->abort;
         sn_fault_record(c, signalled ? SYMNCCL_FAULT_ABORT
                                      : SYMNCCL_FAULT_TIMEOUT,
-                        SYMNCCL_K_COUNT, c->watch_collective, -1,
+                        SYMNCCL_K_COUNT, c->watch.collective, -1,
                         SYMNCCL_WAIT_NCCL,
-                        c->timeout + (sn_now() - c->watch_deadline), NULL);
+                        c->timeout + (sn_now() - c->watch.deadline), NULL);
         sn_comm_abort_owned(c->st, c);
         Py_DECREF(c);
     }

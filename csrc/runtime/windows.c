@@ -87,7 +87,7 @@ sn_window_deregister_now(CommObject *c, sn_window *w)
     if (rc == ncclInProgress) {
         int failed;
         ncclResult_t bad = ncclSuccess;
-        rc = sn_wait_nccl(&c->comm, 1, sn_deadline(c->timeout), &c->stop,
+        rc = sn_wait_nccl(&c->comm, 1, sn_deadline(c->timeout), &c->life.stop,
                           &failed, &bad) == SN_WAIT_DONE ? ncclSuccess
                                                          : ncclInProgress;
     }

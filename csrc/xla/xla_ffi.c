@@ -36,7 +36,7 @@
  * with the GIL: _xla_register, the closing hook). A handler enters its
  * communicator under registry_lock (lock order: registry_lock, then
  * c->lock), so that a communicator leaves the registry either before (the
- * handler finds none) or after the handler is counted in c->busy, which
+ * handler finds none) or after the handler is counted in c->life.busy, which
  * keeps every teardown from freeing anything under it and keeps the
  * object's memory (sn_comm_finalize) until the handler leaves: the
  * handler's own reference for the call, taken without the GIL. */
@@ -57,7 +57,7 @@ nccl_finish(CommObject *c, ncclResult_t rc)
         return rc;
     int failed;
     ncclResult_t bad = ncclSuccess;
-    switch (sn_wait_nccl(&c->comm, 1, sn_deadline(c->timeout), &c->stop,
+    switch (sn_wait_nccl(&c->comm, 1, sn_deadline(c->timeout), &c->life.stop,
                          &failed, &bad)) {
     case SN_WAIT_DONE: return ncclSuccess;
     case SN_WAIT_FAILED: return bad;
@@ -71,7 +71,7 @@ nccl_why(const CommObject *c, ncclResult_t rc)
 {
     if (rc != ncclInProgress)
         return ncclGetErrorString(rc);
-    return c->stop ? "interrupted: the communicator is being aborted"
+    return c->life.stop ? "interrupted: the communicator is being aborted"
                    : "timed out";
 }
 
@@ -101,8 +101,8 @@ ncclResult_t
 sn_xla_on_close(CommObject *c, int deregister)
 {
     ncclResult_t first = ncclSuccess;
-    sn_window *w = c->xla_windows;
-    c->xla_windows = NULL;
+    sn_window *w = c->xla.windows;
+    c->xla.windows = NULL;
     while (w != NULL) {
         sn_window *next = w->next;
         if (deregister && w->win != NULL && c->comm != NULL) {
@@ -221,7 +221,7 @@ static int
 xla_window_cached(CommObject *c, const char *p, size_t bytes,
                   const sn_window **out)
 {
-    for (sn_window *w = c->xla_windows; w != NULL; w = w->next)
+    for (sn_window *w = c->xla.windows; w != NULL; w = w->next)
         if (p >= w->base && p + bytes <= w->base + w->size) {
             *out = w->win != NULL ? w : NULL;
             return 1;
@@ -234,7 +234,7 @@ xla_window_cached(CommObject *c, const char *p, size_t bytes,
  * the same program with the same allocator everywhere), or NULL. c
  * entered; c->lock is not held across the registration, which waits for
  * the peers (up to c's timeout, no longer once c is aborted): another XLA
- * thread of c waits for it (xla_registering) without the lock, the same
+ * thread of c waits for it (xla.registering) without the lock, the same
  * bound. A wait that outlasts it sets *refuse: the call fails rather than
  * run on the staging window, since whether a peer's thread found the
  * window by then is a matter of timing (the ranks would read different
@@ -248,19 +248,19 @@ xla_window(CommObject *c, const char *p, size_t bytes, int device,
     for (;;) {
         sn_lock(c);
         const int cached = xla_window_cached(c, p, bytes, &found);
-        const int mine = !cached && !c->xla_registering;
+        const int mine = !cached && !c->xla.registering;
         if (mine)
-            c->xla_registering = 1;
+            c->xla.registering = 1;
         sn_unlock(c);
         if (cached)
             return found;
         if (mine)
             break;
-        if (c->stop || sn_now() >= until) {
+        if (c->life.stop || sn_now() >= until) {
             snprintf(err, errlen, "another XLA thread was still "
                      "registering a window of this communicator after "
                      "%.3g s (its timeout%s)", c->timeout,
-                     c->stop ? ", or an abort" : "");
+                     c->life.stop ? ", or an abort" : "");
             *refuse = 1;
             return NULL;
         }
@@ -291,10 +291,10 @@ xla_window(CommObject *c, const char *p, size_t bytes, int device,
     if (w != NULL) {
         if (w->win != NULL)
             stats[device].registrations++;
-        w->next = c->xla_windows;
-        c->xla_windows = w;
+        w->next = c->xla.windows;
+        c->xla.windows = w;
     }
-    c->xla_registering = 0;
+    c->xla.registering = 0;
     sn_unlock(c);
     return w != NULL && w->win != NULL ? w : NULL;
 }
@@ -342,7 +342,7 @@ xla_run(sn_ar *r, const char *name, char *msg, size_t len)
                           (r->collective == SYMNCCL_COLL_ALL_GATHER ? n : 1);
         int xw = 0, yw = 0;
         sn_lock(c);
-        for (sn_window *w = c->xla_windows; w != NULL; w = w->next)
+        for (sn_window *w = c->xla.windows; w != NULL; w = w->next)
             if (w->win != NULL) {
                 xw |= r->x >= w->base && r->x + xb <= w->base + w->size;
                 yw |= r->out >= w->base && r->out + yb <= w->base + w->size;
@@ -387,7 +387,7 @@ resolve(CommObject *c, int collective, int algo, size_t bytes,
     return got;
 }
 
-/* The all-reduce of one call, on c (entered: c->busy counts it). */
+/* The all-reduce of one call, on c (entered: c->life.busy counts it). */
 static snx_error *
 all_reduce(const snx_api *api, snx_call_frame *call, CommObject *c,
            int dev, const sn_dtype *dt, size_t count, const snx_buffer *x,
@@ -521,7 +521,7 @@ slice_collective(const snx_api *api, snx_call_frame *call,
 /* ------------------------------------------------- every handler's entry */
 
 typedef struct {
-    CommObject *c;             /* entered: c->busy counts this call */
+    CommObject *c;             /* entered: c->life.busy counts this call */
     int dev;
     cudaStream_t stream;
 } xla_call;
@@ -539,7 +539,7 @@ elems(const snx_buffer *b, int from)
  * query, skips stages other than execute, finds the stream, the device
  * and the communicator registered for it, and enters it (a failed,
  * closing, closed or aborted communicator answers with why; else this
- * thread counts in c->busy until xla_leave: no teardown frees c under
+ * thread counts in c->life.busy until xla_leave: no teardown frees c under
  * it, and the watchdog leaves c alone). NULL with *run 0: nothing to
  * run; NULL with *run 1: x filled. */
 static snx_error *
