@@ -457,7 +457,8 @@ int sn_torch_lookup(SNState *st);
 /* 1 when obj is a torch.Tensor (subclasses too). */
 int sn_is_torch_tensor(SNState *st, PyObject *obj);
 /* _torch_eager_install(types, attr, checks, grad_mode) and _torch_eager(x):
- * symnccl.torch's eager gate in one call (symnccl/torch.py, _eager). */
+ * symnccl.torch's eager gate in one call (symnccl/_torch_eager.py,
+ * _eager). */
 PyObject *sn_py_torch_eager_install(PyObject *module, PyObject *args);
 PyObject *sn_py_torch_eager(PyObject *module, PyObject *x);
 /* The framework's current stream for `tensor`: torch's read directly for a

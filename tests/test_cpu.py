@@ -526,11 +526,11 @@ def test_examples_use_only_the_public_api_that_exists():
     import ast
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     comm_api = set(dir(symnccl.Communicator))
-    # symnccl.torch.communicator() returns a wrapper (torch.py's
+    # symnccl.torch.communicator() returns a wrapper (_torch_ids.py's
     # Communicator, read from its syntax tree: torch may be missing here)
     # that adds the attributes its __init__ sets
     wrapper = next(n for n in ast.parse(open(os.path.join(
-        root, "symnccl", "torch.py")).read()).body
+        root, "symnccl", "_torch_ids.py")).read()).body
         if isinstance(n, ast.ClassDef) and n.name == "Communicator")
     added = {t.attr for f in wrapper.body
              if isinstance(f, ast.FunctionDef) and f.name == "__init__"
@@ -558,6 +558,12 @@ def test_examples_use_only_the_public_api_that_exists():
                 if mod == "symnccl.jax" or mod == "symnccl.torch":
                     src = open(os.path.join(root, *mod.split(".")) +
                                ".py").read()
+                    if mod == "symnccl.torch":   # and its parts
+                        src += "".join(
+                            open(os.path.join(root, "symnccl", f)).read()
+                            for f in sorted(os.listdir(os.path.join(
+                                root, "symnccl")))
+                            if f.startswith("_torch_"))
                     assert f"def {node.attr}" in src or \
                         f"{node.attr} =" in src, (name, mod, node.attr)
                 else:
@@ -568,6 +574,41 @@ def test_examples_use_only_the_public_api_that_exists():
                 assert node.attr in comm_api, (name, "comm." + node.attr)
                 checked += 1
     assert checked >= 8
+
+
+def test_symnccl_torch_reexports_every_name_of_its_parts():
+    """symnccl.torch is split into parts (symnccl/_torch_*.py: the id
+    registry, the bootstrap, the ops, the eager path, the autograd); every
+    name a part defines at its top level stays importable from
+    symnccl.torch (read from the syntax trees: torch may be missing
+    here)."""
+    import ast
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    pkg = os.path.join(root, "symnccl")
+    facade = ast.parse(open(os.path.join(pkg, "torch.py")).read())
+    imported = {}
+    for node in facade.body:
+        if isinstance(node, ast.ImportFrom) and node.level == 1 and \
+                node.module.startswith("_torch_"):
+            imported[node.module] = {a.name for a in node.names}
+    parts = sorted(f[:-3] for f in os.listdir(pkg)
+                   if f.startswith("_torch_") and f.endswith(".py"))
+    assert parts == sorted(imported) == ["_torch_autograd",
+                                         "_torch_bootstrap", "_torch_eager",
+                                         "_torch_ids", "_torch_ops"]
+    for part in parts:
+        defined = set()
+        for node in ast.parse(open(os.path.join(pkg, part + ".py")).read()
+                              ).body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                defined.add(node.name)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) \
+                    else [node.target]
+                defined |= {n.id for tg in targets for n in ast.walk(tg)
+                            if isinstance(n, ast.Name)}
+        defined -= {"_"}   # the fake kernels' throwaway name
+        assert defined == imported[part], (part, defined ^ imported[part])
 
 
 def test_bench_rejects_unknown_dtype():

@@ -1,0 +1,284 @@
+"""symnccl.torch's autograd: each op's backward (register_autograd) and
+the eager path's torch.autograd.Functions with the same formulas; the
+backward's collectives go through the eager path or the ops, as the public
+functions do."""
+from __future__ import annotations
+
+import torch
+
+from ._torch_eager import _autograd_function, _eager, _eager_call
+from ._torch_ids import get_communicator
+from ._torch_ops import (
+    _all_gather_impl, _all_gather_op, _all_reduce_add_rmsnorm_impl,
+    _all_reduce_add_rmsnorm_op, _all_reduce_impl, _all_reduce_op,
+    _all_to_all_impl, _all_to_all_op, _all_to_all_v_impl, _all_to_all_v_op,
+    _broadcast_impl, _broadcast_op, _nranks, _ops, _reduce_impl,
+    _reduce_op, _reduce_scatter_impl, _reduce_scatter_op,
+    _tp_all_reduce_impl, _tp_all_reduce_op)
+
+
+# The backward formulas' collectives, by communicator id: eager or the op,
+# as the public functions below choose.
+def _call_all_reduce(x, cid, op, algo):
+    if (m := _eager(x)):
+        return _eager_call(m, _AllReduceFn, _all_reduce_impl, x,
+                           get_communicator(cid), op, algo)
+    return _ops.all_reduce(x, cid, op, algo)
+
+
+def _call_reduce_scatter(x, cid, op, algo):
+    if (m := _eager(x)):
+        return _eager_call(m, _ReduceScatterFn, _reduce_scatter_impl, x,
+                           get_communicator(cid), op, algo)
+    return _ops.reduce_scatter(x, cid, op, algo)
+
+
+def _call_all_gather(x, cid, algo):
+    if (m := _eager(x)):
+        return _eager_call(m, _AllGatherFn, _all_gather_impl, x,
+                           get_communicator(cid), algo)
+    return _ops.all_gather(x, cid, algo)
+
+
+def _call_broadcast(x, cid, root, algo):
+    if (m := _eager(x)):
+        return _eager_call(m, _BroadcastFn, _broadcast_impl, x,
+                           get_communicator(cid), root, algo)
+    return _ops.broadcast(x, cid, root, algo)
+
+
+def _call_reduce(x, cid, root, op, algo):
+    if (m := _eager(x)):
+        return _eager_call(m, _ReduceFn, _reduce_impl, x,
+                           get_communicator(cid), root, op, algo)
+    return _ops.reduce(x, cid, root, op, algo)
+
+
+# ------------------------------------------------------------------ autograd
+#
+# max and min: the gradient goes to the ranks whose input is the result,
+# split evenly among ties (as torch.amax splits it); sum and avg: the
+# transposed collective (avg divides by nranks, once). The formulas serve
+# the ops (register_autograd) and the eager Functions alike.
+
+
+def _arg_extreme_share(x, y, grad_sum, cid):
+    """grad_sum where x holds the reduced value y, over the number of ranks
+    that hold it."""
+    hit = (x == y).to(grad_sum.dtype)
+    return grad_sum * hit / _call_all_reduce(hit, cid, "sum", "auto")
+
+
+def _no_gradient(collective: str, op: str):
+    return NotImplementedError(
+        f"symnccl.torch.{collective}: op {op!r} has no gradient here "
+        "(sum and avg have, and all_reduce's and reduce_scatter's max and "
+        "min)")
+
+
+def _setup_all_reduce(ctx, inputs, output):
+    x, ctx.cid, ctx.op, ctx.algo = inputs
+    if ctx.op in ("max", "min"):
+        ctx.save_for_backward(x, output)
+
+
+def _backward_all_reduce(ctx, grad):
+    if ctx.op == "prod":
+        raise _no_gradient("all_reduce", ctx.op)
+    if ctx.op in ("sum", "avg"):
+        return _call_all_reduce(grad, ctx.cid, ctx.op, ctx.algo), \
+            None, None, None
+    x, y = ctx.saved_tensors
+    g = _call_all_reduce(grad, ctx.cid, "sum", ctx.algo)
+    return _arg_extreme_share(x, y, g, ctx.cid), None, None, None
+
+
+def _setup_reduce_scatter(ctx, inputs, output):
+    x, ctx.cid, ctx.op, ctx.algo = inputs
+    if ctx.op in ("max", "min"):
+        ctx.save_for_backward(x, output)
+
+
+def _backward_reduce_scatter(ctx, grad):
+    if ctx.op == "prod":
+        raise _no_gradient("reduce_scatter", ctx.op)
+    # the same algorithm: reduce_scatter and all_gather take the same ones
+    g = _call_all_gather(grad, ctx.cid, ctx.algo)
+    if ctx.op == "avg":
+        g = g / _nranks(ctx.cid)
+    elif ctx.op in ("max", "min"):
+        x, y = ctx.saved_tensors
+        g = _arg_extreme_share(x, _call_all_gather(y, ctx.cid, ctx.algo), g,
+                               ctx.cid)
+    return g, None, None, None
+
+
+def _setup_all_gather(ctx, inputs, output):
+    x, ctx.cid, ctx.algo = inputs
+    ctx.shape = x.shape   # a 0-d x gathers into (nranks,)
+
+
+def _backward_all_gather(ctx, grad):
+    g = _call_reduce_scatter(grad, ctx.cid, "sum", ctx.algo)
+    return g.reshape(ctx.shape), None, None
+
+
+# broadcast and reduce are each other's transpose, and take the same
+# algorithms: the backward runs on the forward's.
+def _setup_broadcast(ctx, inputs, output):
+    _, ctx.cid, ctx.root, ctx.algo = inputs
+
+
+def _backward_broadcast(ctx, grad):
+    # the sum of every rank's gradient, on the root; nothing elsewhere
+    g = _call_reduce(grad, ctx.cid, ctx.root, "sum", ctx.algo)
+    if get_communicator(ctx.cid).rank != ctx.root:
+        g = torch.zeros_like(g)
+    return g, None, None, None
+
+
+def _setup_reduce(ctx, inputs, output):
+    _, ctx.cid, ctx.root, ctx.op, ctx.algo = inputs
+
+
+def _backward_reduce(ctx, grad):
+    if ctx.op not in ("sum", "avg"):
+        raise _no_gradient("reduce", ctx.op)
+    # the root's gradient reaches every rank; other ranks' outputs are not
+    # results, so their gradients do not count
+    g = _call_broadcast(grad, ctx.cid, ctx.root, ctx.algo)
+    if ctx.op == "avg":
+        g = g / _nranks(ctx.cid)
+    return g, None, None, None, None
+
+
+def _setup_tp_all_reduce(ctx, inputs, output):
+    pass
+
+
+def _backward_tp_all_reduce(ctx, grad):
+    # the sum's output feeds replicated computation: each rank's partial
+    # sum gets the gradient of the sum as it is
+    return grad, None, None
+
+
+_all_reduce_op.register_autograd(_backward_all_reduce,
+                                 setup_context=_setup_all_reduce)
+_reduce_scatter_op.register_autograd(_backward_reduce_scatter,
+                                     setup_context=_setup_reduce_scatter)
+_all_gather_op.register_autograd(_backward_all_gather,
+                                 setup_context=_setup_all_gather)
+_broadcast_op.register_autograd(_backward_broadcast,
+                                setup_context=_setup_broadcast)
+_reduce_op.register_autograd(_backward_reduce, setup_context=_setup_reduce)
+_tp_all_reduce_op.register_autograd(_backward_tp_all_reduce,
+                                    setup_context=_setup_tp_all_reduce)
+
+def _setup_all_reduce_add_rmsnorm(ctx, inputs, output):
+    _, ctx.cid, _, weight, ctx.eps, ctx.algo = inputs
+    ctx.save_for_backward(output[1], weight)
+
+
+def _backward_all_reduce_add_rmsnorm(ctx, gy, gh):
+    """The unfused composition's: y = rms_norm(h) * weight with h =
+    all_reduce(x) + residual, so h's gradient (gh plus the norm's) is
+    residual's, and its all_reduce (sum) is x's."""
+    h, weight = ctx.saved_tensors
+    hf, wf = h.float(), weight.float()
+    rstd = torch.rsqrt(hf.pow(2).mean(-1, keepdim=True) + ctx.eps)
+    normed = hf * rstd
+    gw = None
+    g = torch.zeros_like(hf) if gh is None else gh.float()
+    if gy is not None:
+        gyf = gy.float()
+        gn = gyf * wf
+        g = g + rstd * (gn - normed * (gn * normed).mean(-1, keepdim=True))
+        if getattr(ctx, "needs_input_grad", (True,) * 4)[3]:
+            gw = (gyf * normed).reshape(-1, wf.shape[-1]).sum(0).to(
+                weight.dtype)
+    g = g.to(h.dtype)
+    return _call_all_reduce(g, ctx.cid, "sum", "auto"), None, g, gw, None, \
+        None
+
+
+_all_reduce_add_rmsnorm_op.register_autograd(
+    _backward_all_reduce_add_rmsnorm,
+    setup_context=_setup_all_reduce_add_rmsnorm)
+
+_AllReduceFn = _autograd_function("_AllReduceFn", _all_reduce_impl,
+                                  _setup_all_reduce, _backward_all_reduce)
+_ReduceScatterFn = _autograd_function(
+    "_ReduceScatterFn", _reduce_scatter_impl, _setup_reduce_scatter,
+    _backward_reduce_scatter)
+_AllGatherFn = _autograd_function("_AllGatherFn", _all_gather_impl,
+                                  _setup_all_gather, _backward_all_gather)
+_BroadcastFn = _autograd_function("_BroadcastFn", _broadcast_impl,
+                                  _setup_broadcast, _backward_broadcast)
+_ReduceFn = _autograd_function("_ReduceFn", _reduce_impl, _setup_reduce,
+                               _backward_reduce)
+_AllReduceAddRMSNormFn = _autograd_function(
+    "_AllReduceAddRMSNormFn", _all_reduce_add_rmsnorm_impl,
+    _setup_all_reduce_add_rmsnorm, _backward_all_reduce_add_rmsnorm)
+_TPAllReduceFn = _autograd_function(
+    "_TPAllReduceFn", _tp_all_reduce_impl, _setup_tp_all_reduce,
+    _backward_tp_all_reduce)
+
+
+class _TPCopyFn(torch.autograd.Function):
+    """tp_copy: the identity forward, an all_reduce (sum) of the gradient
+    backward. No custom op: an op may not return its input, so one would
+    copy x; Dynamo traces this Function, and the backward's all_reduce is
+    the symnccl::all_reduce op in the compiled graph."""
+
+    @staticmethod
+    def forward(ctx, x, cid, algo):
+        ctx.cid, ctx.algo = cid, algo
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _call_all_reduce(grad, ctx.cid, "sum", ctx.algo), None, None
+
+
+# all-to-all (symnccl/_torch_ops.py has the ops): the backward sends the
+# gradient rows back where they came from.
+def _call_all_to_all(x, cid, algo):
+    if (m := _eager(x)):
+        return _eager_call(m, _AllToAllFn, _all_to_all_impl, x,
+                           get_communicator(cid), algo)
+    return _ops.all_to_all(x, cid, algo)
+
+
+def _setup_all_to_all(ctx, inputs, output):
+    _, ctx.cid, ctx.algo = inputs
+
+
+def _backward_all_to_all(ctx, grad):
+    return _call_all_to_all(grad, ctx.cid, ctx.algo), None, None
+
+
+def _setup_all_to_all_v(ctx, inputs, output):
+    x, ctx.cid, _, _, ctx.algo = inputs
+    ctx.x_rows = x.shape[0]
+    ctx.save_for_backward(output[1])
+
+
+def _backward_all_to_all_v(ctx, grad, _grad_splits):
+    (got,) = ctx.saved_tensors
+    if (m := _eager(grad)):
+        gx, _ = _eager_call(m, _AllToAllVFn, _all_to_all_v_impl, grad,
+                            get_communicator(ctx.cid), got, ctx.x_rows,
+                            ctx.algo)
+    else:
+        gx, _ = _ops.all_to_all_v(grad, ctx.cid, got, ctx.x_rows, ctx.algo)
+    return gx, None, None, None, None
+
+
+_all_to_all_op.register_autograd(_backward_all_to_all,
+                                 setup_context=_setup_all_to_all)
+_all_to_all_v_op.register_autograd(_backward_all_to_all_v,
+                                   setup_context=_setup_all_to_all_v)
+_AllToAllFn = _autograd_function("_AllToAllFn", _all_to_all_impl,
+                                 _setup_all_to_all, _backward_all_to_all)
+_AllToAllVFn = _autograd_function("_AllToAllVFn", _all_to_all_v_impl,
+                                  _setup_all_to_all_v, _backward_all_to_all_v)
