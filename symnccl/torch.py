@@ -82,42 +82,27 @@ from __future__ import annotations
 
 import torch
 
-import symnccl
 # The parts, each a module of its own: the id registry (communicators by id,
 # the Communicator wrapper), the bootstrap over torch.distributed, the
-# custom ops, the eager path and the autograd formulas. Their names stay
-# importable from here, the private ones too.
+# custom ops, the eager path and the autograd formulas. This module imports
+# what its functions use, the public names, and the private ones the tests
+# read (_COMMS, _IDS, _register, _lock, _prune, _install_gate).
 from ._torch_ids import (  # noqa: F401
-    _COMMS, _IDS, Communicator, _lock, _next_id, _prune, _raw, _register,
-    comm_id, get_communicator, wrap)
-from ._torch_bootstrap import (  # noqa: F401
-    _bootstraps, _share_unique_id, communicator)
-from ._torch_ops import (  # noqa: F401
-    _all_gather_impl, _all_gather_op, _all_reduce_add_rmsnorm_fp8_impl,
-    _all_reduce_add_rmsnorm_fp8_op, _all_reduce_add_rmsnorm_impl,
-    _all_reduce_add_rmsnorm_op, _all_reduce_impl, _all_reduce_inplace_op,
-    _all_reduce_op, _all_to_all_impl, _all_to_all_op, _all_to_all_v_impl,
-    _all_to_all_v_op, _broadcast_impl, _broadcast_op, _check_inplace,
-    _gather_shape, _like, _nranks, _ops, _reduce_impl, _reduce_op,
-    _reduce_scatter_impl, _reduce_scatter_op, _scatter_shape,
-    _tp_all_reduce_impl, _tp_all_reduce_op)
+    _COMMS, _IDS, Communicator, _lock, _prune, _raw, _register, comm_id,
+    get_communicator, wrap)
+from ._torch_bootstrap import communicator
+from ._torch_ops import (
+    _all_gather_impl, _all_reduce_add_rmsnorm_fp8_impl,
+    _all_reduce_add_rmsnorm_impl, _all_reduce_impl, _all_to_all_impl,
+    _broadcast_impl, _ops, _reduce_impl, _reduce_scatter_impl,
+    _tp_all_reduce_impl)
 from ._torch_eager import (  # noqa: F401
-    _C_APPLY, _PLAIN, _RECORDED, _TRACERS, _autograd_function, _bump_version,
-    _dispatch_modes, _eager, _eager_call, _eager_gate, _function_modes,
-    _functorch, _functorch_wrapped, _grad_enabled, _install_gate,
-    _is_compiling, _jit_tracing)
-from ._torch_autograd import (  # noqa: F401
+    _RECORDED, _bump_version, _eager, _eager_call, _grad_enabled,
+    _install_gate)
+from ._torch_autograd import (
     _AllGatherFn, _AllReduceAddRMSNormFn, _AllReduceFn, _AllToAllFn,
     _AllToAllVFn, _BroadcastFn, _ReduceFn, _ReduceScatterFn, _TPAllReduceFn,
-    _TPCopyFn, _arg_extreme_share, _backward_all_gather,
-    _backward_all_reduce, _backward_all_reduce_add_rmsnorm,
-    _backward_all_to_all, _backward_all_to_all_v, _backward_broadcast,
-    _backward_reduce, _backward_reduce_scatter, _backward_tp_all_reduce,
-    _call_all_gather, _call_all_reduce, _call_all_to_all, _call_broadcast,
-    _call_reduce, _call_reduce_scatter, _no_gradient, _setup_all_gather,
-    _setup_all_reduce, _setup_all_reduce_add_rmsnorm, _setup_all_to_all,
-    _setup_all_to_all_v, _setup_broadcast, _setup_reduce,
-    _setup_reduce_scatter, _setup_tp_all_reduce)
+    _TPCopyFn)
 
 __all__ = ["Communicator", "communicator", "wrap", "all_reduce",
            "all_reduce_", "reduce_scatter", "all_gather", "broadcast",

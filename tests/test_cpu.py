@@ -576,39 +576,41 @@ def test_examples_use_only_the_public_api_that_exists():
     assert checked >= 8
 
 
-def test_symnccl_torch_reexports_every_name_of_its_parts():
+def test_symnccl_torch_keeps_its_names_after_the_split():
     """symnccl.torch is split into parts (symnccl/_torch_*.py: the id
     registry, the bootstrap, the ops, the eager path, the autograd); every
-    name a part defines at its top level stays importable from
-    symnccl.torch (read from the syntax trees: torch may be missing
+    public name (__all__) and every private one the tests read is still
+    symnccl.torch's, and every name symnccl/torch.py imports from a part
+    is defined there (read from the syntax trees: torch may be missing
     here)."""
     import ast
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     pkg = os.path.join(root, "symnccl")
     facade = ast.parse(open(os.path.join(pkg, "torch.py")).read())
-    imported = {}
+    names = {n.name for n in facade.body if isinstance(n, ast.FunctionDef)}
+    public = None
     for node in facade.body:
         if isinstance(node, ast.ImportFrom) and node.level == 1 and \
                 node.module.startswith("_torch_"):
-            imported[node.module] = {a.name for a in node.names}
-    parts = sorted(f[:-3] for f in os.listdir(pkg)
-                   if f.startswith("_torch_") and f.endswith(".py"))
-    assert parts == sorted(imported) == ["_torch_autograd",
-                                         "_torch_bootstrap", "_torch_eager",
-                                         "_torch_ids", "_torch_ops"]
-    for part in parts:
-        defined = set()
-        for node in ast.parse(open(os.path.join(pkg, part + ".py")).read()
-                              ).body:
-            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
-                defined.add(node.name)
-            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
-                targets = node.targets if isinstance(node, ast.Assign) \
-                    else [node.target]
-                defined |= {n.id for tg in targets for n in ast.walk(tg)
-                            if isinstance(n, ast.Name)}
-        defined -= {"_"}   # the fake kernels' throwaway name
-        assert defined == imported[part], (part, defined ^ imported[part])
+            part = ast.parse(open(os.path.join(
+                pkg, node.module + ".py")).read())
+            defined = {n.name for n in part.body
+                       if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+            defined |= {t.id for n in part.body if isinstance(n, ast.Assign)
+                        for t in n.targets if isinstance(t, ast.Name)}
+            defined |= {n.target.id for n in part.body
+                        if isinstance(n, ast.AnnAssign)}
+            for a in node.names:
+                assert a.name in defined, (node.module, a.name)
+                names.add(a.asname or a.name)
+        elif isinstance(node, ast.Assign) and \
+                getattr(node.targets[0], "id", None) == "__all__":
+            public = set(ast.literal_eval(node.value))
+    assert public and public <= names, public - names
+    assert {"all_to_all", "all_to_all_v"} <= names
+    # the private names the tests read (test_inputs.py, test_torch.py)
+    assert {"_COMMS", "_IDS", "_register", "_lock", "_prune",
+            "_install_gate"} <= names
 
 
 def test_bench_rejects_unknown_dtype():
