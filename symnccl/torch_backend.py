@@ -38,8 +38,8 @@ backend's stream (record_stream), so the caching allocator keeps them
 until the collective is done. The async path makes no torch.cuda.Stream
 or Event per call: torch's stream calls directly, the backend's stream
 made torch's current one for the launch (so symnccl reads the tensors
-without DLPack's stream handshake), the fork event and the completion
-events reused (docs/PERFORMANCE.md, 'The torch backend's async path').
+without DLPack's stream handshake), the fork and completion events from
+the group's pool (docs/PERFORMANCE.md, 'The torch backend's async path').
 
 Failures: Work.wait() raises the communicator's failure
 (symnccl.PeerTimeoutError naming the rank, CallMismatchError); the
@@ -268,8 +268,7 @@ class _Routes:
         self._key = None           # its torch key (stream_id, device, type)
         self._index = None         # the communicator's CUDA device
         self._devices = None       # [that device]: the futures' devices
-        self._ready = None         # the event that forks async calls
-        self._pool: list = []      # completion events, reused
+        self._pool: list = []      # free events (forks, completions)
         self._streams: dict = {}   # torch.cuda.Stream objects by key
         self._supported: dict = {}
         self._algos: dict = {}     # resolver answers, by call
@@ -316,7 +315,6 @@ class _Routes:
             self._key = (s.stream_id, s.device_index, s.device_type)
             self._streams[self._key] = s
             self._devices = [torch.device("cuda", index)]
-            self._ready = _cuda.event()
         self._comm = comm
         return comm
 
@@ -383,9 +381,11 @@ class _Routes:
             cuda = _cuda
             index = self._index
             cur = cuda.current(index)
-            ready = self._ready
-            cuda.record(ready, self._stream_of(cur))
-            cuda.wait(ready, s)      # re-recorded next call: the wait is queued
+            pool = self._pool
+            fork = pool.pop() if pool else cuda.event()
+            cuda.record(fork, self._stream_of(cur))
+            cuda.wait(fork, s)
+            pool.append(fork)        # free again: the wait is queued
             if cuda.device() == index:
                 # torch's current stream for the launch: symnccl reads the
                 # tensors directly (with another stream handed to it, each
@@ -397,7 +397,6 @@ class _Routes:
                     cuda.set(cur)
             else:
                 launch(s)
-            pool = self._pool
             done = pool.pop() if pool else cuda.event()
             cuda.record(done, s)
             work = _Work(self, result, s, done, keep)

@@ -460,7 +460,7 @@ def async_path(rank, size):
     try:
         b._stream, b._key, b._index = ("stream", key), key, 0
         b._streams = {key: ("stream", key)}
-        b._ready = fake.event()                          # ("event", 1)
+        b._pool = []
         r = rank
 
         # 1. an async all_reduce: fork, the backend's stream current for
