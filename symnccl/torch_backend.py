@@ -232,6 +232,12 @@ class _Work(dist.Work):
                                                      self._stream)
         return fut
 
+
+class _AsyncWork(_Work):
+    """An async call's Work: dropped unwaited, it records the tensors it
+    kept on its stream; its event goes back to the group's pool. (The
+    synchronous calls' _Work has no finalizer: nothing to do.)"""
+
     def __del__(self):
         ev = getattr(self, "_event", None)
         if ev is None:
@@ -399,7 +405,7 @@ class _Routes:
                 launch(s)
             done = pool.pop() if pool else cuda.event()
             cuda.record(done, s)
-            work = _Work(self, result, s, done, keep)
+            work = _AsyncWork(self, result, s, done, keep)
         if self._coalesced is not None:
             self._coalesced.append(work)
         return work

@@ -448,14 +448,14 @@ def async_path(rank, size):
     b, comm = made["backend"], made["comm"]
     cur, key = (7, 0, 1), (9, 0, 1)
     fake = FakeCuda(cur, 0)
-    saved, saved_work = tb._cuda, tb._Work
+    saved, saved_work = tb._cuda, tb._AsyncWork
     made["works"] = []
 
-    class Work(tb._Work):          # the backend's Works, seen by the test
+    class Work(tb._AsyncWork):     # the backend's Works, seen by the test
         def __init__(self, *a):
             super().__init__(*a)
             made["works"].append(self)
-    tb._cuda, tb._Work = fake, Work
+    tb._cuda, tb._AsyncWork = fake, Work
     out = {}
     try:
         b._stream, b._key, b._index = ("stream", key), key, 0
@@ -546,7 +546,7 @@ def async_path(rank, size):
         made["works"].clear()
         gc.collect()
     finally:
-        tb._cuda, tb._Work = saved, saved_work
+        tb._cuda, tb._AsyncWork = saved, saved_work
         b._stream = None
     return out
 
