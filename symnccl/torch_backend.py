@@ -535,10 +535,10 @@ class _Routes:
                             (output.nbytes,))
         if comm is None or output.numel() != input.numel() * self._size:
             return self._nccl(name, output, input, opts)
-        out = output.view(-1) if input.dim() == 0 \
-            else output.view(-1, *input.shape[1:])
-        return self._run(opts, lambda s: comm.all_gather(input, out, "auto",
-                                                         s),
+        # symnccl checks element counts only: no views to make (each a
+        # torch op, ~1-2 us)
+        return self._run(opts, lambda s: comm.all_gather(input, output,
+                                                         "auto", s),
                          [output], (output, input))
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
@@ -558,8 +558,7 @@ class _Routes:
             return self._nccl(name, outputs, inputs, opts)
         def launch(s):
             for o, i in zip(outputs, inputs):
-                comm.all_gather(i, o.view(-1) if i.dim() == 0
-                                else o.view(-1, *i.shape[1:]), "auto", s)
+                comm.all_gather(i, o, "auto", s)
         return self._run(opts, launch, list(outputs), (*outputs, *inputs))
 
     def _reduce_scatter_base(self, output, input, opts=None):
@@ -577,9 +576,8 @@ class _Routes:
                             (input.nbytes,)) if op else None
         if comm is None or input.numel() != output.numel() * self._size:
             return self._nccl(name, output, input, opts)
-        x, out = input.view(self._size, -1), output.view(1, -1)
-        return self._run(opts, lambda s: comm.reduce_scatter(x, out, op,
-                                                             "auto", s),
+        return self._run(opts, lambda s: comm.reduce_scatter(input, output,
+                                                             op, "auto", s),
                          [output], (output, input))
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
@@ -600,8 +598,7 @@ class _Routes:
             return self._nccl(name, outputs, inputs, opts)
         def launch(s):
             for o, i in zip(outputs, inputs):
-                comm.reduce_scatter(i.view(self._size, -1), o.view(1, -1),
-                                    op, "auto", s)
+                comm.reduce_scatter(i, o, op, "auto", s)
         return self._run(opts, launch, list(outputs), (*outputs, *inputs))
 
     def alltoall_base(self, output, input, output_split_sizes,

@@ -59,15 +59,16 @@ class RecordingComm:
 
     def all_gather(self, x, out, algo, stream):
         self.calls.append(("all_gather", algo, stream))
-        assert out.shape[0] == x.reshape(-1, *x.shape[1:]).shape[0] * \
-            self.nranks, (out.shape, x.shape)
+        # symnccl's contract: out holds nranks * x.numel() elements
+        assert out.numel() == x.numel() * self.nranks, (out.shape, x.shape)
         self.gloo._allgather_base(out.reshape(-1), x.reshape(-1)).wait()
         return out
 
     def reduce_scatter(self, x, out, op, algo, stream):
         import torch.distributed as dist
         self.calls.append(("reduce_scatter", op, algo, stream))
-        assert x.shape[0] == self.nranks and out.shape[0] == 1
+        # symnccl's contract: x holds nranks * out.numel() elements
+        assert x.numel() == out.numel() * self.nranks, (x.shape, out.shape)
         o = dist.ReduceScatterOptions()
         o.reduceOp = self._op(op)
         self.gloo._reduce_scatter_base(out.reshape(-1), x.reshape(-1),
