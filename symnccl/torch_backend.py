@@ -387,28 +387,44 @@ class _Routes:
             cuda = _cuda
             index = self._index
             cur = cuda.current(index)
-            pool = self._pool
-            fork = pool.pop() if pool else cuda.event()
+            fork = self._pooled()
             cuda.record(fork, self._stream_of(cur))
             cuda.wait(fork, s)
-            pool.append(fork)        # free again: the wait is queued
-            if cuda.device() == index:
-                # torch's current stream for the launch: symnccl reads the
-                # tensors directly (with another stream handed to it, each
-                # tensor would take DLPack's stream handshake, ~22 us)
-                cuda.set(self._key)
-                try:
-                    launch(None)
-                finally:
-                    cuda.set(cur)
-            else:
-                launch(s)
-            done = pool.pop() if pool else cuda.event()
+            self._pool.append(fork)  # free again: the wait is queued
+            try:
+                if cuda.device() == index:
+                    # torch's current stream for the launch: symnccl reads
+                    # the tensors directly (with another stream handed to
+                    # it, each tensor would take DLPack's stream
+                    # handshake, ~22 us)
+                    cuda.set(self._key)
+                    try:
+                        launch(None)
+                    finally:
+                        cuda.set(cur)
+                else:
+                    launch(s)
+            except BaseException:
+                # a launch of a coalesced call (or an NCCL completion) may
+                # have queued work on s before it raised: no Work keeps the
+                # tensors, so the allocator must wait for s
+                for t in keep:
+                    cuda.record_stream(t, s)
+                raise
+            done = self._pooled()
             cuda.record(done, s)
             work = _AsyncWork(self, result, s, done, keep)
         if self._coalesced is not None:
             self._coalesced.append(work)
         return work
+
+    def _pooled(self):
+        """A free event of the group's pool, or a new one (a pop that
+        another thread emptied the pool under falls back too)."""
+        try:
+            return self._pool.pop()
+        except IndexError:
+            return _cuda.event()
 
     def _stream_of(self, key):
         """The torch.cuda.Stream of a stream key (torch's current

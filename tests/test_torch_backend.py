@@ -182,6 +182,16 @@ def test_the_private_torch_apis_the_backend_reads_are_where_they_were():
                  "_get_backend"):
         assert hasattr(dist.ProcessGroup, name), name
     assert hasattr(dist.ReduceOp.RedOpType, "PREMUL_SUM")
+    # the async path's stream and event calls (torch_backend._Cuda): a
+    # record or wait given another type would be cast unchecked in C
+    for name in ("_cuda_getCurrentStream", "_cuda_getDevice",
+                 "_cuda_setStream", "_CudaEventBase", "_CudaStreamBase"):
+        assert hasattr(torch._C, name), name
+    for name in ("record", "wait"):
+        assert callable(getattr(torch._C._CudaEventBase, name)), name
+    assert issubclass(torch.cuda.Stream, torch._C._CudaStreamBase)
+    assert issubclass(torch.cuda.Event, torch._C._CudaEventBase)
+
     if dist.is_nccl_available():
         o = dist.ProcessGroupNCCL.Options()
         for field in ("_timeout", "split_from", "split_color",
