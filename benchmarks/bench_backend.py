@@ -9,9 +9,13 @@ and a symnccl.torch communicator for the custom-op rows.
    --loops loops (the rows take turns), ratio = median of the per-round
    ratios; the ranks start each loop together (a barrier).
 2. Step time, eager, median of --steps steps (device events; the step's
-   host time shows where it exceeds the GPU's): DDP and FSDP2 (fully_shard
-   per Linear) training an MLP (--hidden, --layers, --batch per rank), and
-   DTensor TP + SP (parallelize_module) training the same blocks.
+   host time shows where it exceeds the GPU's) and the host time of
+   making the step's calls: DDP and FSDP2 (fully_shard per Linear)
+   training an MLP (--hidden, --layers, --batch per rank), and DTensor
+   TP + SP (parallelize_module) training the same blocks. "sizes": the
+   device time per call of the steps' collectives at their sizes (DDP's
+   32 MiB bucket all-reduce, FSDP2's 16 MiB all-gather and
+   reduce-scatter), each backend.
 3. A tensor-parallel decode layer stack (T tokens, --layers MLP layers,
    one dist.all_reduce per layer) captured in a CUDA graph: its time with
    each backend's group, and with the all-reduce replaced by a copy
@@ -43,7 +47,7 @@ from bench_allreduce import (  # noqa: E402
 TARGET_EAGER = 1.0      # backend / NCCL backend, host us per call
 TARGET_DECODE = 0.6     # decode communication, backend / NCCL backend
 TARGET_STEP = 1.02      # DDP, FSDP2 step, backend / NCCL backend
-PARTS = ("eager", "steps", "decode")
+PARTS = ("eager", "steps", "sizes", "decode")
 BACKENDS = ("symnccl", "nccl")
 
 
@@ -84,6 +88,16 @@ def _eager_rows(torch, dist, snt, comm, groups, opts, rank, n):
              lambda g=g: dist.all_to_all_single(out_a, x, group=g)),
             ("all_reduce async_op", kind,
              lambda g=g: dist.all_reduce(x, group=g, async_op=True).wait()),
+            # DDP's reducer: the Work's future, waited (stream-ordered)
+            ("all_reduce async_op future", kind,
+             lambda g=g: dist.all_reduce(x, group=g, async_op=True)
+             .get_future().wait()),
+            ("all_gather_into_tensor async_op", kind,
+             lambda g=g: dist.all_gather_into_tensor(
+                 out_g, x, group=g, async_op=True).wait()),
+            ("reduce_scatter_tensor async_op", kind,
+             lambda g=g: dist.reduce_scatter_tensor(
+                 out_s, x, group=g, async_op=True).wait()),
         ]
     rows += [
         ("all_reduce", "symnccl.torch", lambda: snt.all_reduce_(x, comm)),
@@ -126,20 +140,24 @@ def _mlp(torch, H, L, seed=0):
 
 def _step_time(torch, step, steps):
     """Median microseconds per step (device events around each; host
-    waits for each step, so host cost a step cannot hide shows)."""
+    waits for each step, so host cost a step cannot hide shows), and the
+    median host time of making the step's calls (step() returning, before
+    the wait): where the two are close, the step is host-bound."""
     for _ in range(5):
         step()
     torch.cuda.synchronize()
-    times = []
+    times, host = [], []
     for _ in range(steps):
         a = torch.cuda.Event(enable_timing=True)
         b = torch.cuda.Event(enable_timing=True)
         a.record()
+        t0 = time.perf_counter()
         step()
+        host.append((time.perf_counter() - t0) * 1e6)
         b.record()
         b.synchronize()
         times.append(a.elapsed_time(b) * 1e3)
-    return statistics.median(times)
+    return statistics.median(times), statistics.median(host)
 
 
 def _steps(torch, dist, groups, opts, rank, n):
@@ -196,8 +214,71 @@ def _steps(torch, dist, groups, opts, rank, n):
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()
-            row[kind] = _step_time(torch, step, opts["steps"])
+            row[kind], row[f"{kind}_host"] = _step_time(torch, step,
+                                                        opts["steps"])
             del model, opt
+        rows.append(row)
+    return rows
+
+
+def _sizes(torch, dist, groups, opts, rank, n):
+    """Device microseconds per call at the training steps' sizes, eager,
+    calls back to back (median of --reps reps of --iters calls): DDP's
+    bucket all-reduce (async, as its reducer makes it; 32 MiB: two
+    16 MiB weights a bucket at --hidden 1024), FSDP2's all-gather (16 MiB
+    output) and reduce-scatter (16 MiB input), synchronous on a side
+    stream as FSDP2 makes them. Tells a kernel slower than NCCL's at
+    these sizes from host cost in the steps."""
+    H = opts["hidden"]
+    big = 4 * H * H * 2          # fp32 elements of two 4H x H weights
+    x = torch.randn(big, device="cuda")
+    shard = torch.randn(big // 2 // n, device="cuda")
+    out_g = torch.empty(big // 2, device="cuda")
+    ins = torch.randn(big // 2, device="cuda")
+    out_s = torch.empty(big // 2 // n, device="cuda")
+    side = torch.cuda.Stream()
+    cycles = int(10e-3 * 1.5e9)
+    rows = []
+    for call, nbytes in (("all_reduce async_op", x.nbytes),
+                         ("all_gather_into_tensor", out_g.nbytes),
+                         ("reduce_scatter_tensor", ins.nbytes)):
+        row = {"call": call, "bytes": nbytes}
+        for kind in BACKENDS:
+            g = groups[kind]
+            if call == "all_reduce async_op":
+                def one(g=g):
+                    dist.all_reduce(x, group=g, async_op=True).wait()
+            elif call == "all_gather_into_tensor":
+                def one(g=g):
+                    side.wait_stream(torch.cuda.current_stream())
+                    with torch.cuda.stream(side):
+                        dist.all_gather_into_tensor(out_g, shard, group=g)
+                    torch.cuda.current_stream().wait_stream(side)
+            else:
+                def one(g=g):
+                    side.wait_stream(torch.cuda.current_stream())
+                    with torch.cuda.stream(side):
+                        dist.reduce_scatter_tensor(out_s, ins, group=g)
+                    torch.cuda.current_stream().wait_stream(side)
+
+            for _ in range(3):
+                one()
+            times = []
+            for _ in range(opts["reps"]):
+                # the ranks aligned, the GPU held while the host queues the
+                # calls: device time, not the host's
+                dist.barrier(group=groups["nccl"])
+                torch.cuda.synchronize()
+                torch.cuda._sleep(cycles)
+                a = torch.cuda.Event(enable_timing=True)
+                b = torch.cuda.Event(enable_timing=True)
+                a.record()
+                for _ in range(opts["iters"]):
+                    one()
+                b.record()
+                b.synchronize()
+                times.append(a.elapsed_time(b) * 1e3 / opts["iters"])
+            row[kind] = statistics.median(times)
         rows.append(row)
     return rows
 
@@ -269,6 +350,8 @@ def worker(rank, nranks, uid, opts):
                               nranks)
     if "steps" in opts["parts"]:
         out["steps"] = _steps(torch, dist, groups, opts, rank, nranks)
+    if "sizes" in opts["parts"]:
+        out["sizes"] = _sizes(torch, dist, groups, opts, rank, nranks)
     if "decode" in opts["parts"]:
         out["decode"] = _decode(torch, dist, groups, opts, rank, nranks)
     sym = tb.communicator_of(groups["symnccl"])
@@ -321,8 +404,19 @@ def print_table(doc):
               f"H={doc['hidden']}, {doc['layers']} layers, batch "
               f"{doc['batch']} per rank, float32")
         for r in doc["steps"]:
+            host = "" if "symnccl_host" not in r else (
+                f"  host: symnccl {r['symnccl_host']:>10.1f}  nccl "
+                f"{r['nccl_host']:>10.1f}")
             print(f"{r['step']:<8} symnccl {r['symnccl']:>10.1f}  nccl "
-                  f"{r['nccl']:>10.1f}  ratio {r['symnccl'] / r['nccl']:.3f}")
+                  f"{r['nccl']:>10.1f}  ratio {r['symnccl'] / r['nccl']:.3f}"
+                  + host)
+    if doc.get("sizes"):
+        print(f"\n# device us per call at the steps' sizes, eager, back to "
+              f"back, float32")
+        for r in doc["sizes"]:
+            print(f"{r['call']:<24} {r['bytes'] >> 20:>4} MiB  symnccl "
+                  f"{r['symnccl']:>9.1f}  nccl {r['nccl']:>9.1f}  ratio "
+                  f"{r['symnccl'] / r['nccl']:.3f}")
     if doc.get("decode"):
         print(f"\n# TP decode, CUDA graph, us per step, H="
               f"{doc['decode_hidden']}, {doc['layers']} layers, "

@@ -24,14 +24,22 @@ NCCL, a group wider than one NVLink domain) goes to the NCCL backend,
 with its semantics.
 
 Streams, as ProcessGroupNCCL: a call with async_op=False runs on the
-current stream and returns a finished Work; with async_op=True (and every
-call DDP, FSDP2 and the functional collectives make) it runs on the
+current stream and returns a finished Work; with async_op=True (every
+call DDP's reducer and the functional collectives make) it runs on the
 backend's own stream after the current stream's work, and Work.wait()
 makes the current stream wait for it (no host synchronisation; with a
 timeout the host waits, at most that long). get_future() gives a
-CUDA-aware torch.futures.Future that follows the same stream. The
-tensors are recorded on the backend's stream (record_stream), so the
-caching allocator keeps them until the collective is done.
+CUDA-aware torch.futures.Future completed on the backend's stream, as
+ProcessGroupNCCL's: its wait() and then() callbacks are stream-ordered,
+the host never polls. The tensors of an async call stay referenced by
+its Work until wait() (the current stream is then past the collective,
+as ProcessGroupNCCL's stash); a Work dropped unwaited records them on the
+backend's stream (record_stream), so the caching allocator keeps them
+until the collective is done. The async path makes no torch.cuda.Stream
+or Event per call: torch's stream calls directly, the backend's stream
+made torch's current one for the launch (so symnccl reads the tensors
+without DLPack's stream handshake), the fork and completion events from
+the group's pool (docs/PERFORMANCE.md, 'The torch backend's async path').
 
 Failures: Work.wait() raises the communicator's failure
 (symnccl.PeerTimeoutError naming the rank, CallMismatchError); the
@@ -114,25 +122,83 @@ def _warn_once(key: str, message: str) -> None:
         warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
+class _Cuda:
+    """torch's CUDA stream and event calls as the async path makes them:
+    the C functions under torch.cuda's wrappers (torch.cuda.current_stream
+    builds a Stream object, ~4 us; Event.record(None) asks for it again).
+    A stream is named by torch's key (stream_id, device_index,
+    device_type). Replaced by a fake in the CPU tests."""
+
+    def __init__(self):
+        c = torch._C
+        self.current = getattr(c, "_cuda_getCurrentStream", None)
+        self.device = getattr(c, "_cuda_getDevice", None)
+        self._set = getattr(c, "_cuda_setStream", None)
+        base = getattr(c, "_CudaEventBase", None)
+        self.record = base.record if base is not None else None
+        self.wait = base.wait if base is not None else None
+
+    def set(self, key):
+        """Make the stream `key` torch's current stream (of its device,
+        which must be the current device: torch's setStream also sets
+        the device)."""
+        self._set(stream_id=key[0], device_index=key[1], device_type=key[2])
+
+    @staticmethod
+    def stream(key):
+        return torch.cuda.Stream(stream_id=key[0], device_index=key[1],
+                                 device_type=key[2])
+
+    @staticmethod
+    def event():
+        return torch.cuda.Event()
+
+    @staticmethod
+    def record_stream(t, stream):
+        t.record_stream(stream)
+
+    @staticmethod
+    def stream_context(stream):
+        return torch.cuda.stream(stream)
+
+
+_cuda = _Cuda()
+
+# completion events a group keeps for reuse; torch.cuda.Stream objects it
+# keeps for the current streams it has seen
+_EVENT_POOL = 64
+_STREAM_CACHE = 64
+_NO_TIMEOUT = datetime.timedelta(0)
+
+
 class _Work(dist.Work):
     """A collective symnccl ran: on `stream` (None: the current stream,
-    finished as far as torch's streams are concerned) and done at `event`.
-    wait() raises the communicator's failure."""
+    finished as far as torch's streams are concerned) and done at `event`
+    (the group's, back to its pool when this Work goes). `keep`: the
+    tensors an async call touched, held until wait() orders the current
+    stream after the collective (ProcessGroupNCCL's stash); a Work dropped
+    unwaited records them on `stream` instead. wait() raises the
+    communicator's failure."""
 
-    def __init__(self, owner, result, stream=None, event=None):
+    def __init__(self, owner, result, stream=None, event=None, keep=None):
         super().__init__()
         self._owner = owner
         self._result = result
         self._stream = stream
         self._event = event
+        self._keep = keep
+        self._future = None
 
-    def wait(self, timeout=datetime.timedelta(0)):
+    def wait(self, timeout=_NO_TIMEOUT):
         ev = self._event
         if ev is not None:
-            seconds = timeout.total_seconds() if timeout else 0.0
-            if seconds > 0:
-                self._owner._host_wait(ev, seconds)
-            torch.cuda.current_stream(self._stream.device).wait_event(ev)
+            owner = self._owner
+            if timeout:
+                seconds = timeout.total_seconds()
+                if seconds > 0:
+                    owner._host_wait(ev, seconds)
+            _cuda.wait(ev, owner._stream_of(_cuda.current(owner._index)))
+            self._keep = None
         self._owner._check()
         return True
 
@@ -155,15 +221,36 @@ class _Work(dist.Work):
         return self._result
 
     def get_future(self):
-        result = self._result
-        cuda = [t.device for t in result if t.is_cuda]
-        fut = torch.futures.Future(devices=cuda[:1] or None)
-        if cuda and self._stream is not None:
-            with torch.cuda.stream(self._stream):
-                fut.set_result(result)
-        else:
-            fut.set_result(result)
+        """A torch.futures.Future of the result (the same one every
+        call), CUDA-aware for a CUDA group: completed on the stream the
+        collective ran on, as ProcessGroupNCCL's (made at the first
+        call: a later first call marks it past work queued on that stream
+        since, which waits longer, never less)."""
+        fut = self._future
+        if fut is None:
+            fut = self._future = self._owner._future(self._result,
+                                                     self._stream)
         return fut
+
+
+class _AsyncWork(_Work):
+    """An async call's Work: dropped unwaited, it records the tensors it
+    kept on its stream; its event goes back to the group's pool. (The
+    synchronous calls' _Work has no finalizer: nothing to do.)"""
+
+    def __del__(self):
+        ev = getattr(self, "_event", None)
+        if ev is None:
+            return
+        keep, s = self._keep, self._stream
+        if keep:
+            # unwaited: the caching allocator keeps the memory until the
+            # backend's stream is past the collective
+            for t in keep:
+                _cuda.record_stream(t, s)
+        pool = self._owner._pool
+        if len(pool) < _EVENT_POOL:
+            pool.append(ev)
 
 
 class _Routes:
@@ -184,7 +271,11 @@ class _Routes:
         self._ended = None         # "aborted" or "shut down"
         self._nvlink = True        # False: wider than one NVLink domain
         self._stream = None        # the stream of async_op calls
-        self._events: list = []    # finished events, reused
+        self._key = None           # its torch key (stream_id, device, type)
+        self._index = None         # the communicator's CUDA device
+        self._devices = None       # [that device]: the futures' devices
+        self._pool: list = []      # free events (forks, completions)
+        self._streams: dict = {}   # torch.cuda.Stream objects by key
         self._supported: dict = {}
         self._algos: dict = {}     # resolver answers, by call
         self._coalesced = None     # inside _start/_end_coalescing: Works
@@ -225,7 +316,11 @@ class _Routes:
             comm.close()
             return None
         if self._device_type == "cuda":
-            self._stream = torch.cuda.Stream(device=index)
+            s = torch.cuda.Stream(device=index)
+            self._stream, self._index = s, index
+            self._key = (s.stream_id, s.device_index, s.device_type)
+            self._streams[self._key] = s
+            self._devices = [torch.device("cuda", index)]
         self._comm = comm
         return comm
 
@@ -278,36 +373,95 @@ class _Routes:
         return comm
 
     # -------------------------------------------------------------- running
-    def _begin(self, opts):
-        """The stream of a call (None: the current one), having waited for
-        the current stream's work."""
-        if self._stream is None or not getattr(opts, "asyncOp", True):
-            return None
-        ev = self._event()
-        ev.record(torch.cuda.current_stream(self._stream.device))
-        self._stream.wait_event(ev)
-        self._events.append(ev)    # free again once this call's is queued
-        return self._stream
-
-    def _event(self):
-        ev = self._events.pop() if self._events else None
-        return ev if ev is not None else torch.cuda.Event()
-
-    def _finish(self, stream, result, touched):
-        if stream is None:
+    def _run(self, opts, launch, result, keep):
+        """launch(stream) makes the call's symnccl launches on `stream`
+        (None: torch's current stream). asyncOp=False: on the current
+        stream, a finished Work. asyncOp=True: on the backend's stream
+        after the current stream's work; the Work's event marks its end
+        and it holds `keep` (the tensors touched) until wait()."""
+        s = self._stream
+        if s is None or not getattr(opts, "asyncOp", True):
+            launch(None)
             work = _Work(self, result)
         else:
-            for t in touched:
-                t.record_stream(stream)
-            done = torch.cuda.Event()
-            done.record(stream)
-            work = _Work(self, result, stream, done)
+            cuda = _cuda
+            index = self._index
+            cur = cuda.current(index)
+            fork = self._pooled()
+            cuda.record(fork, self._stream_of(cur))
+            cuda.wait(fork, s)
+            self._pool.append(fork)  # free again: the wait is queued
+            try:
+                if cuda.device() == index:
+                    # torch's current stream for the launch: symnccl reads
+                    # the tensors directly (with another stream handed to
+                    # it, each tensor would take DLPack's stream
+                    # handshake, ~22 us)
+                    cuda.set(self._key)
+                    try:
+                        launch(None)
+                    finally:
+                        cuda.set(cur)
+                else:
+                    launch(s)
+            except BaseException:
+                # a launch of a coalesced call (or an NCCL completion) may
+                # have queued work on s before it raised: no Work keeps the
+                # tensors, so the allocator must wait for s
+                for t in keep:
+                    cuda.record_stream(t, s)
+                raise
+            done = self._pooled()
+            cuda.record(done, s)
+            work = _AsyncWork(self, result, s, done, keep)
         if self._coalesced is not None:
             self._coalesced.append(work)
         return work
 
+    def _pooled(self):
+        """A free event of the group's pool, or a new one (a pop that
+        another thread emptied the pool under falls back too)."""
+        try:
+            return self._pool.pop()
+        except IndexError:
+            return _cuda.event()
+
+    def _stream_of(self, key):
+        """The torch.cuda.Stream of a stream key (torch's current
+        stream's, which event record and wait take), kept."""
+        st = self._streams.get(key)
+        if st is None:
+            if len(self._streams) >= _STREAM_CACHE:
+                self._streams.clear()
+                self._streams[self._key] = self._stream
+            st = self._streams[key] = _cuda.stream(key)
+        return st
+
+    def _future(self, result, stream):
+        """A completed torch.futures.Future of `result`: CUDA-aware for
+        a CUDA group, its events recorded on `stream` (None: the current
+        stream), as ProcessGroupNCCL marks its future completed under its
+        stream; the host never waits."""
+        fut = torch.futures.Future(devices=self._devices)
+        if stream is None:
+            fut.set_result(result)
+        elif _cuda.device() == self._index:
+            cur = _cuda.current(self._index)
+            _cuda.set(self._key)
+            try:
+                fut.set_result(result)
+            finally:
+                _cuda.set(cur)
+        else:
+            with _cuda.stream_context(stream):
+                fut.set_result(result)
+        return fut
+
     def _host_wait(self, event, seconds):
+        """Work.wait(timeout): the host waits for the event, at most
+        `seconds` (naps from 20 us to 1 ms; only with a timeout)."""
         deadline = time.monotonic() + seconds
+        nap = 2e-5
         while not event.query():
             if time.monotonic() > deadline:
                 self._check()
@@ -315,7 +469,8 @@ class _Routes:
                     f"symnccl backend: collective not finished after "
                     f"{seconds:g} s (Work.wait timeout); the communicator's "
                     f"own timeout is {self._timeout.total_seconds():g} s")
-            time.sleep(0.0005)
+            time.sleep(nap)
+            nap = min(nap * 2, 1e-3)
 
     def _check(self):
         if self._comm is not None:
@@ -367,9 +522,10 @@ class _Routes:
             if op and len(tensors) == 1 else None
         if comm is None:
             return self._nccl("allreduce", tensors, opts)
-        s = self._begin(opts)
-        comm.all_reduce(tensors[0], None, op, "auto", s)
-        return self._finish(s, tensors, tensors)
+        t = tensors[0]
+        return self._run(opts, lambda s: comm.all_reduce(t, None, op, "auto",
+                                                         s),
+                         tensors, tensors)
 
     def allreduce_coalesced(self, tensors, opts=None):
         opts = opts if opts is not None else _c10d.AllreduceCoalescedOptions()
@@ -378,10 +534,10 @@ class _Routes:
                             [t.nbytes for t in tensors]) if op else None
         if comm is None:
             return self._nccl("allreduce_coalesced", tensors, opts)
-        s = self._begin(opts)
-        for t in tensors:
-            comm.all_reduce(t, None, op, "auto", s)
-        return self._finish(s, tensors, tensors)
+        def launch(s):
+            for t in tensors:
+                comm.all_reduce(t, None, op, "auto", s)
+        return self._run(opts, launch, tensors, list(tensors))
 
     def _allgather_base(self, output, input, opts=None):
         return self._all_gather("_allgather_base", output, input, opts)
@@ -395,10 +551,11 @@ class _Routes:
                             (output.nbytes,))
         if comm is None or output.numel() != input.numel() * self._size:
             return self._nccl(name, output, input, opts)
-        s = self._begin(opts)
-        comm.all_gather(input, output.view(-1) if input.dim() == 0
-                        else output.view(-1, *input.shape[1:]), "auto", s)
-        return self._finish(s, [output], (output, input))
+        # symnccl checks element counts only: no views to make (each a
+        # torch op, ~1-2 us)
+        return self._run(opts, lambda s: comm.all_gather(input, output,
+                                                         "auto", s),
+                         [output], (output, input))
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
         return self._all_gather_coalesced("allgather_into_tensor_coalesced",
@@ -415,11 +572,10 @@ class _Routes:
         if comm is None or any(o.numel() != i.numel() * self._size
                                for o, i in zip(outputs, inputs)):
             return self._nccl(name, outputs, inputs, opts)
-        s = self._begin(opts)
-        for o, i in zip(outputs, inputs):
-            comm.all_gather(i, o.view(-1) if i.dim() == 0
-                            else o.view(-1, *i.shape[1:]), "auto", s)
-        return self._finish(s, list(outputs), (*outputs, *inputs))
+        def launch(s):
+            for o, i in zip(outputs, inputs):
+                comm.all_gather(i, o, "auto", s)
+        return self._run(opts, launch, list(outputs), (*outputs, *inputs))
 
     def _reduce_scatter_base(self, output, input, opts=None):
         return self._reduce_scatter("_reduce_scatter_base", output, input,
@@ -436,10 +592,9 @@ class _Routes:
                             (input.nbytes,)) if op else None
         if comm is None or input.numel() != output.numel() * self._size:
             return self._nccl(name, output, input, opts)
-        s = self._begin(opts)
-        comm.reduce_scatter(input.view(self._size, -1), output.view(1, -1),
-                            op, "auto", s)
-        return self._finish(s, [output], (output, input))
+        return self._run(opts, lambda s: comm.reduce_scatter(input, output,
+                                                             op, "auto", s),
+                         [output], (output, input))
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
         return self._reduce_scatter_coalesced(
@@ -457,11 +612,10 @@ class _Routes:
         if comm is None or any(i.numel() != o.numel() * self._size
                                for o, i in zip(outputs, inputs)):
             return self._nccl(name, outputs, inputs, opts)
-        s = self._begin(opts)
-        for o, i in zip(outputs, inputs):
-            comm.reduce_scatter(i.view(self._size, -1), o.view(1, -1), op,
-                                "auto", s)
-        return self._finish(s, list(outputs), (*outputs, *inputs))
+        def launch(s):
+            for o, i in zip(outputs, inputs):
+                comm.reduce_scatter(i, o, op, "auto", s)
+        return self._run(opts, launch, list(outputs), (*outputs, *inputs))
 
     def alltoall_base(self, output, input, output_split_sizes,
                       input_split_sizes, opts=None):
@@ -487,13 +641,15 @@ class _Routes:
                 even and (input.shape[0] % n or output.shape != input.shape)):
             return self._nccl(name, output, input, out_splits, in_splits,
                               opts)
-        s = self._begin(opts)
         if even:
-            comm.all_to_all(input, output, "auto", s)
+            def launch(s):
+                comm.all_to_all(input, output, "auto", s)
         else:
             ins = list(in_splits) or [input.shape[0] // n] * n
-            comm.all_to_all_v(input, output, ins, None, "push", s)
-        return self._finish(s, [output], (output, input))
+
+            def launch(s):
+                comm.all_to_all_v(input, output, ins, None, "push", s)
+        return self._run(opts, launch, [output], (output, input))
 
     def broadcast(self, tensors, opts=None):
         opts = opts if opts is not None else _c10d.BroadcastOptions()
@@ -502,9 +658,10 @@ class _Routes:
             if len(tensors) == 1 and opts.rootTensor == 0 else None
         if comm is None:
             return self._nccl("broadcast", tensors, opts)
-        s = self._begin(opts)
-        comm.broadcast(tensors[0], opts.rootRank, None, "auto", s)
-        return self._finish(s, tensors, tensors)
+        t, root = tensors[0], opts.rootRank
+        return self._run(opts, lambda s: comm.broadcast(t, root, None,
+                                                        "auto", s),
+                         tensors, tensors)
 
     def reduce(self, tensors, opts=None):
         opts = opts if opts is not None else _c10d.ReduceOptions()
@@ -513,9 +670,10 @@ class _Routes:
             if op and len(tensors) == 1 and opts.rootTensor == 0 else None
         if comm is None:
             return self._nccl("reduce", tensors, opts)
-        s = self._begin(opts)
-        comm.reduce(tensors[0], opts.rootRank, None, op, "auto", s)
-        return self._finish(s, tensors, tensors)
+        t, root = tensors[0], opts.rootRank
+        return self._run(opts, lambda s: comm.reduce(t, root, None, op,
+                                                     "auto", s),
+                         tensors, tensors)
 
     def barrier(self, opts=None):
         opts = opts if opts is not None else _c10d.BarrierOptions()

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import symnccl
+from _workers.serving import random_splits as _random_splits
 from conftest import last_rank_never_calls, one_rank_comm
 from symnccl import _C, _check
 
@@ -170,26 +171,6 @@ def test_all_to_all_every_dtype_bit_exact(monkeypatch, nranks, algo):
         _close(team)
     assert not wrong, f"(dtype, m, d, rank): {wrong[:10]}"
     assert all(r == {KERNEL_OF[algo]} for r in ran), ran
-
-
-def _random_splits(rng, nranks, rows_max, mode):
-    """Each rank's rows per destination: random with zeros, or (mode
-    'one') every rank sending everything to one rank, or (mode 'none')
-    one rank sending nothing."""
-    sp = []
-    dest = rng.randrange(nranks)
-    quiet = rng.randrange(nranks)
-    for q in range(nranks):
-        if mode == "one":
-            s = [rng.randint(0, rows_max) if k == dest else 0
-                 for k in range(nranks)]
-        else:
-            s = [0 if rng.random() < 0.3 else rng.randint(0, rows_max)
-                 for _ in range(nranks)]
-            if mode == "none" and q == quiet:
-                s = [0] * nranks
-        sp.append(s)
-    return sp
 
 
 def _check_v(hs, sp, outs, out_splits, npdt, out_rows, offsets=None):

@@ -1330,14 +1330,16 @@ def test_only_pairs_passed_on_two_gpus_go_without_a_warning():
     """A communicator of 2+ ranks warns (once per process) unless its
     library and kernel build have passed `python -m symnccl` on two GPUs:
     NCCL 2.28.9 and 2.29.7 with their own builds (2x H100, 2026-11-26),
-    2.30.7 and 2.32.3 with the 2.29.7 build (2x H200, 2026-11-26).
+    2.30.7 and 2.32.3 (2x H200) and 2.31.2 (2x H100) with the 2.29.7 build
+    (2026-11-26).
     Another patch, or a pair not run, warns until a run passes
     (docs/FAILURES.md, 'NCCL versions')."""
     caveat = _C._nccl_multi_gpu_caveat
     for runtime, headers in ((22809, 22809), (22907, 22907),
-                             (23007, 22907), (23203, 22907)):
+                             (23007, 22907), (23102, 22907),
+                             (23203, 22907)):
         assert caveat(runtime, headers) is None, (runtime, headers)
-    for runtime, headers in ((23102, 22907), (23006, 22907),
+    for runtime, headers in ((23101, 22907), (23006, 22907),
                              (23204, 22907), (22810, 22809)):
         why = caveat(runtime, headers)
         v = _loader.version_tuple(runtime)

@@ -14,6 +14,7 @@ import symnccl
 from _workers.serving import EPS, FP8_MAX, fp8_dynamic_scales
 from _workers.serving import fp8_off_by_more_than_a_step as \
     _fp8_off_by_more_than_a_step
+from _workers.serving import rmsnorm_inputs as _inputs
 from _workers.serving import rmsnorm_wrong as _wrong
 from conftest import last_rank_never_calls
 from symnccl import _C
@@ -128,24 +129,6 @@ def _team(monkeypatch, nranks, timeout=20.0, **kw):
 def _close(team):
     for c in team:
         c.close()
-
-
-def _inputs(torch, nranks, T, H, dtype, seed, pad=0):
-    """Every rank's x, the residual and weight (the same on every rank, as
-    in a tensor-parallel layer), as views `pad` elements into their
-    allocation (pad odd: not 16-byte aligned)."""
-    g = torch.Generator().manual_seed(seed)
-    dt = getattr(torch, dtype)
-
-    def dev(t):
-        full = torch.empty(t.numel() + pad, dtype=dt, device="cuda")
-        v = full[pad:].view(t.shape)
-        v.copy_(t.to(dt))
-        return v
-    xs = [dev(torch.randn(T, H, generator=g)) for _ in range(nranks)]
-    res = dev(torch.randn(T, H, generator=g))
-    w = dev(1.0 + 0.5 * torch.randn(H, generator=g))
-    return xs, res, w
 
 
 def _poisoned(torch, like, pad=0):

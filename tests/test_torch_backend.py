@@ -121,6 +121,52 @@ def test_a_communicator_failure_comes_out_of_work_wait():
         assert "was aborted; make a new group" in seen[3][1]
 
 
+def test_the_async_path_forks_launches_on_the_current_stream_and_reuses_events():
+    """async_op=True, as ProcessGroupNCCL: the backend's stream waits for
+    the current one (the group's one fork event), is torch's current
+    stream for the launch (symnccl handed stream=None: its torch fast
+    path, not DLPack's stream handshake) and is set back, even when the
+    launch raises; the completion event comes from the same pool and
+    goes back when the Work goes; the Work keeps the tensors until
+    wait(), a Work dropped unwaited records them on the backend's stream;
+    get_future() completes on the backend's stream, once; synchronous
+    calls make no stream or event call. torch's CUDA calls are a fake
+    here (tests/_workers/torch_backend_cpu.py, FakeCuda); the GPU tests
+    run the real ones."""
+    cur = ("stream", (7, 0, 1))
+    back = ("stream", (9, 0, 1))
+    # the pool's first event forks the call and, free again once the
+    # wait is queued, marks its end
+    fork = done = ("event", 1)
+    for rank, r in enumerate(_cpu("async_path")):
+        n = 2
+        assert r["launch stream"] is None, r
+        assert r["async log"] == [
+            ("current", 0), ("stream", (7, 0, 1)), ("record", fork, cur),
+            ("wait", fork, back), ("set", (9, 0, 1)), ("set", (7, 0, 1)),
+            ("record", done, back)], r["async log"]
+        assert r["keeps"], r
+        assert r["wait log"] == [("current", 0), ("wait", done, cur)], r
+        assert r["kept after wait"] is None, r
+        assert r["value"] == [n * (n + 1) / 2] * 4, r
+        assert r["future log"] == [("current", 0), ("set", (9, 0, 1)),
+                                   ("set", (7, 0, 1))], r
+        assert r["future value"] == r["value"] and r["same future"], r
+        # waited: nothing to record, the event back in the pool
+        assert r["waited work dropped"] == [], r
+        assert r["pool"] == [done], r
+        assert r["new events"] == 0 and r["pooled event used"] == done, r
+        assert r["all_gather"] == [0., 0., 1., 1.], r
+        assert r["unwaited work dropped"] == [
+            ("record_stream", "output", back),
+            ("record_stream", "input", back)], r
+        assert r["other device launch stream"] == back, r
+        assert r["other device sets"] == [], r
+        assert r["raised"] is True, r
+        assert r["current after raise"] == (7, 0, 1), r
+        assert r["sync log"] == [], r
+
+
 def test_the_private_torch_apis_the_backend_reads_are_where_they_were():
     """What symnccl/torch_backend.py reads of torch beyond the documented
     API, so a torch release that moves one fails here, not on 2 GPUs."""
@@ -136,6 +182,16 @@ def test_the_private_torch_apis_the_backend_reads_are_where_they_were():
                  "_get_backend"):
         assert hasattr(dist.ProcessGroup, name), name
     assert hasattr(dist.ReduceOp.RedOpType, "PREMUL_SUM")
+    # the async path's stream and event calls (torch_backend._Cuda): a
+    # record or wait given another type would be cast unchecked in C
+    for name in ("_cuda_getCurrentStream", "_cuda_getDevice",
+                 "_cuda_setStream", "_CudaEventBase", "_CudaStreamBase"):
+        assert hasattr(torch._C, name), name
+    for name in ("record", "wait"):
+        assert callable(getattr(torch._C._CudaEventBase, name)), name
+    assert issubclass(torch.cuda.Stream, torch._C._CudaStreamBase)
+    assert issubclass(torch.cuda.Event, torch._C._CudaEventBase)
+
     if dist.is_nccl_available():
         o = dist.ProcessGroupNCCL.Options()
         for field in ("_timeout", "split_from", "split_color",

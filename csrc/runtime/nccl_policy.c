@@ -228,6 +228,7 @@ static const nccl_proof proofs[] = {
     {V(2, 28, 9), V(2, 28, 9), "2x H100, 2026-11-26: 2876 checks, 0 wrong"},
     {V(2, 29, 7), V(2, 29, 7), "2x H100, 2026-11-26: 2876 checks, 0 wrong"},
     {V(2, 30, 7), V(2, 29, 7), "2x H200, 2026-11-26: 2876 checks, 0 wrong"},
+    {V(2, 31, 2), V(2, 29, 7), "2x H100, 2026-11-26: 2876 checks, 0 wrong"},
     {V(2, 32, 3), V(2, 29, 7), "2x H200, 2026-11-26: 2876 checks, 0 wrong"},
 };
 
@@ -332,13 +333,12 @@ static const nccl_case cases[] = {
     {V(2, 30, 0), V(2, 30, 99), SYMMETRIC, CASE_EVERY, 0,
      "NCCL 2.30's symmetric kernels failed on windows on two GPUs (2.30.7: "
      "'invalid device function' at the first call)"},
-    /* 2.31: not run on windows on two GPUs yet, plain memory until a run
-     * with SYMNCCL_NCCL_WINDOWS=1 passes. 2.32.3 on 2x H200 (2026-11-26,
-     * tools/gpu/other_nccl.sh): 'invalid device function' at the first
-     * call, as 2.30.7. */
+    /* 2.31.2 on 2x H100 and 2.32.3 on 2x H200 (2026-11-26,
+     * tools/gpu/other_nccl.sh, SYMNCCL_NCCL_WINDOWS=1): 'invalid device
+     * function' at the first call, as 2.30.7. */
     {V(2, 31, 0), V(2, 31, 99), SYMMETRIC, CASE_EVERY, 0,
-     "NCCL 2.31's symmetric kernels have not been checked on windows on "
-     "two GPUs"},
+     "NCCL 2.31's symmetric kernels failed on windows on two GPUs (2.31.2: "
+     "'invalid device function' at the first call)"},
     {V(2, 32, 0), V(2, 32, 99), SYMMETRIC, CASE_EVERY, 0,
      "NCCL 2.32's symmetric kernels failed on windows on two GPUs (2.32.3: "
      "'invalid device function' at the first call)"},

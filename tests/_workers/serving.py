@@ -129,11 +129,12 @@ RMSNORM_H = (4096, 1000, 16384, 8)
 RMSNORM_ALGOS = FUSED_ALGOS + ("auto", "nccl")
 
 
-def _rmsnorm_inputs(torch, nranks, T, H, dtype, seed, pad):
-    """Every rank's x, the residual and weight (the same on every rank),
-    drawn on the host from `seed` (so every process has every rank's
-    inputs), on this GPU as views `pad` elements into their allocations
-    (3: not 16-byte aligned)."""
+def rmsnorm_inputs(torch, nranks, T, H, dtype, seed, pad=0):
+    """Every rank's x, the residual and weight (the same on every rank, as
+    in a tensor-parallel layer), drawn on the host from `seed` (so every
+    process has every rank's inputs), on this GPU as views `pad` elements
+    into their allocations (pad odd: not 16-byte aligned). Also
+    tests/test_fused.py's, for its loopback teams."""
     g = torch.Generator().manual_seed(seed)
     dt = getattr(torch, dtype)
 
@@ -203,7 +204,7 @@ def fused_rmsnorm_every_kernel(rank, nranks, uid, seed):
             for H in RMSNORM_H:
                 case += 1
                 pad = 3 if case % 2 else 0
-                xs, res, w = _rmsnorm_inputs(torch, nranks, T, H, dtype,
+                xs, res, w = rmsnorm_inputs(torch, nranks, T, H, dtype,
                                              seed * 1000 + case, pad)
                 x = xs[rank]
                 for algo in RMSNORM_ALGOS:
@@ -362,7 +363,7 @@ def _bytes_of(t):
 def random_splits(rng, nranks, rows_max, mode):
     """Each rank's rows per destination: random with zeros, or (mode
     'one') every rank sending everything to one rank, or (mode 'none')
-    one rank sending nothing (tests/test_alltoall.py's)."""
+    one rank sending nothing. Also tests/test_alltoall.py's."""
     sp = []
     dest = rng.randrange(nranks)
     quiet = rng.randrange(nranks)

@@ -59,15 +59,16 @@ class RecordingComm:
 
     def all_gather(self, x, out, algo, stream):
         self.calls.append(("all_gather", algo, stream))
-        assert out.shape[0] == x.reshape(-1, *x.shape[1:]).shape[0] * \
-            self.nranks, (out.shape, x.shape)
+        # symnccl's contract: out holds nranks * x.numel() elements
+        assert out.numel() == x.numel() * self.nranks, (out.shape, x.shape)
         self.gloo._allgather_base(out.reshape(-1), x.reshape(-1)).wait()
         return out
 
     def reduce_scatter(self, x, out, op, algo, stream):
         import torch.distributed as dist
         self.calls.append(("reduce_scatter", op, algo, stream))
-        assert x.shape[0] == self.nranks and out.shape[0] == 1
+        # symnccl's contract: x holds nranks * out.numel() elements
+        assert x.numel() == out.numel() * self.nranks, (x.shape, out.shape)
         o = dist.ReduceScatterOptions()
         o.reduceOp = self._op(op)
         self.gloo._reduce_scatter_base(out.reshape(-1), x.reshape(-1),
@@ -377,6 +378,178 @@ def failure(rank, size):
     except RuntimeError as e:
         seen.append(("after abort", str(e)))
     return seen
+
+
+class FakeCuda:
+    """torch_backend._cuda's calls, logged: streams are ("stream", key),
+    events ("event", n); the current stream is `cur`, the current device
+    `dev`. Lets the CPU tests follow the async path's stream and event
+    order (the GPU tests check what the GPU does)."""
+
+    def __init__(self, cur, dev):
+        self.cur, self.dev = cur, dev
+        self.log = []
+        self.events = 0
+
+    def current(self, index):
+        self.log.append(("current", index))
+        return self.cur
+
+    def device(self):
+        return self.dev
+
+    def set(self, key):
+        self.log.append(("set", key))
+        self.cur = key
+
+    def record(self, ev, stream):
+        self.log.append(("record", ev, stream))
+
+    def wait(self, ev, stream):
+        self.log.append(("wait", ev, stream))
+
+    def stream(self, key):
+        self.log.append(("stream", key))
+        return ("stream", key)
+
+    def event(self):
+        self.events += 1
+        return FakeEvent(self.events)
+
+    def record_stream(self, t, stream):
+        self.log.append(("record_stream", t.data_ptr(), stream))
+
+    def stream_context(self, stream):
+        raise AssertionError("the async path took torch.cuda.stream()")
+
+
+class FakeEvent(tuple):
+    def __new__(cls, n):
+        return super().__new__(cls, ("event", n))
+
+    def query(self):
+        return True
+
+    def __reduce__(self):            # back to the test: a plain tuple
+        return tuple, (tuple(self),)
+
+
+def async_path(rank, size):
+    """The async path's stream and event calls through a FakeCuda (the
+    backend made as on a GPU: its stream, key and fork event set by
+    hand), with the RecordingComm computing the results."""
+    import gc
+
+    import torch
+    import torch.distributed as dist
+    from symnccl import torch_backend as tb
+    g, made = make_group(rank, size)
+    x = torch.ones(4)
+    dist.all_reduce(x, group=g)          # makes the communicator
+    b, comm = made["backend"], made["comm"]
+    cur, key = (7, 0, 1), (9, 0, 1)
+    fake = FakeCuda(cur, 0)
+    saved, saved_work = tb._cuda, tb._AsyncWork
+    made["works"] = []
+
+    class Work(tb._AsyncWork):     # the backend's Works, seen by the test
+        def __init__(self, *a):
+            super().__init__(*a)
+            made["works"].append(self)
+    tb._cuda, tb._AsyncWork = fake, Work
+    out = {}
+    try:
+        b._stream, b._key, b._index = ("stream", key), key, 0
+        b._streams = {key: ("stream", key)}
+        b._pool = []
+        r = rank
+
+        # 1. an async all_reduce: fork, the backend's stream current for
+        # the launch (stream None to symnccl), back, the completion event
+        x = torch.full((4,), float(r + 1))
+        fake.log.clear()
+        w = dist.all_reduce(x, group=g, async_op=True)
+        out["launch stream"] = comm.calls[-1][-1]
+        out["async log"] = list(fake.log)
+        ours = made["works"][-1]          # torch 2.14+ hands back its own
+        out["keeps"] = [t.data_ptr() for t in ours._keep] == [x.data_ptr()]
+        del ours
+        fake.log.clear()
+        w.wait()
+        out["wait log"] = list(fake.log)
+        out["kept after wait"] = made["works"][-1]._keep
+        out["value"] = x.tolist()
+        fake.log.clear()
+        fut = w.get_future()
+        out["future log"] = list(fake.log)
+        out["future value"] = fut.wait()[0].tolist()
+        ours = made["works"][-1]
+        out["same future"] = ours._future is not None and \
+            ours.get_future() is ours.get_future()
+        del ours
+        fake.log.clear()
+        del w, fut
+        made["works"].clear()
+        gc.collect()
+        out["waited work dropped"] = list(fake.log)
+        out["pool"] = list(b._pool)
+
+        # 2. the next call reuses the pooled event; dropped unwaited, its
+        # tensors are recorded on the backend's stream
+        o = torch.empty(2 * size)
+        i = torch.full((2,), float(r))
+        fake.log.clear()
+        before = fake.events
+        w = dist.all_gather_into_tensor(o, i, group=g, async_op=True)
+        out["new events"] = fake.events - before
+        out["pooled event used"] = made["works"][-1]._event
+        dist.barrier()            # the RecordingComm ran it synchronously
+        out["all_gather"] = o.tolist()
+        fake.log.clear()
+        del w
+        made["works"].clear()
+        gc.collect()
+        out["unwaited work dropped"] = [
+            e if e[0] != "record_stream" else
+            (e[0], {o.data_ptr(): "output", i.data_ptr(): "input"}[e[1]],
+             e[2]) for e in fake.log]
+
+        # 3. another current device: the stream handed to symnccl, torch's
+        # current stream left alone
+        fake.dev = 1
+        fake.log.clear()
+        w = dist.all_reduce(x, group=g, async_op=True)
+        out["other device launch stream"] = comm.calls[-1][-1]
+        out["other device sets"] = [e for e in fake.log if e[0] == "set"]
+        w.wait()
+        fake.dev = 0
+
+        # 4. a launch that raises leaves torch's current stream as it was
+        real = comm.all_reduce
+
+        def boom(*a):
+            raise RuntimeError("launch failed (test)")
+        comm.all_reduce = boom
+        fake.log.clear()
+        try:
+            dist.all_reduce(x, group=g, async_op=True)
+            out["raised"] = False
+        except RuntimeError as e:
+            out["raised"] = "launch failed" in str(e)
+        comm.all_reduce = real
+        out["current after raise"] = fake.cur
+        dist.barrier()
+
+        # 5. synchronous calls touch no stream or event
+        fake.log.clear()
+        dist.all_reduce(x, group=g)
+        out["sync log"] = list(fake.log)
+        made["works"].clear()
+        gc.collect()
+    finally:
+        tb._cuda, tb._AsyncWork = saved, saved_work
+        b._stream = None
+    return out
 
 
 def _child(fn, rank, size, port, q):

@@ -54,6 +54,45 @@ def collectives(rank, nranks, uid, port):
     checks["async all_reduce"] = bool((x == n * (n + 1) / 2).all())
     checks["future"] = bool((fut.wait()[0] == n * (n + 1) / 2).all())
     checks["symnccl ran it"] = _launches(g) > before
+    # DDP's pattern: the future only, a then() callback on the values
+    # (stream-ordered after the collective: no host wait anywhere), at a
+    # packet size and at a push size (8 MiB), the tensor's name dropped
+    for count in (4096, 2 << 20):
+        t = torch.full((count,), float(r + 1), device=dev)
+        fut = dist.all_reduce(t, group=g, async_op=True).get_future()
+        del t
+        twice = fut.then(lambda f: f.value()[0] * 2)
+        checks[f"future then() {count}"] = bool(
+            (twice.wait() == n * (n + 1)).all())
+    # several in flight, waited out of order (pooled completion events),
+    # the current stream writing the tensors right after each wait
+    xs = [torch.full((1 << 18,), float(r + k), device=dev)
+          for k in range(4)]
+    works = [dist.all_reduce(t, group=g, async_op=True) for t in xs]
+    ok = True
+    for k in (3, 0, 2, 1):
+        works[k].wait()
+        want = sum(q + k for q in range(n))
+        ok &= bool((xs[k] == want).all())
+        xs[k].fill_(-1.0)
+    torch.cuda.synchronize()
+    # (is_completed() is not asked: from torch 2.14 the Work a caller gets
+    # passes on only wait() and get_future(), docs/FRAMEWORKS.md)
+    checks["async out of order"] = ok and all(
+        w.get_future().done() for w in works)
+    # async on a side stream (FSDP's explicit prefetch): the backend's
+    # stream waits for the side stream's fill
+    side = torch.cuda.Stream()
+    o = torch.empty(n * (1 << 20), device=dev)
+    with torch.cuda.stream(side):
+        i = torch.full((1 << 20,), float(r), device=dev)
+        torch.cuda._sleep(int(2e-3 * 1.5e9))    # the fill lands late
+        i.fill_(float(r + 10))
+        w = dist.all_gather_into_tensor(o, i, group=g, async_op=True)
+        w.wait()
+        got = bool((o.view(n, -1) == (torch.arange(n, device=dev)
+                                      + 10)[:, None]).all())
+    checks["async all_gather after a side stream"] = got
     o = torch.empty(n * 1024, device=dev)
     dist.all_gather_into_tensor(o, torch.full((1024,), float(r), device=dev),
                                 group=g)

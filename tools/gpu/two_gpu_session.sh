@@ -18,7 +18,12 @@
 #             faults       failure scenarios            (~20-60 s a test)
 #             examples     the examples' tests, then each example (~6 min)
 #             build        build on the device instead (~1 min + old trees)
-# A fresh machine takes 60-80 s of device time to start.
+# A fresh machine takes 60-80 s of device time to start. On a 4-GPU
+# machine two stages run at once, one per pair, each with its own OUT
+# (session 12: the tier in two halves, then the faults in two groups):
+#   (CUDA_VISIBLE_DEVICES=0,1 OUT=$OUT/a STAGE=tests bash $0 &
+#    CUDA_VISIBLE_DEVICES=2,3 OUT=$OUT/b STAGE=faults bash $0 & wait)
+# Pytest runs -v there: the results so far survive a run cut at its limit.
 # The machine keeps its files only while warm (30 s): run the calls back to
 # back. NCCL 2.29 and 2.30 on 2 GPUs (issue 18): tools/gpu/other_nccl.sh.
 set -uo pipefail
@@ -79,7 +84,7 @@ tests)   # the GPU tier less the failure tests (stage faults) and the
   env | grep -E 'NCCL_NVLS_ENABLE|TORCH_SYMM_MEM_DISABLE_MULTICAST|NVSHMEM_DISABLE_NVLS' | tee "$OUT/env.txt"
   nvidia-smi --query-gpu=index,name,driver_version --format=csv,noheader | tee -a "$OUT/env.txt"
   python3 -c "import symnccl; print(symnccl.versions())" | tee -a "$OUT/env.txt"
-  timeout 450 python3 -m pytest -q -rfE --tb=line --durations=15 tests \
+  timeout 450 python3 -m pytest -v -rfE --tb=short --durations=15 tests \
     --ignore=tests/test_loopback.py --ignore=tests/test_faults.py \
     --ignore=tests/test_examples.py 2>&1 |
     tee "$OUT/pytest.log" | tail -40
@@ -91,7 +96,7 @@ tests)   # the GPU tier less the failure tests (stage faults) and the
 faults)  # 2-GPU failure scenarios, ~20-65 s each (a rehearsal
          # communicator, the timeout, a fresh one): over two calls, e.g.
          # FAULTS_K="exits or sleeps" then FAULTS_K="not (exits or sleeps)"
-  timeout 560 python3 -m pytest -q -rfE --tb=line --durations=50 \
+  timeout 560 python3 -m pytest -v -rfE --tb=short --durations=50 \
     tests/test_faults.py ${FAULTS_K:+-k "$FAULTS_K"} 2>&1 |
     tee "$OUT/pytest_faults.log" | tail -30 ;;
 ab)
