@@ -95,7 +95,7 @@ ncclResult_t snk_comm_properties(ncclComm_t comm, int* device_api,
 #endif
 }
 
-// ---- loopback teams (csrc/loopback.c) ----
+// ---- loopback teams (csrc/runtime/loopback.c) ----
 //
 // A loopback team is nranks ranks of one communicator on one GPU, for
 // testing the kernels at any world size: each rank's staging memory is

@@ -1,7 +1,7 @@
 // The launch entry point: checks what no kernel should have to, and hands
 // the launch to the unit of its element type (unit.cu) or to multimem.cu.
 // Also the sizes of the kernels' regions, which the host lays out
-// (csrc/staging.c), and this build's table of entry points
+// (csrc/runtime/staging.c), and this build's table of entry points
 // (symnccl_kernels_2_<SYMNCCL_NCCL_MINOR>, launch.h).
 #include <cstdint>
 

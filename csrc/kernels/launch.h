@@ -14,8 +14,8 @@
  * conversions they carry; docs/BUILD.md, "NCCL headers"), into one object
  * each whose only global symbol is its table of entry points,
  * symnccl_kernels_2_<minor>. At import the module picks the newest build
- * the loaded libnccl runs (csrc/nccl_policy.c, csrc/abi.c); the functions
- * declared below call through it.
+ * the loaded libnccl runs (csrc/runtime/nccl_policy.c,
+ * csrc/runtime/abi.c); the functions declared below call through it.
  */
 #ifndef SYMNCCL_KERNELS_LAUNCH_H
 #define SYMNCCL_KERNELS_LAUNCH_H
@@ -43,8 +43,8 @@ extern "C" {
 
 /* Element types the kernels are built for: X(ID, NCCL type, C++ type).
  * setup.py compiles csrc/kernels/unit.cu once per entry (-DSYMNCCL_UNIT_DT=
- * ID), so the units build in parallel; the C registry (csrc/registry.c)
- * marks these dtypes as having kernels. */
+ * ID), so the units build in parallel; the C registry
+ * (csrc/runtime/registry.c) marks these dtypes as having kernels. */
 #define SYMNCCL_KERNEL_DTYPES(X)          \
     X(F32, ncclFloat32, float)            \
     X(F64, ncclFloat64, double)           \
@@ -373,7 +373,7 @@ cudaError_t symnccl_copy(void *dst, const void *src, size_t nbytes, int ctas,
 cudaError_t symnccl_lsa_pointer(ncclWindow_t win, size_t offset, int peer,
                                 void **out);
 
-/* ---- loopback teams (devcomm.cu; csrc/loopback.c) ---- */
+/* ---- loopback teams (devcomm.cu; csrc/runtime/loopback.c) ---- */
 
 /* Bytes from one rank's staging memory to the next's in a loopback team
  * (a multiple of 4 GiB, as NCCL's window strides are). */
