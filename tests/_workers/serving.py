@@ -160,7 +160,7 @@ def _rmsnorm_expected(comm, algo, nbytes, dtype):
     a fused kernel; 'nccl': NCCL's all-reduce, then the add+norm (counted
     as one_shot_rmsnorm); 'auto': the fused kernel of AUTO_TABLE's pick, or
     past its rows the all-reduce all_reduce's own 'auto' picks, then the
-    add+norm (csrc/fused.c)."""
+    add+norm (csrc/python/fused.c)."""
     kernels = symnccl._C.COLLECTIVE_KERNELS[RMSNORM]
     if algo == "auto":
         algo = comm._auto_algo(nbytes, dtype, "sum", False, RMSNORM)
