@@ -9,6 +9,7 @@ DType = Union[str, Any]              # "bfloat16", numpy/torch/jax dtypes
 NCCL_BUILD_VERSION: int
 CUDA_BUILD_VERSION: int
 MAX_CTAS: int
+MAX_NDIM: int
 UNIQUE_ID_BYTES: int
 NCCL_DEVICE_API_BUILDS: tuple[tuple[int, int], ...]
 DTYPES: tuple[str, ...]

@@ -328,7 +328,8 @@ class _Routes:
         """Whether symnccl takes `collective` of tensor t with op at all
         (the registry's answer, symnccl.algo_supported's)."""
         dtype = _DTYPES.get(t.dtype)
-        if dtype is None or not t.is_contiguous() or t.is_sparse:
+        if dtype is None or not t.is_contiguous() or t.is_sparse or \
+                t.dim() > symnccl._C.MAX_NDIM:   # taken as is, unflattened
             return False
         key = (dtype, op, collective)
         ok = self._supported.get(key)

@@ -530,6 +530,7 @@ sn_exec(PyObject *module)
         PyModule_AddIntConstant(module, "CUDA_BUILD_VERSION",
                                 CUDART_VERSION) < 0 ||
         PyModule_AddIntConstant(module, "MAX_CTAS", SN_MAX_CTAS) < 0 ||
+        PyModule_AddIntConstant(module, "MAX_NDIM", SN_MAX_NDIM) < 0 ||
         PyModule_AddIntConstant(module, "UNIQUE_ID_BYTES",
                                 NCCL_UNIQUE_ID_BYTES) < 0)
         return -1;
