@@ -330,16 +330,8 @@ static int
 xla_run(sn_ar *r, const char *name, char *msg, size_t len)
 {
     CommObject *c = r->c;
-    if (r->algo == SN_ALGO_NCCL &&
-        r->collective != SYMNCCL_COLL_ALL_TO_ALL &&
-        r->collective != SYMNCCL_COLL_ALL_REDUCE_RMSNORM) {
-        const size_t is = (size_t)r->dtype->itemsize;
-        const size_t n = (size_t)c->nranks;
-        const size_t xb = r->count * is *
-                          (r->collective == SYMNCCL_COLL_REDUCE_SCATTER ? n
-                                                                        : 1);
-        const size_t yb = r->count * is *
-                          (r->collective == SYMNCCL_COLL_ALL_GATHER ? n : 1);
+    size_t xb, yb;
+    if (r->algo == SN_ALGO_NCCL && sn_nccl_sizes(r, &xb, &yb, NULL) == 0) {
         int xw = 0, yw = 0;
         sn_lock(c);
         for (sn_window *w = c->xla.windows; w != NULL; w = w->next)
