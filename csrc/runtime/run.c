@@ -84,20 +84,29 @@ nccl_enqueue(const sn_ar *r, const void *x, void *out)
 }
 
 int
+sn_nccl_blocks(int collective, int *x_blocks, int *out_blocks)
+{
+    if (collective < 0 || collective >= SYMNCCL_COLL_COUNT ||
+        nccl_rows[collective].name == NULL)
+        return -1;
+    *x_blocks = nccl_rows[collective].x_blocks;
+    *out_blocks = nccl_rows[collective].out_blocks;
+    return 0;
+}
+
+int
 sn_nccl_sizes(const sn_ar *r, size_t *xbytes, size_t *outbytes,
               size_t *block)
 {
-    const int coll = r->collective;
-    if (coll < 0 || coll >= SYMNCCL_COLL_COUNT ||
-        nccl_rows[coll].name == NULL)
+    int xb, ob;
+    if (sn_nccl_blocks(r->collective, &xb, &ob) < 0)
         return -1;
     const size_t b = r->count * (size_t)r->dtype->itemsize;
     const size_t n = (size_t)r->c->nranks;
-    *xbytes = b * (nccl_rows[coll].x_blocks ? n : 1);
-    *outbytes = b * (nccl_rows[coll].out_blocks ? n : 1);
+    *xbytes = b * (xb ? n : 1);
+    *outbytes = b * (ob ? n : 1);
     if (block != NULL)
-        *block = nccl_rows[coll].x_blocks || nccl_rows[coll].out_blocks ? b
-                                                                         : 0;
+        *block = xb || ob ? b : 0;
     return 0;
 }
 
