@@ -926,6 +926,16 @@ int sn_run_exchange(const sn_ar *r, const int64_t *send,
                     const int64_t *send_off, const int64_t *recv,
                     const int64_t *recv_off, sn_nccl_done_fn done, void *ctx,
                     sn_err *err);
+/* Whether x and whether out of `collective`'s NCCL call holds nranks
+ * blocks of NCCL's count (run.c's row): 0, or -1 where the collective has
+ * no NCCL collective of its own. */
+int sn_nccl_blocks(int collective, int *x_blocks, int *out_blocks);
+/* The bytes of x and out of r's NCCL collective (run.c's row of
+ * r->collective, from r->count and the communicator's size), and of one
+ * rank's block where x or out holds nranks of them (else 0; block may be
+ * NULL). 0, or -1 where r->collective has no NCCL collective of its own. */
+int sn_nccl_sizes(const sn_ar *r, size_t *xbytes, size_t *outbytes,
+                  size_t *block);
 /* Why the fused collective cannot run a call that sn_resolve gave `algo`
  * (two_shot has no FP8 output), or NULL. */
 const char *sn_rmsnorm_unavailable(int algo, int quant);

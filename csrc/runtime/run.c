@@ -37,38 +37,77 @@ sn_run_op(const CommObject *c, const sn_op *op)
 /* ------------------------------------------------------------------ */
 /* NCCL's collectives. */
 
-static const char *const nccl_names[SYMNCCL_COLL_COUNT] = {
-    [SYMNCCL_COLL_ALL_REDUCE] = "ncclAllReduce",
-    [SYMNCCL_COLL_REDUCE_SCATTER] = "ncclReduceScatter",
-    [SYMNCCL_COLL_ALL_GATHER] = "ncclAllGather",
-    [SYMNCCL_COLL_BROADCAST] = "ncclBroadcast",
-    [SYMNCCL_COLL_REDUCE] = "ncclReduce",
+/* One row per NCCL collective:
+ *   X(COLL, NCCL's function, x holds nranks blocks, out holds nranks
+ *     blocks, the call)
+ * r->count is NCCL's count: of one block where x or out holds nranks of
+ * them (reduce_scatter: of out, all_gather: of x), else of x and out. The
+ * call runs on x and out (the buffers given), with t the dtype and comm
+ * the communicator. */
+#define SN_NCCL_COLLECTIVES(X)                                               \
+    X(ALL_REDUCE, ncclAllReduce, 0, 0,                                       \
+      ncclAllReduce(x, out, r->count, t, r->op->nccl, comm, r->stream))      \
+    X(REDUCE_SCATTER, ncclReduceScatter, 1, 0,                               \
+      ncclReduceScatter(x, out, r->count, t, r->op->nccl, comm, r->stream))  \
+    X(ALL_GATHER, ncclAllGather, 0, 1,                                       \
+      ncclAllGather(x, out, r->count, t, comm, r->stream))                   \
+    X(BROADCAST, ncclBroadcast, 0, 0,                                        \
+      ncclBroadcast(x, out, r->count, t, r->root, comm, r->stream))          \
+    X(REDUCE, ncclReduce, 0, 0,                                              \
+      ncclReduce(x, out, r->count, t, r->op->nccl, r->root, comm, r->stream))
+
+static const struct {
+    const char *name;
+    unsigned char x_blocks, out_blocks;   /* holds nranks blocks */
+} nccl_rows[SYMNCCL_COLL_COUNT] = {
+#define SN_NCCL_ROW(C, fn, xb, ob, call)                                     \
+    [SYMNCCL_COLL_##C] = {.name = #fn, .x_blocks = xb, .out_blocks = ob},
+    SN_NCCL_COLLECTIVES(SN_NCCL_ROW)
+#undef SN_NCCL_ROW
 };
 
-/* The NCCL call itself, on the buffers given; r->count is NCCL's count
- * (reduce_scatter: of out, all_gather: of x). */
+/* The NCCL call itself, on the buffers given. */
 static ncclResult_t
 nccl_enqueue(const sn_ar *r, const void *x, void *out)
 {
     const ncclDataType_t t = r->dtype->nccl;
     ncclComm_t comm = r->c->comm;
     switch (r->collective) {
-    case SYMNCCL_COLL_ALL_REDUCE:
-        return ncclAllReduce(x, out, r->count, t, r->op->nccl, comm,
-                             r->stream);
-    case SYMNCCL_COLL_REDUCE_SCATTER:
-        return ncclReduceScatter(x, out, r->count, t, r->op->nccl, comm,
-                                 r->stream);
-    case SYMNCCL_COLL_ALL_GATHER:
-        return ncclAllGather(x, out, r->count, t, comm, r->stream);
-    case SYMNCCL_COLL_BROADCAST:
-        return ncclBroadcast(x, out, r->count, t, r->root, comm, r->stream);
-    case SYMNCCL_COLL_REDUCE:
-        return ncclReduce(x, out, r->count, t, r->op->nccl, r->root, comm,
-                          r->stream);
+#define SN_NCCL_CASE(C, fn, xb, ob, call)                                    \
+    case SYMNCCL_COLL_##C:                                                   \
+        return call;
+        SN_NCCL_COLLECTIVES(SN_NCCL_CASE)
+#undef SN_NCCL_CASE
     default:
         return ncclInvalidArgument;
     }
+}
+
+int
+sn_nccl_blocks(int collective, int *x_blocks, int *out_blocks)
+{
+    if (collective < 0 || collective >= SYMNCCL_COLL_COUNT ||
+        nccl_rows[collective].name == NULL)
+        return -1;
+    *x_blocks = nccl_rows[collective].x_blocks;
+    *out_blocks = nccl_rows[collective].out_blocks;
+    return 0;
+}
+
+int
+sn_nccl_sizes(const sn_ar *r, size_t *xbytes, size_t *outbytes,
+              size_t *block)
+{
+    int xb, ob;
+    if (sn_nccl_blocks(r->collective, &xb, &ob) < 0)
+        return -1;
+    const size_t b = r->count * (size_t)r->dtype->itemsize;
+    const size_t n = (size_t)r->c->nranks;
+    *xbytes = b * (xb ? n : 1);
+    *outbytes = b * (ob ? n : 1);
+    if (block != NULL)
+        *block = xb || ob ? b : 0;
+    return 0;
 }
 
 /* A collective on NCCL. NCCL's own symmetric-window kernels see a window
@@ -81,16 +120,11 @@ nccl_call(const sn_ar *r, sn_nccl_done_fn done, void *ctx, sn_err *err)
 {
     const CommObject *c = r->c;
     const int coll = r->collective;
-    const char *what = nccl_names[coll];
-    const size_t is = (size_t)r->dtype->itemsize;
-    const size_t n = (size_t)c->nranks;
-    const size_t xbytes = r->count * is *
-                          (coll == SYMNCCL_COLL_REDUCE_SCATTER ? n : 1);
-    const size_t obytes = r->count * is *
-                          (coll == SYMNCCL_COLL_ALL_GATHER ? n : 1);
-    const size_t block = coll == SYMNCCL_COLL_REDUCE_SCATTER ? obytes
-                         : coll == SYMNCCL_COLL_ALL_GATHER  ? xbytes
-                                                            : 0;
+    size_t xbytes, obytes, block;
+    if (sn_nccl_sizes(r, &xbytes, &obytes, &block) < 0)
+        return sn_fail(err, cudaSuccess, ncclInvalidArgument, "%s has no "
+                       "NCCL collective", sn_collective_name(coll));
+    const char *what = nccl_rows[coll].name;
     const char *why = sn_nccl_plain_reason(
         sn_abi_runtime(), c->knobs.nccl_windows, coll, r->x, xbytes, r->out,
         obytes, block, r->x_in_window, r->out_in_window);

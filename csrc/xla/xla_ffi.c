@@ -330,16 +330,8 @@ static int
 xla_run(sn_ar *r, const char *name, char *msg, size_t len)
 {
     CommObject *c = r->c;
-    if (r->algo == SN_ALGO_NCCL &&
-        r->collective != SYMNCCL_COLL_ALL_TO_ALL &&
-        r->collective != SYMNCCL_COLL_ALL_REDUCE_RMSNORM) {
-        const size_t is = (size_t)r->dtype->itemsize;
-        const size_t n = (size_t)c->nranks;
-        const size_t xb = r->count * is *
-                          (r->collective == SYMNCCL_COLL_REDUCE_SCATTER ? n
-                                                                        : 1);
-        const size_t yb = r->count * is *
-                          (r->collective == SYMNCCL_COLL_ALL_GATHER ? n : 1);
+    size_t xb, yb;
+    if (r->algo == SN_ALGO_NCCL && sn_nccl_sizes(r, &xb, &yb, NULL) == 0) {
         int xw = 0, yw = 0;
         sn_lock(c);
         for (sn_window *w = c->xla.windows; w != NULL; w = w->next)
@@ -459,24 +451,53 @@ done:
     return NULL;
 }
 
-/* reduce-scatter and all-gather of one call, on c (entered): on
- * symnccl's kernels (straight from XLA's operand into its result), else on
- * NCCL; the algorithm as for the Communicator methods (sn_resolve). */
+/* The handlers of NCCL's shape, one row each:
+ *   X(name, COLL, reads an "op" attribute, reads a "root" attribute)
+ * Each is the handler "symnccl_<name>" (handle_<name>, its line in
+ * handlers[]) of one operand and one result, whose sizes follow run.c's
+ * row of COLL (sn_nccl_blocks: equal, or one nranks times the other).
+ * all_reduce runs all_reduce() (its windows); the others
+ * slice_collective(). */
+#define XLA_NCCL_HANDLERS(X)                                                \
+    X(all_reduce, ALL_REDUCE, 1, 0)                                         \
+    X(reduce_scatter, REDUCE_SCATTER, 1, 0)                                 \
+    X(all_gather, ALL_GATHER, 0, 0)
+
+typedef struct {
+    int collective;
+    unsigned char op, root;    /* reads the attribute */
+} xla_row;
+
+/* A collective of XLA_NCCL_HANDLERS other than all_reduce, one call, on c
+ * (entered): on symnccl's kernels (straight from XLA's operand into its
+ * result), else on NCCL; the algorithm as for the Communicator methods
+ * (sn_resolve). */
 static snx_error *
 slice_collective(const snx_api *api, snx_call_frame *call,
-                 CommObject *c, int collective, const sn_dtype *dt,
-                 size_t count, size_t ycount, const snx_buffer *x,
-                 const snx_buffer *y, cudaStream_t stream)
+                 CommObject *c, const xla_row *row, int x_blocks,
+                 const sn_dtype *dt, size_t count, size_t ycount,
+                 const snx_buffer *x, const snx_buffer *y,
+                 cudaStream_t stream)
 {
     char msg[320];
+    const int collective = row->collective;
     const char *name = sn_collective_name(collective);
     const sn_op *op = NULL;
-    if (collective == SYMNCCL_COLL_REDUCE_SCATTER) {
+    if (row->op) {
         const int op_code = attr_int(call, "op", ncclSum);
         op = sn_op_by_nccl(op_code);
         if (op == NULL) {
             snprintf(msg, sizeof(msg), "symnccl_%s: bad op attribute %d",
                      name, op_code);
+            return ffi_error(api, SNX_ERR_INVALID_ARGUMENT, msg);
+        }
+    }
+    int root = -1;
+    if (row->root) {
+        root = attr_int(call, "root", 0);
+        if (root < 0 || root >= c->nranks) {
+            snprintf(msg, sizeof(msg), "symnccl_%s: bad root attribute %d "
+                     "on %d ranks", name, root, c->nranks);
             return ffi_error(api, SNX_ERR_INVALID_ARGUMENT, msg);
         }
     }
@@ -497,18 +518,19 @@ slice_collective(const snx_api *api, snx_call_frame *call,
         cudaSetDevice(c->device);
     char target[48];
     snprintf(target, sizeof(target), "symnccl_%s", name);
-    /* count: of the result for reduce_scatter, of x for all_gather */
+    /* count: NCCL's, of one block where x holds nranks of them (of the
+     * result: reduce_scatter), else of x */
     sn_ar r = {
         .c = c,
         .algo = algo,
         .x = x->data,
         .out = y->data,
-        .count = collective == SYMNCCL_COLL_REDUCE_SCATTER ? ycount : count,
+        .count = x_blocks ? ycount : count,
         .dtype = dt,
         .op = op,
         .stream = stream,
         .collective = collective,
-        .root = -1,
+        .root = root,
     };
     const int failed = xla_run(&r, target, msg, sizeof(msg)) < 0;
     if (prev >= 0 && prev != c->device)
@@ -620,9 +642,10 @@ xla_leave(xla_call *x)
 }
 
 static snx_error *
-handle(snx_call_frame *call, int collective)
+handle(snx_call_frame *call, const xla_row *row)
 {
     const snx_api *api = call->api;
+    const int collective = row->collective;
     char msg[320], target[48];
     const char *name = sn_collective_name(collective);
     snprintf(target, sizeof(target), "symnccl_%s", name);
@@ -653,18 +676,19 @@ handle(snx_call_frame *call, int collective)
     const size_t count = elems(x, 0), ycount = elems(y, 0);
     /* operand and result sizes: equal, or nranks times the other */
     const size_t n = (size_t)c->nranks;
-    size_t want = collective == SYMNCCL_COLL_REDUCE_SCATTER ? ycount * n
-                  : collective == SYMNCCL_COLL_ALL_GATHER   ? ycount / n
-                                                            : ycount;
-    if (count != want ||
-        (collective == SYMNCCL_COLL_ALL_GATHER && ycount % n != 0)) {
+    int xb, yb;
+    if (sn_nccl_blocks(collective, &xb, &yb) < 0) {
+        snprintf(msg, sizeof(msg), "%s: no NCCL collective", target);
+        e = ffi_error(api, SNX_ERR_INTERNAL, msg);
+        goto leave;
+    }
+    size_t want = xb ? ycount * n : yb ? ycount / n : ycount;
+    if (count != want || (yb && ycount % n != 0)) {
         snprintf(msg, sizeof(msg), "%s: operand has %zu elements and result "
                  "%zu, expected %s on %zu ranks", target, count, ycount,
-                 collective == SYMNCCL_COLL_ALL_REDUCE
-                     ? "the same number"
-                 : collective == SYMNCCL_COLL_REDUCE_SCATTER
-                     ? "the operand nranks times the result"
-                     : "the result nranks times the operand", n);
+                 xb   ? "the operand nranks times the result"
+                 : yb ? "the result nranks times the operand"
+                      : "the same number", n);
         e = ffi_error(api, SNX_ERR_INVALID_ARGUMENT, msg);
         goto leave;
     }
@@ -673,30 +697,23 @@ handle(snx_call_frame *call, int collective)
     else if (collective == SYMNCCL_COLL_ALL_REDUCE)
         e = all_reduce(api, call, c, xc.dev, dt, count, x, y, xc.stream);
     else
-        e = slice_collective(api, call, c, collective, dt, count, ycount,
-                             x, y, xc.stream);
+        e = slice_collective(api, call, c, row, xb, dt, count, ycount, x,
+                             y, xc.stream);
 leave:
     xla_leave(&xc);
     return e;
 }
 
-static snx_error *
-handle_all_reduce(snx_call_frame *call)
-{
-    return handle(call, SYMNCCL_COLL_ALL_REDUCE);
-}
-
-static snx_error *
-handle_reduce_scatter(snx_call_frame *call)
-{
-    return handle(call, SYMNCCL_COLL_REDUCE_SCATTER);
-}
-
-static snx_error *
-handle_all_gather(snx_call_frame *call)
-{
-    return handle(call, SYMNCCL_COLL_ALL_GATHER);
-}
+/* Each row's handler, handle_<name>: handle() with its row. */
+#define XLA_HANDLE_FN(name, C, op_, root_)                                  \
+    static snx_error *handle_##name(snx_call_frame *call)                   \
+    {                                                                       \
+        static const xla_row row = {.collective = SYMNCCL_COLL_##C,         \
+                                    .op = op_, .root = root_};              \
+        return handle(call, &row);                                          \
+    }
+XLA_NCCL_HANDLERS(XLA_HANDLE_FN)
+#undef XLA_HANDLE_FN
 
 /* ------------------------------------------------------------ all-to-all
  * "symnccl_all_to_all": x of nranks equal blocks of rows (its first
@@ -1056,9 +1073,10 @@ static const struct {
     const char *name;
     snx_error *(*fn)(snx_call_frame *);
 } handlers[] = {
-    {"all_reduce", handle_all_reduce},
-    {"reduce_scatter", handle_reduce_scatter},
-    {"all_gather", handle_all_gather},
+#define XLA_HANDLER_ENTRY(nm, C, op_, root_)                                \
+    {.name = #nm, .fn = handle_##nm},
+    XLA_NCCL_HANDLERS(XLA_HANDLER_ENTRY)
+#undef XLA_HANDLER_ENTRY
     {"all_to_all", handle_all_to_all},
     {"all_to_all_v", handle_all_to_all_v},
     {"all_reduce_rmsnorm", handle_all_reduce_rmsnorm},
