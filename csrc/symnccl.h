@@ -1098,6 +1098,15 @@ PyObject *sn_py_xla_stats(PyObject *module, PyObject *arg);
 
 extern PyType_Spec sn_communicator_spec;
 
+/* What algo="auto" runs for a call of `bytes` (its larger buffer) of the
+ * named collective, dtype and op on topology t with knobs k (sn_resolve),
+ * as the algorithm's name: Communicator._auto_algo's and
+ * _C._auto_algo_for's answer. NULL with the exception set. */
+PyObject *sn_py_auto_algo(const sn_topology *t, const sn_knobs *k,
+                          Py_ssize_t bytes, const char *dtype,
+                          const char *op, int in_window,
+                          const char *collective);
+
 /* ------------------------------------------------------------------ */
 /* The communicator object: what every layer shares, and one part per file
  * that owns it (declared in that file's section above). */

@@ -816,22 +816,18 @@ comm_algo_unavailable(CommObject *self, PyObject *args)
     return why == NULL ? Py_NewRef(Py_None) : PyUnicode_FromString(why);
 }
 
-/* _auto_algo(nbytes, dtype, op, in_window, collective="all_reduce") ->
- * what algo="auto" runs (sn_resolve) */
-static PyObject *
-comm_auto_algo(CommObject *self, PyObject *args)
+/* what algo="auto" runs, by names (symnccl.h) */
+PyObject *
+sn_py_auto_algo(const sn_topology *t, const sn_knobs *k, Py_ssize_t bytes,
+                const char *dtype, const char *op_name, int in_window,
+                const char *collective)
 {
-    int algo, in_window, coll;
+    int algo, coll;
     const sn_dtype *dt;
     const sn_op *op;
-    Py_ssize_t bytes;
-    const char *d, *o, *cname = "all_reduce";
-    if (!PyArg_ParseTuple(args, "nssp|s:_auto_algo", &bytes, &d, &o,
-                          &in_window, &cname) ||
-        sn_registry_lookup("auto", d, o, &algo, &dt, &op) < 0 ||
-        (coll = sn_collective_by_name(cname)) < 0)
+    if (sn_registry_lookup("auto", dtype, op_name, &algo, &dt, &op) < 0 ||
+        (coll = sn_collective_by_name(collective)) < 0)
         return NULL;
-    const sn_topology t = sn_topology_of(self);
     const sn_call_desc desc = {
         .collective = coll,
         .algo = SN_ALGO_AUTO,
@@ -841,12 +837,27 @@ comm_auto_algo(CommObject *self, PyObject *args)
         .in_window = in_window,
     };
     char why[320];
-    algo = sn_resolve(&t, &self->knobs, &desc, why, sizeof(why));
+    algo = sn_resolve(t, k, &desc, why, sizeof(why));
     if (algo == SN_ALGO_UNKNOWN) {
         PyErr_SetString(PyExc_RuntimeError, why);
         return NULL;
     }
     return PyUnicode_FromString(sn_algos[algo].name);
+}
+
+/* _auto_algo(nbytes, dtype, op, in_window, collective="all_reduce") ->
+ * what algo="auto" runs (sn_resolve) */
+static PyObject *
+comm_auto_algo(CommObject *self, PyObject *args)
+{
+    int in_window;
+    Py_ssize_t bytes;
+    const char *d, *o, *cname = "all_reduce";
+    if (!PyArg_ParseTuple(args, "nssp|s:_auto_algo", &bytes, &d, &o,
+                          &in_window, &cname))
+        return NULL;
+    const sn_topology t = sn_topology_of(self);
+    return sn_py_auto_algo(&t, &self->knobs, bytes, d, o, in_window, cname);
 }
 
 static PyMethodDef comm_methods[] = {

@@ -345,32 +345,14 @@ py_auto_algo_for(PyObject *module, PyObject *args)
     PyObject *topo;
     Py_ssize_t bytes;
     const char *d, *o, *cname = "all_reduce";
-    int in_window, algo, coll;
+    int in_window;
     sn_topology t;
     sn_knobs k;
-    const sn_dtype *dt;
-    const sn_op *op;
     if (!PyArg_ParseTuple(args, "O!nssp|s", &PyDict_Type, &topo, &bytes, &d,
                           &o, &in_window, &cname) ||
-        topology_from_dict(topo, &t) < 0 ||
-        sn_registry_lookup("auto", d, o, &algo, &dt, &op) < 0 ||
-        (coll = sn_collective_by_name(cname)) < 0 || sn_knobs_read(&k) < 0)
+        topology_from_dict(topo, &t) < 0 || sn_knobs_read(&k) < 0)
         return NULL;
-    const sn_call_desc desc = {
-        .collective = coll,
-        .algo = SN_ALGO_AUTO,
-        .bytes = (size_t)bytes,
-        .dtype = dt,
-        .op = op,
-        .in_window = in_window,
-    };
-    char why[320];
-    algo = sn_resolve(&t, &k, &desc, why, sizeof(why));
-    if (algo == SN_ALGO_UNKNOWN) {
-        PyErr_SetString(PyExc_RuntimeError, why);
-        return NULL;
-    }
-    return PyUnicode_FromString(sn_algos[algo].name);
+    return sn_py_auto_algo(&t, &k, bytes, d, o, in_window, cname);
 }
 
 static PyMethodDef sn_methods[] = {
