@@ -55,6 +55,28 @@ error:
     return -1;
 }
 
+/* A new buffer object of type tp with a C-contiguous shape (its memory
+ * not yet set: the callers' own). */
+static BufferObject *
+buffer_alloc(PyTypeObject *tp, int ndim, const int64_t *shape,
+             const sn_dtype *dtype, size_t nbytes)
+{
+    allocfunc tp_alloc = (allocfunc)PyType_GetSlot(tp, Py_tp_alloc);
+    BufferObject *b = (BufferObject *)tp_alloc(tp, 0);
+    if (b == NULL)
+        return NULL;
+    b->ndim = ndim;
+    b->dtype = dtype;
+    b->nbytes = nbytes;
+    int64_t stride = 1;
+    for (int i = ndim - 1; i >= 0; i--) {
+        b->shape[i] = shape[i];
+        b->strides[i] = stride;
+        stride *= shape[i] > 0 ? shape[i] : 1;
+    }
+    return b;
+}
+
 PyObject *
 sn_buffer_new(SNState *st, CommObject *comm, PyTypeObject *tp, int ndim,
               const int64_t *shape, const sn_dtype *dtype, int zero,
@@ -74,19 +96,9 @@ sn_buffer_new(SNState *st, CommObject *comm, PyTypeObject *tp, int ndim,
     if (alloc == 0)
         alloc = SN_WINDOW_ALIGN;
 
-    allocfunc tp_alloc = (allocfunc)PyType_GetSlot(tp, Py_tp_alloc);
-    BufferObject *b = (BufferObject *)tp_alloc(tp, 0);
+    BufferObject *b = buffer_alloc(tp, ndim, shape, dtype, nbytes);
     if (b == NULL)
         return NULL;
-    b->ndim = ndim;
-    b->dtype = dtype;
-    b->nbytes = nbytes;
-    int64_t stride = 1;
-    for (int i = ndim - 1; i >= 0; i--) {
-        b->shape[i] = shape[i];
-        b->strides[i] = stride;
-        stride *= shape[i] > 0 ? shape[i] : 1;
-    }
     b->device = device;
 
     int prev;
@@ -400,20 +412,10 @@ sn_py_host_buffer(PyObject *module, PyObject *args)
     if (sn_shape_size("_host_buffer", ndim, shape, (size_t)dt->itemsize,
                       NULL, &nbytes) < 0)
         return NULL;
-    PyTypeObject *tp = st->DeviceArrayType;
-    BufferObject *b = (BufferObject *)((allocfunc)PyType_GetSlot(
-        tp, Py_tp_alloc))(tp, 0);
+    BufferObject *b = buffer_alloc(st->DeviceArrayType, ndim, shape, dt,
+                                   nbytes);
     if (b == NULL)
         return NULL;
-    int64_t stride = 1;
-    for (int i = ndim - 1; i >= 0; i--) {
-        b->shape[i] = shape[i];
-        b->strides[i] = stride;
-        stride *= shape[i] > 0 ? shape[i] : 1;
-    }
-    b->ndim = ndim;
-    b->dtype = dt;
-    b->nbytes = nbytes;
     b->alloc_kind = SN_ALLOC_HOST;
     b->ptr = calloc(1, b->nbytes ? b->nbytes : 1);
     if (b->ptr == NULL) {
