@@ -152,6 +152,15 @@ def _symm_mem(torch):
             return None, "NVSHMEM is not available to torch"
         if not hasattr(torch.ops.symm_mem, "all_to_all_vdev"):
             return None, "torch.ops.symm_mem has no all_to_all_vdev"
+        n = torch.distributed.get_world_size()
+        if n & (n - 1):
+            # its kernel splits a peer's block over blocks_per_peer CTAs
+            # and asserts block_size * blocks_per_peer == peer_size: at 3
+            # ranks (4x H100, torch 2.11) the device assert ended both
+            # processes, so it is not launched at all
+            return None, (f"all_to_all_vdev's kernel asserts at {n} ranks "
+                          "(block_size * blocks_per_peer == peer_size; "
+                          "seen at 3): not a power of two")
         symm.set_backend("NVSHMEM")
         return symm, None
     except Exception as e:

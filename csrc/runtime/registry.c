@@ -265,7 +265,27 @@ sn_collective_unavailable(const sn_topology *t, int collective, int algo,
  * reduce and broadcast: one_shot 5.9-6.6 us up to 64 KiB (NCCL 8-10),
  * 22.7 / 29.3 at 4 MiB (NCCL 26.6 / 29.8), NCCL from 16 MiB (one_shot
  * reads the root's whole tensor on every rank: 86-110 us against NCCL's
- * 63-66). 3+ ranks: not measured yet, NCCL. */
+ * 63-66).
+ *
+ * 3 and 4 ranks, 3x / 4x H100 over NVLink, bf16, CUDA-graph replay, one
+ * run each (results/collectives_h100x3_bfloat16.json, _h100x4_; NCCL is
+ * nccl:plain and torch.dist, the faster of the two where they differ):
+ * reduce_scatter, 3: ll 3.9-4.2 us to 128 KiB (NCCL 12.4-13.1), ll128 4.4
+ * at 256 KiB to 68.6 at 16 MiB (NCCL 72.0), NCCL at 64 MiB (212 against
+ * push 226, ll128 277). 4: ll 5.2-5.5 to 32 KiB (ll128 within 0.3), ll128
+ * to 2 MiB (10.3, push 14.9, NCCL 22.7), push 19.0 / 60.2 / 191.4 at
+ * 4 / 16 / 64 MiB (NCCL 39.1 / 63.7 / 195.9), NCCL past it (unmeasured).
+ * all_gather, 3: ll 4.0-6.4 to 2 MiB (15.3, NCCL 28.0), ll128 29.0 at
+ * 4 MiB (NCCL 50.4), NCCL from 16 MiB (98 against ll128 101; push at 3
+ * ranks trails everywhere: 495 at 64 MiB). 4: ll 3.9-5.1 to 128 KiB,
+ * ll128 to 2 MiB (11.8, NCCL 25.0), push 21.1 / 66.2 at 4 / 16 MiB (NCCL
+ * 47.5 / 80.3), NCCL at 64 MiB (200 against push 203). broadcast,
+ * one_shot: 3, 7.9-11.5 us to 512 KiB (NCCL 8.4-12.2), NCCL from 1 MiB
+ * (a tie at 17.1); 4, 9.0-9.7 to 128 KiB (NCCL 10.2-11.7), NCCL from
+ * 256 KiB (one_shot 11.3 against torch.dist 10.7). reduce, one_shot: 3,
+ * 9.0-10.8 to 256 KiB (NCCL 11.2-12.4), NCCL from 512 KiB; 4, 9.7-10.6
+ * to 128 KiB (NCCL 11.4-12.4), NCCL from 256 KiB. 5-7 ranks: not
+ * measured, NCCL (the rows end at 4). */
 
 #define KIB ((size_t)1 << 10)
 #define MIB ((size_t)1 << 20)
@@ -287,9 +307,20 @@ static const auto_row auto_table[] = {
     {SYMNCCL_COLL_ALL_REDUCE, 7, 0, 1536 * KIB, 0, 4 * MIB, 2 * MIB, 0,
      SN_ALGO_PUSH},
     {SYMNCCL_COLL_REDUCE_SCATTER, 2, 0, 2 * MIB, 0, 0, 0, 0, SN_ALGO_PUSH},
+    {SYMNCCL_COLL_REDUCE_SCATTER, 3, 128 * KIB, 16 * MIB, 0, 0, 0, 0,
+     SN_ALGO_NCCL},
+    {SYMNCCL_COLL_REDUCE_SCATTER, 4, 32 * KIB, 2 * MIB, 0, 0, 0, 64 * MIB,
+     SN_ALGO_NCCL},
     {SYMNCCL_COLL_ALL_GATHER, 2, 64 * KIB, 4 * MIB, 0, 0, 0, 0, SN_ALGO_PUSH},
+    {SYMNCCL_COLL_ALL_GATHER, 3, 2 * MIB, 4 * MIB, 0, 0, 0, 0, SN_ALGO_NCCL},
+    {SYMNCCL_COLL_ALL_GATHER, 4, 128 * KIB, 2 * MIB, 0, 0, 0, 16 * MIB,
+     SN_ALGO_NCCL},
     {SYMNCCL_COLL_REDUCE, 2, 0, 0, 4 * MIB, 0, 0, 0, SN_ALGO_NCCL},
+    {SYMNCCL_COLL_REDUCE, 3, 0, 0, 256 * KIB, 0, 0, 0, SN_ALGO_NCCL},
+    {SYMNCCL_COLL_REDUCE, 4, 0, 0, 128 * KIB, 0, 0, 0, SN_ALGO_NCCL},
     {SYMNCCL_COLL_BROADCAST, 2, 0, 0, 4 * MIB, 0, 0, 0, SN_ALGO_NCCL},
+    {SYMNCCL_COLL_BROADCAST, 3, 0, 0, 512 * KIB, 0, 0, 0, SN_ALGO_NCCL},
+    {SYMNCCL_COLL_BROADCAST, 4, 0, 0, 128 * KIB, 0, 0, 0, SN_ALGO_NCCL},
     /* all_to_all and all_to_all_v (by out's bytes, which every rank
      * agrees on), bf16, CUDA-graph replay, against
      * torch.distributed.all_to_all_single (NCCL). 2x H200
