@@ -599,6 +599,7 @@ typedef struct {
     cudaEvent_t event;         /* recorded after each eager NCCL call */
     double deadline;
     int collective, armed, expired;
+    int revoked;               /* ncclCommRevoke'd by the watchdog's poll */
     int listed;                /* on the watched list */
     struct CommObject *next, *prev;
 } sn_comm_watch;
@@ -642,7 +643,9 @@ int sn_fault_drain(struct CommObject *c, double seconds, int nccl);
  * records c->watch.event on `stream` and arms the deadline; 0 when not
  * (inside a graph capture). sn_watch_forget: close, abort, deallocation.
  * sn_watch_poll: looks at the armed events, 1 when a communicator has
- * expired (deadline passed, or its abort flag raised). sn_watch_collect:
+ * expired (deadline passed, or its abort flag raised); an expired one no
+ * thread is inside has its failure recorded and NCCL's kernels stopped
+ * (ncclCommRevoke) there, before the GIL is taken. sn_watch_collect:
  * the expired OPEN ones no thread is inside, moved to CLOSING (the
  * caller owns their teardown: sn_comm_abort_owned), new references. */
 int sn_watch_arm(struct CommObject *c, int collective, cudaStream_t stream);

@@ -474,6 +474,35 @@ sn_watch_forget(CommObject *c)
     pthread_mutex_unlock(&watch_mu);
 }
 
+/* An expired NCCL call, seen by the watchdog's poll before it takes the
+ * GIL: where no thread is inside c, the failure is recorded (calls from
+ * here on are refused at entry) and NCCL's kernels are told to stop with
+ * ncclCommRevoke (NCCL >= 2.28.7), which raises NCCL's abort flag in host
+ * memory and frees nothing; the abort that follows frees. Nothing here
+ * calls CUDA or needs the GIL: a hung NCCL kernel can hold up another
+ * thread's CUDA call (a lazily loaded kernel's first launch waits for the
+ * device) while it holds the GIL and the driver's lock that the abort's own
+ * CUDA calls need, so NCCL's kernel has to end first (2x H100, the sleep
+ * scenario on nccl: the watchdog blocked in cudaMemcpyAsync, the caller in
+ * torch's first launch of arange). Under watch_mu. */
+static void
+revoke_expired(CommObject *c, int aborted, double now)
+{
+    if (c->comm == NULL || c->watch.revoked)
+        return;
+    sn_lock(c);
+    if (c->life.busy == 0 && c->life.state == SN_OPEN) {
+        sn_fault_record(c, aborted ? SYMNCCL_FAULT_ABORT
+                                   : SYMNCCL_FAULT_TIMEOUT,
+                        SYMNCCL_K_COUNT, c->watch.collective, -1,
+                        SYMNCCL_WAIT_NCCL,
+                        c->timeout + (now - c->watch.deadline), NULL);
+        (void)ncclCommRevoke(c->comm, NCCL_REVOKE_DEFAULT);
+        c->watch.revoked = 1;
+    }
+    sn_unlock(c);
+}
+
 int
 sn_watch_poll(void)
 {
@@ -496,6 +525,7 @@ sn_watch_poll(void)
         if (now >= c->watch.deadline || aborted) {
             c->watch.expired = 1;
             expired = 1;
+            revoke_expired(c, aborted, now);
         }
     }
     pthread_mutex_unlock(&watch_mu);

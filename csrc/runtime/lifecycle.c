@@ -524,15 +524,16 @@ error:
 /* Seconds abort() waits for another thread to leave a method of c (its
  * waits end within 50 ms of c->life.stop), for c's kernels to leave once told
  * to (their waits poll the fault word and the abort flag every few
- * milliseconds), and for everything of c to end after ncclCommAbort. */
+ * milliseconds; NCCL's, revoked by the watchdog, as long), and for
+ * everything of c to end after ncclCommAbort. */
 #define ABORT_LEAVE_SECONDS 2.0
 #define ABORT_KERNELS_SECONDS 1.0
 #define ABORT_DRAIN_SECONDS 5.0
 /* How long an abort() that found another thread's close waits for it
  * to turn into the abort and end. */
 #define ABORT_ALL_SECONDS                                                 \
-    (ABORT_LEAVE_SECONDS + ABORT_KERNELS_SECONDS + ABORT_DRAIN_SECONDS +  \
-     1.0)
+    (ABORT_LEAVE_SECONDS + 2 * ABORT_KERNELS_SECONDS +                    \
+     ABORT_DRAIN_SECONDS + 1.0)
 /* Teardowns look at busy and the state this often. */
 #define POLL_SECONDS 0.001
 
@@ -875,6 +876,15 @@ abort_finish(CommObject *c)
      * queued behind a hung NCCL kernel cannot: they start after
      * ncclCommAbort ended it, and leave at entry) */
     const int left = sn_fault_drain(c, ABORT_KERNELS_SECONDS, 0);
+    /* revoked by the watchdog (faults.c, revoke_expired): NCCL's own
+     * cleanup runs until its kernels have left; the windows are
+     * deregistered after it */
+    if (c->watch.revoked && c->comm != NULL) {
+        int failed;
+        ncclResult_t bad;
+        (void)sn_wait_nccl(&c->comm, 1, sn_deadline(ABORT_KERNELS_SECONDS),
+                           NULL, &failed, &bad);
+    }
     /* once they have, the device communicator and the windows (the XLA
      * handler's too) go first, local steps: ncclCommAbort alone would keep
      * the windows' memory (errors do not matter here: c is being aborted) */
