@@ -328,8 +328,20 @@ static const auto_row auto_table[] = {
      * up to 1 MiB (NCCL 10.6-15.1); push 18.7 / 43.2 us at 4 / 16 MiB
      * (NCCL 21.7 / 55.7), behind it at 64 MiB (150.5 against 140.8): NCCL
      * above 16 MiB. 2x H100 (issue 38's run): the same order (ll 4.6-7.3
-     * up to 1 MiB, push 20.1 / 46.7 at 4 / 16 MiB, NCCL at 64 MiB). */
+     * up to 1 MiB, push 20.1 / 46.7 at 4 / 16 MiB, NCCL at 64 MiB).
+     * 3x H100 (alltoall_h100x3_bfloat16.json): ll 7.7-12.4 to 1 MiB (NCCL
+     * 12.4-20.6), push 25.8 at 4 MiB (NCCL 28.7), a tie at 16 MiB (68.1),
+     * NCCL at 64 MiB (185 against 208). 4x H100 (alltoall_h100x4_bfloat16
+     * .json and _fine.json, 15 reps): ll 6.7-8.7 to 512 KiB (NCCL
+     * 12.7-14.2; 1 MiB is past its row at 4 ranks), push 18.8 / 24.3 /
+     * 61.9 at 2 / 4 / 16 MiB (NCCL 22.4 / 25.5 / 68.0), NCCL at 64 MiB (186
+     * against 208-223). At 1 MiB push took 17.3-17.8 in the two runs and
+     * NCCL 15.9-18.9: push (a row has one push range). */
     {SYMNCCL_COLL_ALL_TO_ALL, 2, 1 * MIB, 0, 0, 0, 0, 16 * MIB,
+     SN_ALGO_NCCL},
+    {SYMNCCL_COLL_ALL_TO_ALL, 3, 1 * MIB, 0, 0, 0, 0, 4 * MIB,
+     SN_ALGO_NCCL},
+    {SYMNCCL_COLL_ALL_TO_ALL, 4, 512 * KIB, 0, 0, 0, 0, 16 * MIB,
      SN_ALGO_NCCL},
     /* all_reduce_rmsnorm, bf16, CUDA-graph replay. 1 rank (1x H100,
      * benchmarks/results/fused_h100x1_bfloat16.json): one_shot (the
