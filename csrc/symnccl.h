@@ -145,18 +145,43 @@ sn_state_from_type(PyTypeObject *tp)
 /* ------------------------------------------------------------------ */
 /* base.c: the runtime's base, free of the Python API. */
 
+/* What a failure without CUDA's or NCCL's code raises (sn_err.kind). */
+enum {
+    SN_ERR_RUNTIME = 0,        /* RuntimeError */
+    SN_ERR_NOT_IMPLEMENTED,    /* NotImplementedError (a call that cannot
+                                  run inside symnccl.group()) */
+    SN_ERR_NO_MEMORY,          /* MemoryError, no message (as
+                                  PyErr_NoMemory) */
+};
+
 /* A failure where no Python exception can be set (no GIL, XLA's threads,
- * the launch path), turned into one later by sn_raise (python/errors.c). */
+ * the launch path, the runtime's files), turned into one later by sn_raise
+ * (python/errors.c): NcclError where nccl is set, else CudaError where
+ * cuda is, else kind's exception; msg is the message (for NCCL and CUDA,
+ * the call that failed: sn_raise formats the library's words after it,
+ * as sn_set_nccl_error and sn_set_cuda_error do). */
 typedef struct {
     cudaError_t cuda;          /* cudaSuccess unless a CUDA call failed */
     ncclResult_t nccl;         /* ncclSuccess unless an NCCL call failed */
     char msg[400];
-    int not_implemented;       /* NotImplementedError (a call that cannot
-                                  run inside symnccl.group()) */
+    int kind;                  /* SN_ERR_* where cuda and nccl are not set */
 } sn_err;
 
+/* e filled (kind SN_ERR_RUNTIME); returns -1. */
 int sn_fail(sn_err *e, cudaError_t cuda, ncclResult_t nccl, const char *fmt,
             ...);
+/* e filled as SN_ERR_NO_MEMORY; returns -1. */
+int sn_fail_no_memory(sn_err *e);
+/* Checks in the style of NCCL's NCCLCHECKGOTO for the runtime: on failure
+ * fill err (the call that failed: `what`) and jump to `label`. */
+#define SN_CUDA_ERR_GOTO(err, call, what, label)                       \
+    do {                                                               \
+        cudaError_t sn_e_ = (call);                                    \
+        if (sn_e_ != cudaSuccess) {                                    \
+            sn_fail((err), sn_e_, ncclSuccess, "%s", (what));          \
+            goto label;                                                \
+        }                                                              \
+    } while (0)
 /* The id of the capture `s` takes part in, 0 when it is not capturing. */
 cudaError_t sn_capture_id(cudaStream_t s, unsigned long long *id);
 
@@ -548,14 +573,15 @@ int sn_staging_alloc(SNState *st, struct CommObject *c);
 void sn_staging_free(struct CommObject *c);
 /* Loopback teams (loopback.c; Communicator._loopback in comm.c): the
  * team's memory for nranks ranks of `bytes` each (one reference, the
- * caller's: sn_loopback_release); rank c->rank's part given to c, as
+ * caller's: sn_loopback_release); rank c->rank's part given to c (whose
+ * scratch and failure record the caller has allocated), as
  * sn_comms_connect gives a real communicator its own (c then holds a
  * reference, until sn_loopback_leave, which lifecycle.c calls where a
- * real communicator's staging memory is freed). */
+ * real communicator's staging memory is freed). NULL / -1 with err. */
 typedef struct sn_loopback sn_loopback;
-sn_loopback *sn_loopback_new(SNState *st, int nranks, int device,
-                             size_t bytes);
-int sn_loopback_join(SNState *st, struct CommObject *c, sn_loopback *t);
+sn_loopback *sn_loopback_new(int nranks, int device, size_t bytes,
+                             sn_err *err);
+int sn_loopback_join(struct CommObject *c, sn_loopback *t, sn_err *err);
 void sn_loopback_release(sn_loopback *t);
 void sn_loopback_leave(struct CommObject *c);
 /* cudaMalloc'd, zeroed scratch and the cross-stream event. */

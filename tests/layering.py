@@ -145,9 +145,6 @@ PYTHON_PENDING = {
         "Py_tp_alloc", "SN_CUDA_GOTO", "SN_NCCL_GOTO",
         "sn_device_pop", "sn_device_push", "sn_set_cuda_error",
         "sn_set_nccl_error", "sn_state_from_type"),
-    "runtime/loopback": (
-        "PyErr_Format", "PyErr_NoMemory", "PyExc_RuntimeError",
-        "SN_CUDA_GOTO"),
     "runtime/nccl_policy": (
         "PyArg_ParseTuple", "PyBool_FromLong", "PyErr_Format",
         "PyErr_Occurred", "PyExc_ValueError", "PyList_Append",

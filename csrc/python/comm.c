@@ -239,12 +239,20 @@ comm_loopback(PyObject *cls, PyObject *args, PyObject *kw)
         if (cs[q] == NULL)
             goto done;
     }
-    t = sn_loopback_new(st, nranks, device, cs[0]->mem.layout.bytes);
-    if (t == NULL)
+    sn_err err;
+    t = sn_loopback_new(nranks, device, cs[0]->mem.layout.bytes, &err);
+    if (t == NULL) {
+        sn_raise(st, &err);
         goto done;
-    for (int q = 0; q < nranks; q++)
-        if (sn_loopback_join(st, cs[q], t) < 0)
+    }
+    for (int q = 0; q < nranks; q++) {
+        if (sn_scratch_alloc(st, cs[q]) < 0 || sn_fault_alloc(st, cs[q]) < 0)
             goto done;
+        if (sn_loopback_join(cs[q], t, &err) < 0) {
+            sn_raise(st, &err);
+            goto done;
+        }
+    }
     /* the kernels' addressing of the peers holds for this layout */
     SN_CUDA_GOTO(st, symnccl_lsa_layout_ok(cs[0]->mem.staging_win->win, nranks,
                                            &ok),
