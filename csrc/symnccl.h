@@ -511,10 +511,13 @@ typedef struct sn_window {
                                   communicator once deregistered */
 } sn_window;
 
-/* Registers [base, base+size) once (collective), or takes another
- * reference on the window that holds it; NULL with an exception. */
-sn_window *sn_window_acquire(SNState *st, struct CommObject *c, char *base,
-                             size_t size);
+/* Another reference on the live window that holds [base, base+size), or
+ * NULL when none does (GIL held: the list is the GIL's). A SymmetricBuffer
+ * shares it, else registers a node of its own (python/buffer.c). */
+sn_window *sn_window_share(struct CommObject *c, char *base, size_t size);
+/* ncclCommWindowRegister of w's range (collective: every rank calls it;
+ * the caller releases the GIL around it and completes the call). */
+ncclResult_t sn_window_register(struct CommObject *c, sn_window *w);
 /* Unlinks and frees w's node (GIL held: the list is the GIL's). */
 void sn_window_forget(struct CommObject *c, sn_window *w);
 /* Deregisters w now, local in NCCL 2.28-2.30: no GIL needed, no Python;
@@ -526,8 +529,6 @@ sn_window *sn_window_node(struct CommObject *c, char *base, size_t size);
 /* The registered window holding [ptr, ptr + size), or NULL. */
 sn_window *sn_window_find(const struct CommObject *c, const char *ptr,
                           size_t size);
-/* Deregisters every window (close); the nodes stay for their buffers. */
-int sn_windows_deregister(SNState *st, struct CommObject *c);
 /* Forgets the windows, deregistering them first when `deregister`
  * (abort, once no kernel of c runs); no Python, no GIL needed. */
 void sn_windows_detach(struct CommObject *c, int deregister);

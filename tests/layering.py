@@ -181,7 +181,4 @@ PYTHON_PENDING = {
     "runtime/watchdog": (
         "PyGILState_Ensure", "PyGILState_Release", "PyGILState_STATE",
         "Py_BEGIN_ALLOW_THREADS", "Py_DECREF", "Py_END_ALLOW_THREADS"),
-    "runtime/windows": (
-        "PyErr_NoMemory", "PyErr_SetString", "PyExc_RuntimeError",
-        "Py_BEGIN_ALLOW_THREADS", "Py_END_ALLOW_THREADS"),
 }

@@ -964,6 +964,29 @@ sn_comm_abort(SNState *st, CommObject *c)
 
 static int close_entered(SNState *st, CommObject *c, double timeout);
 
+/* Deregisters every window of c (windows.c's list), the GIL released
+ * while NCCL runs; the nodes stay for their buffers. */
+static int
+deregister_windows(SNState *st, CommObject *c)
+{
+    for (sn_window *w = c->windows; w != NULL; w = w->next) {
+        if (w->win == NULL)
+            continue;
+        if (c->comm == NULL) {   /* a loopback rank's: its team's */
+            w->win = NULL;
+            continue;
+        }
+        ncclResult_t rc;
+        Py_BEGIN_ALLOW_THREADS
+        rc = ncclCommWindowDeregister(c->comm, w->win);
+        Py_END_ALLOW_THREADS
+        w->win = NULL;
+        if (sn_nccl_complete(st, c, rc, "ncclCommWindowDeregister") < 0)
+            return -1;
+    }
+    return 0;
+}
+
 /* close() waiting at most `timeout` for c's callers and c's work
  * (sn_comm_close: c's own timeout; exit: SYMNCCL_EXIT_TIMEOUT when
  * shorter). */
@@ -1129,7 +1152,7 @@ close_entered(SNState *st, CommObject *c, double timeout)
         if (complete_within(st, c, rc, "ncclDevCommDestroy", timeout) < 0)
             goto fail;
     }
-    if (sn_windows_deregister(st, c) < 0)
+    if (deregister_windows(st, c) < 0)
         goto fail;
     sn_loopback_leave(c);
     sn_staging_free(c);
