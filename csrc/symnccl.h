@@ -17,8 +17,8 @@
  * table ("Host code", tests/test_docs.py).
  *
  *   1  runtime/base.c  runtime/nccl_policy.c  runtime/abi.c  python/errors.c
- *      runtime/wait.c  runtime/registry.c  python/dtypes.c
- *      python/streams.c
+ *      runtime/wait.c  python/blocking.c  runtime/registry.c
+ *      python/dtypes.c  python/streams.c
  *   2  runtime/windows.c  runtime/staging.c  runtime/faults.c
  *      runtime/loopback.c
  *   3  runtime/lifecycle.c  runtime/watchdog.c  runtime/launch.c
@@ -429,9 +429,6 @@ int sn_raise(SNState *st, const sn_err *e);
  * ~1 ms of each NCCL all_to_all_v). */
 #define SN_WAIT_SPIN_SECONDS 1e-3
 double sn_now(void);           /* seconds, CLOCK_MONOTONIC */
-/* 0 when `seconds` is a timeout a communicator takes (finite, > 0, at most
- * SN_MAX_TIMEOUT), else -1 with ValueError "<what> must be ..., got ...". */
-int sn_check_timeout(double seconds, const char *what);
 /* The time `seconds` from now, on sn_now's clock: every deadline. */
 double sn_deadline(double seconds);
 enum { SN_WAIT_DONE = 0, SN_WAIT_FAILED = 1, SN_WAIT_TIMEOUT = 2,
@@ -442,7 +439,19 @@ enum { SN_WAIT_DONE = 0, SN_WAIT_FAILED = 1, SN_WAIT_TIMEOUT = 2,
  * its error. */
 int sn_wait_nccl(ncclComm_t *comms, int n, double until,
                  const volatile int *stop, int *failed, ncclResult_t *bad);
-/* The same for Python callers: GIL released, Ctrl-C honoured, at most
+/* sn_wait_nccl of a wait that began at `since` (sn_now; it spins until
+ * SN_WAIT_SPIN_SECONDS past it, then naps): a wait in slices. */
+int sn_wait_nccl_since(ncclComm_t *comms, int n, double since, double until,
+                       const volatile int *stop, int *failed,
+                       ncclResult_t *bad);
+
+/* ------------------------------------------------------------------ */
+/* blocking.c: the waits of Python callers, and the timeout check. */
+
+/* 0 when `seconds` is a timeout a communicator takes (finite, > 0, at most
+ * SN_MAX_TIMEOUT), else -1 with ValueError "<what> must be ..., got ...". */
+int sn_check_timeout(double seconds, const char *what);
+/* sn_wait_nccl for Python callers: GIL released, Ctrl-C honoured, at most
  * `timeout` seconds, and no longer once *stop is set (abort() from another
  * thread; stop may be NULL); -1 with NcclError / TimeoutError /
  * RuntimeError (stopped) / the signal's exception set. */
