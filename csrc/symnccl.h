@@ -577,9 +577,13 @@ typedef struct {
 
 /* The layout for c's ranks, staging size and knobs (no allocation). */
 void sn_layout_compute(struct CommObject *c, size_t staging_bytes);
-/* ncclMemAlloc of the staging window, zeroing the regions that must start
- * zeroed; the caller registers it. 0 without one (no device API). */
-int sn_staging_alloc(SNState *st, struct CommObject *c);
+/* The staging window: 1 when c has one (the device API, one LSA team),
+ * sn_staging_reserve its ncclMemAlloc (lifecycle.c releases the GIL
+ * around it), sn_staging_clear the zeroing of the regions that must start
+ * zeroed (-1 with err); the caller registers it. */
+int sn_staging_wanted(const struct CommObject *c);
+ncclResult_t sn_staging_reserve(struct CommObject *c);
+int sn_staging_clear(struct CommObject *c, sn_err *err);
 void sn_staging_free(struct CommObject *c);
 /* Loopback teams (loopback.c; Communicator._loopback in comm.c): the
  * team's memory for nranks ranks of `bytes` each (one reference, the
@@ -594,8 +598,8 @@ sn_loopback *sn_loopback_new(int nranks, int device, size_t bytes,
 int sn_loopback_join(struct CommObject *c, sn_loopback *t, sn_err *err);
 void sn_loopback_release(sn_loopback *t);
 void sn_loopback_leave(struct CommObject *c);
-/* cudaMalloc'd, zeroed scratch and the cross-stream event. */
-int sn_scratch_alloc(SNState *st, struct CommObject *c);
+/* cudaMalloc'd, zeroed scratch and the cross-stream event; -1 with err. */
+int sn_scratch_alloc(struct CommObject *c, sn_err *err);
 void sn_scratch_free(struct CommObject *c);
 /* The call counters of kernel SYMNCCL_K_*: its family's (kernels/table.h),
  * SN_MAX_CTAS of them, in the scratch. */
@@ -606,11 +610,9 @@ unsigned *sn_claim_word(const struct CommObject *c);
 int *sn_barrier_word(const struct CommObject *c);
 /* SYMNCCL_CHECK's buffers, allocated at the first use: room for nranks + 1
  * call signatures of `bytes` on the device and in pinned host memory; -1
- * with an exception. */
-int sn_check_buffers(SNState *st, struct CommObject *c, size_t bytes,
-                     void **dev, void **host);
-/* _staging_layout(): the layout as a dict (tests, docs). */
-PyObject *sn_layout_dict(const struct CommObject *c);
+ * with err. */
+int sn_check_buffers(struct CommObject *c, size_t bytes, void **dev,
+                     void **host, sn_err *err);
 
 /* ------------------------------------------------------------------ */
 /* faults.c: a communicator's failure record, the checks that raise from

@@ -144,8 +144,8 @@ PYTHON_PENDING = {
         "Py_END_ALLOW_THREADS", "Py_NewRef", "Py_None", "Py_ssize_t",
         "Py_tp_alloc", "SN_CUDA_GOTO", "SN_NCCL_GOTO",
         "sn_device_pop", "sn_device_push", "sn_nccl_complete",
-        "sn_set_cuda_error", "sn_set_nccl_error", "sn_state_from_type",
-        "sn_wait_comms"),
+        "sn_raise", "sn_set_cuda_error", "sn_set_nccl_error",
+        "sn_state_from_type", "sn_wait_comms"),
     "runtime/nccl_policy": (
         "PyArg_ParseTuple", "PyBool_FromLong", "PyErr_Format",
         "PyErr_Occurred", "PyExc_ValueError", "PyList_Append",
@@ -169,10 +169,6 @@ PYTHON_PENDING = {
         "PyUnicode_FromString", "Py_BuildValue", "Py_CLEAR",
         "Py_DECREF", "Py_False", "Py_NewRef", "Py_None", "Py_True",
         "Py_XDECREF", "Py_ssize_t", "sn_check_timeout"),
-    "runtime/staging": (
-        "PyObject", "Py_BEGIN_ALLOW_THREADS", "Py_BuildValue",
-        "Py_END_ALLOW_THREADS", "Py_ssize_t", "SN_CUDA_GOTO",
-        "sn_set_cuda_error", "sn_set_nccl_error"),
     "runtime/watchdog": (
         "PyGILState_Ensure", "PyGILState_Release", "PyGILState_STATE",
         "Py_BEGIN_ALLOW_THREADS", "Py_DECREF", "Py_END_ALLOW_THREADS"),

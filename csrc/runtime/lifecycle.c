@@ -472,10 +472,27 @@ sn_comms_connect(SNState *st, CommObject **cs, int n, const ncclUniqueId *id)
     for (int i = 0; i < n; i++) {
         SN_CUDA_GOTO(st, cudaSetDevice(cs[i]->device), "cudaSetDevice",
                      error);
-        if (sn_scratch_alloc(st, cs[i]) < 0 ||
-            sn_fault_alloc(st, cs[i]) < 0 ||
-            sn_staging_alloc(st, cs[i]) < 0)
+        sn_err err;
+        if (sn_scratch_alloc(cs[i], &err) < 0) {
+            sn_raise(st, &err);
             goto error;
+        }
+        if (sn_fault_alloc(st, cs[i]) < 0)
+            goto error;
+        if (sn_staging_wanted(cs[i])) {
+            Py_BEGIN_ALLOW_THREADS
+            rc = sn_staging_reserve(cs[i]);
+            Py_END_ALLOW_THREADS
+            if (rc != ncclSuccess) {
+                sn_set_nccl_error(st, rc, cs[i]->comm,
+                                  "ncclMemAlloc (staging)");
+                goto error;
+            }
+            if (sn_staging_clear(cs[i], &err) < 0) {
+                sn_raise(st, &err);
+                goto error;
+            }
+        }
     }
     if (register_staging(st, cs, n, raw) < 0)
         goto error;
