@@ -18,7 +18,7 @@
  *
  *   1  runtime/base.c  runtime/nccl_policy.c  runtime/abi.c  python/errors.c
  *      runtime/wait.c  python/blocking.c  runtime/registry.c
- *      python/dtypes.c  python/streams.c
+ *      python/dtypes.c  python/streams.c  python/nccl_info.c
  *   2  runtime/windows.c  runtime/staging.c  runtime/faults.c
  *      runtime/loopback.c
  *   3  runtime/lifecycle.c  runtime/watchdog.c  runtime/launch.c
@@ -226,25 +226,41 @@ const char *sn_nccl_plain_reason(int nccl_version, int windows,
 /* nccl.h's NCCL_API_MAGIC (2.29+), which NCCL 2.30's ncclDevComm opens
  * with (devcomm.cu, snk_devcomm_info). */
 #define SN_NCCL_API_MAGIC 0xcafebeefu
-/* NCCL_WINDOW_POLICY and the private _nccl_* test functions. */
-int sn_nccl_policy_export(PyObject *module);
+/* The tables row by row (for python/nccl_info.c): 1 with row i's fields,
+ * 0 past the last row. A case row: the NCCL_VERSION_CODE range, the
+ * collectives (a mask of 1 << SYMNCCL_COLL_*), the case's name, its
+ * alignment and reason; a conversion row: the headers' and libraries'
+ * ranges and the evidence; a proof row: the library, the build's headers,
+ * where it passed. */
+int sn_nccl_case_row(int i, int *lo, int *hi, int *collectives,
+                     const char **case_name, size_t *align,
+                     const char **reason);
+int sn_nccl_conversion_row(int i, int *headers_lo, int *headers_hi,
+                           int *library_lo, int *library_hi,
+                           const char **evidence);
+int sn_nccl_proof_row(int i, int *library, int *headers, const char **where);
+/* The newest minor symnccl was checked against; the first NCCL whose
+ * kernels wait at entry (sn_nccl_pdl_early). */
+int sn_nccl_newest_minor(void);
+int sn_nccl_pdl_waits_from(void);
 
 /* ------------------------------------------------------------------ */
 /* abi.c: the build of the kernels for the loaded libnccl's minor. */
 
 /* Chooses the build for ncclGetVersion's code (nccl_policy.c,
- * sn_nccl_pick_build); -1 with ImportError set when none may run on it. */
-int sn_abi_select(int nccl_version_code);
+ * sn_nccl_pick_build); -1 with the reason (the import's ImportError) in
+ * msg when none may run on it. */
+int sn_abi_select(int nccl_version_code, char *msg, size_t size);
 int sn_abi_runtime(void);              /* the code given to sn_abi_select */
 int sn_abi_headers(void);              /* the build's headers' code, or 0 */
-/* NCCL_DEVICE_API_HEADERS: {minor: NCCL_VERSION_CODE of its headers}. */
-int sn_abi_export(PyObject *module);
+/* Build i (in the order built): 1 with its minor and its headers'
+ * NCCL_VERSION_CODE, 0 past the last. */
+int sn_abi_build(int i, int *minor, int *headers);
 int sn_abi_minor(void);                /* -1 before a successful select */
 /* NULL when the loaded libnccl with the build of NCCL 2.<minor>'s headers
  * (sn_abi_minor(): the build in use) has passed `python -m symnccl` on two
  * GPUs, else the warning (communicators of 2+ ranks give it). */
 const char *sn_abi_multi_gpu_caveat(int minor);
-PyObject *sn_abi_builds(void);         /* ((2, minor), ...) built */
 
 /* ------------------------------------------------------------------ */
 /* registry.c: the one declaration of dtypes, ops, algorithms, the auto
@@ -504,6 +520,12 @@ intptr_t sn_stream_to_dlpack(cudaStream_t s);
 /* Switch to a device, remembering the previous one. */
 int sn_device_push(SNState *st, int device, int *prev);
 void sn_device_pop(int prev);
+
+/* ------------------------------------------------------------------ */
+/* nccl_info.c: what symnccl knows of NCCL, as symnccl._C's attributes
+ * (NCCL_WINDOW_POLICY, NCCL_SUPPORT, NCCL_DEVICE_API_HEADERS, ...) and the
+ * _nccl_* testing functions. */
+int sn_nccl_info_export(PyObject *module);
 
 /* ------------------------------------------------------------------ */
 /* windows.c: one NCCL window per registered allocation, never two. */

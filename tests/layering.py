@@ -116,12 +116,6 @@ def python_uses(name):
 #: split shrinks the entry; a file that no longer uses Python leaves the
 #: list), so this stays the exact list of what is left.
 PYTHON_PENDING = {
-    "runtime/abi": (
-        "PyDict_New", "PyDict_SetItem", "PyErr_Format",
-        "PyExc_ImportError", "PyList_Append", "PyList_AsTuple",
-        "PyList_New", "PyLong_FromLong", "PyModule_AddObjectRef",
-        "PyObject", "Py_BuildValue", "Py_CLEAR", "Py_DECREF",
-        "Py_XDECREF"),
     "runtime/faults": (
         "PyArg_ParseTuple", "PyDict_GetItemString",
         "PyErr_CheckSignals", "PyErr_Format", "PyErr_Occurred",
@@ -146,17 +140,6 @@ PYTHON_PENDING = {
         "sn_device_pop", "sn_device_push", "sn_nccl_complete",
         "sn_raise", "sn_set_cuda_error", "sn_set_nccl_error",
         "sn_state_from_type", "sn_wait_comms"),
-    "runtime/nccl_policy": (
-        "PyArg_ParseTuple", "PyBool_FromLong", "PyErr_Format",
-        "PyErr_Occurred", "PyExc_ValueError", "PyList_Append",
-        "PyList_AsTuple", "PyList_New", "PyLong_AsLong",
-        "PyLong_FromLong", "PyMethodDef", "PyModule_AddFunctions",
-        "PyModule_AddIntConstant", "PyModule_AddObjectRef",
-        "PyObject", "PyTuple_GetItem", "PyTuple_New",
-        "PyTuple_SetItem", "PyTuple_Size", "PyTuple_Type",
-        "PyUnicode_FromFormat", "PyUnicode_FromString",
-        "Py_BuildValue", "Py_CLEAR", "Py_NewRef", "Py_None",
-        "Py_XDECREF", "Py_ssize_t"),
     "runtime/registry": (
         "PyDict_New", "PyDict_SetItemString", "PyErr_Fetch",
         "PyErr_Format", "PyErr_NormalizeException", "PyErr_SetString",

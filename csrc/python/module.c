@@ -536,18 +536,13 @@ sn_exec(PyObject *module)
                      ncclGetErrorString(vrc));
         return -1;
     }
-    if (sn_abi_select(v) < 0)
-        return -1;
-    if (sn_abi_export(module) < 0 || sn_nccl_policy_export(module) < 0 ||
-        sn_fault_export(module) < 0)
-        return -1;
-    PyObject *builds = sn_abi_builds();
-    if (builds == NULL ||
-        PyModule_AddObjectRef(module, "NCCL_DEVICE_API_BUILDS", builds) < 0) {
-        Py_XDECREF(builds);
+    char why[1024];
+    if (sn_abi_select(v, why, sizeof(why)) < 0) {
+        PyErr_SetString(PyExc_ImportError, why);
         return -1;
     }
-    Py_DECREF(builds);
+    if (sn_nccl_info_export(module) < 0 || sn_fault_export(module) < 0)
+        return -1;
     sn_xla_init(st);
     if (sn_xla_export(module) < 0)
         return -1;
