@@ -863,8 +863,15 @@ int sn_comm_shutdown_all(SNState *st, double timeout);
  * recorded; 0 when not (a capture, or a failed record: a caller that
  * reads results after sn_fault_wait_nccl must not then read them). */
 int sn_watch_nccl(CommObject *c, int collective, cudaStream_t stream);
-/* Interpreter exit: stops the thread. */
-void sn_watch_shutdown(void);
+/* The Python face's handler, which the thread calls when a communicator
+ * has expired (module.c's: with the GIL, sn_watch_collect, the failure
+ * recorded, sn_comm_abort_owned). */
+void sn_watch_on_expired(void (*fn)(void));
+/* Interpreter exit: sn_watch_stop tells the thread to stop, 1 when it ran
+ * and must be joined: sn_watch_join, with the GIL released (the thread
+ * may be waiting for it). */
+int sn_watch_stop(void);
+void sn_watch_join(void);
 
 /* ------------------------------------------------------------------ */
 /* launch.c: a collective on symnccl's kernels, without the Python API. */

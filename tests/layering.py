@@ -152,7 +152,4 @@ PYTHON_PENDING = {
         "PyUnicode_FromString", "Py_BuildValue", "Py_CLEAR",
         "Py_DECREF", "Py_False", "Py_NewRef", "Py_None", "Py_True",
         "Py_XDECREF", "Py_ssize_t", "sn_check_timeout"),
-    "runtime/watchdog": (
-        "PyGILState_Ensure", "PyGILState_Release", "PyGILState_STATE",
-        "Py_BEGIN_ALLOW_THREADS", "Py_DECREF", "Py_END_ALLOW_THREADS"),
 }

@@ -116,6 +116,30 @@ py_set_hooks(PyObject *module, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* The watchdog's handler (runtime/watchdog.c calls it from its thread):
+ * with the GIL, records and aborts every expired communicator that no
+ * thread is inside. */
+static void
+watch_expired(void)
+{
+    PyGILState_STATE g = PyGILState_Ensure();
+    CommObject *todo[16];
+    int n = sn_watch_collect(todo, 16);
+    for (int i = 0; i < n; i++) {
+        CommObject *c = todo[i];
+        const int signalled = c->fail.fault != NULL &&
+                              ((volatile symnccl_fault *)c->fail.fault)->abort;
+        sn_fault_record(c, signalled ? SYMNCCL_FAULT_ABORT
+                                     : SYMNCCL_FAULT_TIMEOUT,
+                        SYMNCCL_K_COUNT, c->watch.collective, -1,
+                        SYMNCCL_WAIT_NCCL,
+                        c->timeout + (sn_now() - c->watch.deadline), NULL);
+        sn_comm_abort_owned(c->st, c);
+        Py_DECREF(c);
+    }
+    PyGILState_Release(g);
+}
+
 /* Interpreter exit: close what is still open (bounded by `timeout`, abort
  * on failure), then stop freeing device memory: the CUDA runtime may already
  * be going away when the last objects are collected. */
@@ -128,7 +152,11 @@ py_shutdown(PyObject *module, PyObject *arg)
         sn_check_timeout(timeout, "_shutdown: timeout") < 0)
         return NULL;
     int failures = sn_comm_shutdown_all(st, timeout);
-    sn_watch_shutdown();
+    if (sn_watch_stop()) {
+        Py_BEGIN_ALLOW_THREADS
+        sn_watch_join();
+        Py_END_ALLOW_THREADS
+    }
     st->shutting_down = 1;
     return PyLong_FromLong(failures);
 }
@@ -543,6 +571,7 @@ sn_exec(PyObject *module)
     }
     if (sn_nccl_info_export(module) < 0 || sn_fault_export(module) < 0)
         return -1;
+    sn_watch_on_expired(watch_expired);
     sn_xla_init(st);
     if (sn_xla_export(module) < 0)
         return -1;
