@@ -19,6 +19,7 @@
  *   1  runtime/base.c  runtime/nccl_policy.c  runtime/abi.c  python/errors.c
  *      runtime/wait.c  python/blocking.c  runtime/registry.c
  *      python/dtypes.c  python/streams.c  python/nccl_info.c
+ *      python/tables.c
  *   2  runtime/windows.c  runtime/staging.c  runtime/faults.c
  *      runtime/loopback.c
  *   3  runtime/lifecycle.c  runtime/watchdog.c  runtime/launch.c
@@ -152,6 +153,9 @@ enum {
                                   run inside symnccl.group()) */
     SN_ERR_NO_MEMORY,          /* MemoryError, no message (as
                                   PyErr_NoMemory) */
+    SN_ERR_VALUE,              /* ValueError */
+    SN_ERR_SYSTEM,             /* SystemError (symnccl's own tables
+                                  disagree) */
 };
 
 /* A failure where no Python exception can be set (no GIL, XLA's threads,
@@ -344,9 +348,6 @@ const sn_op *sn_op_by_name(const char *name);
 const sn_op *sn_op_by_nccl(int code);                 /* ncclRedOp_t */
 /* SN_ALGO_* for a name ("auto" included), SN_ALGO_UNKNOWN if none. */
 int sn_algo_by_name(const char *name);
-/* Algorithm ("auto" too), dtype and op by name; -1 with ValueError. */
-int sn_registry_lookup(const char *algo, const char *dtype, const char *op,
-                       int *a, const sn_dtype **dt, const sn_op **o);
 /* "'auto', 'nccl', 'one_shot', ..." for messages. */
 const char *sn_algo_choices(void);
 /* The kernel (SYMNCCL_K_*) of `algo` for `collective`: its two-shot
@@ -381,28 +382,40 @@ int sn_resolve(const sn_topology *t, const sn_knobs *k, const sn_call_desc *d,
  * all-to-all and steps'). */
 int sn_then_norm_algo(const sn_topology *t, const sn_knobs *k, int asked,
                       const sn_dtype *dt, size_t bytes);
-/* SYMNCCL_COLL_* of a collective with kernels ("all_reduce", ...); -1
- * with ValueError for another name. */
-int sn_collective_by_name(const char *cname);
-/* The answer of algo_supported(): *why = NULL when `algo` ("auto"
- * included) can run collective `cname` with dt/op on topology t, else why
- * not; -1 with ValueError for another name. */
-int sn_call_unavailable(const sn_topology *t, const char *cname, int algo,
-                        const sn_dtype *dt, const sn_op *op,
-                        const char **why);
+/* SYMNCCL_COLL_* of a collective with kernels ("all_reduce", ...), -1
+ * for another name; "all_reduce, reduce_scatter, ..." for messages; 1 when
+ * a collective has kernels. */
+int sn_collective_index(const char *cname);
+const char *sn_collective_choices(void);
+int sn_collective_has_kernels(int collective);
 /* Why `algo` cannot run dtype/op on a communicator of topology t, or
  * NULL (the gates every kernel shares). */
 const char *sn_algo_unavailable(const sn_topology *t, int algo,
                                 const sn_dtype *dt, const sn_op *op);
-/* The knobs from the environment; -1 with ValueError on a bad value. */
-int sn_knobs_read(sn_knobs *k);
-/* _exit_timeout(): SYMNCCL_EXIT_TIMEOUT's seconds (a refused value warns,
- * and its default is used). */
-PyObject *sn_py_exit_timeout(PyObject *module, PyObject *unused);
-/* Communicator.knobs: every knob's value, by its variable's name. */
-PyObject *sn_knobs_dict(const sn_knobs *k);
-/* Adds DTYPES, OPS, ALGORITHMS, ... to the module. */
-int sn_registry_export(PyObject *module);
+/* The knobs from the environment; -1 with err (ValueError) on a bad
+ * value. */
+int sn_knobs_read(sn_knobs *k, sn_err *err);
+/* Once, at import: checks launch.h's kernel dtypes against the registry
+ * and indexes the kernel table (-1 with err, SystemError, where the table
+ * is wrong). */
+int sn_registry_init(sn_err *err);
+/* The tables row by row, for their Python view (python/tables.c): knob i
+ * (1, or 0 past the last) and its value in k; SYMNCCL_EXIT_TIMEOUT's;
+ * the multicast kernel's ops of kernel dtype SYMNCCL_DT_* (a mask of
+ * 1 << SYMNCCL_OP_*); the auto table's row i (NULL past the last); the
+ * registry's name of kernel dtype SYMNCCL_DT_*. */
+int sn_knob_row(int i, const char **env, int *dflt, int *lo, int *hi,
+                const char **doc);
+int sn_knob_value(const sn_knobs *k, int i);
+void sn_exit_knob(const char **env, int *dflt, const char **doc);
+int sn_multimem_row(int i, int *kernel_dtype, unsigned *ops);
+typedef struct {
+    int collective, max_ranks;
+    size_t ll, ll128, one_shot, two_shot_window, two_shot_tensor, push;
+    int above;
+} sn_auto_row;
+const sn_auto_row *sn_auto_table_row(int i);
+const char *sn_kernel_dtype_name(int kernel_dt);
 
 /* ------------------------------------------------------------------ */
 /* errors.c: one formatter per library; exceptions carry .code. */
@@ -520,6 +533,29 @@ intptr_t sn_stream_to_dlpack(cudaStream_t s);
 /* Switch to a device, remembering the previous one. */
 int sn_device_push(SNState *st, int device, int *prev);
 void sn_device_pop(int prev);
+
+/* ------------------------------------------------------------------ */
+/* tables.c: the registry as Python sees it. */
+
+/* Algorithm ("auto" too), dtype and op by name; -1 with ValueError. */
+int sn_registry_lookup(const char *algo, const char *dtype, const char *op,
+                       int *a, const sn_dtype **dt, const sn_op **o);
+/* sn_collective_index, -1 with ValueError for another name. */
+int sn_collective_by_name(const char *cname);
+/* The answer of algo_supported(): *why = NULL when `algo` ("auto"
+ * included) can run collective `cname` with dt/op on topology t, else why
+ * not; -1 with ValueError for another name. */
+int sn_call_unavailable(const sn_topology *t, const char *cname, int algo,
+                        const sn_dtype *dt, const sn_op *op,
+                        const char **why);
+/* _exit_timeout(): SYMNCCL_EXIT_TIMEOUT's seconds (a refused value warns,
+ * and its default is used). */
+PyObject *sn_py_exit_timeout(PyObject *module, PyObject *unused);
+/* Communicator.knobs: every knob's value, by its variable's name. */
+PyObject *sn_knobs_dict(const sn_knobs *k);
+/* Adds DTYPES, OPS, ALGORITHMS, ... to the module (sn_registry_init
+ * first). */
+int sn_registry_export(PyObject *module);
 
 /* ------------------------------------------------------------------ */
 /* nccl_info.c: what symnccl knows of NCCL, as symnccl._C's attributes

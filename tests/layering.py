@@ -140,16 +140,4 @@ PYTHON_PENDING = {
         "sn_device_pop", "sn_device_push", "sn_nccl_complete",
         "sn_raise", "sn_set_cuda_error", "sn_set_nccl_error",
         "sn_state_from_type", "sn_wait_comms"),
-    "runtime/registry": (
-        "PyDict_New", "PyDict_SetItemString", "PyErr_Fetch",
-        "PyErr_Format", "PyErr_NormalizeException", "PyErr_SetString",
-        "PyErr_WarnFormat", "PyExc_RuntimeWarning",
-        "PyExc_SystemError", "PyExc_ValueError", "PyFloat_AsDouble",
-        "PyFloat_FromDouble", "PyFloat_FromString", "PyList_Append",
-        "PyList_AsTuple", "PyList_New", "PyLong_FromLong",
-        "PyModule_AddObjectRef", "PyObject", "PyTuple_GetItem",
-        "PyTuple_New", "PyTuple_SetItem", "PyUnicode_DecodeFSDefault",
-        "PyUnicode_FromString", "Py_BuildValue", "Py_CLEAR",
-        "Py_DECREF", "Py_False", "Py_NewRef", "Py_None", "Py_True",
-        "Py_XDECREF", "Py_ssize_t", "sn_check_timeout"),
 }

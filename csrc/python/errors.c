@@ -76,6 +76,12 @@ sn_raise(SNState *st, const sn_err *e)
     case SN_ERR_NOT_IMPLEMENTED:
         PyErr_SetString(PyExc_NotImplementedError, e->msg);
         return -1;
+    case SN_ERR_VALUE:
+        PyErr_SetString(PyExc_ValueError, e->msg);
+        return -1;
+    case SN_ERR_SYSTEM:
+        PyErr_SetString(PyExc_SystemError, e->msg);
+        return -1;
     default:
         PyErr_SetString(PyExc_RuntimeError, e->msg);
         return -1;

@@ -376,10 +376,13 @@ py_auto_algo_for(PyObject *module, PyObject *args)
     int in_window;
     sn_topology t;
     sn_knobs k;
+    sn_err err;
     if (!PyArg_ParseTuple(args, "O!nssp|s", &PyDict_Type, &topo, &bytes, &d,
                           &o, &in_window, &cname) ||
-        topology_from_dict(topo, &t) < 0 || sn_knobs_read(&k) < 0)
+        topology_from_dict(topo, &t) < 0)
         return NULL;
+    if (sn_knobs_read(&k, &err) < 0)
+        return (sn_raise(get_state(module), &err), NULL);
     return sn_py_auto_algo(&t, &k, bytes, d, o, in_window, cname);
 }
 

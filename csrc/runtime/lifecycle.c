@@ -159,7 +159,9 @@ sn_comm_new(PyTypeObject *tp, int rank, int nranks, int device,
                           : multicast == SN_MC_AUTO ? "requested (auto)"
                                                     : "requested";
     live_add(sn_state_from_type(tp), c);
-    if (sn_knobs_read(&c->knobs) < 0) {
+    sn_err err;
+    if (sn_knobs_read(&c->knobs, &err) < 0) {
+        sn_raise(sn_state_from_type(tp), &err);
         Py_DECREF(c);
         return NULL;
     }
