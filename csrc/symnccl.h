@@ -21,7 +21,7 @@
  *      python/dtypes.c  python/streams.c  python/nccl_info.c
  *      python/tables.c
  *   2  runtime/windows.c  runtime/staging.c  runtime/faults.c
- *      runtime/loopback.c
+ *      python/failures.c  runtime/loopback.c
  *   3  runtime/lifecycle.c  runtime/watchdog.c  runtime/launch.c
  *      runtime/run.c
  *   4  python/buffer.c
@@ -700,25 +700,24 @@ typedef struct {
 } sn_comm_watch;
 
 /* The record (mapped host memory), c's own stream and the NCCL watch
- * event; -1 with an exception. */
-int sn_fault_alloc(SNState *st, struct CommObject *c);
+ * event; -1 with err. */
+int sn_fault_alloc(struct CommObject *c, sn_err *err);
 void sn_fault_free(struct CommObject *c);
 /* 1 once c has failed (the record is copied into c->fail.failure), else 0.
  * Reads host memory only: no CUDA call, no synchronisation. */
 int sn_fault_poll(struct CommObject *c);
-/* Raises c's failure (PeerTimeoutError or CallMismatchError): -1. */
-int sn_fault_raise(SNState *st, struct CommObject *c);
 /* The message of c's failure (after sn_fault_poll), into buf. */
 void sn_fault_describe(const struct CommObject *c, char *buf, size_t size);
-/* _fault_code (testing). */
-int sn_fault_export(PyObject *module);
-/* Communicator.failure: the failure as a dict, or None. */
-PyObject *sn_fault_dict(struct CommObject *c);
-/* _abort_on_signal(signum): installs the handler that raises the abort
- * flag of every live communicator, then hands the signal on. */
-PyObject *sn_py_abort_on_signal(PyObject *module, PyObject *arg);
-/* -1 with c's failure raised once it has failed, else 0. */
-int sn_fault_check(SNState *st, struct CommObject *c);
+/* A failure reason's name (SYMNCCL_FAULT_*: "timeout", ...; "?"). */
+const char *sn_fault_reason_name(int reason);
+/* Installs the signal handler that raises the abort flag of every live
+ * communicator, then hands the signal on: 0 (installed, or already), -1
+ * with errno (sigaction), -2 for a signal out of range. */
+int sn_abort_on_signal(int sig);
+/* 1 when ev is NULL, complete, or failed (its error cleared). */
+int sn_event_done(cudaEvent_t ev);
+/* The 1 ms nap of the host's polls of events and streams. */
+void sn_fault_nap(void);
 /* A failure found by the host (an NCCL kernel past the timeout, a call
  * mismatch), recorded unless one is already; `msg` (may be NULL) replaces
  * the message built from the record. */
@@ -740,15 +739,30 @@ int sn_fault_drain(struct CommObject *c, double seconds, int nccl);
  * sn_watch_poll: looks at the armed events, 1 when a communicator has
  * expired (deadline passed, or its abort flag raised). sn_watch_collect:
  * the expired OPEN ones no thread is inside, moved to CLOSING (the
- * caller owns their teardown: sn_comm_abort_owned), new references. */
+ * caller owns their teardown: sn_comm_abort_owned, and takes a reference
+ * on each, with the GIL held across the call). */
 int sn_watch_arm(struct CommObject *c, int collective, cudaStream_t stream);
 void sn_watch_forget(struct CommObject *c);
 int sn_watch_poll(void);
 int sn_watch_collect(struct CommObject **out, int max);
+
+/* ------------------------------------------------------------------ */
+/* failures.c: a communicator's failure as Python sees it. */
+
+/* Raises c's failure (PeerTimeoutError or CallMismatchError): -1. */
+int sn_fault_raise(SNState *st, struct CommObject *c);
+/* -1 with c's failure raised once it has failed, else 0. */
+int sn_fault_check(SNState *st, struct CommObject *c);
+/* Communicator.failure: the failure as a dict, or None. */
+PyObject *sn_fault_dict(struct CommObject *c);
 /* Waits for c->watch.event (recorded after the NCCL call of `collective`)
  * with the GIL released and Ctrl-C honoured, for at most c->timeout. Past
  * it the failure is recorded and raised (-1). */
 int sn_fault_wait_nccl(SNState *st, struct CommObject *c, int collective);
+/* _abort_on_signal(signum): sn_abort_on_signal, ValueError / OSError. */
+PyObject *sn_py_abort_on_signal(PyObject *module, PyObject *arg);
+/* _fault_code (testing). */
+int sn_fault_export(PyObject *module);
 
 /* ------------------------------------------------------------------ */
 /* Objects. */

@@ -116,17 +116,6 @@ def python_uses(name):
 #: split shrinks the entry; a file that no longer uses Python leaves the
 #: list), so this stays the exact list of what is left.
 PYTHON_PENDING = {
-    "runtime/faults": (
-        "PyArg_ParseTuple", "PyDict_GetItemString",
-        "PyErr_CheckSignals", "PyErr_Format", "PyErr_Occurred",
-        "PyErr_SetFromErrno", "PyErr_SetObject", "PyExc_OSError",
-        "PyExc_RuntimeError", "PyExc_ValueError", "PyLong_AsLong",
-        "PyLong_FromLong", "PyMethodDef", "PyModule_AddFunctions",
-        "PyObject", "PyObject_CallFunctionObjArgs",
-        "PyObject_SetAttrString", "Py_BEGIN_ALLOW_THREADS",
-        "Py_BuildValue", "Py_CLEAR", "Py_DECREF",
-        "Py_END_ALLOW_THREADS", "Py_INCREF", "Py_NewRef", "Py_None",
-        "Py_RETURN_NONE", "Py_XDECREF", "SN_CUDA_GOTO"),
     "runtime/lifecycle": (
         "PyErr_Clear", "PyErr_ExceptionMatches", "PyErr_Fetch",
         "PyErr_Format", "PyErr_NoMemory", "PyErr_Restore",
@@ -137,7 +126,7 @@ PYTHON_PENDING = {
         "PyType_GetSlot", "Py_BEGIN_ALLOW_THREADS", "Py_DECREF",
         "Py_END_ALLOW_THREADS", "Py_NewRef", "Py_None", "Py_ssize_t",
         "Py_tp_alloc", "SN_CUDA_GOTO", "SN_NCCL_GOTO",
-        "sn_device_pop", "sn_device_push", "sn_nccl_complete",
-        "sn_raise", "sn_set_cuda_error", "sn_set_nccl_error",
+        "sn_device_pop", "sn_device_push", "sn_fault_check",
+        "sn_fault_raise", "sn_nccl_complete", "sn_raise", "sn_set_cuda_error", "sn_set_nccl_error",
         "sn_state_from_type", "sn_wait_comms"),
 }

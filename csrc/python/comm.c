@@ -250,8 +250,10 @@ comm_loopback(PyObject *cls, PyObject *args, PyObject *kw)
             sn_raise(st, &err);
             goto done;
         }
-        if (sn_fault_alloc(st, cs[q]) < 0)
+        if (sn_fault_alloc(cs[q], &err) < 0) {
+            sn_raise(st, &err);
             goto done;
+        }
         if (sn_loopback_join(cs[q], t, &err) < 0) {
             sn_raise(st, &err);
             goto done;

@@ -125,6 +125,8 @@ watch_expired(void)
     PyGILState_STATE g = PyGILState_Ensure();
     CommObject *todo[16];
     int n = sn_watch_collect(todo, 16);
+    for (int i = 0; i < n; i++)   /* the GIL held since the collect */
+        Py_INCREF((PyObject *)todo[i]);
     for (int i = 0; i < n; i++) {
         CommObject *c = todo[i];
         const int signalled = c->fail.fault != NULL &&

@@ -479,8 +479,10 @@ sn_comms_connect(SNState *st, CommObject **cs, int n, const ncclUniqueId *id)
             sn_raise(st, &err);
             goto error;
         }
-        if (sn_fault_alloc(st, cs[i]) < 0)
+        if (sn_fault_alloc(cs[i], &err) < 0) {
+            sn_raise(st, &err);
             goto error;
+        }
         if (sn_staging_wanted(cs[i])) {
             Py_BEGIN_ALLOW_THREADS
             rc = sn_staging_reserve(cs[i]);
