@@ -127,6 +127,7 @@ PYTHON_PENDING = {
         "Py_END_ALLOW_THREADS", "Py_NewRef", "Py_None", "Py_ssize_t",
         "Py_tp_alloc", "SN_CUDA_GOTO", "SN_NCCL_GOTO",
         "sn_device_pop", "sn_device_push", "sn_fault_check",
-        "sn_fault_raise", "sn_nccl_complete", "sn_raise", "sn_set_cuda_error", "sn_set_nccl_error",
-        "sn_state_from_type", "sn_wait_comms"),
+        "sn_fault_raise", "sn_nccl_complete", "sn_raise",
+        "sn_set_cuda_error", "sn_set_nccl_error", "sn_state_from_type",
+        "sn_wait_comms"),
 }
