@@ -17,10 +17,11 @@
  * table ("Host code", tests/test_docs.py).
  *
  *   1  runtime/base.c  runtime/nccl_policy.c  runtime/abi.c  python/errors.c
- *      runtime/wait.c  runtime/registry.c  python/dtypes.c
- *      python/streams.c
+ *      runtime/wait.c  python/blocking.c  runtime/registry.c
+ *      python/dtypes.c  python/streams.c  python/nccl_info.c
+ *      python/tables.c
  *   2  runtime/windows.c  runtime/staging.c  runtime/faults.c
- *      runtime/loopback.c
+ *      python/failures.c  runtime/loopback.c
  *   3  runtime/lifecycle.c  runtime/watchdog.c  runtime/launch.c
  *      runtime/run.c
  *   4  python/buffer.c
@@ -145,18 +146,46 @@ sn_state_from_type(PyTypeObject *tp)
 /* ------------------------------------------------------------------ */
 /* base.c: the runtime's base, free of the Python API. */
 
+/* What a failure without CUDA's or NCCL's code raises (sn_err.kind). */
+enum {
+    SN_ERR_RUNTIME = 0,        /* RuntimeError */
+    SN_ERR_NOT_IMPLEMENTED,    /* NotImplementedError (a call that cannot
+                                  run inside symnccl.group()) */
+    SN_ERR_NO_MEMORY,          /* MemoryError, no message (as
+                                  PyErr_NoMemory) */
+    SN_ERR_VALUE,              /* ValueError */
+    SN_ERR_SYSTEM,             /* SystemError (symnccl's own tables
+                                  disagree) */
+};
+
 /* A failure where no Python exception can be set (no GIL, XLA's threads,
- * the launch path), turned into one later by sn_raise (python/errors.c). */
+ * the launch path, the runtime's files), turned into one later by sn_raise
+ * (python/errors.c): NcclError where nccl is set, else CudaError where
+ * cuda is, else kind's exception; msg is the message (for NCCL and CUDA,
+ * the call that failed: sn_raise formats the library's words after it,
+ * as sn_set_nccl_error and sn_set_cuda_error do). */
 typedef struct {
     cudaError_t cuda;          /* cudaSuccess unless a CUDA call failed */
     ncclResult_t nccl;         /* ncclSuccess unless an NCCL call failed */
     char msg[400];
-    int not_implemented;       /* NotImplementedError (a call that cannot
-                                  run inside symnccl.group()) */
+    int kind;                  /* SN_ERR_* where cuda and nccl are not set */
 } sn_err;
 
+/* e filled (kind SN_ERR_RUNTIME); returns -1. */
 int sn_fail(sn_err *e, cudaError_t cuda, ncclResult_t nccl, const char *fmt,
             ...);
+/* e filled as SN_ERR_NO_MEMORY; returns -1. */
+int sn_fail_no_memory(sn_err *e);
+/* Checks in the style of NCCL's NCCLCHECKGOTO for the runtime: on failure
+ * fill err (the call that failed: `what`) and jump to `label`. */
+#define SN_CUDA_ERR_GOTO(err, call, what, label)                       \
+    do {                                                               \
+        cudaError_t sn_e_ = (call);                                    \
+        if (sn_e_ != cudaSuccess) {                                    \
+            sn_fail((err), sn_e_, ncclSuccess, "%s", (what));          \
+            goto label;                                                \
+        }                                                              \
+    } while (0)
 /* The id of the capture `s` takes part in, 0 when it is not capturing. */
 cudaError_t sn_capture_id(cudaStream_t s, unsigned long long *id);
 
@@ -201,25 +230,41 @@ const char *sn_nccl_plain_reason(int nccl_version, int windows,
 /* nccl.h's NCCL_API_MAGIC (2.29+), which NCCL 2.30's ncclDevComm opens
  * with (devcomm.cu, snk_devcomm_info). */
 #define SN_NCCL_API_MAGIC 0xcafebeefu
-/* NCCL_WINDOW_POLICY and the private _nccl_* test functions. */
-int sn_nccl_policy_export(PyObject *module);
+/* The tables row by row (for python/nccl_info.c): 1 with row i's fields,
+ * 0 past the last row. A case row: the NCCL_VERSION_CODE range, the
+ * collectives (a mask of 1 << SYMNCCL_COLL_*), the case's name, its
+ * alignment and reason; a conversion row: the headers' and libraries'
+ * ranges and the evidence; a proof row: the library, the build's headers,
+ * where it passed. */
+int sn_nccl_case_row(int i, int *lo, int *hi, int *collectives,
+                     const char **case_name, size_t *align,
+                     const char **reason);
+int sn_nccl_conversion_row(int i, int *headers_lo, int *headers_hi,
+                           int *library_lo, int *library_hi,
+                           const char **evidence);
+int sn_nccl_proof_row(int i, int *library, int *headers, const char **where);
+/* The newest minor symnccl was checked against; the first NCCL whose
+ * kernels wait at entry (sn_nccl_pdl_early). */
+int sn_nccl_newest_minor(void);
+int sn_nccl_pdl_waits_from(void);
 
 /* ------------------------------------------------------------------ */
 /* abi.c: the build of the kernels for the loaded libnccl's minor. */
 
 /* Chooses the build for ncclGetVersion's code (nccl_policy.c,
- * sn_nccl_pick_build); -1 with ImportError set when none may run on it. */
-int sn_abi_select(int nccl_version_code);
+ * sn_nccl_pick_build); -1 with the reason (the import's ImportError) in
+ * msg when none may run on it. */
+int sn_abi_select(int nccl_version_code, char *msg, size_t size);
 int sn_abi_runtime(void);              /* the code given to sn_abi_select */
 int sn_abi_headers(void);              /* the build's headers' code, or 0 */
-/* NCCL_DEVICE_API_HEADERS: {minor: NCCL_VERSION_CODE of its headers}. */
-int sn_abi_export(PyObject *module);
+/* Build i (in the order built): 1 with its minor and its headers'
+ * NCCL_VERSION_CODE, 0 past the last. */
+int sn_abi_build(int i, int *minor, int *headers);
 int sn_abi_minor(void);                /* -1 before a successful select */
 /* NULL when the loaded libnccl with the build of NCCL 2.<minor>'s headers
  * (sn_abi_minor(): the build in use) has passed `python -m symnccl` on two
  * GPUs, else the warning (communicators of 2+ ranks give it). */
 const char *sn_abi_multi_gpu_caveat(int minor);
-PyObject *sn_abi_builds(void);         /* ((2, minor), ...) built */
 
 /* ------------------------------------------------------------------ */
 /* registry.c: the one declaration of dtypes, ops, algorithms, the auto
@@ -303,9 +348,6 @@ const sn_op *sn_op_by_name(const char *name);
 const sn_op *sn_op_by_nccl(int code);                 /* ncclRedOp_t */
 /* SN_ALGO_* for a name ("auto" included), SN_ALGO_UNKNOWN if none. */
 int sn_algo_by_name(const char *name);
-/* Algorithm ("auto" too), dtype and op by name; -1 with ValueError. */
-int sn_registry_lookup(const char *algo, const char *dtype, const char *op,
-                       int *a, const sn_dtype **dt, const sn_op **o);
 /* "'auto', 'nccl', 'one_shot', ..." for messages. */
 const char *sn_algo_choices(void);
 /* The kernel (SYMNCCL_K_*) of `algo` for `collective`: its two-shot
@@ -340,28 +382,40 @@ int sn_resolve(const sn_topology *t, const sn_knobs *k, const sn_call_desc *d,
  * all-to-all and steps'). */
 int sn_then_norm_algo(const sn_topology *t, const sn_knobs *k, int asked,
                       const sn_dtype *dt, size_t bytes);
-/* SYMNCCL_COLL_* of a collective with kernels ("all_reduce", ...); -1
- * with ValueError for another name. */
-int sn_collective_by_name(const char *cname);
-/* The answer of algo_supported(): *why = NULL when `algo` ("auto"
- * included) can run collective `cname` with dt/op on topology t, else why
- * not; -1 with ValueError for another name. */
-int sn_call_unavailable(const sn_topology *t, const char *cname, int algo,
-                        const sn_dtype *dt, const sn_op *op,
-                        const char **why);
+/* SYMNCCL_COLL_* of a collective with kernels ("all_reduce", ...), -1
+ * for another name; "all_reduce, reduce_scatter, ..." for messages; 1 when
+ * a collective has kernels. */
+int sn_collective_index(const char *cname);
+const char *sn_collective_choices(void);
+int sn_collective_has_kernels(int collective);
 /* Why `algo` cannot run dtype/op on a communicator of topology t, or
  * NULL (the gates every kernel shares). */
 const char *sn_algo_unavailable(const sn_topology *t, int algo,
                                 const sn_dtype *dt, const sn_op *op);
-/* The knobs from the environment; -1 with ValueError on a bad value. */
-int sn_knobs_read(sn_knobs *k);
-/* _exit_timeout(): SYMNCCL_EXIT_TIMEOUT's seconds (a refused value warns,
- * and its default is used). */
-PyObject *sn_py_exit_timeout(PyObject *module, PyObject *unused);
-/* Communicator.knobs: every knob's value, by its variable's name. */
-PyObject *sn_knobs_dict(const sn_knobs *k);
-/* Adds DTYPES, OPS, ALGORITHMS, ... to the module. */
-int sn_registry_export(PyObject *module);
+/* The knobs from the environment; -1 with err (ValueError) on a bad
+ * value. */
+int sn_knobs_read(sn_knobs *k, sn_err *err);
+/* Once, at import: checks launch.h's kernel dtypes against the registry
+ * and indexes the kernel table (-1 with err, SystemError, where the table
+ * is wrong). */
+int sn_registry_init(sn_err *err);
+/* The tables row by row, for their Python view (python/tables.c): knob i
+ * (1, or 0 past the last) and its value in k; SYMNCCL_EXIT_TIMEOUT's;
+ * the multicast kernel's ops of kernel dtype SYMNCCL_DT_* (a mask of
+ * 1 << SYMNCCL_OP_*); the auto table's row i (NULL past the last); the
+ * registry's name of kernel dtype SYMNCCL_DT_*. */
+int sn_knob_row(int i, const char **env, int *dflt, int *lo, int *hi,
+                const char **doc);
+int sn_knob_value(const sn_knobs *k, int i);
+void sn_exit_knob(const char **env, int *dflt, const char **doc);
+int sn_multimem_row(int i, int *kernel_dtype, unsigned *ops);
+typedef struct {
+    int collective, max_ranks;
+    size_t ll, ll128, one_shot, two_shot_window, two_shot_tensor, push;
+    int above;
+} sn_auto_row;
+const sn_auto_row *sn_auto_table_row(int i);
+const char *sn_kernel_dtype_name(int kernel_dt);
 
 /* ------------------------------------------------------------------ */
 /* errors.c: one formatter per library; exceptions carry .code. */
@@ -404,9 +458,6 @@ int sn_raise(SNState *st, const sn_err *e);
  * ~1 ms of each NCCL all_to_all_v). */
 #define SN_WAIT_SPIN_SECONDS 1e-3
 double sn_now(void);           /* seconds, CLOCK_MONOTONIC */
-/* 0 when `seconds` is a timeout a communicator takes (finite, > 0, at most
- * SN_MAX_TIMEOUT), else -1 with ValueError "<what> must be ..., got ...". */
-int sn_check_timeout(double seconds, const char *what);
 /* The time `seconds` from now, on sn_now's clock: every deadline. */
 double sn_deadline(double seconds);
 enum { SN_WAIT_DONE = 0, SN_WAIT_FAILED = 1, SN_WAIT_TIMEOUT = 2,
@@ -417,7 +468,19 @@ enum { SN_WAIT_DONE = 0, SN_WAIT_FAILED = 1, SN_WAIT_TIMEOUT = 2,
  * its error. */
 int sn_wait_nccl(ncclComm_t *comms, int n, double until,
                  const volatile int *stop, int *failed, ncclResult_t *bad);
-/* The same for Python callers: GIL released, Ctrl-C honoured, at most
+/* sn_wait_nccl of a wait that began at `since` (sn_now; it spins until
+ * SN_WAIT_SPIN_SECONDS past it, then naps): a wait in slices. */
+int sn_wait_nccl_since(ncclComm_t *comms, int n, double since, double until,
+                       const volatile int *stop, int *failed,
+                       ncclResult_t *bad);
+
+/* ------------------------------------------------------------------ */
+/* blocking.c: the waits of Python callers, and the timeout check. */
+
+/* 0 when `seconds` is a timeout a communicator takes (finite, > 0, at most
+ * SN_MAX_TIMEOUT), else -1 with ValueError "<what> must be ..., got ...". */
+int sn_check_timeout(double seconds, const char *what);
+/* sn_wait_nccl for Python callers: GIL released, Ctrl-C honoured, at most
  * `timeout` seconds, and no longer once *stop is set (abort() from another
  * thread; stop may be NULL); -1 with NcclError / TimeoutError /
  * RuntimeError (stopped) / the signal's exception set. */
@@ -472,6 +535,35 @@ int sn_device_push(SNState *st, int device, int *prev);
 void sn_device_pop(int prev);
 
 /* ------------------------------------------------------------------ */
+/* tables.c: the registry as Python sees it. */
+
+/* Algorithm ("auto" too), dtype and op by name; -1 with ValueError. */
+int sn_registry_lookup(const char *algo, const char *dtype, const char *op,
+                       int *a, const sn_dtype **dt, const sn_op **o);
+/* sn_collective_index, -1 with ValueError for another name. */
+int sn_collective_by_name(const char *cname);
+/* The answer of algo_supported(): *why = NULL when `algo` ("auto"
+ * included) can run collective `cname` with dt/op on topology t, else why
+ * not; -1 with ValueError for another name. */
+int sn_call_unavailable(const sn_topology *t, const char *cname, int algo,
+                        const sn_dtype *dt, const sn_op *op,
+                        const char **why);
+/* _exit_timeout(): SYMNCCL_EXIT_TIMEOUT's seconds (a refused value warns,
+ * and its default is used). */
+PyObject *sn_py_exit_timeout(PyObject *module, PyObject *unused);
+/* Communicator.knobs: every knob's value, by its variable's name. */
+PyObject *sn_knobs_dict(const sn_knobs *k);
+/* Adds DTYPES, OPS, ALGORITHMS, ... to the module (sn_registry_init
+ * first). */
+int sn_registry_export(PyObject *module);
+
+/* ------------------------------------------------------------------ */
+/* nccl_info.c: what symnccl knows of NCCL, as symnccl._C's attributes
+ * (NCCL_WINDOW_POLICY, NCCL_SUPPORT, NCCL_DEVICE_API_HEADERS, ...) and the
+ * _nccl_* testing functions. */
+int sn_nccl_info_export(PyObject *module);
+
+/* ------------------------------------------------------------------ */
 /* windows.c: one NCCL window per registered allocation, never two. */
 
 typedef struct sn_window {
@@ -486,10 +578,13 @@ typedef struct sn_window {
                                   communicator once deregistered */
 } sn_window;
 
-/* Registers [base, base+size) once (collective), or takes another
- * reference on the window that holds it; NULL with an exception. */
-sn_window *sn_window_acquire(SNState *st, struct CommObject *c, char *base,
-                             size_t size);
+/* Another reference on the live window that holds [base, base+size), or
+ * NULL when none does (GIL held: the list is the GIL's). A SymmetricBuffer
+ * shares it, else registers a node of its own (python/buffer.c). */
+sn_window *sn_window_share(struct CommObject *c, char *base, size_t size);
+/* ncclCommWindowRegister of w's range (collective: every rank calls it;
+ * the caller releases the GIL around it and completes the call). */
+ncclResult_t sn_window_register(struct CommObject *c, sn_window *w);
 /* Unlinks and frees w's node (GIL held: the list is the GIL's). */
 void sn_window_forget(struct CommObject *c, sn_window *w);
 /* Deregisters w now, local in NCCL 2.28-2.30: no GIL needed, no Python;
@@ -501,8 +596,6 @@ sn_window *sn_window_node(struct CommObject *c, char *base, size_t size);
 /* The registered window holding [ptr, ptr + size), or NULL. */
 sn_window *sn_window_find(const struct CommObject *c, const char *ptr,
                           size_t size);
-/* Deregisters every window (close); the nodes stay for their buffers. */
-int sn_windows_deregister(SNState *st, struct CommObject *c);
 /* Forgets the windows, deregistering them first when `deregister`
  * (abort, once no kernel of c runs); no Python, no GIL needed. */
 void sn_windows_detach(struct CommObject *c, int deregister);
@@ -542,24 +635,29 @@ typedef struct {
 
 /* The layout for c's ranks, staging size and knobs (no allocation). */
 void sn_layout_compute(struct CommObject *c, size_t staging_bytes);
-/* ncclMemAlloc of the staging window, zeroing the regions that must start
- * zeroed; the caller registers it. 0 without one (no device API). */
-int sn_staging_alloc(SNState *st, struct CommObject *c);
+/* The staging window: 1 when c has one (the device API, one LSA team),
+ * sn_staging_reserve its ncclMemAlloc (lifecycle.c releases the GIL
+ * around it), sn_staging_clear the zeroing of the regions that must start
+ * zeroed (-1 with err); the caller registers it. */
+int sn_staging_wanted(const struct CommObject *c);
+ncclResult_t sn_staging_reserve(struct CommObject *c);
+int sn_staging_clear(struct CommObject *c, sn_err *err);
 void sn_staging_free(struct CommObject *c);
 /* Loopback teams (loopback.c; Communicator._loopback in comm.c): the
  * team's memory for nranks ranks of `bytes` each (one reference, the
- * caller's: sn_loopback_release); rank c->rank's part given to c, as
+ * caller's: sn_loopback_release); rank c->rank's part given to c (whose
+ * scratch and failure record the caller has allocated), as
  * sn_comms_connect gives a real communicator its own (c then holds a
  * reference, until sn_loopback_leave, which lifecycle.c calls where a
- * real communicator's staging memory is freed). */
+ * real communicator's staging memory is freed). NULL / -1 with err. */
 typedef struct sn_loopback sn_loopback;
-sn_loopback *sn_loopback_new(SNState *st, int nranks, int device,
-                             size_t bytes);
-int sn_loopback_join(SNState *st, struct CommObject *c, sn_loopback *t);
+sn_loopback *sn_loopback_new(int nranks, int device, size_t bytes,
+                             sn_err *err);
+int sn_loopback_join(struct CommObject *c, sn_loopback *t, sn_err *err);
 void sn_loopback_release(sn_loopback *t);
 void sn_loopback_leave(struct CommObject *c);
-/* cudaMalloc'd, zeroed scratch and the cross-stream event. */
-int sn_scratch_alloc(SNState *st, struct CommObject *c);
+/* cudaMalloc'd, zeroed scratch and the cross-stream event; -1 with err. */
+int sn_scratch_alloc(struct CommObject *c, sn_err *err);
 void sn_scratch_free(struct CommObject *c);
 /* The call counters of kernel SYMNCCL_K_*: its family's (kernels/table.h),
  * SN_MAX_CTAS of them, in the scratch. */
@@ -570,11 +668,9 @@ unsigned *sn_claim_word(const struct CommObject *c);
 int *sn_barrier_word(const struct CommObject *c);
 /* SYMNCCL_CHECK's buffers, allocated at the first use: room for nranks + 1
  * call signatures of `bytes` on the device and in pinned host memory; -1
- * with an exception. */
-int sn_check_buffers(SNState *st, struct CommObject *c, size_t bytes,
-                     void **dev, void **host);
-/* _staging_layout(): the layout as a dict (tests, docs). */
-PyObject *sn_layout_dict(const struct CommObject *c);
+ * with err. */
+int sn_check_buffers(struct CommObject *c, size_t bytes, void **dev,
+                     void **host, sn_err *err);
 
 /* ------------------------------------------------------------------ */
 /* faults.c: a communicator's failure record, the checks that raise from
@@ -605,25 +701,24 @@ typedef struct {
 } sn_comm_watch;
 
 /* The record (mapped host memory), c's own stream and the NCCL watch
- * event; -1 with an exception. */
-int sn_fault_alloc(SNState *st, struct CommObject *c);
+ * event; -1 with err. */
+int sn_fault_alloc(struct CommObject *c, sn_err *err);
 void sn_fault_free(struct CommObject *c);
 /* 1 once c has failed (the record is copied into c->fail.failure), else 0.
  * Reads host memory only: no CUDA call, no synchronisation. */
 int sn_fault_poll(struct CommObject *c);
-/* Raises c's failure (PeerTimeoutError or CallMismatchError): -1. */
-int sn_fault_raise(SNState *st, struct CommObject *c);
 /* The message of c's failure (after sn_fault_poll), into buf. */
 void sn_fault_describe(const struct CommObject *c, char *buf, size_t size);
-/* _fault_code (testing). */
-int sn_fault_export(PyObject *module);
-/* Communicator.failure: the failure as a dict, or None. */
-PyObject *sn_fault_dict(struct CommObject *c);
-/* _abort_on_signal(signum): installs the handler that raises the abort
- * flag of every live communicator, then hands the signal on. */
-PyObject *sn_py_abort_on_signal(PyObject *module, PyObject *arg);
-/* -1 with c's failure raised once it has failed, else 0. */
-int sn_fault_check(SNState *st, struct CommObject *c);
+/* A failure reason's name (SYMNCCL_FAULT_*: "timeout", ...; "?"). */
+const char *sn_fault_reason_name(int reason);
+/* Installs the signal handler that raises the abort flag of every live
+ * communicator, then hands the signal on: 0 (installed, or already), -1
+ * with errno (sigaction), -2 for a signal out of range. */
+int sn_abort_on_signal(int sig);
+/* 1 when ev is NULL, complete, or failed (its error cleared). */
+int sn_event_done(cudaEvent_t ev);
+/* The 1 ms nap of the host's polls of events and streams. */
+void sn_fault_nap(void);
 /* A failure found by the host (an NCCL kernel past the timeout, a call
  * mismatch), recorded unless one is already; `msg` (may be NULL) replaces
  * the message built from the record. */
@@ -647,15 +742,30 @@ int sn_fault_drain(struct CommObject *c, double seconds, int nccl);
  * thread is inside has its failure recorded and NCCL's kernels stopped
  * (ncclCommRevoke) there, before the GIL is taken. sn_watch_collect:
  * the expired OPEN ones no thread is inside, moved to CLOSING (the
- * caller owns their teardown: sn_comm_abort_owned), new references. */
+ * caller owns their teardown: sn_comm_abort_owned, and takes a reference
+ * on each, with the GIL held across the call). */
 int sn_watch_arm(struct CommObject *c, int collective, cudaStream_t stream);
 void sn_watch_forget(struct CommObject *c);
 int sn_watch_poll(void);
 int sn_watch_collect(struct CommObject **out, int max);
+
+/* ------------------------------------------------------------------ */
+/* failures.c: a communicator's failure as Python sees it. */
+
+/* Raises c's failure (PeerTimeoutError or CallMismatchError): -1. */
+int sn_fault_raise(SNState *st, struct CommObject *c);
+/* -1 with c's failure raised once it has failed, else 0. */
+int sn_fault_check(SNState *st, struct CommObject *c);
+/* Communicator.failure: the failure as a dict, or None. */
+PyObject *sn_fault_dict(struct CommObject *c);
 /* Waits for c->watch.event (recorded after the NCCL call of `collective`)
  * with the GIL released and Ctrl-C honoured, for at most c->timeout. Past
  * it the failure is recorded and raised (-1). */
 int sn_fault_wait_nccl(SNState *st, struct CommObject *c, int collective);
+/* _abort_on_signal(signum): sn_abort_on_signal, ValueError / OSError. */
+PyObject *sn_py_abort_on_signal(PyObject *module, PyObject *arg);
+/* _fault_code (testing). */
+int sn_fault_export(PyObject *module);
 
 /* ------------------------------------------------------------------ */
 /* Objects. */
@@ -806,8 +916,15 @@ int sn_comm_shutdown_all(SNState *st, double timeout);
  * recorded; 0 when not (a capture, or a failed record: a caller that
  * reads results after sn_fault_wait_nccl must not then read them). */
 int sn_watch_nccl(CommObject *c, int collective, cudaStream_t stream);
-/* Interpreter exit: stops the thread. */
-void sn_watch_shutdown(void);
+/* The Python face's handler, which the thread calls when a communicator
+ * has expired (module.c's: with the GIL, sn_watch_collect, the failure
+ * recorded, sn_comm_abort_owned). */
+void sn_watch_on_expired(void (*fn)(void));
+/* Interpreter exit: sn_watch_stop tells the thread to stop, 1 when it ran
+ * and must be joined: sn_watch_join, with the GIL released (the thread
+ * may be waiting for it). */
+int sn_watch_stop(void);
+void sn_watch_join(void);
 
 /* ------------------------------------------------------------------ */
 /* launch.c: a collective on symnccl's kernels, without the Python API. */

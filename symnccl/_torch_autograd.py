@@ -1,57 +1,14 @@
-"""symnccl.torch's autograd: each op's backward (register_autograd) and
-the eager path's torch.autograd.Functions with the same formulas; the
-backward's collectives go through the eager path or the ops, as the public
-functions do."""
+"""symnccl.torch's autograd formulas: each op's setup_context and
+backward, which _torch_ops.py's table registers for the op
+(register_autograd) and builds the eager path's autograd Function from.
+The backward's collectives go through the eager path or the ops (_call),
+as the public functions do."""
 from __future__ import annotations
 
 import torch
 
-from ._torch_eager import _autograd_function, _eager, _eager_call
-from ._torch_ids import get_communicator
-from ._torch_ops import (
-    _all_gather_impl, _all_gather_op, _all_reduce_add_rmsnorm_impl,
-    _all_reduce_add_rmsnorm_op, _all_reduce_impl, _all_reduce_op,
-    _all_to_all_impl, _all_to_all_op, _all_to_all_v_impl, _all_to_all_v_op,
-    _broadcast_impl, _broadcast_op, _nranks, _ops, _reduce_impl,
-    _reduce_op, _reduce_scatter_impl, _reduce_scatter_op,
-    _tp_all_reduce_impl, _tp_all_reduce_op)
-
-
-# The backward formulas' collectives, by communicator id: eager or the op,
-# as the public functions below choose.
-def _call_all_reduce(x, cid, op, algo):
-    if (m := _eager(x)):
-        return _eager_call(m, _AllReduceFn, _all_reduce_impl, x,
-                           get_communicator(cid), op, algo)
-    return _ops.all_reduce(x, cid, op, algo)
-
-
-def _call_reduce_scatter(x, cid, op, algo):
-    if (m := _eager(x)):
-        return _eager_call(m, _ReduceScatterFn, _reduce_scatter_impl, x,
-                           get_communicator(cid), op, algo)
-    return _ops.reduce_scatter(x, cid, op, algo)
-
-
-def _call_all_gather(x, cid, algo):
-    if (m := _eager(x)):
-        return _eager_call(m, _AllGatherFn, _all_gather_impl, x,
-                           get_communicator(cid), algo)
-    return _ops.all_gather(x, cid, algo)
-
-
-def _call_broadcast(x, cid, root, algo):
-    if (m := _eager(x)):
-        return _eager_call(m, _BroadcastFn, _broadcast_impl, x,
-                           get_communicator(cid), root, algo)
-    return _ops.broadcast(x, cid, root, algo)
-
-
-def _call_reduce(x, cid, root, op, algo):
-    if (m := _eager(x)):
-        return _eager_call(m, _ReduceFn, _reduce_impl, x,
-                           get_communicator(cid), root, op, algo)
-    return _ops.reduce(x, cid, root, op, algo)
+from ._torch_eager import OPS, _call
+from ._torch_ids import _nranks, get_communicator
 
 
 # ------------------------------------------------------------------ autograd
@@ -66,7 +23,7 @@ def _arg_extreme_share(x, y, grad_sum, cid):
     """grad_sum where x holds the reduced value y, over the number of ranks
     that hold it."""
     hit = (x == y).to(grad_sum.dtype)
-    return grad_sum * hit / _call_all_reduce(hit, cid, "sum", "auto")
+    return grad_sum * hit / _call(OPS.all_reduce, hit, cid, "sum", "auto")
 
 
 def _no_gradient(collective: str, op: str):
@@ -86,10 +43,10 @@ def _backward_all_reduce(ctx, grad):
     if ctx.op == "prod":
         raise _no_gradient("all_reduce", ctx.op)
     if ctx.op in ("sum", "avg"):
-        return _call_all_reduce(grad, ctx.cid, ctx.op, ctx.algo), \
+        return _call(OPS.all_reduce, grad, ctx.cid, ctx.op, ctx.algo), \
             None, None, None
     x, y = ctx.saved_tensors
-    g = _call_all_reduce(grad, ctx.cid, "sum", ctx.algo)
+    g = _call(OPS.all_reduce, grad, ctx.cid, "sum", ctx.algo)
     return _arg_extreme_share(x, y, g, ctx.cid), None, None, None
 
 
@@ -103,13 +60,13 @@ def _backward_reduce_scatter(ctx, grad):
     if ctx.op == "prod":
         raise _no_gradient("reduce_scatter", ctx.op)
     # the same algorithm: reduce_scatter and all_gather take the same ones
-    g = _call_all_gather(grad, ctx.cid, ctx.algo)
+    g = _call(OPS.all_gather, grad, ctx.cid, ctx.algo)
     if ctx.op == "avg":
         g = g / _nranks(ctx.cid)
     elif ctx.op in ("max", "min"):
         x, y = ctx.saved_tensors
-        g = _arg_extreme_share(x, _call_all_gather(y, ctx.cid, ctx.algo), g,
-                               ctx.cid)
+        ys = _call(OPS.all_gather, y, ctx.cid, ctx.algo)
+        g = _arg_extreme_share(x, ys, g, ctx.cid)
     return g, None, None, None
 
 
@@ -119,7 +76,7 @@ def _setup_all_gather(ctx, inputs, output):
 
 
 def _backward_all_gather(ctx, grad):
-    g = _call_reduce_scatter(grad, ctx.cid, "sum", ctx.algo)
+    g = _call(OPS.reduce_scatter, grad, ctx.cid, "sum", ctx.algo)
     return g.reshape(ctx.shape), None, None
 
 
@@ -131,7 +88,7 @@ def _setup_broadcast(ctx, inputs, output):
 
 def _backward_broadcast(ctx, grad):
     # the sum of every rank's gradient, on the root; nothing elsewhere
-    g = _call_reduce(grad, ctx.cid, ctx.root, "sum", ctx.algo)
+    g = _call(OPS.reduce, grad, ctx.cid, ctx.root, "sum", ctx.algo)
     if get_communicator(ctx.cid).rank != ctx.root:
         g = torch.zeros_like(g)
     return g, None, None, None
@@ -146,7 +103,7 @@ def _backward_reduce(ctx, grad):
         raise _no_gradient("reduce", ctx.op)
     # the root's gradient reaches every rank; other ranks' outputs are not
     # results, so their gradients do not count
-    g = _call_broadcast(grad, ctx.cid, ctx.root, ctx.algo)
+    g = _call(OPS.broadcast, grad, ctx.cid, ctx.root, ctx.algo)
     if ctx.op == "avg":
         g = g / _nranks(ctx.cid)
     return g, None, None, None, None
@@ -161,18 +118,6 @@ def _backward_tp_all_reduce(ctx, grad):
     # sum gets the gradient of the sum as it is
     return grad, None, None
 
-
-_all_reduce_op.register_autograd(_backward_all_reduce,
-                                 setup_context=_setup_all_reduce)
-_reduce_scatter_op.register_autograd(_backward_reduce_scatter,
-                                     setup_context=_setup_reduce_scatter)
-_all_gather_op.register_autograd(_backward_all_gather,
-                                 setup_context=_setup_all_gather)
-_broadcast_op.register_autograd(_backward_broadcast,
-                                setup_context=_setup_broadcast)
-_reduce_op.register_autograd(_backward_reduce, setup_context=_setup_reduce)
-_tp_all_reduce_op.register_autograd(_backward_tp_all_reduce,
-                                    setup_context=_setup_tp_all_reduce)
 
 def _setup_all_reduce_add_rmsnorm(ctx, inputs, output):
     _, ctx.cid, _, weight, ctx.eps, ctx.algo = inputs
@@ -197,31 +142,8 @@ def _backward_all_reduce_add_rmsnorm(ctx, gy, gh):
             gw = (gyf * normed).reshape(-1, wf.shape[-1]).sum(0).to(
                 weight.dtype)
     g = g.to(h.dtype)
-    return _call_all_reduce(g, ctx.cid, "sum", "auto"), None, g, gw, None, \
-        None
-
-
-_all_reduce_add_rmsnorm_op.register_autograd(
-    _backward_all_reduce_add_rmsnorm,
-    setup_context=_setup_all_reduce_add_rmsnorm)
-
-_AllReduceFn = _autograd_function("_AllReduceFn", _all_reduce_impl,
-                                  _setup_all_reduce, _backward_all_reduce)
-_ReduceScatterFn = _autograd_function(
-    "_ReduceScatterFn", _reduce_scatter_impl, _setup_reduce_scatter,
-    _backward_reduce_scatter)
-_AllGatherFn = _autograd_function("_AllGatherFn", _all_gather_impl,
-                                  _setup_all_gather, _backward_all_gather)
-_BroadcastFn = _autograd_function("_BroadcastFn", _broadcast_impl,
-                                  _setup_broadcast, _backward_broadcast)
-_ReduceFn = _autograd_function("_ReduceFn", _reduce_impl, _setup_reduce,
-                               _backward_reduce)
-_AllReduceAddRMSNormFn = _autograd_function(
-    "_AllReduceAddRMSNormFn", _all_reduce_add_rmsnorm_impl,
-    _setup_all_reduce_add_rmsnorm, _backward_all_reduce_add_rmsnorm)
-_TPAllReduceFn = _autograd_function(
-    "_TPAllReduceFn", _tp_all_reduce_impl, _setup_tp_all_reduce,
-    _backward_tp_all_reduce)
+    return (_call(OPS.all_reduce, g, ctx.cid, "sum", "auto"), None, g, gw,
+            None, None)
 
 
 class _TPCopyFn(torch.autograd.Function):
@@ -237,24 +159,18 @@ class _TPCopyFn(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        return _call_all_reduce(grad, ctx.cid, "sum", ctx.algo), None, None
+        return (_call(OPS.all_reduce, grad, ctx.cid, "sum", ctx.algo), None,
+                None)
 
 
-# all-to-all (symnccl/_torch_ops.py has the ops): the backward sends the
-# gradient rows back where they came from.
-def _call_all_to_all(x, cid, algo):
-    if (m := _eager(x)):
-        return _eager_call(m, _AllToAllFn, _all_to_all_impl, x,
-                           get_communicator(cid), algo)
-    return _ops.all_to_all(x, cid, algo)
-
-
+# all-to-all: the backward sends the gradient rows back where they came
+# from.
 def _setup_all_to_all(ctx, inputs, output):
     _, ctx.cid, ctx.algo = inputs
 
 
 def _backward_all_to_all(ctx, grad):
-    return _call_all_to_all(grad, ctx.cid, ctx.algo), None, None
+    return _call(OPS.all_to_all, grad, ctx.cid, ctx.algo), None, None
 
 
 def _setup_all_to_all_v(ctx, inputs, output):
@@ -265,20 +181,6 @@ def _setup_all_to_all_v(ctx, inputs, output):
 
 def _backward_all_to_all_v(ctx, grad, _grad_splits):
     (got,) = ctx.saved_tensors
-    if (m := _eager(grad)):
-        gx, _ = _eager_call(m, _AllToAllVFn, _all_to_all_v_impl, grad,
-                            get_communicator(ctx.cid), got, ctx.x_rows,
-                            ctx.algo)
-    else:
-        gx, _ = _ops.all_to_all_v(grad, ctx.cid, got, ctx.x_rows, ctx.algo)
+    gx, _ = _call(OPS.all_to_all_v, grad, ctx.cid, got, ctx.x_rows,
+                  ctx.algo)
     return gx, None, None, None, None
-
-
-_all_to_all_op.register_autograd(_backward_all_to_all,
-                                 setup_context=_setup_all_to_all)
-_all_to_all_v_op.register_autograd(_backward_all_to_all_v,
-                                   setup_context=_setup_all_to_all_v)
-_AllToAllFn = _autograd_function("_AllToAllFn", _all_to_all_impl,
-                                 _setup_all_to_all, _backward_all_to_all)
-_AllToAllVFn = _autograd_function("_AllToAllVFn", _all_to_all_v_impl,
-                                  _setup_all_to_all_v, _backward_all_to_all_v)

@@ -1,6 +1,7 @@
 """symnccl.torch's eager path: the gate that lets a call skip its custom
-op (_eager, one C call) and the call itself (_eager_call: the _impl, or an
-autograd Function's C++ apply where autograd records the call)."""
+op (_eager, one C call), the call itself (_eager_call: the op's work, or
+its autograd Function's C++ apply where autograd records the call), and
+the rows of _torch_ops.py's table as the eager path reads them (OPS)."""
 from __future__ import annotations
 
 import torch
@@ -57,6 +58,30 @@ def _eager(x) -> int:
     return 0 if _is_compiling() else _eager_gate(x)
 
 
+class TorchOp:
+    """One op of symnccl.torch, as the calls read it: the custom op
+    (torch.ops.symnccl.<name>), its work (impl(comm, x, *args), which the
+    op runs and the eager path calls without it) and, where it has a
+    gradient, the eager path's autograd Function (fn; else None). Made by
+    _torch_ops.py's table, one row each."""
+    __slots__ = ("name", "op", "impl", "fn")
+
+    def __init__(self, name, op, impl, fn):
+        self.name, self.op, self.impl, self.fn = name, op, impl, fn
+
+    def __repr__(self):
+        return f"<symnccl.torch op {self.name}>"
+
+
+class _Ops:
+    """Every TorchOp by name (OPS.all_reduce). _torch_ops.py's table fills
+    it; the backward formulas (_torch_autograd.py, imported before the
+    table, which names them) find here the ops they call."""
+
+
+OPS = _Ops()
+
+
 def _autograd_function(name, impl, setup, backward):
     """A torch.autograd.Function running impl with the op's autograd
     formula: the eager path of a call that autograd records. forward takes
@@ -82,10 +107,20 @@ _C_APPLY = torch._C._FunctionBase.__dict__["apply"]
 _functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 
 
-def _eager_call(mode, fn, impl, x, comm, *args):
-    """The eager path of a call whose _eager(x) is mode (not 0)."""
+def _eager_call(mode, row, x, comm, *args):
+    """The eager path of a call of the TorchOp row whose _eager(x) is mode
+    (not 0)."""
     if mode == _RECORDED:
         if _functorch_wrapped(x):
-            return fn.apply(x, comm_id(comm), *args)
-        return fn.eager_apply(x, comm_id(comm), *args)
-    return impl(_raw(comm), x, *args)
+            return row.fn.apply(x, comm_id(comm), *args)
+        return row.fn.eager_apply(x, comm_id(comm), *args)
+    return row.impl(_raw(comm), x, *args)
+
+
+def _call(row, x, cid, *args):
+    """A call of the TorchOp row by communicator id (the backward formulas'
+    collectives): the eager path where _eager(x) allows it, else the
+    op."""
+    if (m := _eager(x)):
+        return _eager_call(m, row, x, get_communicator(cid), *args)
+    return row.op(x, cid, *args)

@@ -47,6 +47,10 @@ def get_communicator(cid: int) -> symnccl.Communicator:
                          "and aborted ones leave the registry)") from None
 
 
+def _nranks(cid: int) -> int:
+    return get_communicator(cid).nranks
+
+
 def comm_id(comm) -> int:
     """The integer id under which the custom ops find `comm` (registered on
     first use).

@@ -1,29 +1,33 @@
-"""symnccl.torch's custom ops: one torch.library op per collective
-(torch.ops.symnccl.*), its fake kernel and its work (the _impl functions,
-which the eager path calls without the op). Their autograd formulas are
-symnccl/_torch_autograd.py's."""
+"""symnccl.torch's custom ops, declared in one table (TABLE): one row per
+op names its schema, its work (an _impl function), its fake kernel and its
+autograd formulas, and from the row come the torch.library op
+(torch.ops.symnccl.<name>), its fake kernel, its autograd registration and
+the eager path's TorchOp (OPS.<name>: the work and the eager autograd
+Function, _torch_eager.py). The formulas are _torch_autograd.py's."""
 from __future__ import annotations
 
-from typing import Optional
+import re
 
 import torch
 
-from ._torch_ids import get_communicator
+from ._torch_autograd import (
+    _backward_all_gather, _backward_all_reduce,
+    _backward_all_reduce_add_rmsnorm, _backward_all_to_all,
+    _backward_all_to_all_v, _backward_broadcast, _backward_reduce,
+    _backward_reduce_scatter, _backward_tp_all_reduce, _setup_all_gather,
+    _setup_all_reduce, _setup_all_reduce_add_rmsnorm, _setup_all_to_all,
+    _setup_all_to_all_v, _setup_broadcast, _setup_reduce,
+    _setup_reduce_scatter, _setup_tp_all_reduce)
+from ._torch_eager import OPS, TorchOp, _autograd_function
+from ._torch_ids import _nranks, get_communicator
 
 
-# ---------------------------------------------------------------- custom ops
+# -------------------------------------------------------------- their work
 #
-# One op per collective, out of place, each with a fake kernel (shapes for
-# torch.compile) and an autograd formula that calls the ops again, so that
-# AOTAutograd traces the backward too. Communicators are passed by id.
 # Each op's work is an _impl function of the communicator itself, which
-# the eager path (below) calls without the op: both give the same bits.
-# The methods' arguments go by position (x, out, ...: their C signatures),
-# which spares the keyword dict of every call.
-
-
-def _nranks(cid: int) -> int:
-    return get_communicator(cid).nranks
+# the op runs and the eager path calls without the op: both give the same
+# bits. The methods' arguments go by position (x, out, ...: their C
+# signatures), which spares the keyword dict of every call.
 
 
 def _like(x: torch.Tensor) -> torch.Tensor:
@@ -53,6 +57,11 @@ def _check_inplace(x):
     if not x.is_contiguous():
         raise ValueError("all_reduce_ needs a contiguous tensor, got strides "
                          f"{tuple(x.stride())} for shape {tuple(x.shape)}")
+
+
+def _all_reduce_inplace_impl(comm, x, op, algo):
+    _check_inplace(x)
+    comm.all_reduce(x, op=op, algo=algo)
 
 
 def _reduce_scatter_impl(comm, x, op, algo):
@@ -87,104 +96,12 @@ def _tp_all_reduce_impl(comm, x, algo):
     return _all_reduce_impl(comm, x, "sum", algo)
 
 
-@torch.library.custom_op("symnccl::all_reduce", mutates_args=())
-def _all_reduce_op(x: torch.Tensor, comm_id: int, op: str,
-                   algo: str) -> torch.Tensor:
-    return _all_reduce_impl(get_communicator(comm_id), x, op, algo)
-
-
-@_all_reduce_op.register_fake
-def _(x, comm_id, op, algo):
-    return _like(x)
-
-
-@torch.library.custom_op("symnccl::all_reduce_", mutates_args=("x",))
-def _all_reduce_inplace_op(x: torch.Tensor, comm_id: int, op: str,
-                           algo: str) -> None:
-    _check_inplace(x)
-    get_communicator(comm_id).all_reduce(x, op=op, algo=algo)
-
-
-@_all_reduce_inplace_op.register_fake
-def _(x, comm_id, op, algo):
-    return None
-
-
-@torch.library.custom_op("symnccl::reduce_scatter", mutates_args=())
-def _reduce_scatter_op(x: torch.Tensor, comm_id: int, op: str,
-                       algo: str) -> torch.Tensor:
-    return _reduce_scatter_impl(get_communicator(comm_id), x, op, algo)
-
-
-@_reduce_scatter_op.register_fake
-def _(x, comm_id, op, algo):
-    return x.new_empty(_scatter_shape(x, _nranks(comm_id)))
-
-
-@torch.library.custom_op("symnccl::all_gather", mutates_args=())
-def _all_gather_op(x: torch.Tensor, comm_id: int,
-                   algo: str) -> torch.Tensor:
-    return _all_gather_impl(get_communicator(comm_id), x, algo)
-
-
-@_all_gather_op.register_fake
-def _(x, comm_id, algo):
-    return x.new_empty(_gather_shape(x, _nranks(comm_id)))
-
-
-@torch.library.custom_op("symnccl::broadcast", mutates_args=())
-def _broadcast_op(x: torch.Tensor, comm_id: int, root: int,
-                  algo: str) -> torch.Tensor:
-    return _broadcast_impl(get_communicator(comm_id), x, root, algo)
-
-
-@_broadcast_op.register_fake
-def _(x, comm_id, root, algo):
-    return _like(x)
-
-
-@torch.library.custom_op("symnccl::reduce", mutates_args=())
-def _reduce_op(x: torch.Tensor, comm_id: int, root: int, op: str,
-               algo: str) -> torch.Tensor:
-    return _reduce_impl(get_communicator(comm_id), x, root, op, algo)
-
-
-@_reduce_op.register_fake
-def _(x, comm_id, root, op, algo):
-    return _like(x)
-
-
-@torch.library.custom_op("symnccl::tp_all_reduce", mutates_args=())
-def _tp_all_reduce_op(x: torch.Tensor, comm_id: int,
-                      algo: str) -> torch.Tensor:
-    return _tp_all_reduce_impl(get_communicator(comm_id), x, algo)
-
-
-@_tp_all_reduce_op.register_fake
-def _(x, comm_id, algo):
-    return _like(x)
-
-
 def _all_reduce_add_rmsnorm_impl(comm, x, residual, weight, eps, algo):
     y, h = _like(x), _like(x)
     comm.all_reduce_rmsnorm(x.contiguous(), residual.contiguous(),
                             weight.contiguous(), eps, out=y, residual_out=h,
                             algo=algo)
     return y, h
-
-
-@torch.library.custom_op("symnccl::all_reduce_add_rmsnorm", mutates_args=())
-def _all_reduce_add_rmsnorm_op(x: torch.Tensor, comm_id: int,
-                               residual: torch.Tensor, weight: torch.Tensor,
-                               eps: float, algo: str
-                               ) -> tuple[torch.Tensor, torch.Tensor]:
-    return _all_reduce_add_rmsnorm_impl(get_communicator(comm_id), x,
-                                        residual, weight, eps, algo)
-
-
-@_all_reduce_add_rmsnorm_op.register_fake
-def _(x, comm_id, residual, weight, eps, algo):
-    return _like(x), _like(x)
 
 
 def _all_reduce_add_rmsnorm_fp8_impl(comm, x, residual, weight, eps, scale,
@@ -200,28 +117,6 @@ def _all_reduce_add_rmsnorm_fp8_impl(comm, x, residual, weight, eps, scale,
                             weight.contiguous(), eps, out=y, residual_out=h,
                             quant=quant, scale=scale, algo=algo)
     return y, h, scale if quant == "fp8_dynamic" else scale.clone()
-
-
-@torch.library.custom_op("symnccl::all_reduce_add_rmsnorm_fp8",
-                         mutates_args=())
-def _all_reduce_add_rmsnorm_fp8_op(
-        x: torch.Tensor, comm_id: int, residual: torch.Tensor,
-        weight: torch.Tensor, eps: float, scale: Optional[torch.Tensor],
-        algo: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _all_reduce_add_rmsnorm_fp8_impl(get_communicator(comm_id), x,
-                                            residual, weight, eps, scale,
-                                            algo)
-
-
-@_all_reduce_add_rmsnorm_fp8_op.register_fake
-def _(x, comm_id, residual, weight, eps, scale, algo):
-    y = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
-    s = (x.new_empty((*x.shape[:-1], 1), dtype=torch.float32)
-         if scale is None else torch.empty_like(scale))
-    return y, _like(x), s
-
-
-_ops = torch.ops.symnccl
 
 
 # --------------------------------------------------------------- all-to-all
@@ -247,25 +142,116 @@ def _all_to_all_v_impl(comm, x, in_splits, out_rows, algo):
     return out, got
 
 
-@torch.library.custom_op("symnccl::all_to_all", mutates_args=())
-def _all_to_all_op(x: torch.Tensor, comm_id: int, algo: str) -> torch.Tensor:
-    return _all_to_all_impl(get_communicator(comm_id), x, algo)
+# ------------------------------------------------------------ fake kernels
+#
+# Shapes for torch.compile, FakeTensorMode and make_fx; each takes the op's
+# arguments (x, comm_id, ...).
 
 
-@_all_to_all_op.register_fake
-def _(x, comm_id, algo):
+def _fake_like(x, comm_id, *args):
     return _like(x)
 
 
-@torch.library.custom_op("symnccl::all_to_all_v", mutates_args=())
-def _all_to_all_v_op(x: torch.Tensor, comm_id: int, in_splits: torch.Tensor,
-                     out_rows: int, algo: str
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
-    return _all_to_all_v_impl(get_communicator(comm_id), x, in_splits,
-                              out_rows, algo)
+def _fake_none(x, comm_id, *args):
+    return None
 
 
-@_all_to_all_v_op.register_fake
-def _(x, comm_id, in_splits, out_rows, algo):
+def _fake_scattered(x, comm_id, *args):
+    return x.new_empty(_scatter_shape(x, _nranks(comm_id)))
+
+
+def _fake_gathered(x, comm_id, *args):
+    return x.new_empty(_gather_shape(x, _nranks(comm_id)))
+
+
+def _fake_two_like(x, comm_id, *args):
+    return _like(x), _like(x)
+
+
+def _fake_rmsnorm_fp8(x, comm_id, residual, weight, eps, scale, algo):
+    y = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
+    s = (x.new_empty((*x.shape[:-1], 1), dtype=torch.float32)
+         if scale is None else torch.empty_like(scale))
+    return y, _like(x), s
+
+
+def _fake_all_to_all_v(x, comm_id, in_splits, out_rows, algo):
     return (x.new_empty((out_rows, *x.shape[1:])),
             x.new_empty((_nranks(comm_id),), dtype=torch.int64))
+
+
+# ------------------------------------------------------------------- table
+#
+# One row per op: its name (symnccl::<name>), its schema (every op takes x
+# and the communicator's id first: communicators are passed by id; a
+# Tensor(a!) argument is one the op mutates), its work, its fake kernel,
+# and its autograd formulas (setup_context, backward; None: no gradient).
+# Every op is out of place but all_reduce_; its formulas call the
+# transposed ops, so AOTAutograd traces the backward too.
+
+TABLE = (
+    ("all_reduce", "(Tensor x, SymInt comm_id, str op, str algo) -> Tensor",
+     _all_reduce_impl, _fake_like,
+     (_setup_all_reduce, _backward_all_reduce)),
+    ("all_reduce_",
+     "(Tensor(a0!) x, SymInt comm_id, str op, str algo) -> ()",
+     _all_reduce_inplace_impl, _fake_none, None),
+    ("reduce_scatter",
+     "(Tensor x, SymInt comm_id, str op, str algo) -> Tensor",
+     _reduce_scatter_impl, _fake_scattered,
+     (_setup_reduce_scatter, _backward_reduce_scatter)),
+    ("all_gather", "(Tensor x, SymInt comm_id, str algo) -> Tensor",
+     _all_gather_impl, _fake_gathered,
+     (_setup_all_gather, _backward_all_gather)),
+    ("broadcast",
+     "(Tensor x, SymInt comm_id, SymInt root, str algo) -> Tensor",
+     _broadcast_impl, _fake_like, (_setup_broadcast, _backward_broadcast)),
+    ("reduce",
+     "(Tensor x, SymInt comm_id, SymInt root, str op, str algo) -> Tensor",
+     _reduce_impl, _fake_like, (_setup_reduce, _backward_reduce)),
+    ("tp_all_reduce", "(Tensor x, SymInt comm_id, str algo) -> Tensor",
+     _tp_all_reduce_impl, _fake_like,
+     (_setup_tp_all_reduce, _backward_tp_all_reduce)),
+    ("all_reduce_add_rmsnorm",
+     "(Tensor x, SymInt comm_id, Tensor residual, Tensor weight, float eps, "
+     "str algo) -> (Tensor, Tensor)",
+     _all_reduce_add_rmsnorm_impl, _fake_two_like,
+     (_setup_all_reduce_add_rmsnorm, _backward_all_reduce_add_rmsnorm)),
+    ("all_reduce_add_rmsnorm_fp8",
+     "(Tensor x, SymInt comm_id, Tensor residual, Tensor weight, float eps, "
+     "Tensor? scale, str algo) -> (Tensor, Tensor, Tensor)",
+     _all_reduce_add_rmsnorm_fp8_impl, _fake_rmsnorm_fp8, None),
+    ("all_to_all", "(Tensor x, SymInt comm_id, str algo) -> Tensor",
+     _all_to_all_impl, _fake_like, (_setup_all_to_all, _backward_all_to_all)),
+    ("all_to_all_v",
+     "(Tensor x, SymInt comm_id, Tensor in_splits, SymInt out_rows, "
+     "str algo) -> (Tensor, Tensor)",
+     _all_to_all_v_impl, _fake_all_to_all_v,
+     (_setup_all_to_all_v, _backward_all_to_all_v)),
+)
+
+
+def _declare(name, schema, impl, fake, grad):
+    """A row's op, fake kernel, autograd formula and TorchOp (OPS.<name>)."""
+    def work(x, comm_id, *args):
+        return impl(get_communicator(comm_id), x, *args)
+    work.__name__ = work.__qualname__ = f"_{name}_op"
+    op = torch.library.custom_op(
+        f"symnccl::{name}", work, schema=schema,
+        mutates_args=tuple(re.findall(r"Tensor\(\w+!\) (\w+)", schema)))
+    op.register_fake(fake)
+    fn = None
+    if grad is not None:
+        setup, backward = grad
+        op.register_autograd(backward, setup_context=setup)
+        fn = _autograd_function(
+            "_" + name.title().replace("_", "") + "Fn", impl, setup, backward)
+    setattr(OPS, name, TorchOp(name, getattr(torch.ops.symnccl, name), impl,
+                               fn))
+
+
+for _row in TABLE:
+    _declare(*_row)
+del _row
+
+_ops = torch.ops.symnccl

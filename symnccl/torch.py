@@ -91,18 +91,11 @@ from ._torch_ids import (  # noqa: F401
     _COMMS, _IDS, Communicator, _lock, _prune, _raw, _register, comm_id,
     get_communicator, wrap)
 from ._torch_bootstrap import communicator
-from ._torch_ops import (
-    _all_gather_impl, _all_reduce_add_rmsnorm_fp8_impl,
-    _all_reduce_add_rmsnorm_impl, _all_reduce_impl, _all_to_all_impl,
-    _broadcast_impl, _ops, _reduce_impl, _reduce_scatter_impl,
-    _tp_all_reduce_impl)
 from ._torch_eager import (  # noqa: F401
-    _RECORDED, _bump_version, _eager, _eager_call, _grad_enabled,
+    OPS, _RECORDED, _bump_version, _eager, _eager_call, _grad_enabled,
     _install_gate)
-from ._torch_autograd import (
-    _AllGatherFn, _AllReduceAddRMSNormFn, _AllReduceFn, _AllToAllFn,
-    _AllToAllVFn, _BroadcastFn, _ReduceFn, _ReduceScatterFn, _TPAllReduceFn,
-    _TPCopyFn)
+from ._torch_autograd import _TPCopyFn
+from ._torch_ops import _ops
 
 __all__ = ["Communicator", "communicator", "wrap", "all_reduce",
            "all_reduce_", "reduce_scatter", "all_gather", "broadcast",
@@ -132,8 +125,7 @@ def all_reduce(x: torch.Tensor, comm, op: str = "sum",
         y = symnccl.torch.all_reduce(x, comm, op="max")
     """
     if (m := _eager(x)):
-        return _eager_call(m, _AllReduceFn, _all_reduce_impl, x, comm, op,
-                           algo)
+        return _eager_call(m, OPS.all_reduce, x, comm, op, algo)
     return _ops.all_reduce(x, comm_id(comm), op, algo)
 
 
@@ -180,8 +172,7 @@ def reduce_scatter(x: torch.Tensor, comm, op: str = "sum",
         z = symnccl.torch.reduce_scatter(h @ w_row, comm)   # (T, H)
     """
     if (m := _eager(x)):
-        return _eager_call(m, _ReduceScatterFn, _reduce_scatter_impl, x, comm,
-                           op, algo)
+        return _eager_call(m, OPS.reduce_scatter, x, comm, op, algo)
     return _ops.reduce_scatter(x, comm_id(comm), op, algo)
 
 
@@ -195,7 +186,7 @@ def all_gather(x: torch.Tensor, comm, algo: str = "auto") -> torch.Tensor:
         h = symnccl.torch.all_gather(x_shard, comm)         # (n * T, H)
     """
     if (m := _eager(x)):
-        return _eager_call(m, _AllGatherFn, _all_gather_impl, x, comm, algo)
+        return _eager_call(m, OPS.all_gather, x, comm, algo)
     return _ops.all_gather(x, comm_id(comm), algo)
 
 
@@ -211,8 +202,7 @@ def broadcast(x: torch.Tensor, comm, root: int = 0,
         w = symnccl.torch.broadcast(w, comm, root=0)
     """
     if (m := _eager(x)):
-        return _eager_call(m, _BroadcastFn, _broadcast_impl, x, comm, root,
-                           algo)
+        return _eager_call(m, OPS.broadcast, x, comm, root, algo)
     return _ops.broadcast(x, comm_id(comm), root, algo)
 
 
@@ -230,7 +220,7 @@ def reduce(x: torch.Tensor, comm, root: int = 0, op: str = "sum",
         total = symnccl.torch.reduce(loss, comm, root=0, algo="one_shot")
     """
     if (m := _eager(x)):
-        return _eager_call(m, _ReduceFn, _reduce_impl, x, comm, root, op, algo)
+        return _eager_call(m, OPS.reduce, x, comm, root, op, algo)
     return _ops.reduce(x, comm_id(comm), root, op, algo)
 
 
@@ -246,8 +236,7 @@ def tp_all_reduce(x: torch.Tensor, comm, algo: str = "auto") -> torch.Tensor:
         y = symnccl.torch.tp_all_reduce(h @ w2, comm) + b2
     """
     if (m := _eager(x)):
-        return _eager_call(m, _TPAllReduceFn, _tp_all_reduce_impl, x, comm,
-                           algo)
+        return _eager_call(m, OPS.tp_all_reduce, x, comm, algo)
     return _ops.tp_all_reduce(x, comm_id(comm), algo)
 
 
@@ -299,7 +288,7 @@ def all_reduce_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor,
         if quant != "fp8":
             raise ValueError(f"quant={quant!r}, expected None or 'fp8'")
         if _eager(x):
-            return _all_reduce_add_rmsnorm_fp8_impl(
+            return OPS.all_reduce_add_rmsnorm_fp8.impl(
                 _raw(comm), x, residual, weight, eps, scale, algo)
         return _ops.all_reduce_add_rmsnorm_fp8(x, comm_id(comm), residual,
                                                weight, eps, scale, algo)
@@ -310,17 +299,16 @@ def all_reduce_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor,
                 residual.requires_grad or weight.requires_grad):
             # autograd records the call for the residual's or the
             # weight's gradient (_eager_call looks at x alone)
-            return _AllReduceAddRMSNormFn.apply(x, comm_id(comm), residual,
-                                                weight, eps, algo)
-        return _eager_call(m, _AllReduceAddRMSNormFn,
-                           _all_reduce_add_rmsnorm_impl, x, comm, residual,
+            return OPS.all_reduce_add_rmsnorm.fn.apply(
+                x, comm_id(comm), residual, weight, eps, algo)
+        return _eager_call(m, OPS.all_reduce_add_rmsnorm, x, comm, residual,
                            weight, eps, algo)
     return _ops.all_reduce_add_rmsnorm(x, comm_id(comm), residual, weight,
                                        eps, algo)
 
 
 # --------------------------------------------------------------- all-to-all
-# (symnccl/_torch_ops.py: the ops; symnccl/_torch_autograd.py: backward)
+# (symnccl/_torch_ops.py: the ops' rows; symnccl/_torch_autograd.py: backward)
 
 def all_to_all(x: torch.Tensor, comm, algo: str = "auto") -> torch.Tensor:
     """All-to-all of equal blocks along dim 0, as
@@ -335,7 +323,7 @@ def all_to_all(x: torch.Tensor, comm, algo: str = "auto") -> torch.Tensor:
         y = symnccl.torch.all_to_all(tokens, comm, algo="push")
     """
     if (m := _eager(x)):
-        return _eager_call(m, _AllToAllFn, _all_to_all_impl, x, comm, algo)
+        return _eager_call(m, OPS.all_to_all, x, comm, algo)
     return _ops.all_to_all(x, comm_id(comm), algo)
 
 
@@ -367,8 +355,8 @@ def all_to_all_v(x: torch.Tensor, out: torch.Tensor, in_splits, comm,
         _raw(comm).all_to_all_v(x.contiguous(), out, in_splits, got, algo)
         return out, got
     if m:
-        y, got = _AllToAllVFn.apply(x, comm_id(comm), in_splits,
-                                    out.shape[0], algo)
+        y, got = OPS.all_to_all_v.fn.apply(x, comm_id(comm), in_splits,
+                                           out.shape[0], algo)
     else:
         if not isinstance(in_splits, torch.Tensor):
             in_splits = torch.tensor(list(in_splits), dtype=torch.int64,

@@ -116,23 +116,6 @@ def python_uses(name):
 #: split shrinks the entry; a file that no longer uses Python leaves the
 #: list), so this stays the exact list of what is left.
 PYTHON_PENDING = {
-    "runtime/abi": (
-        "PyDict_New", "PyDict_SetItem", "PyErr_Format",
-        "PyExc_ImportError", "PyList_Append", "PyList_AsTuple",
-        "PyList_New", "PyLong_FromLong", "PyModule_AddObjectRef",
-        "PyObject", "Py_BuildValue", "Py_CLEAR", "Py_DECREF",
-        "Py_XDECREF"),
-    "runtime/faults": (
-        "PyArg_ParseTuple", "PyDict_GetItemString",
-        "PyErr_CheckSignals", "PyErr_Format", "PyErr_Occurred",
-        "PyErr_SetFromErrno", "PyErr_SetObject", "PyExc_OSError",
-        "PyExc_RuntimeError", "PyExc_ValueError", "PyLong_AsLong",
-        "PyLong_FromLong", "PyMethodDef", "PyModule_AddFunctions",
-        "PyObject", "PyObject_CallFunctionObjArgs",
-        "PyObject_SetAttrString", "Py_BEGIN_ALLOW_THREADS",
-        "Py_BuildValue", "Py_CLEAR", "Py_DECREF",
-        "Py_END_ALLOW_THREADS", "Py_INCREF", "Py_NewRef", "Py_None",
-        "Py_RETURN_NONE", "Py_XDECREF", "SN_CUDA_GOTO"),
     "runtime/lifecycle": (
         "PyErr_Clear", "PyErr_ExceptionMatches", "PyErr_Fetch",
         "PyErr_Format", "PyErr_NoMemory", "PyErr_Restore",
@@ -143,48 +126,8 @@ PYTHON_PENDING = {
         "PyType_GetSlot", "Py_BEGIN_ALLOW_THREADS", "Py_DECREF",
         "Py_END_ALLOW_THREADS", "Py_NewRef", "Py_None", "Py_ssize_t",
         "Py_tp_alloc", "SN_CUDA_GOTO", "SN_NCCL_GOTO",
-        "sn_device_pop", "sn_device_push", "sn_set_cuda_error",
-        "sn_set_nccl_error", "sn_state_from_type"),
-    "runtime/loopback": (
-        "PyErr_Format", "PyErr_NoMemory", "PyExc_RuntimeError",
-        "SN_CUDA_GOTO"),
-    "runtime/nccl_policy": (
-        "PyArg_ParseTuple", "PyBool_FromLong", "PyErr_Format",
-        "PyErr_Occurred", "PyExc_ValueError", "PyList_Append",
-        "PyList_AsTuple", "PyList_New", "PyLong_AsLong",
-        "PyLong_FromLong", "PyMethodDef", "PyModule_AddFunctions",
-        "PyModule_AddIntConstant", "PyModule_AddObjectRef",
-        "PyObject", "PyTuple_GetItem", "PyTuple_New",
-        "PyTuple_SetItem", "PyTuple_Size", "PyTuple_Type",
-        "PyUnicode_FromFormat", "PyUnicode_FromString",
-        "Py_BuildValue", "Py_CLEAR", "Py_NewRef", "Py_None",
-        "Py_XDECREF", "Py_ssize_t"),
-    "runtime/registry": (
-        "PyDict_New", "PyDict_SetItemString", "PyErr_Fetch",
-        "PyErr_Format", "PyErr_NormalizeException", "PyErr_SetString",
-        "PyErr_WarnFormat", "PyExc_RuntimeWarning",
-        "PyExc_SystemError", "PyExc_ValueError", "PyFloat_AsDouble",
-        "PyFloat_FromDouble", "PyFloat_FromString", "PyList_Append",
-        "PyList_AsTuple", "PyList_New", "PyLong_FromLong",
-        "PyModule_AddObjectRef", "PyObject", "PyTuple_GetItem",
-        "PyTuple_New", "PyTuple_SetItem", "PyUnicode_DecodeFSDefault",
-        "PyUnicode_FromString", "Py_BuildValue", "Py_CLEAR",
-        "Py_DECREF", "Py_False", "Py_NewRef", "Py_None", "Py_True",
-        "Py_XDECREF", "Py_ssize_t"),
-    "runtime/staging": (
-        "PyObject", "Py_BEGIN_ALLOW_THREADS", "Py_BuildValue",
-        "Py_END_ALLOW_THREADS", "Py_ssize_t", "SN_CUDA_GOTO",
-        "sn_set_cuda_error", "sn_set_nccl_error"),
-    "runtime/wait": (
-        "PyErr_CheckSignals", "PyErr_Format", "PyExc_RuntimeError",
-        "PyExc_TimeoutError", "PyExc_ValueError",
-        "PyFloat_FromDouble", "PyList_Append", "PyObject",
-        "Py_BEGIN_ALLOW_THREADS", "Py_DECREF", "Py_END_ALLOW_THREADS",
-        "sn_set_nccl_error"),
-    "runtime/watchdog": (
-        "PyGILState_Ensure", "PyGILState_Release", "PyGILState_STATE",
-        "Py_BEGIN_ALLOW_THREADS", "Py_DECREF", "Py_END_ALLOW_THREADS"),
-    "runtime/windows": (
-        "PyErr_NoMemory", "PyErr_SetString", "PyExc_RuntimeError",
-        "Py_BEGIN_ALLOW_THREADS", "Py_END_ALLOW_THREADS"),
+        "sn_device_pop", "sn_device_push", "sn_fault_check",
+        "sn_fault_raise", "sn_nccl_complete", "sn_raise",
+        "sn_set_cuda_error", "sn_set_nccl_error", "sn_state_from_type",
+        "sn_wait_comms"),
 }

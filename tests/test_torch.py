@@ -285,6 +285,64 @@ def test_eager_functions_give_the_ops_values_and_gradients(cpu_eager):
                         torch.ones_like(x))
 
 
+def _symnccl_frames(fn):
+    """The names of the Python frames of symnccl's own that fn() enters."""
+    import os
+    import sys
+
+    import symnccl
+    root = os.path.dirname(symnccl.__file__)
+    names = []
+
+    def prof(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename.startswith(root):
+            names.append(frame.f_code.co_name)
+    sys.setprofile(prof)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return names
+
+
+def test_eager_calls_enter_no_more_python_frames_than_counted(cpu_eager):
+    """The eager path's Python cost, in symnccl's frames per call: the
+    public function, the gate, _eager_call, the communicator's unwrap and
+    the op's work (autograd recording: the Function's forward, the id
+    lookup and the formula's setup instead of the unwrap). A frame more
+    here is a cost on every eager call (docs/PERFORMANCE.md, 'Eager host
+    path')."""
+    import symnccl.torch as snt
+    comm = _mirror()
+    x = torch.randn(8, 3, dtype=torch.float64)
+    xr = x.clone().requires_grad_(True)
+    plain = ["_eager", "_eager_call", "_raw"]
+    want = {
+        "all_reduce": (lambda t: snt.all_reduce(t, comm),
+                       plain + ["_all_reduce_impl"]),
+        "reduce_scatter": (lambda t: snt.reduce_scatter(t, comm),
+                           plain + ["_reduce_scatter_impl"]),
+        "all_gather": (lambda t: snt.all_gather(t, comm),
+                       plain + ["_all_gather_impl"]),
+        "broadcast": (lambda t: snt.broadcast(t, comm),
+                      plain + ["_broadcast_impl"]),
+        "reduce": (lambda t: snt.reduce(t, comm), plain + ["_reduce_impl"]),
+        "tp_all_reduce": (lambda t: snt.tp_all_reduce(t, comm),
+                          plain + ["_tp_all_reduce_impl",
+                                   "_all_reduce_impl"]),
+    }
+    for name, (f, frames) in want.items():
+        f(x)
+        assert _symnccl_frames(lambda: f(x)) == [name] + frames, name
+    recorded = _symnccl_frames(lambda: snt.all_reduce(xr * 1, comm))
+    assert recorded == ["all_reduce", "_eager", "_eager_call", "comm_id",
+                        "forward", "get_communicator", "_all_reduce_impl",
+                        "_setup_all_reduce"], recorded
+    t = x.clone()
+    assert _symnccl_frames(lambda: snt.all_reduce_(t, comm)) == [
+        "all_reduce_", "_eager", "_raw"]
+
+
 def _gy_like(f, x):
     """A fixed upstream gradient of f(x)'s shape."""
     with torch.no_grad():

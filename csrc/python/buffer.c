@@ -55,6 +55,37 @@ error:
     return -1;
 }
 
+/* The window of a SymmetricBuffer's memory [base, base+size): the live
+ * window that holds it (windows.c), else one registered now (collective:
+ * every rank registers its buffer), the GIL released while NCCL runs;
+ * NULL with an exception. */
+static sn_window *
+window_acquire(SNState *st, CommObject *c, char *base, size_t size)
+{
+    sn_window *w = sn_window_share(c, base, size);
+    if (w != NULL)
+        return w;
+    if (c->comm == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "a loopback communicator "
+                        "(Communicator._loopback) registers no windows");
+        return NULL;
+    }
+    w = sn_window_node(c, base, size);
+    if (w == NULL) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    ncclResult_t rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = sn_window_register(c, w);
+    Py_END_ALLOW_THREADS
+    if (sn_nccl_complete(st, c, rc, "ncclCommWindowRegister") < 0) {
+        sn_window_forget(c, w);
+        return NULL;
+    }
+    return w;
+}
+
 /* A new buffer object of type tp with a C-contiguous shape (its memory
  * not yet set: the callers' own). */
 static BufferObject *
@@ -138,7 +169,7 @@ sn_buffer_new(SNState *st, CommObject *comm, PyTypeObject *tp, int ndim,
     if (stream != NULL)
         sn_buffer_mark_written(b, stream);
     if (tp == st->SymmetricBufferType) {
-        b->win = sn_window_acquire(st, comm, b->ptr, alloc);
+        b->win = window_acquire(st, comm, b->ptr, alloc);
         if (b->win == NULL)
             goto error;
         if (st->group_depth > 0) {

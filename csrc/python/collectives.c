@@ -329,9 +329,10 @@ check_call(sn_call *k, int collective, size_t count, const sn_op *op,
     };
     char *dev;
     sn_sig *all;
-    if (sn_check_buffers(k->st, c, sizeof(sn_sig), (void **)&dev,
-                         (void **)&all) < 0)
-        return -1;
+    sn_err err;
+    if (sn_check_buffers(c, sizeof(sn_sig), (void **)&dev, (void **)&all,
+                         &err) < 0)
+        return sn_raise(k->st, &err);
     const size_t n = (size_t)c->nranks, sz = sizeof(sn_sig);
     /* from pinned memory: a pageable copy would first wait for the stream,
      * without a bound */

@@ -239,12 +239,26 @@ comm_loopback(PyObject *cls, PyObject *args, PyObject *kw)
         if (cs[q] == NULL)
             goto done;
     }
-    t = sn_loopback_new(st, nranks, device, cs[0]->mem.layout.bytes);
-    if (t == NULL)
+    sn_err err;
+    t = sn_loopback_new(nranks, device, cs[0]->mem.layout.bytes, &err);
+    if (t == NULL) {
+        sn_raise(st, &err);
         goto done;
-    for (int q = 0; q < nranks; q++)
-        if (sn_loopback_join(st, cs[q], t) < 0)
+    }
+    for (int q = 0; q < nranks; q++) {
+        if (sn_scratch_alloc(cs[q], &err) < 0) {
+            sn_raise(st, &err);
             goto done;
+        }
+        if (sn_fault_alloc(cs[q], &err) < 0) {
+            sn_raise(st, &err);
+            goto done;
+        }
+        if (sn_loopback_join(cs[q], t, &err) < 0) {
+            sn_raise(st, &err);
+            goto done;
+        }
+    }
     /* the kernels' addressing of the peers holds for this layout */
     SN_CUDA_GOTO(st, symnccl_lsa_layout_ok(cs[0]->mem.staging_win->win, nranks,
                                            &ok),
@@ -754,7 +768,17 @@ comm_launches(CommObject *self, PyObject *unused)
 static PyObject *
 comm_staging_layout(CommObject *self, PyObject *unused)
 {
-    return sn_layout_dict(self);
+    const sn_layout *l = &self->mem.layout;
+    return Py_BuildValue(
+        "{s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n}", "staging",
+        (Py_ssize_t)l->staging, "ll_offset", (Py_ssize_t)l->ll_offset,
+        "ll_row", (Py_ssize_t)l->ll_row, "ll128_offset",
+        (Py_ssize_t)l->ll128_offset, "ll128_row", (Py_ssize_t)l->ll128_row,
+        "push_offset", (Py_ssize_t)l->push_offset, "push_data",
+        (Py_ssize_t)l->push_data, "push_slot", (Py_ssize_t)l->push_slot,
+        "ctl_offset", (Py_ssize_t)l->ctl_offset, "splits_offset",
+        (Py_ssize_t)l->splits_offset, "bytes",
+        (Py_ssize_t)l->bytes);
 }
 
 /* CTA 0's call counter of a kernel's counters (testing: the push

@@ -69,7 +69,21 @@ sn_raise(SNState *st, const sn_err *e)
         return sn_set_nccl_error(st, e->nccl, NULL, e->msg);
     if (e->cuda != cudaSuccess)
         return sn_set_cuda_error(st, e->cuda, e->msg);
-    PyErr_SetString(e->not_implemented ? PyExc_NotImplementedError
-                                       : PyExc_RuntimeError, e->msg);
-    return -1;
+    switch (e->kind) {
+    case SN_ERR_NO_MEMORY:
+        PyErr_NoMemory();
+        return -1;
+    case SN_ERR_NOT_IMPLEMENTED:
+        PyErr_SetString(PyExc_NotImplementedError, e->msg);
+        return -1;
+    case SN_ERR_VALUE:
+        PyErr_SetString(PyExc_ValueError, e->msg);
+        return -1;
+    case SN_ERR_SYSTEM:
+        PyErr_SetString(PyExc_SystemError, e->msg);
+        return -1;
+    default:
+        PyErr_SetString(PyExc_RuntimeError, e->msg);
+        return -1;
+    }
 }

@@ -116,6 +116,32 @@ py_set_hooks(PyObject *module, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* The watchdog's handler (runtime/watchdog.c calls it from its thread):
+ * with the GIL, records and aborts every expired communicator that no
+ * thread is inside. */
+static void
+watch_expired(void)
+{
+    PyGILState_STATE g = PyGILState_Ensure();
+    CommObject *todo[16];
+    int n = sn_watch_collect(todo, 16);
+    for (int i = 0; i < n; i++)   /* the GIL held since the collect */
+        Py_INCREF((PyObject *)todo[i]);
+    for (int i = 0; i < n; i++) {
+        CommObject *c = todo[i];
+        const int signalled = c->fail.fault != NULL &&
+                              ((volatile symnccl_fault *)c->fail.fault)->abort;
+        sn_fault_record(c, signalled ? SYMNCCL_FAULT_ABORT
+                                     : SYMNCCL_FAULT_TIMEOUT,
+                        SYMNCCL_K_COUNT, c->watch.collective, -1,
+                        SYMNCCL_WAIT_NCCL,
+                        c->timeout + (sn_now() - c->watch.deadline), NULL);
+        sn_comm_abort_owned(c->st, c);
+        Py_DECREF(c);
+    }
+    PyGILState_Release(g);
+}
+
 /* Interpreter exit: close what is still open (bounded by `timeout`, abort
  * on failure), then stop freeing device memory: the CUDA runtime may already
  * be going away when the last objects are collected. */
@@ -128,7 +154,11 @@ py_shutdown(PyObject *module, PyObject *arg)
         sn_check_timeout(timeout, "_shutdown: timeout") < 0)
         return NULL;
     int failures = sn_comm_shutdown_all(st, timeout);
-    sn_watch_shutdown();
+    if (sn_watch_stop()) {
+        Py_BEGIN_ALLOW_THREADS
+        sn_watch_join();
+        Py_END_ALLOW_THREADS
+    }
     st->shutting_down = 1;
     return PyLong_FromLong(failures);
 }
@@ -348,10 +378,13 @@ py_auto_algo_for(PyObject *module, PyObject *args)
     int in_window;
     sn_topology t;
     sn_knobs k;
+    sn_err err;
     if (!PyArg_ParseTuple(args, "O!nssp|s", &PyDict_Type, &topo, &bytes, &d,
                           &o, &in_window, &cname) ||
-        topology_from_dict(topo, &t) < 0 || sn_knobs_read(&k) < 0)
+        topology_from_dict(topo, &t) < 0)
         return NULL;
+    if (sn_knobs_read(&k, &err) < 0)
+        return (sn_raise(get_state(module), &err), NULL);
     return sn_py_auto_algo(&t, &k, bytes, d, o, in_window, cname);
 }
 
@@ -536,18 +569,14 @@ sn_exec(PyObject *module)
                      ncclGetErrorString(vrc));
         return -1;
     }
-    if (sn_abi_select(v) < 0)
-        return -1;
-    if (sn_abi_export(module) < 0 || sn_nccl_policy_export(module) < 0 ||
-        sn_fault_export(module) < 0)
-        return -1;
-    PyObject *builds = sn_abi_builds();
-    if (builds == NULL ||
-        PyModule_AddObjectRef(module, "NCCL_DEVICE_API_BUILDS", builds) < 0) {
-        Py_XDECREF(builds);
+    char why[1024];
+    if (sn_abi_select(v, why, sizeof(why)) < 0) {
+        PyErr_SetString(PyExc_ImportError, why);
         return -1;
     }
-    Py_DECREF(builds);
+    if (sn_nccl_info_export(module) < 0 || sn_fault_export(module) < 0)
+        return -1;
+    sn_watch_on_expired(watch_expired);
     sn_xla_init(st);
     if (sn_xla_export(module) < 0)
         return -1;

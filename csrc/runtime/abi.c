@@ -11,6 +11,7 @@
 #include "symnccl.h"
 
 #include <dlfcn.h>
+#include <stdio.h>
 
 #ifndef SYMNCCL_NCCL_BUILDS
 #error "setup.py defines SYMNCCL_NCCL_BUILDS(X): the NCCL minors built"
@@ -43,7 +44,7 @@ library_path(void)
 static char caveat[600];
 
 int
-sn_abi_select(int nccl_version_code)
+sn_abi_select(int nccl_version_code, char *msg, size_t size)
 {
     int heads[N_BUILDS > 0 ? N_BUILDS : 1];
     char why[600];
@@ -55,8 +56,7 @@ sn_abi_select(int nccl_version_code)
                                      sizeof(why));
     if (i < 0) {
         /* symnccl would run without its kernels: it does not run at all */
-        PyErr_Format(PyExc_ImportError, "%s (libnccl: %s)", why,
-                     library_path());
+        snprintf(msg, size, "%s (libnccl: %s)", why, library_path());
         return -1;
     }
     K = builds[i];
@@ -79,21 +79,13 @@ sn_abi_headers(void)
 }
 
 int
-sn_abi_export(PyObject *module)
+sn_abi_build(int i, int *minor, int *headers)
 {
-    PyObject *d = PyDict_New();
-    for (int i = 0; d != NULL && builds[i] != NULL; i++) {
-        PyObject *k = PyLong_FromLong(builds[i]->nccl_minor);
-        PyObject *v = PyLong_FromLong(builds[i]->nccl_headers);
-        if (k == NULL || v == NULL || PyDict_SetItem(d, k, v) < 0)
-            Py_CLEAR(d);
-        Py_XDECREF(k);
-        Py_XDECREF(v);
-    }
-    int rc = d == NULL ? -1
-             : PyModule_AddObjectRef(module, "NCCL_DEVICE_API_HEADERS", d);
-    Py_XDECREF(d);
-    return rc;
+    if (i < 0 || i >= N_BUILDS)
+        return 0;
+    *minor = builds[i]->nccl_minor;
+    *headers = builds[i]->nccl_headers;
+    return 1;
 }
 
 int
@@ -108,23 +100,6 @@ sn_abi_multi_gpu_caveat(int minor)
     if (K == NULL || K->nccl_minor != minor || caveat[0] == '\0')
         return NULL;
     return caveat;
-}
-
-PyObject *
-sn_abi_builds(void)
-{
-    PyObject *t = PyList_New(0);
-    for (int i = 0; t != NULL && builds[i] != NULL; i++) {
-        PyObject *v = Py_BuildValue("(ii)", 2, builds[i]->nccl_minor);
-        if (v == NULL || PyList_Append(t, v) < 0)
-            Py_CLEAR(t);
-        Py_XDECREF(v);
-    }
-    if (t == NULL)
-        return NULL;
-    PyObject *r = PyList_AsTuple(t);
-    Py_DECREF(t);
-    return r;
 }
 
 /* ------------------------------------------------------------------ */

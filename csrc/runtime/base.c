@@ -15,7 +15,15 @@ sn_fail(sn_err *e, cudaError_t cuda, ncclResult_t nccl, const char *fmt, ...)
     va_end(ap);
     e->cuda = cuda;
     e->nccl = nccl;
-    e->not_implemented = 0;
+    e->kind = SN_ERR_RUNTIME;
+    return -1;
+}
+
+int
+sn_fail_no_memory(sn_err *e)
+{
+    sn_fail(e, cudaSuccess, ncclSuccess, "out of memory");
+    e->kind = SN_ERR_NO_MEMORY;
     return -1;
 }
 

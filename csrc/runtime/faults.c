@@ -12,6 +12,9 @@
  *   - stopping the kernels: the abort flag their waits poll, and this
  *     rank's fault word, which every kernel reads at entry, written through
  *     a stream of the communicator's own that no other work can block.
+ *
+ * No Python here: python/failures.c raises the failure, waits for an
+ * eager NCCL call with the GIL released, and installs abort_on_signal.
  */
 #include "symnccl.h"
 
@@ -46,27 +49,34 @@ name_of(const char *const *names, int count, int i)
 
 static void fault_track(symnccl_fault *rec, int on);
 
+const char *
+sn_fault_reason_name(int reason)
+{
+    return name_of(fault_names, SYMNCCL_FAULT_COUNT, reason);
+}
+
 int
-sn_fault_alloc(SNState *st, CommObject *c)
+sn_fault_alloc(CommObject *c, sn_err *err)
 {
     fault_host *h = NULL;
-    SN_CUDA_GOTO(st, cudaHostAlloc((void **)&h, sizeof(*h),
-                                   cudaHostAllocMapped |
-                                       cudaHostAllocPortable),
-                 "cudaHostAlloc (failure record)", error);
+    SN_CUDA_ERR_GOTO(err, cudaHostAlloc((void **)&h, sizeof(*h),
+                                        cudaHostAllocMapped |
+                                            cudaHostAllocPortable),
+                     "cudaHostAlloc (failure record)", error);
     memset(h, 0, sizeof(*h));
     fault_track(&h->rec, 1);
     c->fail.fault = &h->rec;
     c->fail.fault_src = &h->word;
-    SN_CUDA_GOTO(st, cudaHostGetDevicePointer((void **)&c->fail.fault_dev,
+    SN_CUDA_ERR_GOTO(err,
+                     cudaHostGetDevicePointer((void **)&c->fail.fault_dev,
                                               &h->rec, 0),
-                 "cudaHostGetDevicePointer (failure record)", error);
-    SN_CUDA_GOTO(st, cudaStreamCreateWithFlags(&c->fail.ctl_stream,
-                                               cudaStreamNonBlocking),
-                 "cudaStreamCreateWithFlags", error);
-    SN_CUDA_GOTO(st, cudaEventCreateWithFlags(&c->watch.event,
-                                              cudaEventDisableTiming),
-                 "cudaEventCreateWithFlags", error);
+                     "cudaHostGetDevicePointer (failure record)", error);
+    SN_CUDA_ERR_GOTO(err, cudaStreamCreateWithFlags(&c->fail.ctl_stream,
+                                                    cudaStreamNonBlocking),
+                     "cudaStreamCreateWithFlags", error);
+    SN_CUDA_ERR_GOTO(err, cudaEventCreateWithFlags(&c->watch.event,
+                                                   cudaEventDisableTiming),
+                     "cudaEventCreateWithFlags", error);
     return 0;
 error:
     return -1;
@@ -205,60 +215,8 @@ sn_fault_describe(const CommObject *c, char *buf, size_t size)
              "(README: Failures)", what);
 }
 
-PyObject *
-sn_fault_dict(CommObject *c)
-{
-    if (!sn_fault_poll(c))
-        Py_RETURN_NONE;
-    const symnccl_fault *f = &c->fail.failure;
-    char msg[700];
-    sn_fault_describe(c, msg, sizeof(msg));
-    PyObject *rank = f->peer >= 0 ? PyLong_FromLong(f->peer)
-                                  : Py_NewRef(Py_None);
-    return Py_BuildValue(
-        "{s:s,s:s,s:s,s:N,s:d,s:i,s:K,s:s}",
-        "reason", name_of(fault_names, SYMNCCL_FAULT_COUNT, (int)f->reason),
-        "collective", sn_collective_name(f->collective),
-        "kernel", sn_kernel_name(f->kernel),
-        "rank", rank, "waited", (double)f->waited_ns * 1e-9, "cta", f->cta,
-        "flag", (unsigned long long)f->flag, "message", msg);
-}
-
-int
-sn_fault_raise(SNState *st, CommObject *c)
-{
-    PyObject *d = sn_fault_dict(c);
-    if (d == NULL || d == Py_None) {
-        Py_XDECREF(d);
-        return d == NULL ? -1 : 0;
-    }
-    PyObject *type = c->fail.failure.reason == SYMNCCL_FAULT_MISMATCH
-                         ? st->CallMismatchError : st->PeerTimeoutError;
-    PyObject *exc = PyObject_CallFunctionObjArgs(
-        type, PyDict_GetItemString(d, "message"), NULL);
-    static const char *const attrs[] = {"rank", "collective", "kernel",
-                                        "reason", "waited"};
-    for (size_t i = 0; exc != NULL && i < sizeof(attrs) / sizeof(*attrs);
-         i++)
-        if (PyObject_SetAttrString(exc, attrs[i],
-                                   PyDict_GetItemString(d, attrs[i])) < 0)
-            Py_CLEAR(exc);
-    Py_DECREF(d);
-    if (exc == NULL)
-        return -1;
-    PyErr_SetObject(type, exc);
-    Py_DECREF(exc);
-    return -1;
-}
-
-int
-sn_fault_check(SNState *st, CommObject *c)
-{
-    return sn_fault_poll(c) ? sn_fault_raise(st, c) : 0;
-}
-
-static void
-nap(void)
+void
+sn_fault_nap(void)
 {
     struct timespec t = {0, 1000000};
     nanosleep(&t, NULL);
@@ -285,14 +243,14 @@ sn_fault_stop_kernels(CommObject *c, int reason, double seconds)
     while (e == cudaSuccess &&
            (e = cudaStreamQuery(c->fail.ctl_stream)) == cudaErrorNotReady &&
            sn_now() < until)
-        nap();
+        sn_fault_nap();
     (void)cudaGetLastError();
     cudaSetDevice(prev);
 }
 
 /* 1 when ev is NULL, complete, or failed. */
-static int
-event_done(cudaEvent_t ev)
+int
+sn_event_done(cudaEvent_t ev)
 {
     if (ev == NULL)
         return 1;
@@ -308,46 +266,12 @@ sn_fault_drain(CommObject *c, double seconds, int nccl)
 {
     double until = sn_deadline(seconds);
     for (;;) {
-        if (event_done(c->order.event) &&
-            (!nccl || event_done(c->watch.event)))
+        if (sn_event_done(c->order.event) &&
+            (!nccl || sn_event_done(c->watch.event)))
             return 1;
         if (sn_now() >= until)
             return 0;
-        nap();
-    }
-}
-
-int
-sn_fault_wait_nccl(SNState *st, CommObject *c, int collective)
-{
-    double start = sn_now(), deadline = start + c->timeout;
-    const double spin = start + SN_WAIT_SPIN_SECONDS;
-    for (;;) {
-        int done;
-        double slice = sn_deadline(0.05);
-        Py_BEGIN_ALLOW_THREADS
-        while (!(done = event_done(c->watch.event)) && !c->life.stop &&
-               sn_now() < (slice < deadline ? slice : deadline))
-            if (sn_now() >= spin)   /* spin first (symnccl.h) */
-                nap();
-        Py_END_ALLOW_THREADS
-        /* an abort first: the work it stopped may complete as it gives up,
-         * and the call must not read as a success then */
-        if (c->life.stop) {
-            PyErr_Format(PyExc_RuntimeError, "%s on rank %d was interrupted "
-                         "by abort()", sn_collective_name(collective), c->rank);
-            return -1;
-        }
-        if (done)
-            return 0;
-        if (PyErr_CheckSignals() < 0)
-            return -1;
-        if (sn_now() >= deadline) {
-            sn_fault_record(c, SYMNCCL_FAULT_TIMEOUT, SYMNCCL_K_COUNT,
-                            collective, -1, SYMNCCL_WAIT_NCCL,
-                            sn_now() - start, NULL);
-            return sn_fault_raise(st, c);
-        }
+        sn_fault_nap();
     }
 }
 
@@ -394,29 +318,22 @@ on_signal(int sig, siginfo_t *info, void *ctx)
         p->sa_handler(sig);
 }
 
-PyObject *
-sn_py_abort_on_signal(PyObject *module, PyObject *arg)
+int
+sn_abort_on_signal(int sig)
 {
-    int sig = PyLong_AsLong(arg);
-    if (sig == -1 && PyErr_Occurred())
-        return NULL;
-    if (sig <= 0 || sig >= NSIG) {
-        PyErr_Format(PyExc_ValueError, "signal %d is out of range", sig);
-        return NULL;
-    }
+    if (sig <= 0 || sig >= NSIG)
+        return -2;
     struct sigaction now, before;
     if (sigaction(sig, NULL, &before) < 0)
-        return PyErr_SetFromErrno(PyExc_OSError);
+        return -1;
     if ((before.sa_flags & SA_SIGINFO) && before.sa_sigaction == on_signal)
-        Py_RETURN_NONE;   /* already installed */
+        return 0;   /* already installed */
     memset(&now, 0, sizeof(now));
     now.sa_sigaction = on_signal;
     now.sa_flags = SA_SIGINFO | SA_RESTART;
     sigemptyset(&now.sa_mask);
     previous[sig] = before;
-    if (sigaction(sig, &now, NULL) < 0)
-        return PyErr_SetFromErrno(PyExc_OSError);
-    Py_RETURN_NONE;
+    return sigaction(sig, &now, NULL) < 0 ? -1 : 0;
 }
 
 /* ------------------------------------------------------------------ */
@@ -553,46 +470,8 @@ sn_watch_collect(CommObject **out, int max)
         sn_unlock(c);
         if (!idle)
             continue;
-        Py_INCREF((PyObject *)c);
-        out[n++] = c;
+        out[n++] = c;   /* the caller takes a reference, with the GIL */
     }
     pthread_mutex_unlock(&watch_mu);
     return n;
-}
-
-/* ------------------------------------------------------------------ */
-/* Testing: the fault word's code, for the CPU tests
- * (tests/test_faults.py). */
-
-static PyObject *
-py_fault_code(PyObject *module, PyObject *args)
-{
-    int reason, origin, blamed;
-    if (!PyArg_ParseTuple(args, "iii:_fault_code", &reason, &origin,
-                          &blamed))
-        return NULL;
-    if (origin < 0 || origin >= SYMNCCL_MAX_RANKS || blamed < -1 ||
-        blamed >= SYMNCCL_MAX_RANKS) {
-        PyErr_Format(PyExc_ValueError, "ranks 0..%d (blamed: -1 too) "
-                     "expected", SYMNCCL_MAX_RANKS - 1);
-        return NULL;
-    }
-    const uint64_t w = SYMNCCL_FAULT_CODE(reason, origin, blamed);
-    return Py_BuildValue("(Kiii)", (unsigned long long)w,
-                         SYMNCCL_FAULT_REASON(w), SYMNCCL_FAULT_ORIGIN(w),
-                         SYMNCCL_FAULT_NAMED(w));
-}
-
-static PyMethodDef fault_methods[] = {
-    {"_fault_code", py_fault_code, METH_VARARGS,
-     "_fault_code(reason, origin, blamed)\n--\n\n"
-     "Testing: a fault word's code and what it decodes to: (word, reason, "
-     "origin, named)."},
-    {NULL, NULL, 0, NULL},
-};
-
-int
-sn_fault_export(PyObject *module)
-{
-    return PyModule_AddFunctions(module, fault_methods);
 }

@@ -159,7 +159,9 @@ sn_comm_new(PyTypeObject *tp, int rank, int nranks, int device,
                           : multicast == SN_MC_AUTO ? "requested (auto)"
                                                     : "requested";
     live_add(sn_state_from_type(tp), c);
-    if (sn_knobs_read(&c->knobs) < 0) {
+    sn_err err;
+    if (sn_knobs_read(&c->knobs, &err) < 0) {
+        sn_raise(sn_state_from_type(tp), &err);
         Py_DECREF(c);
         return NULL;
     }
@@ -472,10 +474,29 @@ sn_comms_connect(SNState *st, CommObject **cs, int n, const ncclUniqueId *id)
     for (int i = 0; i < n; i++) {
         SN_CUDA_GOTO(st, cudaSetDevice(cs[i]->device), "cudaSetDevice",
                      error);
-        if (sn_scratch_alloc(st, cs[i]) < 0 ||
-            sn_fault_alloc(st, cs[i]) < 0 ||
-            sn_staging_alloc(st, cs[i]) < 0)
+        sn_err err;
+        if (sn_scratch_alloc(cs[i], &err) < 0) {
+            sn_raise(st, &err);
             goto error;
+        }
+        if (sn_fault_alloc(cs[i], &err) < 0) {
+            sn_raise(st, &err);
+            goto error;
+        }
+        if (sn_staging_wanted(cs[i])) {
+            Py_BEGIN_ALLOW_THREADS
+            rc = sn_staging_reserve(cs[i]);
+            Py_END_ALLOW_THREADS
+            if (rc != ncclSuccess) {
+                sn_set_nccl_error(st, rc, cs[i]->comm,
+                                  "ncclMemAlloc (staging)");
+                goto error;
+            }
+            if (sn_staging_clear(cs[i], &err) < 0) {
+                sn_raise(st, &err);
+                goto error;
+            }
+        }
     }
     if (register_staging(st, cs, n, raw) < 0)
         goto error;
@@ -974,6 +995,29 @@ sn_comm_abort(SNState *st, CommObject *c)
 
 static int close_entered(SNState *st, CommObject *c, double timeout);
 
+/* Deregisters every window of c (windows.c's list), the GIL released
+ * while NCCL runs; the nodes stay for their buffers. */
+static int
+deregister_windows(SNState *st, CommObject *c)
+{
+    for (sn_window *w = c->windows; w != NULL; w = w->next) {
+        if (w->win == NULL)
+            continue;
+        if (c->comm == NULL) {   /* a loopback rank's: its team's */
+            w->win = NULL;
+            continue;
+        }
+        ncclResult_t rc;
+        Py_BEGIN_ALLOW_THREADS
+        rc = ncclCommWindowDeregister(c->comm, w->win);
+        Py_END_ALLOW_THREADS
+        w->win = NULL;
+        if (sn_nccl_complete(st, c, rc, "ncclCommWindowDeregister") < 0)
+            return -1;
+    }
+    return 0;
+}
+
 /* close() waiting at most `timeout` for c's callers and c's work
  * (sn_comm_close: c's own timeout; exit: SYMNCCL_EXIT_TIMEOUT when
  * shorter). */
@@ -1139,7 +1183,7 @@ close_entered(SNState *st, CommObject *c, double timeout)
         if (complete_within(st, c, rc, "ncclDevCommDestroy", timeout) < 0)
             goto fail;
     }
-    if (sn_windows_deregister(st, c) < 0)
+    if (deregister_windows(st, c) < 0)
         goto fail;
     sn_loopback_leave(c);
     sn_staging_free(c);

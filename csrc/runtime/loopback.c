@@ -31,7 +31,8 @@
  * run a job.
  *
  * The team's memory goes when its last rank's does: a rank's kernels write
- * into its peers' memory.
+ * into its peers' memory. No Python here: failures are sn_errs, which
+ * comm.c raises.
  */
 #include "symnccl.h"
 
@@ -68,7 +69,7 @@ static struct {
 } drv;
 
 static int
-load_driver(void)
+load_driver(sn_err *err)
 {
     static const struct {
         const char *name;
@@ -90,9 +91,9 @@ load_driver(void)
         cudaError_t e = cudaGetDriverEntryPointByVersion(
             fns[i].name, fns[i].fn, 12000, cudaEnableDefault, &q);
         if (e != cudaSuccess || q != cudaDriverEntryPointSuccess) {
-            PyErr_Format(PyExc_RuntimeError, "loopback team: the driver "
-                         "entry point %s is not available", fns[i].name);
-            return -1;
+            return sn_fail(err, cudaSuccess, ncclSuccess, "loopback team: "
+                           "the driver entry point %s is not available",
+                           fns[i].name);
         }
     }
     drv.loaded = 1;
@@ -120,20 +121,20 @@ team_free(sn_loopback *t)
     do {                                                                \
         CUresult r_ = (call);                                           \
         if (r_ != CUDA_SUCCESS) {                                       \
-            PyErr_Format(PyExc_RuntimeError, "loopback team: %s failed " \
-                         "(CUresult %d)", what, (int)r_);               \
+            sn_fail(err, cudaSuccess, ncclSuccess, "loopback team: %s " \
+                    "failed (CUresult %d)", what, (int)r_);             \
             goto error;                                                 \
         }                                                               \
     } while (0)
 
 sn_loopback *
-sn_loopback_new(SNState *st, int nranks, int device, size_t bytes)
+sn_loopback_new(int nranks, int device, size_t bytes, sn_err *err)
 {
-    if (load_driver() < 0)
+    if (load_driver(err) < 0)
         return NULL;
     sn_loopback *t = calloc(1, sizeof(*t));
     if (t == NULL) {
-        PyErr_NoMemory();
+        sn_fail_no_memory(err);
         return NULL;
     }
     t->nranks = nranks;
@@ -160,18 +161,19 @@ sn_loopback_new(SNState *st, int nranks, int device, size_t bytes)
         CU_GOTO(drv.map(at, t->bytes, 0, t->mem[q], 0), "cuMemMap");
         t->mapped[q] = 1;
         CU_GOTO(drv.access(at, t->bytes, &access, 1), "cuMemSetAccess");
-        SN_CUDA_GOTO(st, symnccl_loopback_window((char *)t->base, q,
-                                                 &t->win[q]),
-                     "loopback window", error);
+        SN_CUDA_ERR_GOTO(err, symnccl_loopback_window((char *)t->base, q,
+                                                      &t->win[q]),
+                         "loopback window", error);
     }
     /* every region starts zeroed, as ncclMemAlloc'd staging is cleared */
     for (int q = 0; q < nranks; q++)
-        SN_CUDA_GOTO(st, cudaMemset((char *)t->base +
-                                        (size_t)q * SYMNCCL_LOOPBACK_STRIDE,
-                                    0, t->bytes),
-                     "cudaMemset (loopback)", error);
-    SN_CUDA_GOTO(st, cudaDeviceSynchronize(), "cudaDeviceSynchronize",
-                 error);
+        SN_CUDA_ERR_GOTO(err, cudaMemset((char *)t->base +
+                                             (size_t)q *
+                                                 SYMNCCL_LOOPBACK_STRIDE,
+                                         0, t->bytes),
+                         "cudaMemset (loopback)", error);
+    SN_CUDA_ERR_GOTO(err, cudaDeviceSynchronize(), "cudaDeviceSynchronize",
+                     error);
     return t;
 error:
     team_free(t);
@@ -179,24 +181,18 @@ error:
 }
 
 int
-sn_loopback_join(SNState *st, CommObject *c, sn_loopback *t)
+sn_loopback_join(CommObject *c, sn_loopback *t, sn_err *err)
 {
     const int q = c->rank;
-    if (sn_scratch_alloc(st, c) < 0 || sn_fault_alloc(st, c) < 0)
-        return -1;
-    if (symnccl_loopback_devcomm(q, t->nranks, &c->devcomm) != ncclSuccess) {
-        PyErr_NoMemory();
-        return -1;
-    }
+    if (symnccl_loopback_devcomm(q, t->nranks, &c->devcomm) != ncclSuccess)
+        return sn_fail_no_memory(err);
     c->mem.staging = (char *)t->base + (size_t)q * SYMNCCL_LOOPBACK_STRIDE;
     c->loopback = t;
     __atomic_add_fetch(&t->refs, 1, __ATOMIC_RELAXED);
     c->mem.staging_win = sn_window_node(c, c->mem.staging,
                                         c->mem.layout.bytes);
-    if (c->mem.staging_win == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
+    if (c->mem.staging_win == NULL)
+        return sn_fail_no_memory(err);
     c->mem.staging_win->win = t->win[q];
     c->lsa_size = t->nranks;
     c->lsa_rank = q;

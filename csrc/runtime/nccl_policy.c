@@ -411,230 +411,60 @@ sn_nccl_plain_reason(int nccl_version, int windows, int collective,
 }
 
 /* ------------------------------------------------------------------ */
-/* Python: the table (docs, tests) and the decisions (tests). */
-
-static PyObject *
-version_string(int code)
-{
-    return PyUnicode_FromFormat("%d.%d.%d", v_major(code), v_minor(code),
-                                v_patch(code));
-}
-
-/* The collectives' names (launch.h's list; registry.c, a later layer,
- * has the same view). */
-#define COLL_NAME_(id, name) name,
-static const char *const coll_names[SYMNCCL_COLL_COUNT] = {
-    SYMNCCL_COLLECTIVES(COLL_NAME_)};
-#undef COLL_NAME_
-
-static PyObject *
-policy_table(void)
-{
-    PyObject *rows = PyTuple_New((Py_ssize_t)N_CASES);
-    for (size_t i = 0; rows != NULL && i < N_CASES; i++) {
-        const nccl_case *k = &cases[i];
-        PyObject *colls = PyList_New(0);
-        for (int c = 0; colls != NULL && c < SYMNCCL_COLL_COUNT; c++) {
-            if (!(k->collectives >> c & 1))
-                continue;
-            PyObject *name = PyUnicode_FromString(coll_names[c]);
-            if (name == NULL || PyList_Append(colls, name) < 0)
-                Py_CLEAR(colls);
-            Py_XDECREF(name);
-        }
-        PyObject *ct = colls != NULL ? PyList_AsTuple(colls) : NULL;
-        Py_XDECREF(colls);
-        PyObject *row = ct == NULL ? NULL : Py_BuildValue(
-            "{s:N,s:N,s:N,s:s,s:n,s:s}", "lo", version_string(k->lo),
-            "hi", version_string(k->hi), "collectives", ct, "case",
-            case_names[k->what], "align", (Py_ssize_t)k->align, "reason",
-            k->reason);
-        if (row == NULL) {
-            Py_CLEAR(rows);
-            break;
-        }
-        if (PyTuple_SetItem(rows, (Py_ssize_t)i, row) < 0)
-            Py_CLEAR(rows);
-    }
-    return rows;
-}
-
-/* NCCL_SUPPORT: {"conversions": ({"headers": (lo, hi), "libraries": (lo,
- * hi), "evidence": str}, ...), "proven": ({"library", "headers", "where"},
- * ...)}, versions as strings. */
-static PyObject *
-support_tables(void)
-{
-    PyObject *conv = PyTuple_New((Py_ssize_t)N_CONVERSIONS);
-    for (size_t i = 0; conv != NULL && i < N_CONVERSIONS; i++) {
-        const nccl_conversion *c = &conversions[i];
-        PyObject *row = Py_BuildValue(
-            "{s:(NN),s:(NN),s:s}", "headers", version_string(c->headers_lo),
-            version_string(c->headers_hi), "libraries",
-            version_string(c->library_lo), version_string(c->library_hi),
-            "evidence", c->evidence);
-        if (row == NULL || PyTuple_SetItem(conv, (Py_ssize_t)i, row) < 0)
-            Py_CLEAR(conv);
-    }
-    PyObject *proven = conv == NULL ? NULL
-                                    : PyTuple_New((Py_ssize_t)N_PROOFS);
-    for (size_t i = 0; proven != NULL && i < N_PROOFS; i++) {
-        const nccl_proof *p = &proofs[i];
-        PyObject *row = Py_BuildValue(
-            "{s:N,s:N,s:s}", "library", version_string(p->library),
-            "headers", version_string(p->headers), "where", p->where);
-        if (row == NULL || PyTuple_SetItem(proven, (Py_ssize_t)i, row) < 0)
-            Py_CLEAR(proven);
-    }
-    PyObject *d = proven == NULL ? NULL : Py_BuildValue(
-        "{s:N,s:N}", "conversions", conv, "proven", proven);
-    if (proven == NULL)
-        Py_XDECREF(conv);
-    return d;
-}
-
-/* _nccl_plain_reason(version, windows, collective, x, xbytes, out,
- * outbytes, block_bytes, x_in_window, out_in_window) -> None or str;
- * collective by name, x and out as integer addresses. */
-static PyObject *
-py_plain_reason(PyObject *module, PyObject *args)
-{
-    int version, windows, xw, ow;
-    const char *cname;
-    unsigned long long x, out;
-    Py_ssize_t xbytes, outbytes, block;
-    if (!PyArg_ParseTuple(args, "iisKnKnnpp:_nccl_plain_reason", &version,
-                          &windows, &cname, &x, &xbytes, &out, &outbytes,
-                          &block, &xw, &ow))
-        return NULL;
-    int coll = -1;
-    for (int c = 0; c < SYMNCCL_COLL_COUNT; c++)
-        if (strcmp(coll_names[c], cname) == 0)
-            coll = c;
-    if (coll < 0 || xbytes < 0 || outbytes < 0 || block < 0) {
-        PyErr_Format(PyExc_ValueError, "_nccl_plain_reason: collective "
-                     "'%s' and sizes >= 0 expected", cname);
-        return NULL;
-    }
-    const char *why = sn_nccl_plain_reason(
-        version, windows, coll, (const char *)(uintptr_t)x, (size_t)xbytes,
-        (const char *)(uintptr_t)out, (size_t)outbytes, (size_t)block, xw,
-        ow);
-    return why == NULL ? Py_NewRef(Py_None) : PyUnicode_FromString(why);
-}
-
-/* _nccl_pick_build(runtime, (headers, ...)) -> the index of the build the
- * import would use beside libnccl `runtime`, or the ImportError's message
- * (str) when none may run on it. */
-static PyObject *
-py_pick_build(PyObject *module, PyObject *args)
-{
-    int runtime;
-    PyObject *seq;
-    if (!PyArg_ParseTuple(args, "iO!:_nccl_pick_build", &runtime,
-                          &PyTuple_Type, &seq))
-        return NULL;
-    int heads[16];
-    const Py_ssize_t n = PyTuple_Size(seq);
-    if (n > 16) {
-        PyErr_Format(PyExc_ValueError, "_nccl_pick_build: at most 16 "
-                     "builds, got %zd", n);
-        return NULL;
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        heads[i] = (int)PyLong_AsLong(PyTuple_GetItem(seq, i));
-        if (heads[i] == -1 && PyErr_Occurred())
-            return NULL;
-    }
-    char buf[600];
-    const int i = sn_nccl_pick_build(runtime, heads, (int)n, buf,
-                                     sizeof(buf));
-    return i >= 0 ? PyLong_FromLong(i) : PyUnicode_FromString(buf);
-}
-
-/* _nccl_multi_gpu_caveat(runtime, headers) -> None or the warning. */
-static PyObject *
-py_multi_gpu_caveat(PyObject *module, PyObject *args)
-{
-    int runtime, headers;
-    char buf[600];
-    if (!PyArg_ParseTuple(args, "ii:_nccl_multi_gpu_caveat", &runtime,
-                          &headers))
-        return NULL;
-    const char *why = sn_nccl_multi_gpu_caveat(runtime, headers, buf,
-                                               sizeof(buf));
-    return why == NULL ? Py_NewRef(Py_None) : PyUnicode_FromString(why);
-}
-
-/* _nccl_version_verdict(runtime, headers) -> None or the ImportError's
- * message. */
-static PyObject *
-py_version_verdict(PyObject *module, PyObject *args)
-{
-    int runtime, headers;
-    char buf[600];
-    if (!PyArg_ParseTuple(args, "ii:_nccl_version_verdict", &runtime,
-                          &headers))
-        return NULL;
-    const char *why = sn_nccl_version_verdict(runtime, headers, buf,
-                                              sizeof(buf));
-    return why == NULL ? Py_NewRef(Py_None) : PyUnicode_FromString(why);
-}
-
-static PyObject *
-py_pdl_early(PyObject *module, PyObject *arg)
-{
-    const long v = PyLong_AsLong(arg);
-    if (v == -1 && PyErr_Occurred())
-        return NULL;
-    return PyBool_FromLong(sn_nccl_pdl_early((int)v));
-}
-
-static PyMethodDef policy_methods[] = {
-    {"_nccl_plain_reason", py_plain_reason, METH_VARARGS,
-     "_nccl_plain_reason(version, windows, collective, x, xbytes, out, "
-     "outbytes, block_bytes, x_in_window, out_in_window)\n--\n\n"
-     "Testing: why NCCL must get plain memory for this call (None: the "
-     "buffers may go as they are); csrc/runtime/nccl_policy.c."},
-    {"_nccl_version_verdict", py_version_verdict, METH_VARARGS,
-     "_nccl_version_verdict(runtime, headers)\n--\n\n"
-     "Testing: why a kernel build against NCCL `headers` may not run on "
-     "libnccl `runtime` (the import's ImportError), or None."},
-    {"_nccl_pick_build", py_pick_build, METH_VARARGS,
-     "_nccl_pick_build(runtime, headers)\n--\n\n"
-     "Testing: the index in `headers` (a tuple of NCCL_VERSION_CODEs, one "
-     "per kernel build) of the build the import uses beside libnccl "
-     "`runtime`, or the ImportError's message when none may run on it."},
-    {"_nccl_multi_gpu_caveat", py_multi_gpu_caveat, METH_VARARGS,
-     "_nccl_multi_gpu_caveat(runtime, headers)\n--\n\n"
-     "Testing: None when libnccl `runtime` with the kernel build against "
-     "NCCL `headers` has passed `python -m symnccl` on two GPUs, else the "
-     "warning a communicator of 2+ ranks gives."},
-    {"_nccl_pdl_early", py_pdl_early, METH_O,
-     "_nccl_pdl_early(version)\n--\n\n"
-     "Testing: whether symnccl's kernels let the next kernel launch at "
-     "their entry beside libnccl `version`."},
-    {NULL, NULL, 0, NULL},
-};
+/* The tables row by row, for their Python view (python/nccl_info.c:
+ * NCCL_WINDOW_POLICY, NCCL_SUPPORT). */
 
 int
-sn_nccl_policy_export(PyObject *module)
+sn_nccl_case_row(int i, int *lo, int *hi, int *collectives,
+                 const char **case_name, size_t *align, const char **reason)
 {
-    PyObject *t = policy_table();
-    int rc = t == NULL ? -1
-                       : PyModule_AddObjectRef(module, "NCCL_WINDOW_POLICY", t);
-    Py_XDECREF(t);
-    if (rc < 0)
-        return -1;
-    if (PyModule_AddIntConstant(module, "NCCL_PDL_WAITS_FROM",
-                                PDL_WAITING_NCCL) < 0 ||
-        PyModule_AddIntConstant(module, "NCCL_NEWEST_MINOR",
-                                NEWEST_MINOR) < 0)
-        return -1;
-    t = support_tables();
-    rc = t == NULL ? -1 : PyModule_AddObjectRef(module, "NCCL_SUPPORT", t);
-    Py_XDECREF(t);
-    if (rc < 0)
-        return -1;
-    return PyModule_AddFunctions(module, policy_methods);
+    if (i < 0 || (size_t)i >= N_CASES)
+        return 0;
+    const nccl_case *k = &cases[i];
+    *lo = k->lo;
+    *hi = k->hi;
+    *collectives = k->collectives;
+    *case_name = case_names[k->what];
+    *align = k->align;
+    *reason = k->reason;
+    return 1;
+}
+
+int
+sn_nccl_conversion_row(int i, int *headers_lo, int *headers_hi,
+                       int *library_lo, int *library_hi,
+                       const char **evidence)
+{
+    if (i < 0 || (size_t)i >= N_CONVERSIONS)
+        return 0;
+    const nccl_conversion *c = &conversions[i];
+    *headers_lo = c->headers_lo;
+    *headers_hi = c->headers_hi;
+    *library_lo = c->library_lo;
+    *library_hi = c->library_hi;
+    *evidence = c->evidence;
+    return 1;
+}
+
+int
+sn_nccl_proof_row(int i, int *library, int *headers, const char **where)
+{
+    if (i < 0 || (size_t)i >= N_PROOFS)
+        return 0;
+    *library = proofs[i].library;
+    *headers = proofs[i].headers;
+    *where = proofs[i].where;
+    return 1;
+}
+
+int
+sn_nccl_newest_minor(void)
+{
+    return NEWEST_MINOR;
+}
+
+int
+sn_nccl_pdl_waits_from(void)
+{
+    return PDL_WAITING_NCCL;
 }

@@ -88,18 +88,19 @@ static char no_kernel[SYMNCCL_COLL_COUNT][192];
 static char collective_choices[192];
 
 static int
-index_kernels(void)
+index_kernels(sn_err *err)
 {
     memset(kernel_of, -1, sizeof(kernel_of));
     for (int k = 0; k < SYMNCCL_K_COUNT; k++) {
         const symnccl_kernel_row r = symnccl_kernel_row_of(k);
         signed char *slot = &kernel_of[r.collective][kernel_algo[k]][r.shot];
         if (*slot >= 0) {   /* two rows for one call: the table is wrong */
-            PyErr_Format(PyExc_SystemError, "kernels/table.h: %s and %s "
-                         "both run %s with algorithm %s (shot %d)",
-                         kernel_names[*slot], r.name,
-                         sn_collective_name(r.collective),
-                         sn_algos[kernel_algo[k]].name, r.shot);
+            sn_fail(err, cudaSuccess, ncclSuccess, "kernels/table.h: %s and "
+                    "%s both run %s with algorithm %s (shot %d)",
+                    kernel_names[*slot], r.name,
+                    sn_collective_name(r.collective),
+                    sn_algos[kernel_algo[k]].name, r.shot);
+            err->kind = SN_ERR_SYSTEM;
             return -1;
         }
         *slot = (signed char)k;
@@ -291,14 +292,11 @@ sn_collective_unavailable(const sn_topology *t, int collective, int algo,
 #define MIB ((size_t)1 << 20)
 #define ANY_SIZE ((size_t)1 << 60)   /* a limit no call reaches */
 
-/* A row: the algorithm of a call of `bytes` is the first whose limit it
- * does not exceed, in the order of the fields (a limit of 0: never, but
- * for an empty call, which launches nothing), then `above`. */
-typedef struct {
-    int collective, max_ranks;
-    size_t ll, ll128, one_shot, two_shot_window, two_shot_tensor, push;
-    int above;
-} auto_row;
+/* A row (sn_auto_row, symnccl.h): the algorithm of a call of `bytes` is
+ * the first whose limit it does not exceed, in the order of the fields (a
+ * limit of 0: never, but for an empty call, which launches nothing), then
+ * `above`. */
+typedef sn_auto_row auto_row;
 
 static const auto_row auto_table[] = {
     {SYMNCCL_COLL_ALL_REDUCE, 2, 64 * KIB, 1 * MIB, 0, 4 * MIB, 0, 0,
@@ -459,27 +457,25 @@ sn_resolve(const sn_topology *t, const sn_knobs *k, const sn_call_desc *d,
 }
 
 int
-sn_collective_by_name(const char *cname)
+sn_collective_index(const char *cname)
 {
     for (int i = 0; i < SYMNCCL_COLL_COUNT; i++)
         if (has_kernels[i] && strcmp(cname, collective_names[i]) == 0)
             return i;
-    PyErr_Format(PyExc_ValueError, "unknown collective '%s': expected %s",
-                 cname, collective_choices);
     return -1;
 }
 
-int
-sn_call_unavailable(const sn_topology *t, const char *cname, int algo,
-                    const sn_dtype *dt, const sn_op *op, const char **why)
+const char *
+sn_collective_choices(void)
 {
-    const int coll = sn_collective_by_name(cname);
-    if (coll < 0)
-        return -1;
-    *why = algo == SN_ALGO_AUTO
-               ? NULL
-               : sn_collective_unavailable(t, coll, algo, dt, op);
-    return 0;
+    return collective_choices;
+}
+
+int
+sn_collective_has_kernels(int collective)
+{
+    return collective >= 0 && collective < SYMNCCL_COLL_COUNT &&
+           has_kernels[collective];
 }
 
 /* ------------------------------------------------------------------ */
@@ -556,22 +552,6 @@ sn_algo_by_name(const char *name)
         if (strcmp(name, sn_algos[i].name) == 0)
             return i;
     return SN_ALGO_UNKNOWN;
-}
-
-int
-sn_registry_lookup(const char *algo, const char *dtype, const char *op,
-                   int *a, const sn_dtype **dt, const sn_op **o)
-{
-    *a = sn_algo_by_name(algo);
-    *dt = sn_dtype_by_name(dtype);
-    *o = sn_op_by_name(op);
-    if (*a == SN_ALGO_UNKNOWN || *dt == NULL || *o == NULL) {
-        PyErr_Format(PyExc_ValueError, "unknown algo %s, dtype %s or op %s: "
-                     "expected names from symnccl.ALGORITHMS, DTYPES, OPS",
-                     algo, dtype, op);
-        return -1;
-    }
-    return 0;
 }
 
 const char *
@@ -694,38 +674,16 @@ static const struct {
                "to close before aborting it (read at exit; a value the "
                "timeout check refuses warns and the default is used)"};
 
-PyObject *
-sn_py_exit_timeout(PyObject *module, PyObject *unused)
+void
+sn_exit_knob(const char **env, int *dflt, const char **doc)
 {
-    const char *s = getenv(exit_knob.env);
-    if (s == NULL)
-        return PyFloat_FromDouble(exit_knob.dflt);
-    PyObject *text = PyUnicode_DecodeFSDefault(s);
-    if (text == NULL)
-        return NULL;
-    PyObject *f = PyFloat_FromString(text);
-    const double v = f != NULL ? PyFloat_AsDouble(f) : -1.0;
-    Py_XDECREF(f);
-    if (f != NULL && sn_check_timeout(v, "timeout") == 0) {
-        Py_DECREF(text);
-        return PyFloat_FromDouble(v);
-    }
-    PyObject *type, *value, *tb;
-    PyErr_Fetch(&type, &value, &tb);
-    PyErr_NormalizeException(&type, &value, &tb);
-    const int rc = PyErr_WarnFormat(PyExc_RuntimeWarning, 1, "%s=%R: %S; "
-                                    "using %d s", exit_knob.env, text,
-                                    value != NULL ? value : Py_None,
-                                    exit_knob.dflt);
-    Py_XDECREF(type);
-    Py_XDECREF(value);
-    Py_XDECREF(tb);
-    Py_DECREF(text);
-    return rc < 0 ? NULL : PyFloat_FromDouble(exit_knob.dflt);
+    *env = exit_knob.env;
+    *dflt = exit_knob.dflt;
+    *doc = exit_knob.doc;
 }
 
 int
-sn_knobs_read(sn_knobs *k)
+sn_knobs_read(sn_knobs *k, sn_err *err)
 {
     for (size_t i = 0; i < N_KNOBS; i++) {
         const knob *kb = &knobs[i];
@@ -750,9 +708,10 @@ sn_knobs_read(sn_knobs *k)
                     used += (size_t)snprintf(also + used, sizeof(also) - used,
                                              "%s%s", used ? ", " : " or ",
                                              n->name);
-                PyErr_Format(PyExc_ValueError, "%s=%s is not an integer%s "
-                             "(%s; default %d)", kb->env, s, also, kb->doc,
-                             kb->dflt);
+                sn_fail(err, cudaSuccess, ncclSuccess, "%s=%s is not an "
+                        "integer%s (%s; default %d)", kb->env, s, also,
+                        kb->doc, kb->dflt);
+                err->kind = SN_ERR_VALUE;
                 return -1;
             }
             v = x < kb->lo ? kb->lo : x > kb->hi ? kb->hi : (int)x;
@@ -765,69 +724,40 @@ sn_knobs_read(sn_knobs *k)
     if (a != NULL && a[0] != '\0') {
         k->algo = sn_algo_by_name(a);
         if (k->algo == SN_ALGO_UNKNOWN) {
-            PyErr_Format(PyExc_ValueError, "SYMNCCL_ALGO=%s is not an "
-                         "algorithm: expected one of %s", a,
-                         sn_algo_choices());
+            sn_fail(err, cudaSuccess, ncclSuccess, "SYMNCCL_ALGO=%s is not "
+                    "an algorithm: expected one of %s", a, sn_algo_choices());
+            err->kind = SN_ERR_VALUE;
             return -1;
         }
     }
     return 0;
 }
 
-PyObject *
-sn_knobs_dict(const sn_knobs *k)
+int
+sn_knob_row(int i, const char **env, int *dflt, int *lo, int *hi,
+            const char **doc)
 {
-    PyObject *d = PyDict_New();
-    if (d == NULL)
-        return NULL;
-    PyObject *v = PyUnicode_FromString(k->algo >= 0 ? sn_algos[k->algo].name
-                                                    : "auto");
-    int rc = v != NULL ? PyDict_SetItemString(d, "SYMNCCL_ALGO", v) : -1;
-    Py_XDECREF(v);
-    for (size_t i = 0; rc == 0 && i < N_KNOBS; i++) {
-        v = PyLong_FromLong(*(const int *)((const char *)k +
-                                           knobs[i].offset));
-        rc = v != NULL ? PyDict_SetItemString(d, knobs[i].env, v) : -1;
-        Py_XDECREF(v);
-    }
-    if (rc < 0)
-        Py_CLEAR(d);
-    return d;
+    if (i < 0 || (size_t)i >= N_KNOBS)
+        return 0;
+    *env = knobs[i].env;
+    *dflt = knobs[i].dflt;
+    *lo = knobs[i].lo;
+    *hi = knobs[i].hi;
+    *doc = knobs[i].doc;
+    return 1;
+}
+
+int
+sn_knob_value(const sn_knobs *k, int i)
+{
+    return *(const int *)((const char *)k + knobs[i].offset);
 }
 
 /* ------------------------------------------------------------------ */
-/* Export to Python. */
+/* The tables row by row, for their Python view (python/tables.c). */
 
-static int
-add(PyObject *module, const char *name, PyObject *value)
-{
-    if (value == NULL)
-        return -1;
-    int rc = PyModule_AddObjectRef(module, name, value);
-    Py_DECREF(value);
-    return rc;
-}
-
-static PyObject *
-op_names(unsigned mask)
-{
-    PyObject *t = PyList_New(0);
-    for (int i = 0; t != NULL && i < sn_n_ops; i++)
-        if (sn_ops[i].kernel >= 0 && (mask & OPBIT(sn_ops[i].kernel))) {
-            PyObject *s = PyUnicode_FromString(sn_ops[i].name);
-            if (s == NULL || PyList_Append(t, s) < 0)
-                Py_CLEAR(t);
-            Py_XDECREF(s);
-        }
-    if (t == NULL)
-        return NULL;
-    PyObject *r = PyList_AsTuple(t);
-    Py_DECREF(t);
-    return r;
-}
-
-static const char *
-dtype_name_of_kernel(int kernel_dt)
+const char *
+sn_kernel_dtype_name(int kernel_dt)
 {
     for (int i = 0; i < sn_n_dtypes; i++)
         if (sn_dtypes[i].kernel == kernel_dt)
@@ -838,15 +768,16 @@ dtype_name_of_kernel(int kernel_dt)
 /* The kernel dtypes of launch.h and the registry must name the same
  * types: each X entry's NCCL type is the registry entry marked with it. */
 static int
-check_kernel_dtypes(void)
+check_kernel_dtypes(sn_err *err)
 {
 #define CHECK_(id, nccl_type, ctype)                                      \
     {                                                                     \
-        const char *n = dtype_name_of_kernel(SYMNCCL_DT_##id);            \
+        const char *n = sn_kernel_dtype_name(SYMNCCL_DT_##id);            \
         const sn_dtype *d = n != NULL ? sn_dtype_by_name(n) : NULL;       \
         if (d == NULL || d->nccl != (nccl_type)) {                        \
-            PyErr_SetString(PyExc_SystemError, "registry.c and launch.h " \
-                            "disagree on kernel dtype " #id);             \
+            sn_fail(err, cudaSuccess, ncclSuccess, "registry.c and "      \
+                    "launch.h disagree on kernel dtype " #id);            \
+            err->kind = SN_ERR_SYSTEM;                                    \
             return -1;                                                    \
         }                                                                 \
     }
@@ -855,236 +786,26 @@ check_kernel_dtypes(void)
     return 0;
 }
 
-/* KERNEL_TABLE: one dict per kernel, the table's columns by name. */
-static PyObject *
-kernel_table(void)
+int
+sn_registry_init(sn_err *err)
 {
-    static const char *const shots[] = {"one", "two"};
-#define NAME_(id, name) name,
-    static const char *const families[] = {SYMNCCL_FAMILIES(NAME_)};
-    static const char *const plans[] = {SYMNCCL_PLANS(NAME_)};
-    static const char *const units[] = {SYMNCCL_UNITS(NAME_)};
-#undef NAME_
-    PyObject *t = PyTuple_New(SYMNCCL_K_COUNT);
-    for (int k = 0; t != NULL && k < SYMNCCL_K_COUNT; k++) {
-        const symnccl_kernel_row r = symnccl_kernel_row_of(k);
-        PyObject *d = Py_BuildValue(
-            "{s:i,s:s,s:s,s:s,s:s,s:s,s:s,s:O,s:s}", "id", k, "name", r.name,
-            "collective", sn_collective_name(r.collective), "algo",
-            sn_algos[kernel_algo[k]].name, "shot", shots[r.shot], "family",
-            families[r.family], "plan", plans[r.plan], "bytes",
-            r.bytes ? Py_True : Py_False, "unit", units[r.unit]);
-        if (d == NULL)
-            Py_CLEAR(t);
-        else
-            PyTuple_SetItem(t, k, d);
-    }
-    return t;
-}
-
-/* ALGO_KERNELS: {algo: all_reduce's kernels of it (the one-shot, then the
- * two-shot where there is one)}; () for nccl. */
-static PyObject *
-algo_kernels(void)
-{
-    PyObject *d = PyDict_New();
-    for (int a = 0; d != NULL && a < SN_ALGO_COUNT; a++) {
-        const int k1 = kernel_of[SYMNCCL_COLL_ALL_REDUCE][a][0];
-        const int k2 = kernel_of[SYMNCCL_COLL_ALL_REDUCE][a][1];
-        PyObject *ks = k1 < 0   ? PyTuple_New(0)
-                       : k2 < 0 ? Py_BuildValue("(s)", kernel_names[k1])
-                                : Py_BuildValue("(ss)", kernel_names[k1],
-                                                kernel_names[k2]);
-        if (ks == NULL || PyDict_SetItemString(d, sn_algos[a].name, ks) < 0)
-            Py_CLEAR(d);
-        Py_XDECREF(ks);
-    }
-    return d;
-}
-
-/* COLLECTIVE_KERNELS: {collective: {algo: kernel}} for every collective
- * with kernels other than all_reduce (ALGO_KERNELS has its). */
-static PyObject *
-collective_kernels(void)
-{
-    PyObject *all = PyDict_New();
-    for (int coll = 0; all != NULL && coll < SYMNCCL_COLL_COUNT; coll++) {
-        if (!has_kernels[coll] || coll == SYMNCCL_COLL_ALL_REDUCE)
-            continue;
-        PyObject *d = PyDict_New();
-        for (int a = 0; d != NULL && a < SN_ALGO_COUNT; a++) {
-            const int k = kernel_of[coll][a][0];
-            if (k < 0)
-                continue;
-            PyObject *kn = PyUnicode_FromString(kernel_names[k]);
-            if (kn == NULL || PyDict_SetItemString(d, sn_algos[a].name,
-                                                   kn) < 0)
-                Py_CLEAR(d);
-            Py_XDECREF(kn);
-        }
-        if (d == NULL ||
-            PyDict_SetItemString(all, collective_names[coll], d) < 0)
-            Py_CLEAR(all);
-        Py_XDECREF(d);
-    }
-    return all;
+    if (check_kernel_dtypes(err) < 0)
+        return -1;
+    return index_kernels(err);
 }
 
 int
-sn_registry_export(PyObject *module)
+sn_multimem_row(int i, int *kernel_dtype, unsigned *ops)
 {
-    if (check_kernel_dtypes() < 0)
-        return -1;
-    if (index_kernels() < 0)
-        return -1;
-    PyObject *dtypes = PyTuple_New(sn_n_dtypes);
-    PyObject *kdtypes = PyList_New(0);
-    PyObject *fdtypes = PyList_New(0);
-    if (dtypes == NULL || kdtypes == NULL || fdtypes == NULL)
-        goto error;
-    for (int i = 0; i < sn_n_dtypes; i++) {
-        PyTuple_SetItem(dtypes, i, PyUnicode_FromString(sn_dtypes[i].name));
-        if (sn_dtypes[i].kernel >= 0 &&
-            PyList_Append(kdtypes, PyTuple_GetItem(dtypes, i)) < 0)
-            goto error;
-        /* all_reduce_rmsnorm's: the dtypes of the FLOAT units */
-        if (sn_dtypes[i].kernel >= 0 &&
-            SYMNCCL_UNIT_FLOAT_TAKES(sn_dtypes[i].kernel) &&
-            PyList_Append(fdtypes, PyTuple_GetItem(dtypes, i)) < 0)
-            goto error;
-    }
-    if (add(module, "DTYPES", Py_NewRef(dtypes)) < 0 ||
-        add(module, "KERNEL_DTYPES", PyList_AsTuple(kdtypes)) < 0 ||
-        add(module, "RMSNORM_DTYPES", PyList_AsTuple(fdtypes)) < 0)
-        goto error;
-    Py_CLEAR(dtypes);
-    Py_CLEAR(kdtypes);
-    Py_CLEAR(fdtypes);
+    if (i < 0 || (size_t)i >= sizeof(multimem_ops) / sizeof(multimem_ops[0]))
+        return 0;
+    *kernel_dtype = multimem_ops[i].dtype;
+    *ops = multimem_ops[i].ops;
+    return 1;
+}
 
-    PyObject *ops = PyTuple_New(sn_n_ops);
-    PyObject *codes = PyDict_New();
-    if (ops == NULL || codes == NULL) {
-        Py_XDECREF(ops);
-        Py_XDECREF(codes);
-        return -1;
-    }
-    for (int i = 0; i < sn_n_ops; i++) {
-        PyTuple_SetItem(ops, i, PyUnicode_FromString(sn_ops[i].name));
-        PyObject *v = PyLong_FromLong((long)sn_ops[i].nccl);
-        int bad = v == NULL || PyDict_SetItemString(codes, sn_ops[i].name,
-                                                    v) < 0;
-        Py_XDECREF(v);
-        if (bad) {
-            Py_DECREF(ops);
-            Py_DECREF(codes);
-            return -1;
-        }
-    }
-    if (add(module, "OPS", ops) < 0 || add(module, "OP_CODES", codes) < 0 ||
-        add(module, "KERNEL_OPS", op_names(~0u)) < 0)
-        return -1;
-
-    PyObject *algos = PyTuple_New(SN_ALGO_COUNT);
-    PyObject *acodes = Py_BuildValue("{s:i}", "auto", SN_ALGO_AUTO);
-    PyObject *summary = PyDict_New();
-    if (algos == NULL || acodes == NULL || summary == NULL)
-        goto algo_error;
-    for (int i = 0; i < SN_ALGO_COUNT; i++) {
-        const sn_algo *a = &sn_algos[i];
-        PyTuple_SetItem(algos, i, PyUnicode_FromString(a->name));
-        PyObject *code = PyLong_FromLong(i);
-        PyObject *sum = PyUnicode_FromString(a->summary);
-        int bad = code == NULL || sum == NULL ||
-                  PyDict_SetItemString(acodes, a->name, code) < 0 ||
-                  PyDict_SetItemString(summary, a->name, sum) < 0;
-        Py_XDECREF(code);
-        Py_XDECREF(sum);
-        if (bad)
-            goto algo_error;
-    }
-    if (add(module, "ALGORITHMS", algos) < 0 ||
-        add(module, "ALGO_CODES", acodes) < 0 ||
-        add(module, "ALGO_SUMMARY", summary) < 0)
-        return -1;
-    if (add(module, "KERNEL_TABLE", kernel_table()) < 0 ||
-        add(module, "ALGO_KERNELS", algo_kernels()) < 0 ||
-        add(module, "COLLECTIVE_KERNELS", collective_kernels()) < 0)
-        return -1;
-
-    PyObject *kern = PyTuple_New(SYMNCCL_K_COUNT);
-    for (int i = 0; kern != NULL && i < SYMNCCL_K_COUNT; i++)
-        PyTuple_SetItem(kern, i, PyUnicode_FromString(kernel_names[i]));
-    if (add(module, "KERNELS", kern) < 0)
-        return -1;
-
-    PyObject *mm = PyDict_New();
-    for (size_t i = 0;
-         mm != NULL && i < sizeof(multimem_ops) / sizeof(multimem_ops[0]);
-         i++) {
-        PyObject *o = op_names(multimem_ops[i].ops);
-        if (o == NULL ||
-            PyDict_SetItemString(mm,
-                                 dtype_name_of_kernel(multimem_ops[i].dtype),
-                                 o) < 0)
-            Py_CLEAR(mm);
-        Py_XDECREF(o);
-    }
-    if (add(module, "MULTIMEM_OPS", mm) < 0)
-        return -1;
-
-    PyObject *rows = PyTuple_New((Py_ssize_t)N_AUTO);
-    for (size_t i = 0; rows != NULL && i < N_AUTO; i++) {
-        const auto_row *r = &auto_table[i];
-        PyObject *d = Py_BuildValue(
-            "{s:s,s:i,s:n,s:n,s:n,s:n,s:n,s:n,s:s}", "collective",
-            collective_names[r->collective], "max_ranks", r->max_ranks, "ll",
-            (Py_ssize_t)r->ll, "ll128", (Py_ssize_t)r->ll128, "one_shot",
-            (Py_ssize_t)r->one_shot, "two_shot_window",
-            (Py_ssize_t)r->two_shot_window, "two_shot_tensor",
-            (Py_ssize_t)r->two_shot_tensor, "push", (Py_ssize_t)r->push,
-            "above", sn_algos[r->above].name);
-        if (d == NULL)
-            Py_CLEAR(rows);
-        else
-            PyTuple_SetItem(rows, (Py_ssize_t)i, d);
-    }
-    if (add(module, "AUTO_TABLE", rows) < 0)
-        return -1;
-
-    PyObject *kn = PyDict_New();
-    for (size_t i = 0; kn != NULL && i < N_KNOBS; i++) {
-        PyObject *v = Py_BuildValue("(iiis)", knobs[i].dflt, knobs[i].lo,
-                                    knobs[i].hi, knobs[i].doc);
-        if (v == NULL || PyDict_SetItemString(kn, knobs[i].env, v) < 0)
-            Py_CLEAR(kn);
-        Py_XDECREF(v);
-    }
-    PyObject *exit_v = Py_BuildValue("(iiis)", exit_knob.dflt, 0,
-                                     (int)SN_MAX_TIMEOUT, exit_knob.doc);
-    if (kn != NULL &&
-        (exit_v == NULL ||
-         PyDict_SetItemString(kn, exit_knob.env, exit_v) < 0))
-        Py_CLEAR(kn);
-    Py_XDECREF(exit_v);
-    PyObject *algo_knob = Py_BuildValue("(ssss)", "auto", "", "",
-                                        "overrides algo='auto' of every "
-                                        "collective where that algorithm "
-                                        "can run the call");
-    if (kn != NULL &&
-        (algo_knob == NULL ||
-         PyDict_SetItemString(kn, "SYMNCCL_ALGO", algo_knob) < 0))
-        Py_CLEAR(kn);
-    Py_XDECREF(algo_knob);
-    return add(module, "KNOBS", kn);
-
-algo_error:
-    Py_XDECREF(algos);
-    Py_XDECREF(acodes);
-    Py_XDECREF(summary);
-    return -1;
-error:
-    Py_XDECREF(dtypes);
-    Py_XDECREF(kdtypes);
-    Py_XDECREF(fdtypes);
-    return -1;
+const sn_auto_row *
+sn_auto_table_row(int i)
+{
+    return i >= 0 && (size_t)i < N_AUTO ? &auto_table[i] : NULL;
 }

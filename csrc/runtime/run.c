@@ -137,7 +137,7 @@ nccl_call(const sn_ar *r, sn_nccl_done_fn done, void *ctx, sn_err *err)
                 "cannot run inside symnccl.group(): %s (call it outside the "
                 "group, or set SYMNCCL_NCCL_WINDOWS=1 to give NCCL the window "
                 "anyway)", sn_collective_name(coll), why);
-        err->not_implemented = 1;
+        err->kind = SN_ERR_NOT_IMPLEMENTED;
         return -1;
     }
     const int in_place = r->x == r->out;

@@ -23,6 +23,9 @@
  * holds the barrier word of barrier(), the claim word of the failure record
  * and the per-CTA call counters of the ll, ll128, push and load kernels
  * (SN_MAX_CTAS each), zeroed once.
+ *
+ * No Python here: failures are sn_errs; lifecycle.c releases the GIL
+ * around the staging window's ncclMemAlloc (sn_staging_reserve).
  */
 #include "symnccl.h"
 
@@ -78,19 +81,26 @@ sn_layout_compute(CommObject *c, size_t staging_bytes)
 }
 
 int
-sn_staging_alloc(SNState *st, CommObject *c)
+sn_staging_wanted(const CommObject *c)
+{
+    return c->symmetric && c->lsa_size == c->nranks &&
+           c->mem.layout.staging != 0;
+}
+
+ncclResult_t
+sn_staging_reserve(CommObject *c)
+{
+    void *p = NULL;
+    ncclResult_t rc = ncclMemAlloc(&p, c->mem.layout.bytes);
+    if (rc == ncclSuccess)
+        c->mem.staging = p;
+    return rc;
+}
+
+int
+sn_staging_clear(CommObject *c, sn_err *err)
 {
     const sn_layout *l = &c->mem.layout;
-    if (!c->symmetric || c->lsa_size != c->nranks || l->staging == 0)
-        return 0;
-    ncclResult_t rc;
-    void *p = NULL;
-    Py_BEGIN_ALLOW_THREADS
-    rc = ncclMemAlloc(&p, l->bytes);
-    Py_END_ALLOW_THREADS
-    if (rc != ncclSuccess)
-        return sn_set_nccl_error(st, rc, c->comm, "ncclMemAlloc (staging)");
-    c->mem.staging = p;
     /* the packet regions, push's flag lines, the control block and the
      * splits area (after it); no peer
      * can write into them before the window is registered, after this
@@ -103,8 +113,8 @@ sn_staging_alloc(SNState *st, CommObject *c)
     if (e == cudaSuccess)
         e = cudaDeviceSynchronize();
     if (e != cudaSuccess)
-        return sn_set_cuda_error(st, e, "clearing the packet and push "
-                                        "regions");
+        return sn_fail(err, e, ncclSuccess, "clearing the packet and push "
+                                            "regions");
     return 0;
 }
 
@@ -119,23 +129,24 @@ sn_staging_free(CommObject *c)
 }
 
 int
-sn_scratch_alloc(SNState *st, CommObject *c)
+sn_scratch_alloc(CommObject *c, sn_err *err)
 {
-    SN_CUDA_GOTO(st, cudaMalloc((void **)&c->mem.scratch, SCRATCH_BYTES),
-                 "cudaMalloc (scratch)", error);
-    SN_CUDA_GOTO(st, cudaMemset(c->mem.scratch, 0, SCRATCH_BYTES),
-                 "cudaMemset (scratch)", error);
-    SN_CUDA_GOTO(st, cudaEventCreateWithFlags(&c->order.event,
-                                              cudaEventDisableTiming),
-                 "cudaEventCreateWithFlags", error);
+    SN_CUDA_ERR_GOTO(err, cudaMalloc((void **)&c->mem.scratch,
+                                     SCRATCH_BYTES),
+                     "cudaMalloc (scratch)", error);
+    SN_CUDA_ERR_GOTO(err, cudaMemset(c->mem.scratch, 0, SCRATCH_BYTES),
+                     "cudaMemset (scratch)", error);
+    SN_CUDA_ERR_GOTO(err, cudaEventCreateWithFlags(&c->order.event,
+                                                   cudaEventDisableTiming),
+                     "cudaEventCreateWithFlags", error);
     return 0;
 error:
     return -1;
 }
 
 int
-sn_check_buffers(SNState *st, CommObject *c, size_t bytes, void **dev,
-                 void **host)
+sn_check_buffers(CommObject *c, size_t bytes, void **dev, void **host,
+                 sn_err *err)
 {
     /* both or neither: a pair half made (cudaMallocHost failing after
      * cudaMalloc) is freed, never kept for the next call to write through
@@ -145,12 +156,12 @@ sn_check_buffers(SNState *st, CommObject *c, size_t bytes, void **dev,
         void *d = NULL, *h = NULL;
         cudaError_t e = cudaMalloc(&d, size);
         if (e != cudaSuccess)
-            return sn_set_cuda_error(st, e, "cudaMalloc (SYMNCCL_CHECK)");
+            return sn_fail(err, e, ncclSuccess, "cudaMalloc (SYMNCCL_CHECK)");
         e = cudaMallocHost(&h, size);
         if (e != cudaSuccess) {
+            sn_fail(err, e, ncclSuccess, "cudaMallocHost (SYMNCCL_CHECK)");
             cudaFree(d);
-            return sn_set_cuda_error(st, e, "cudaMallocHost "
-                                            "(SYMNCCL_CHECK)");
+            return -1;
         }
         c->mem.check_dev = d;
         c->mem.check_host = h;
@@ -210,20 +221,4 @@ unsigned *
 sn_claim_word(const CommObject *c)
 {
     return (unsigned *)((char *)c->mem.scratch + SCRATCH_CLAIM);
-}
-
-PyObject *
-sn_layout_dict(const CommObject *c)
-{
-    const sn_layout *l = &c->mem.layout;
-    return Py_BuildValue(
-        "{s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n}", "staging",
-        (Py_ssize_t)l->staging, "ll_offset", (Py_ssize_t)l->ll_offset,
-        "ll_row", (Py_ssize_t)l->ll_row, "ll128_offset",
-        (Py_ssize_t)l->ll128_offset, "ll128_row", (Py_ssize_t)l->ll128_row,
-        "push_offset", (Py_ssize_t)l->push_offset, "push_data",
-        (Py_ssize_t)l->push_data, "push_slot", (Py_ssize_t)l->push_slot,
-        "ctl_offset", (Py_ssize_t)l->ctl_offset, "splits_offset",
-        (Py_ssize_t)l->splits_offset, "bytes",
-        (Py_ssize_t)l->bytes);
 }

@@ -11,7 +11,9 @@
  * and the next call (or check()) raises PeerTimeoutError.
  *
  * The abort needs the GIL (it runs the same path as abort(), hooks
- * included). While a thread is inside a method of that communicator
+ * included): the thread hands it to the Python face's handler
+ * (sn_watch_on_expired; module.c's, which takes the GIL), and this file
+ * calls no Python. While a thread is inside a method of that communicator
  * (c->life.busy) the watchdog leaves it alone: such a method waits with its
  * own bound and records the failure itself; the watchdog aborts once it has
  * left. A communicator being closed or aborted is its teardown's. Calls inside a CUDA graph capture or a symnccl.group() are not
@@ -31,25 +33,14 @@ static pthread_cond_t wake = PTHREAD_COND_INITIALIZER;
 static pthread_t thread;
 static int running, stopping;
 
-/* With the GIL: records and aborts every expired communicator that no
- * thread is inside. */
-static void
-abort_expired(void)
+/* What the thread runs when a communicator has expired (set once, at
+ * import, before any communicator exists). */
+static void (*on_expired)(void);
+
+void
+sn_watch_on_expired(void (*fn)(void))
 {
-    CommObject *todo[16];
-    int n = sn_watch_collect(todo, 16);
-    for (int i = 0; i < n; i++) {
-        CommObject *c = todo[i];
-        const int signalled = c->fail.fault != NULL &&
-                              ((volatile symnccl_fault *)c->fail.fault)->abort;
-        sn_fault_record(c, signalled ? SYMNCCL_FAULT_ABORT
-                                     : SYMNCCL_FAULT_TIMEOUT,
-                        SYMNCCL_K_COUNT, c->watch.collective, -1,
-                        SYMNCCL_WAIT_NCCL,
-                        c->timeout + (sn_now() - c->watch.deadline), NULL);
-        sn_comm_abort_owned(c->st, c);
-        Py_DECREF(c);
-    }
+    on_expired = fn;
 }
 
 static void *
@@ -75,13 +66,10 @@ watch_main(void *unused)
         if (stopping)
             break;
         pthread_mutex_unlock(&mu);
-        if (sn_watch_poll()) {
-            /* the interpreter is alive: sn_watch_shutdown, at exit, stops
-             * this thread before it goes */
-            PyGILState_STATE g = PyGILState_Ensure();
-            abort_expired();
-            PyGILState_Release(g);
-        }
+        /* the interpreter is alive: sn_watch_stop and sn_watch_join, at
+         * exit, stop this thread before it goes */
+        if (sn_watch_poll() && on_expired != NULL)
+            on_expired();
         pthread_mutex_lock(&mu);
     }
     pthread_mutex_unlock(&mu);
@@ -101,8 +89,8 @@ sn_watch_nccl(CommObject *c, int collective, cudaStream_t stream)
     return 1;
 }
 
-void
-sn_watch_shutdown(void)
+int
+sn_watch_stop(void)
 {
     pthread_mutex_lock(&mu);
     stopping = 1;
@@ -110,9 +98,11 @@ sn_watch_shutdown(void)
     running = 0;
     pthread_cond_signal(&wake);
     pthread_mutex_unlock(&mu);
-    if (join) {
-        Py_BEGIN_ALLOW_THREADS
-        pthread_join(thread, NULL);
-        Py_END_ALLOW_THREADS
-    }
+    return join;
+}
+
+void
+sn_watch_join(void)
+{
+    pthread_join(thread, NULL);
 }

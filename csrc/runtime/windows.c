@@ -1,7 +1,10 @@
 /* The window cache: one NCCL_WIN_COLL_SYMMETRIC window per registered
  * allocation, never two (registering an allocation twice exhausts NCCL's
  * symmetric VA), shared by every buffer inside it and found again by
- * address when a collective's input lies in it.
+ * address when a collective's input lies in it. No Python here: the
+ * faces that register and deregister windows (python/buffer.c for a
+ * SymmetricBuffer, lifecycle.c at close) release the GIL around NCCL's
+ * calls and raise.
  */
 #include "symnccl.h"
 
@@ -32,7 +35,7 @@ unlink_node(CommObject *c, sn_window *w)
 }
 
 sn_window *
-sn_window_acquire(SNState *st, CommObject *c, char *base, size_t size)
+sn_window_share(CommObject *c, char *base, size_t size)
 {
     /* a window whose buffers are gone (dead) is being released: its
      * memory may be freed, and the address handed out again, before its
@@ -43,27 +46,14 @@ sn_window_acquire(SNState *st, CommObject *c, char *base, size_t size)
             w->refs++;
             return w;
         }
-    if (c->comm == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "a loopback communicator "
-                        "(Communicator._loopback) registers no windows");
-        return NULL;
-    }
-    sn_window *w = sn_window_node(c, base, size);
-    if (w == NULL) {
-        PyErr_NoMemory();
-        return NULL;
-    }
-    ncclResult_t rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = ncclCommWindowRegister(c->comm, base, size, &w->win,
-                                NCCL_WIN_COLL_SYMMETRIC);
-    Py_END_ALLOW_THREADS
-    if (sn_nccl_complete(st, c, rc, "ncclCommWindowRegister") < 0) {
-        unlink_node(c, w);
-        free(w);
-        return NULL;
-    }
-    return w;
+    return NULL;
+}
+
+ncclResult_t
+sn_window_register(CommObject *c, sn_window *w)
+{
+    return ncclCommWindowRegister(c->comm, w->base, w->size, &w->win,
+                                  NCCL_WIN_COLL_SYMMETRIC);
 }
 
 void
@@ -108,27 +98,6 @@ sn_window_find(const CommObject *c, const char *ptr, size_t size)
             ptr + size <= w->base + w->size)
             return w;
     return NULL;
-}
-
-int
-sn_windows_deregister(SNState *st, CommObject *c)
-{
-    for (sn_window *w = c->windows; w != NULL; w = w->next) {
-        if (w->win == NULL)
-            continue;
-        if (c->comm == NULL) {   /* a loopback rank's: its team's */
-            w->win = NULL;
-            continue;
-        }
-        ncclResult_t rc;
-        Py_BEGIN_ALLOW_THREADS
-        rc = ncclCommWindowDeregister(c->comm, w->win);
-        Py_END_ALLOW_THREADS
-        w->win = NULL;
-        if (sn_nccl_complete(st, c, rc, "ncclCommWindowDeregister") < 0)
-            return -1;
-    }
-    return 0;
 }
 
 void
