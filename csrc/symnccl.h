@@ -747,6 +747,9 @@ int sn_fault_drain(struct CommObject *c, double seconds, int nccl);
 int sn_watch_arm(struct CommObject *c, int collective, cudaStream_t stream);
 void sn_watch_forget(struct CommObject *c);
 int sn_watch_poll(void);
+/* Records c's expired NCCL call as its failure (a timeout, or an abort
+ * where its abort flag was raised), unless one is recorded already. */
+void sn_watch_record(struct CommObject *c);
 int sn_watch_collect(struct CommObject **out, int max);
 
 /* ------------------------------------------------------------------ */

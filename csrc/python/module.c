@@ -129,13 +129,7 @@ watch_expired(void)
         Py_INCREF((PyObject *)todo[i]);
     for (int i = 0; i < n; i++) {
         CommObject *c = todo[i];
-        const int signalled = c->fail.fault != NULL &&
-                              ((volatile symnccl_fault *)c->fail.fault)->abort;
-        sn_fault_record(c, signalled ? SYMNCCL_FAULT_ABORT
-                                     : SYMNCCL_FAULT_TIMEOUT,
-                        SYMNCCL_K_COUNT, c->watch.collective, -1,
-                        SYMNCCL_WAIT_NCCL,
-                        c->timeout + (sn_now() - c->watch.deadline), NULL);
+        sn_watch_record(c);   /* the poll's, unless c was busy then */
         sn_comm_abort_owned(c->st, c);
         Py_DECREF(c);
     }

@@ -391,6 +391,17 @@ sn_watch_forget(CommObject *c)
     pthread_mutex_unlock(&watch_mu);
 }
 
+void
+sn_watch_record(CommObject *c)
+{
+    const int signalled = c->fail.fault != NULL &&
+                          ((volatile symnccl_fault *)c->fail.fault)->abort;
+    sn_fault_record(c, signalled ? SYMNCCL_FAULT_ABORT : SYMNCCL_FAULT_TIMEOUT,
+                    SYMNCCL_K_COUNT, c->watch.collective, -1,
+                    SYMNCCL_WAIT_NCCL,
+                    c->timeout + (sn_now() - c->watch.deadline), NULL);
+}
+
 /* An expired NCCL call, seen by the watchdog's poll before it takes the
  * GIL: where no thread is inside c, the failure is recorded (calls from
  * here on are refused at entry) and NCCL's kernels are told to stop with
@@ -403,17 +414,13 @@ sn_watch_forget(CommObject *c)
  * scenario on nccl: the watchdog blocked in cudaMemcpyAsync, the caller in
  * torch's first launch of arange). Under watch_mu. */
 static void
-revoke_expired(CommObject *c, int aborted, double now)
+revoke_expired(CommObject *c)
 {
     if (c->comm == NULL || c->watch.revoked)
         return;
     sn_lock(c);
     if (c->life.busy == 0 && c->life.state == SN_OPEN) {
-        sn_fault_record(c, aborted ? SYMNCCL_FAULT_ABORT
-                                   : SYMNCCL_FAULT_TIMEOUT,
-                        SYMNCCL_K_COUNT, c->watch.collective, -1,
-                        SYMNCCL_WAIT_NCCL,
-                        c->timeout + (now - c->watch.deadline), NULL);
+        sn_watch_record(c);
         (void)ncclCommRevoke(c->comm, NCCL_REVOKE_DEFAULT);
         c->watch.revoked = 1;
     }
@@ -442,7 +449,7 @@ sn_watch_poll(void)
         if (now >= c->watch.deadline || aborted) {
             c->watch.expired = 1;
             expired = 1;
-            revoke_expired(c, aborted, now);
+            revoke_expired(c);
         }
     }
     pthread_mutex_unlock(&watch_mu);
