@@ -18,6 +18,8 @@
 //   acquire_load      them across GPUs
 //   Group             a CTA, or a warp-specialised part of it, with a
 //                     barrier of its own
+//   cluster_sync /    a thread-block cluster's barrier, and a load from
+//   cluster_load      another CTA's shared memory (DSMEM)
 //   signal_flags /    a CTA's flags to the same CTA of every peer (push)
 //   wait_flags
 //   Barrier           the load kernels' barrier, built on them
@@ -510,6 +512,48 @@ struct Group {
     return r != 0;
   }
 };
+
+// A thread-block cluster (sm_90+; a launch with symnccl_kargs.cluster > 1):
+// its CTAs are resident together and read each other's shared memory
+// (distributed shared memory, DSMEM). cluster_sync is barrier.cluster:
+// every thread of every CTA of the cluster arrives (release) and waits
+// (acquire), so the shared-memory stores before it are visible to every
+// CTA's loads after it. It cannot time out, so every CTA of a cluster must
+// reach every one of them: no CTA returns between two (bounded_wait gives
+// up, it never traps), and a CTA must not exit while another may still
+// read its shared memory (a cluster_sync after the last such read).
+// Below sm_90 (never launched so: the host picks no cluster there) the
+// CTA alone.
+__device__ __forceinline__ void cluster_sync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile(
+      "barrier.cluster.arrive.release;\n\t"
+      "barrier.cluster.wait.acquire;" ::: "memory");
+#else
+  __syncthreads();
+#endif
+}
+
+// The 32-bit word at p (this CTA's shared memory) in the shared memory of
+// CTA `rank` of the cluster (its copy of the same variable): mapa, then a
+// DSMEM load.
+__device__ __forceinline__ uint32_t cluster_load(const void* p,
+                                                 uint32_t rank) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const uint32_t mine = (uint32_t)__cvta_generic_to_shared(p);
+  uint32_t at, v;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+               : "=r"(at)
+               : "r"(mine), "r"(rank));
+  asm volatile("ld.shared::cluster.u32 %0, [%1];"
+               : "=r"(v)
+               : "r"(at)
+               : "memory");
+  return v;
+#else
+  return *static_cast<const volatile uint32_t*>(p);
+#endif
+}
 
 // A CTA's flags, one line per CTA of one 8-byte flag per source rank
 // (SYMNCCL_FLAG_LINE): CTA b of every rank signals CTA b of every peer.
