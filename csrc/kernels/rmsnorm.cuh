@@ -108,36 +108,44 @@ __device__ __forceinline__ float block_max(float v, float* buf) {
 // block_reduce for a row's block split over a cluster of k CTAs
 // (ll_rmsnorm with a.cluster = k > 1): CTA c of the cluster runs the
 // block's warps [c * wc, c * wc + wc) (wc = blockDim.x / 32), so the xor
-// shuffles give each warp block_reduce's partial; after a cluster barrier
-// lane w of every warp reads warp w's partial from its CTA's `buf`
-// (DSMEM), and every thread folds them in order 0..W-1 through shuffles:
-// block_reduce's bits. kOk: also the AND of every thread's `ok` over the
-// cluster, into `ok` (the cluster-wide __syncthreads_and), through `oks`
-// (32 ints beside buf). Every CTA of the cluster must call it (cluster_sync);
-// buf and oks alternate by row parity as block_reduce's buf does (the
-// next call's barrier orders this call's DSMEM reads before the writes of
-// the call after it).
+// shuffles give each warp block_reduce's partial. Lane 0 puts it, with
+// `turn` (the row's turn in this call, from 1) as its flag, in one word of
+// this CTA's `slots` (one per warp: a DSMEM packet, cluster_put); lane w
+// of every warp polls warp w's word in its CTA until it holds this turn,
+// and every thread folds the W partials in order 0..W-1 through shuffles:
+// block_reduce's bits, with no barrier and no fence. kOk: the flag's top
+// bit says a thread of the warp is not ok, and `ok` comes out as the AND
+// over the cluster (the cluster-wide __syncthreads_and). Every CTA of the
+// cluster must call it, as often as the others: each warp puts a word
+// every call and reads every warp's, so a word is overwritten (two turns
+// on: slots alternate by turn parity, as block_reduce's buf) only after
+// every warp has read it. The slots start zeroed (no turn) and cleared to
+// every CTA of the cluster (a release arrive and a wait) before the first
+// poll, and no CTA exits while another may poll its words (ll_rmsnorm).
 template <bool kOk, typename Op>
-__device__ __forceinline__ float cluster_reduce(float v, float* buf,
-                                                int* oks, bool& ok, int k,
-                                                Op op) {
+__device__ __forceinline__ float cluster_reduce(float v, uint64_t* slots,
+                                                uint32_t turn, bool& ok,
+                                                int k, Op op) {
 #pragma unroll
   for (int m = 16; m > 0; m >>= 1)
     v = op(v, __shfl_xor_sync(0xffffffffu, v, m));
   const int lane = (int)(threadIdx.x & 31), wc = (int)(blockDim.x >> 5);
   const int warps = wc * k;  // <= 16: a block of at most 512 threads
   const bool wok = !kOk || __all_sync(0xffffffffu, ok);
-  if (lane == 0) {
-    buf[threadIdx.x >> 5] = v;
-    if (kOk) oks[threadIdx.x >> 5] = wok;
-  }
-  cluster_sync();
+  if (lane == 0)
+    cluster_put(slots + (threadIdx.x >> 5),
+                (uint64_t)(turn | (wok ? 0u : 0x80000000u)) << 32 |
+                    __float_as_uint(v));
   float part = 0.f;
   bool pok = true;
   if (lane < warps) {
     const uint32_t c = (uint32_t)(lane / wc), w = (uint32_t)(lane % wc);
-    part = __uint_as_float(cluster_load(buf + w, c));
-    if (kOk) pok = cluster_load(oks + w, c) != 0;
+    uint64_t word;
+    do
+      word = cluster_get(slots + w, c);
+    while (((uint32_t)(word >> 32) & 0x7fffffffu) != turn);
+    part = __uint_as_float((uint32_t)word);
+    pok = (word >> 63) == 0;
   }
   if (kOk) ok = __all_sync(0xffffffffu, pok);
   float s = 0.f;
@@ -496,15 +504,18 @@ __global__ void __launch_bounds__(512)
 // residual, the squares, the stores), so the row's packets are polled by
 // k SMs, not one (one SM's poll of a whole row, 2-4 packets a thread, was
 // ~2.2 us of the row's time at H 8192: docs/PERFORMANCE.md). The block
-// reductions are cluster_reduce's (the same warps in the same order
-// through DSMEM: the bits of block_reduce, so of one_shot_rmsnorm), which
-// also agree on `ok` cluster-wide: a wait that gave up in any CTA means no
-// CTA stores y for the row. The cluster barriers cannot time out, so no
-// CTA of a cluster returns early: one whose entry failed goes on with ok
-// down (sends and waits nothing, stores nothing, counts no call), and the
-// last barrier (before the call counter) keeps every CTA resident while
-// another may still read its shared memory. Every CTA still enters and
-// counts every call (the LL family's counters, epochs[blockIdx.x]).
+// reductions are cluster_reduce's (the same warps in the same order, each
+// warp's partial a flagged word in its CTA's shared memory that the
+// others poll through DSMEM: the bits of block_reduce, so of
+// one_shot_rmsnorm, with no barrier and no fence a row), which also agree
+// on `ok` cluster-wide: a wait that gave up in any CTA means no CTA stores
+// y for the row. Two cluster barriers a call: the zeroed words released
+// at entry (waited for after the sends), and one before the call counter
+// so no CTA exits while another may still poll its words (relaxed: no
+// fence). They cannot time out, so no CTA of a cluster returns early: one
+// whose entry failed goes on with ok down (sends and waits for nothing,
+// stores nothing, counts no call). Every CTA still enters and counts
+// every call (the LL family's counters, epochs[blockIdx.x]).
 __device__ __forceinline__ void send_vec(char* p, uint4 d, uint64_t flag) {
   LL::send(p, {{(uint64_t)d.x | (uint64_t)d.y << 32}}, flag);
   LL::send(p + LL::kItemBytes, {{(uint64_t)d.z | (uint64_t)d.w << 32}},
@@ -513,16 +524,22 @@ __device__ __forceinline__ void send_vec(char* p, uint4 d, uint64_t flag) {
 
 // (kCluster: a CTA is at most half a block of 512, so 256 threads: the
 // bound leaves ptxas the registers the split's indices and the cluster
-// reductions take, where 128 spilled)
+// reductions take, where 128 spilled; ~150 used, no spill)
 template <typename T, bool kCluster>
 __global__ void __launch_bounds__(kCluster ? 256 : 512, 1)
     ll_rmsnorm(ncclDevComm dc, const __grid_constant__ symnccl_kargs a) {
   __shared__ float s_sum[2][32], s_max[2][32];
-  __shared__ int s_ok[2][32];  // kCluster: each warp's ok (cluster_reduce)
+  // kCluster: each warp's partial sum ([0]) and max ([1]) by turn parity
+  // (cluster_reduce; a CTA is at most 256 threads), zeroed first
+  __shared__ uint64_t s_slot[2][2][8];
+  if (kCluster && threadIdx.x < 32) (&s_slot[0][0][0])[threadIdx.x] = 0;
   const int n = dc.lsaSize, me = dc.lsaRank;
   uint64_t epoch;
   const bool entered = enter_cta(a, me, n, epoch);
   if (!kCluster && !entered) return;
+  // (after enter_cta's __syncthreads: the zeroed slots to every CTA of the
+  // cluster before its first poll, the wait below)
+  if (kCluster) cluster_arrive<true>();
   // the row's block: this CTA, or CTA c of a cluster of k
   const int k = kCluster ? a.cluster : 1;
   const size_t c = kCluster ? blockIdx.x % (unsigned)k : 0;
@@ -572,6 +589,7 @@ __global__ void __launch_bounds__(kCluster ? 256 : 512, 1)
       for (int q = 0; q < n; q++)
         if (q != me) send_vec(to(q) + (r * rvec + v) * kVec, d, flag);
     }
+  if (kCluster) cluster_wait();
 
   // my rows, each reduced in rank order as its packets land, then
   // normalised: rmsnorm_body's row loop, the same arithmetic in the same
@@ -636,7 +654,8 @@ __global__ void __launch_bounds__(kCluster ? 256 : 512, 1)
     for (int u = 0; u < U; u++) s[u] = acc[u].result(SYMNCCL_OP_SUM, n);
   };
   int parity = 0;
-  for (size_t r = row0; r < rows; r += step, parity ^= 1) {
+  uint32_t turn = 1;  // kCluster: the row's turn (cluster_reduce's flag)
+  for (size_t r = row0; r < rows; r += step, parity ^= 1, turn++) {
     uint4 keep[kRmsKeep];
     sums(r, tid, keep);
     float ss = 0.f;
@@ -658,8 +677,8 @@ __global__ void __launch_bounds__(kCluster ? 256 : 512, 1)
     // the row's sum of squares (kCluster: over the cluster, which also
     // turns `ok` into the cluster's verdict)
     const float rstd =
-        rsqrtf((kCluster ? cluster_reduce<true>(ss, s_sum[parity],
-                                                s_ok[parity], ok, k, OpAdd{})
+        rsqrtf((kCluster ? cluster_reduce<true>(ss, s_slot[0][parity], turn,
+                                                ok, k, OpAdd{})
                          : block_sum(ss, s_sum[parity])) /
                    (float)H +
                a.eps);
@@ -669,8 +688,8 @@ __global__ void __launch_bounds__(kCluster ? 256 : 512, 1)
                    [&](float m) {
                      if constexpr (kCluster) {
                        bool all = true;
-                       return cluster_reduce<false>(m, s_max[parity], nullptr,
-                                                    all, k, OpFmax{});
+                       return cluster_reduce<false>(m, s_slot[1][parity],
+                                                    turn, all, k, OpFmax{});
                      } else {
                        return block_max(m, s_max[parity]);
                      }
@@ -690,9 +709,11 @@ __global__ void __launch_bounds__(kCluster ? 256 : 512, 1)
     fetch_res(r + step);
   }
   if constexpr (kCluster) {
-    // no CTA leaves while another may read its shared memory; a CTA whose
-    // entry failed counts no call (as one that returned at entry)
-    cluster_sync();
+    // no CTA leaves while another may read its shared memory (every read
+    // of this thread's has returned: its value was used; no fence); a CTA
+    // whose entry failed counts no call (as one that returned at entry)
+    cluster_arrive<false>();
+    cluster_wait();
     if (threadIdx.x == 0 && entered) a.epochs[blockIdx.x] = call.epoch + 1;
   } else {
     end_call(a.epochs, call);
