@@ -620,6 +620,104 @@ def test_auto_beyond_the_fused_rows_is_all_reduce_s_choice_then_the_norm(
             ar <= set(symnccl._C.ALGO_KERNELS[algo]), r
 
 
+# ------------------------------------------------- ll rows over clusters
+
+def _ll_clusters(knob, T, H, dtype, ctas, per):
+    """{k: launches} of ll_rmsnorm for a call of T rows of H on a grid of
+    `ctas` (launch.c, row_cluster): each launch of up to `per` rows split
+    over the largest power-of-two cluster k <= knob whose CTAs are whole
+    warps of the row's block, that divides the grid and leaves each cluster
+    a row."""
+    threads = min(512, -(-(H * _itemsize(dtype) // 16) // 32) * 32)
+    got = {}
+    for done in range(0, T, per):
+        rows, k, m = min(per, T - done), 1, 2
+        while (m <= knob and threads % (32 * m) == 0 and ctas % m == 0 and
+               rows * m <= ctas):
+            k, m = m, 2 * m
+        got[k] = got.get(k, 0) + 1
+    return got
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cluster", [1, 2, 4, 8])
+def test_ll_rows_split_over_a_cluster_give_one_shot_s_bits(monkeypatch,
+                                                           cluster):
+    """SYMNCCL_FUSED_CLUSTER = k: ll_rmsnorm splits each row over a
+    thread-block cluster of up to k CTAs (kernels/rmsnorm.cuh). On a
+    loopback team of 2 whose LL grid is 16 k CTAs (so T 16 is split k ways
+    too), at T 1 and 16, H 4096, 8192, 4104 (an odd number of vectors) and
+    1000 (a block of 128 or 256 threads), float32 and bfloat16: y and h,
+    the FP8 y of a static scale, and the FP8 y and scales of a dynamic one
+    are bitwise one_shot's on both ranks, and every launch was ll_rmsnorm's
+    with the cluster the host's rule gives (1 below sm_90)."""
+    torch = _torch()
+    major = torch.cuda.get_device_capability()[0]
+    ctas = 16 * cluster
+    monkeypatch.setenv("SYMNCCL_FUSED_CLUSTER", str(cluster))
+    monkeypatch.setenv("SYMNCCL_RMSNORM_CTAS", str(_grid(2)))
+    monkeypatch.setenv("SYMNCCL_LL_CTAS", str(ctas))
+    team = symnccl.Communicator._loopback(2, 0, timeout=20.0)
+    streams = [torch.cuda.Stream() for _ in team]
+    ll_carries = team[0]._staging_layout()["ll_row"] // 2
+    f8 = torch.float8_e4m3fn
+    wrong, want, ll_calls = [], {1: 0, 2: 0, 4: 0, 8: 0}, 0
+
+    def run(algo, xs, res, w, quant=None, scale=None):
+        """Every rank's outputs' bits: [y or q, h] (+ the scales)."""
+        T, H = xs[0].shape
+        outs = []
+        for x in xs:
+            y = _poisoned(torch, x) if quant is None else torch.full(
+                (T, H), 0xFF, dtype=torch.uint8, device="cuda").view(f8)
+            sc = scale if quant != "fp8_dynamic" else torch.full(
+                (T,), float("nan"), device="cuda")
+            outs.append((y, _poisoned(torch, x), sc))
+        torch.cuda.synchronize()
+        for c, st, x, (y, h, sc) in zip(team, streams, xs, outs):
+            kw = {} if quant is None else dict(quant=quant, scale=sc)
+            c.all_reduce_rmsnorm(x, res, w, EPS, out=y, residual_out=h,
+                                 stream=st, algo=algo, **kw)
+        torch.cuda.synchronize()
+        return [[y.view(torch.uint8) if quant else _bits(y), _bits(h)] +
+                ([sc] if quant == "fp8_dynamic" else [])
+                for y, h, sc in outs]
+
+    try:
+        before = [(c._launches()["ll_rmsnorm"], c._clusters()) for c in team]
+        for dtype in ("float32", "bfloat16"):
+            for T in (1, 16):
+                for H in (4096, 8192, 4104, 1000):
+                    per = ll_carries // (H * _itemsize(dtype))
+                    for k, n in _ll_clusters(cluster if major >= 9 else 1,
+                                             T, H, dtype, ctas, per).items():
+                        want[k] += 3 * n
+                        ll_calls += 3 * n
+                    xs, res, w = _inputs(torch, 2, T, H, dtype,
+                                         seed=T * H + cluster)
+                    ref = run("one_shot", xs, res, w)
+                    y = ref[0][0].view(xs[0].dtype).view(T, H)
+                    s = (y.float().abs().max() / FP8_MAX / 1.5).reshape(1)
+                    for quant in (None, "fp8_static", "fp8_dynamic"):
+                        if quant is not None:
+                            ref = run("one_shot", xs, res, w, quant, s)
+                        got = run("ll", xs, res, w, quant, s)
+                        same = all(torch.equal(g, r)
+                                   for ranks in (ref, got)
+                                   for rank in ranks
+                                   for g, r in zip(rank, ref[0]))
+                        if not same:
+                            wrong.append((dtype, T, H, quant))
+        after = [(c._launches()["ll_rmsnorm"], c._clusters()) for c in team]
+    finally:
+        _close(team)
+    assert not wrong, f"cluster {cluster}: (dtype, T, H, quant) whose " \
+                      f"bits are not one_shot's: {wrong}"
+    for (l0, c0), (l1, c1) in zip(before, after):
+        assert l1 - l0 == ll_calls
+        assert {k: c1[k] - c0[k] for k in c1} == want, (c0, c1)
+
+
 # ----------------------------------------------------------------- FP8
 
 @pytest.mark.gpu

@@ -165,11 +165,15 @@ sn_comm_new(PyTypeObject *tp, int rank, int nranks, int device,
         Py_DECREF(c);
         return NULL;
     }
-    const cudaError_t e = cudaDeviceGetAttribute(
+    cudaError_t e = cudaDeviceGetAttribute(
         &c->sms, cudaDevAttrMultiProcessorCount, device);
+    if (e == cudaSuccess)
+        e = cudaDeviceGetAttribute(&c->cc_major,
+                                   cudaDevAttrComputeCapabilityMajor, device);
     if (e != cudaSuccess) {
         sn_set_cuda_error(sn_state_from_type(tp), e,
-                          "cudaDeviceGetAttribute(MultiProcessorCount)");
+                          "cudaDeviceGetAttribute(MultiProcessorCount, "
+                          "ComputeCapabilityMajor)");
         Py_DECREF(c);
         return NULL;
     }
