@@ -338,6 +338,69 @@ def report(args, print_table):
     return doc
 
 
+def plot_beside(plot, doc, json_path):
+    """plot(doc, PNG) with the PNG beside its JSON (json_path's name, .png):
+    a run's PNG beside the JSON it wrote, --report's beside the JSON it
+    read. Without matplotlib a line says so and nothing is written.
+    Returns the PNG's path, or None."""
+    png = os.path.splitext(json_path)[0] + ".png"
+    try:
+        plot(doc, png)
+    except ImportError as e:
+        print(f"no plot: {e}")
+        return None
+    return png
+
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (no display): ImportError
+    without matplotlib."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def us_panel(ax, rows, x, columns, xlabel, title, xfmt=str):
+    """One panel: microseconds per call (log y) against each row's `x`
+    (log2 x, a tick at each x, labelled xfmt(x)); a line per (key, label,
+    style) of `columns` with a number in some row. Missing and None cells
+    are left out, and so are negative ones (-1.0: a wrong result), the
+    label counting those."""
+    import math
+    from matplotlib.ticker import FuncFormatter, NullLocator
+
+    def y_label(v, _pos):     # 1, 2, 5 of each decade, as plain numbers
+        lead = round(v / 10 ** math.floor(math.log10(v)), 6)
+        return f"{v:g}" if lead in (1, 2, 5) else ""
+
+    xs_all = sorted({r[x] for r in rows})
+    for key, label, style in columns:
+        pts = [(r[x], r[key]) for r in rows
+               if isinstance(r.get(key), (int, float)) and r[key] > 0]
+        bad = sum(1 for r in rows if isinstance(r.get(key), (int, float))
+                  and r[key] < 0)
+        if not pts:
+            continue
+        if bad:
+            label += f" ({bad} wrong, left out)"
+        xs, ys = zip(*sorted(pts))
+        ax.plot(xs, ys, style, label=label, ms=3)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xticks(xs_all)
+    ax.set_xticklabels([xfmt(v) for v in xs_all], fontsize=7)
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.yaxis.set_major_formatter(FuncFormatter(y_label))
+    ax.yaxis.set_minor_formatter(FuncFormatter(y_label))
+    ax.tick_params(axis="y", which="both", labelsize=7)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("µs per call (median)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+
+
 def parse_sizes(text):
     """'4K,1M,256M' (or plain byte counts) -> [4096, 1048576, 268435456]."""
     units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}

@@ -31,6 +31,10 @@ Methods per size (bytes of one rank's x, split evenly):
     python benchmarks/bench_alltoall.py --nranks 1 --out results/x.json
     python benchmarks/bench_alltoall.py --report results/x.json
 
+A run writes its JSON and a PNG beside it (plot: us per call against the
+size, a line per method); --report prints a JSON's table and writes its
+PNG beside it.
+
 Several GPUs (issue 32): launched by torchrun (WORLD_SIZE set), one
 process per GPU over NVLink; --nranks, if given, must equal WORLD_SIZE.
 Every cell is checked, then CUDA-graph replay of --iters calls, the ranks
@@ -59,8 +63,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_allreduce import (  # noqa: E402
-    _fmt_size, add_results_args, median_us, parse_sizes, report, run_info,
-    team_replay_us, write_results)
+    _fmt_size, add_results_args, median_us, parse_sizes, plot_beside,
+    pyplot, report, run_info, team_replay_us, us_panel, write_results)
 
 SIZES = "16K,256K,1M,4M,16M,64M"
 METHODS = ("push:equal", "push:v-device", "push:v-host", "ll:v-device",
@@ -299,7 +303,9 @@ def torchrun_main(a):
         print_table(doc)
         for k, v in skipped.items():
             print(f"skipped {k}: {v}")
-        print("wrote", write_results(doc, "alltoall_", a.out))
+        where = write_results(doc, "alltoall_", a.out)
+        plot_beside(plot, doc, where)
+        print("wrote", where)
     dist.destroy_process_group()
 
 
@@ -321,9 +327,7 @@ def host_cost(torch, comm, method, reps, iters):
 
 
 def print_table(doc):
-    where = "one GPU" if doc["nranks"] == 1 else \
-        "loopback team" if doc.get("loopback", True) else "one per GPU"
-    print(f"{doc['gpu']}, {doc['nranks']} rank(s) ({where}), "
+    print(f"{doc['gpu']}, {doc['nranks']} rank(s) ({_where(doc)}), "
           f"{doc['dtype']}, {doc['date']}; us per call (-1: wrong)")
     if doc.get("host_us"):
         print("eager host cost, us per call: " + ", ".join(
@@ -334,6 +338,33 @@ def print_table(doc):
         print(f"{_fmt_size(row['bytes']):>8} " + " ".join(
             f"{row[m]:14.1f}" if row.get(m) is not None else f"{'-':>14}"
             for m in methods))
+
+
+def _where(doc):
+    return "one GPU" if doc["nranks"] == 1 else \
+        "loopback team" if doc.get("loopback", True) else "one per GPU"
+
+
+def plot(doc, path):
+    """us per call (log) against bytes of one rank's x (log2), a line per
+    method column (copy:ce, the copy-engine floor, dotted; the torch and
+    symm_mem anchors dashed); a 1-rank run's eager host cost in a note."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    cols = [(m, m, ":" if m.startswith("copy:") else
+             "--s" if m.startswith(("torch:", "symm_mem:", "nccl:")) else
+             "-o") for m in doc["methods"]]
+    us_panel(ax, doc["rows"], "bytes", cols, "bytes of one rank's x "
+             "(split evenly over the ranks)",
+             f"all-to-all, {doc['gpu']}, {doc['nranks']} rank(s) "
+             f"({_where(doc)}), {doc['dtype']}, {doc['date']}",
+             xfmt=_fmt_size)
+    if doc.get("host_us"):
+        fig.text(0.01, 0.01, "eager host cost, us per call: " + ", ".join(
+            f"{k} {v:.1f}" for k, v in doc["host_us"].items()), fontsize=7)
+    fig.tight_layout(rect=(0, 0.03, 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def main(argv=None):
@@ -351,7 +382,9 @@ def main(argv=None):
                         "nranks)")
     add_results_args(p)
     a = p.parse_args(argv)
-    if report(a, print_table) is not None:
+    doc = report(a, print_table)
+    if doc is not None:
+        plot_beside(plot, doc, a.report)
         return
     if "WORLD_SIZE" in os.environ:
         return torchrun_main(a)
@@ -382,7 +415,9 @@ def main(argv=None):
                    dtype=a.dtype, loopback=a.nranks > 1,
                    methods=list(METHODS), host_us=host_us, rows=rows)
     print_table(doc)
-    print("wrote", write_results(doc, "alltoall_", a.out))
+    where = write_results(doc, "alltoall_", a.out)
+    plot_beside(plot, doc, where)
+    print("wrote", where)
 
 
 if __name__ == "__main__":

@@ -35,8 +35,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_allreduce import (  # noqa: E402
-    NBUF, _fmt_size, _time, add_results_args, parse_sizes, report, run_info,
-    write_results)
+    NBUF, _fmt_size, _time, add_results_args, parse_sizes, plot_beside,
+    report, run_info, write_results)
 
 COLLECTIVES = ("reduce_scatter", "all_gather", "broadcast", "reduce")
 SIZES = "8K,16K,32K,64K,128K,256K,512K,1M,2M,4M,16M,64M"
@@ -225,13 +225,6 @@ def plot(doc, path):
     fig.savefig(path, dpi=100)
 
 
-def _plot(doc, json_path):
-    try:
-        plot(doc, os.path.splitext(json_path)[0] + ".png")
-    except ImportError as e:
-        print(f"no plot: {e}")
-
-
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--nranks", type=int, default=None)
@@ -247,7 +240,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     doc = report(args, print_table)
     if doc is not None:
-        _plot(doc, args.report)
+        plot_beside(plot, doc, args.report)
         return 0
     colls = [c for c in args.collectives.split(",") if c]
     bad = [c for c in colls if c not in COLLECTIVES]
@@ -267,7 +260,7 @@ def main(argv=None):
         dtype=args.dtype, eager=args.eager, iters=args.iters, reps=args.reps,
         rows=res[0]["rows"],
         skipped={k: v for r in res for k, v in r["skipped"].items()})
-    _plot(doc, write_results(doc, "collectives_", args.out))
+    plot_beside(plot, doc, write_results(doc, "collectives_", args.out))
     print_table(doc)
     return 0
 

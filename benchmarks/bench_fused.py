@@ -28,6 +28,11 @@ units of the dtype's epsilon, #wrong beyond 4 of them).
     python benchmarks/bench_fused.py                  # 1 rank and a team of 2
     python benchmarks/bench_fused.py --ranks 1 --tokens 1,16 --hidden 4096
     python benchmarks/bench_fused.py --nranks 2      # a loopback team of 2
+    python benchmarks/bench_fused.py --report results/x.json  # no GPU
+
+A run writes its JSON and a PNG beside it (plot: us per call against T,
+a panel per team size and H); --report prints a JSON's table and writes
+its PNG beside it.
 
 Several GPUs (issue 31): launched by torchrun (WORLD_SIZE set), one
 process per GPU, the ranks aligned by a barrier before each measurement,
@@ -56,7 +61,9 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_allreduce import run_info, write_results  # noqa: E402
+from bench_allreduce import (  # noqa: E402
+    add_results_args, plot_beside, pyplot, report, run_info, us_panel,
+    write_results)
 
 TOKENS = [1, 16, 128, 512, 2048]
 HIDDEN = [4096, 8192]
@@ -354,7 +361,79 @@ def _torchrun_main(opts):
     return rank, n, rows, anchors.skipped
 
 
-def main():
+def print_table(doc, where=None):
+    """The rows (every column of each team size), the torchrun anchors
+    where the run has them, and the run's GPU, date and versions."""
+    rows = doc["rows"]
+    cols = [f"{a}_us" for a in KERNEL_ALGOS] + ["ar_ll_us"]
+    print(f"\n{'ranks':>5} {'T':>5} {'H':>5} {'bytes':>9} {'fused us':>9} "
+          f"{'unfused us':>10} {'ratio':>6} "
+          + " ".join(f"{c[:-3]:>9}" for c in cols) +
+          f" {'maxdiff':>8} {'#wrong':>6}")
+    for r in rows:
+        print(f"{r['nranks']:>5} {r['T']:>5} {r['H']:>5} {r['bytes']:>9} "
+              f"{r['fused_us']:>9.2f} {r['unfused_us']:>10.2f} "
+              f"{r['ratio']:>6.3f} "
+              + " ".join(f"{r.get(c) or '-':>9}" for c in cols) +
+              f" {r['max_diff_eps']:>8.2f} {r['wrong']:>6}")
+    if "skipped" in doc:      # torchrun: the anchors, us
+        print(f"\n{'T':>5} {'H':>5} {'fused us':>9} {'nccl unfused':>12} "
+              f"{'flashinfer':>10}")
+        for r in rows:
+            fi = r.get("flashinfer_us")
+            print(f"{r['T']:>5} {r['H']:>5} {r['fused_us']:>9.2f} "
+                  f"{r['nccl_unfused_us']:>12.2f} "
+                  f"{fi if fi is not None else '-':>10}")
+        for k, why in doc["skipped"].items():
+            print(f"skipped {k}: {why}")
+    print(f"\n{doc['gpu']}, {doc['date']}, {doc['versions']}"
+          + (f"; {where}" if where else ""))
+
+
+#: the plotted columns: (row key, legend label, line style)
+PLOT_COLUMNS = (
+    ("fused_us", "fused ({algo})", "-o"),
+    ("unfused_us", "unfused (symnccl all_reduce + torch add, rms_norm)",
+     "-s"),
+    ("ll_us", "fused ll", "-^"),
+    ("one_shot_us", "fused one_shot", "-v"),
+    ("two_shot_us", "fused two_shot", "-D"),
+    ("ar_ll_us", "all_reduce ll alone (floor of ll)", ":"),
+    ("nccl_unfused_us", "NCCL + torch add, rms_norm", "--s"),
+    ("flashinfer_us", "FlashInfer fused", "--o"),
+)
+
+
+def plot(doc, path):
+    """us per call (log) against T (log2), a line per column that has a
+    number; one panel per (team size, H): a run of several team sizes on
+    one GPU (1 rank and loopback teams) has a row of panels per size."""
+    plt = pyplot()
+    teams = sorted({r["nranks"] for r in doc["rows"]})
+    hs = sorted({r["H"] for r in doc["rows"]})
+    fig, axes = plt.subplots(len(teams), len(hs), squeeze=False,
+                             figsize=(6 * len(hs), 4.5 * len(teams)))
+    cols = [(k, label.format(algo=doc.get("algo", "auto")), style)
+            for k, label, style in PLOT_COLUMNS]
+    for i, n in enumerate(teams):
+        if doc.get("loopback") is False:
+            where = f"{n} GPUs, one process each"
+        else:
+            where = "1 rank" if n == 1 else f"loopback team of {n}, 1 GPU"
+        for ax, H in zip(axes[i], hs):
+            rows = [r for r in doc["rows"] if r["nranks"] == n and r["H"] == H]
+            if not rows:
+                ax.set_visible(False)
+                continue
+            us_panel(ax, rows, "T", cols, "T (tokens)",
+                     f"all_reduce + add + RMSNorm, H {H}, {where}\n"
+                     f"{doc['gpu']}, {doc['dtype']}, {doc['date']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--ranks", default="1,2",
                     help="team sizes on this GPU (1: a real 1-rank "
@@ -371,10 +450,14 @@ def main():
                     "one_shot, two_shot)")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--reps", type=int, default=15)
-    ap.add_argument("--out", default=None, metavar="PATH", help="JSON path "
-                    "(default: results/fused_<gpu>x<GPUs>_<dtype>.json "
-                    "beside this file)")
-    args = ap.parse_args()
+    add_results_args(ap, "JSON path (default: "
+                     "results/fused_<gpu>x<GPUs>_<dtype>.json beside this "
+                     "file); the PNG is written beside it")
+    args = ap.parse_args(argv)
+    doc = report(args, print_table)
+    if doc is not None:
+        plot_beside(plot, doc, args.report)
+        return
     opts = vars(args)
     import torch
     gpu, tv = torch.cuda.get_device_name(0), torch.__version__
@@ -401,28 +484,8 @@ def main():
                    iters=args.iters, reps=args.reps, eps=EPS, rows=rows,
                    **extra)
     where = write_results(doc, "fused_", args.out)
-    cols = [f"{a}_us" for a in KERNEL_ALGOS] + ["ar_ll_us"]
-    print(f"\n{'ranks':>5} {'T':>5} {'H':>5} {'bytes':>9} {'fused us':>9} "
-          f"{'unfused us':>10} {'ratio':>6} "
-          + " ".join(f"{c[:-3]:>9}" for c in cols) +
-          f" {'maxdiff':>8} {'#wrong':>6}")
-    for r in rows:
-        print(f"{r['nranks']:>5} {r['T']:>5} {r['H']:>5} {r['bytes']:>9} "
-              f"{r['fused_us']:>9.2f} {r['unfused_us']:>10.2f} "
-              f"{r['ratio']:>6.3f} "
-              + " ".join(f"{r.get(c) or '-':>9}" for c in cols) +
-              f" {r['max_diff_eps']:>8.2f} {r['wrong']:>6}")
-    if "skipped" in doc:      # torchrun: the anchors, us
-        print(f"\n{'T':>5} {'H':>5} {'fused us':>9} {'nccl unfused':>12} "
-              f"{'flashinfer':>10}")
-        for r in rows:
-            fi = r.get("flashinfer_us")
-            print(f"{r['T']:>5} {r['H']:>5} {r['fused_us']:>9.2f} "
-                  f"{r['nccl_unfused_us']:>12.2f} "
-                  f"{fi if fi is not None else '-':>10}")
-        for k, why in doc["skipped"].items():
-            print(f"skipped {k}: {why}")
-    print(f"\n{doc['gpu']}, {doc['date']}, {doc['versions']}; {where}")
+    plot_beside(plot, doc, where)
+    print_table(doc, where)
 
 
 if __name__ == "__main__":

@@ -519,6 +519,28 @@ def test_step_and_collectives_benchmarks_report_a_results_file(tmp_path):
     assert "skipped all_gather symnccl:window: x" in out["bench_collectives"]
 
 
+@pytest.mark.parametrize("name", ["bench_alltoall", "bench_fused"])
+def test_alltoall_and_fused_report_their_results_with_a_png(tmp_path, name):
+    """--report on every committed JSON of the benchmark (a copy): the
+    table, and the PNG beside the JSON it read (as bench_collectives)."""
+    import glob
+    import shutil
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    prefix = name.split("_")[1]
+    srcs = sorted(glob.glob(os.path.join(root, "benchmarks", "results",
+                                         f"{prefix}_*.json")))
+    assert srcs
+    for src in srcs:
+        dst = tmp_path / os.path.basename(src)
+        shutil.copy(src, dst)
+        r = subprocess.run([sys.executable, f"benchmarks/{name}.py",
+                            "--report", str(dst)], cwd=root,
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, (src, r.stderr)
+        assert json.loads(dst.read_text())["gpu"] in r.stdout
+        assert dst.with_suffix(".png").exists() or "no plot" in r.stdout
+
+
 def test_examples_use_only_the_public_api_that_exists():
     """Every symnccl name an example reads (symnccl.x, symnccl.torch.x via
     its alias, comm methods it calls) exists: examples cannot drift from
