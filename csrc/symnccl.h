@@ -305,8 +305,6 @@ typedef struct {
     int lsa_threads, one_shot_ctas, two_shot_ctas, rmsnorm_ctas;
     int rmsnorm_local_ctas;
     int ll_ctas, ll_threads, ll_two_shot_kib, ll128_two_shot_kib;
-    int fused_cluster;         /* SYMNCCL_FUSED_CLUSTER: ll_rmsnorm's
-                                  largest cluster a row is split over */
     int push_ctas, push_threads, push_region_mib, push_chunk_kib;
     int check;                 /* SYMNCCL_CHECK: compare calls first */
     int pdl;                   /* SYMNCCL_PDL: programmatic launches */
@@ -953,9 +951,6 @@ typedef struct {
  * it). */
 typedef struct {
     unsigned long long launches[SYMNCCL_K_COUNT + 1];
-    /* ll_rmsnorm's launches by the cluster a row was split over: 1, 2, 4,
-     * 8 CTAs (Communicator._clusters()) */
-    unsigned long long clusters[4];
     int inject;
 } sn_comm_counters;
 
@@ -1254,8 +1249,6 @@ typedef struct CommObject {
     int pdl_early;             /* symnccl_kargs.pdl_early (nccl_policy.c;
                                   settable for testing: _pdl_early) */
     int sms;                   /* the device's SMs */
-    int cc_major;              /* its compute capability's major (9:
-                                  thread-block clusters) */
     double timeout;
     sn_knobs knobs;
     sn_window *windows;        /* windows.c */

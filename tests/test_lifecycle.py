@@ -67,7 +67,7 @@ def test_every_method_that_uses_the_communicator_enters_it():
     # no state of the communicator's own, or the lifecycle itself; _copy
     # launches on raw addresses without the communicator's memory
     exempt = {"close", "abort", "__enter__", "__exit__", "init_all",
-              "_loopback", "_launches", "_clusters", "_staging_layout", "_inject_fault",
+              "_loopback", "_launches", "_staging_layout", "_inject_fault",
               "_algo_unavailable", "_auto_algo", "_copy"}
     unentered = []
     for name, fn in methods:

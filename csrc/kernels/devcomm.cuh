@@ -19,34 +19,21 @@ struct symnccl_devcomm {
 // it reads its inputs or its call counter, and lets the next kernel launch
 // right after that wait only where the loaded NCCL's kernels wait too
 // (a.pdl_early; else at its completion). Captured into CUDA graphs as a
-// programmatic edge. With a.cluster = k > 1 (ll_rmsnorm), in thread-block
-// clusters of k CTAs of a.threads / k threads (kernels/rmsnorm.cuh).
+// programmatic edge.
 // (Internal linkage: the objects of several NCCL minors are joined into
 // one, whose only global symbol is each minor's table.)
 static inline cudaError_t symnccl_launch_kernel(
     void (*kernel)(ncclDevComm, const symnccl_kargs), const symnccl_kargs& a,
     cudaStream_t stream) {
-  const unsigned k = a.cluster > 1 ? (unsigned)a.cluster : 1u;
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(a.ctas);
-  cfg.blockDim = dim3(a.threads / k);
+  cfg.blockDim = dim3(a.threads);
   cfg.stream = stream;
-  cudaLaunchAttribute attr[2];
-  unsigned n = 0;
-  if (a.pdl) {
-    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[n].val.programmaticStreamSerializationAllowed = 1;
-    n++;
-  }
-  if (k > 1) {
-    attr[n].id = cudaLaunchAttributeClusterDimension;
-    attr[n].val.clusterDim.x = k;
-    attr[n].val.clusterDim.y = 1;
-    attr[n].val.clusterDim.z = 1;
-    n++;
-  }
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
   cfg.attrs = attr;
-  cfg.numAttrs = n;
+  cfg.numAttrs = a.pdl ? 1 : 0;
   return cudaLaunchKernelEx(&cfg, kernel, a.dc->dc, a);
 }
 

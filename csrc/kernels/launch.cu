@@ -165,15 +165,6 @@ cudaError_t launch(const symnccl_kargs* a, cudaStream_t stream) {
         (a->quant != SYMNCCL_QUANT_NONE ||
          (!a->local && a->mid_win == nullptr)))))
     return cudaErrorInvalidValue;
-  // a row split over a cluster (ll_rmsnorm with peers only): a portable
-  // cluster size (a power of two <= 8) that divides the grid, of whole warps
-  // of at least one each (rmsnorm.cuh)
-  if (a->cluster < 0 ||
-      (a->cluster > 1 &&
-       (a->kernel != SYMNCCL_K_LL_RMSNORM || a->local ||
-        a->cluster > SYMNCCL_MAX_CLUSTER || (a->cluster & (a->cluster - 1)) != 0 ||
-        a->ctas % a->cluster != 0 || a->threads % (32 * a->cluster) != 0)))
-    return cudaErrorInvalidValue;
   if (k.unit == SYMNCCL_UNIT_MULTIMEM)
     return symnccl_launch_multimem(a, stream);
   return kUnits[a->dtype](a, stream);

@@ -78,10 +78,6 @@ enum { SYMNCCL_OP_SUM = 0, SYMNCCL_OP_MAX = 1, SYMNCCL_OP_MIN = 2,
  * one SM: 65536 registers at 64 a thread (__launch_bounds__(512, 2)). */
 #define SYMNCCL_LOCAL_MAX_CTAS 4096
 #define SYMNCCL_LOCAL_THREADS_PER_SM 1024
-/* Largest thread-block cluster a row of ll_rmsnorm is split over
- * (symnccl_kargs.cluster): CUDA's portable cluster size, which needs no
- * opt-in attribute. */
-#define SYMNCCL_MAX_CLUSTER 8
 /* Largest grid of the push kernels (their flag lines are laid out for
  * it). */
 #define SYMNCCL_PUSH_MAX_CTAS 128
@@ -230,12 +226,6 @@ typedef struct {
     ncclWindow_t out_win;
     size_t out_offset;
     int ctas, threads;         /* same on every rank */
-    int cluster;               /* ll_rmsnorm: a row's block of `threads`
-                                  split over a thread-block cluster of this
-                                  many CTAs (2, 4, 8; sm_90+), each of
-                                  threads / cluster threads, ctas / cluster
-                                  clusters (kernels/rmsnorm.cuh); 0 or 1:
-                                  no cluster. Every other kernel: 0 */
     /* failures */
     uint64_t timeout_ns;       /* a wait for a peer gives up after this */
     int collective;            /* SYMNCCL_COLL_*, for the record */

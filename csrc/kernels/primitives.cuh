@@ -18,10 +18,6 @@
 //   acquire_load      them across GPUs
 //   Group             a CTA, or a warp-specialised part of it, with a
 //                     barrier of its own
-//   cluster_arrive /  a thread-block cluster's barrier, split; a word
-//   cluster_wait /    other CTAs of the cluster poll, and a load from
-//   cluster_put /     another CTA's shared memory (DSMEM)
-//   cluster_get
 //   signal_flags /    a CTA's flags to the same CTA of every peer (push)
 //   wait_flags
 //   Barrier           the load kernels' barrier, built on them
@@ -514,78 +510,6 @@ struct Group {
     return r != 0;
   }
 };
-
-// A thread-block cluster (sm_90+; a launch with symnccl_kargs.cluster > 1):
-// its CTAs are resident together and read each other's shared memory
-// (distributed shared memory, DSMEM).
-//
-// cluster_arrive / cluster_wait: barrier.cluster, split: every thread of
-// every CTA arrives, then waits (each thread alternately) until all have
-// arrived. kRelease: the arrive releases this thread's earlier stores to
-// the cluster (ptxas: a MEMBAR.ALL.GPU first, which waits for the
-// thread's outstanding stores, peers' included), so the loads after the
-// wait see them; without, an execution barrier only (no fence). The wait
-// acquires (ptxas: CCTL.IVALL, the L1 dropped). It cannot time out, so
-// every CTA of a cluster must reach every one: no CTA returns between two
-// (bounded_wait gives up, it never traps), and a CTA must not exit while
-// another may still read its shared memory (an arrive and wait after the
-// last such read). Below sm_90 (never launched so: the host picks no
-// cluster there) the CTA's barrier.
-template <bool kRelease>
-__device__ __forceinline__ void cluster_arrive() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  if (kRelease)
-    asm volatile("barrier.cluster.arrive.release;" ::: "memory");
-  else
-    asm volatile("barrier.cluster.arrive.relaxed;" ::: "memory");
-#else
-  __syncthreads();
-#endif
-}
-
-__device__ __forceinline__ void cluster_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("barrier.cluster.wait.acquire;" ::: "memory");
-#else
-  __syncthreads();
-#endif
-}
-
-// A 64-bit word of this CTA's shared memory that other CTAs of the cluster
-// poll (a DSMEM packet: data and flag in one single-copy-atomic word, as an
-// LL packet's halves; relaxed at cluster scope: no fence).
-__device__ __forceinline__ void cluster_put(uint64_t* p, uint64_t v) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("st.relaxed.cluster.shared::cta.b64 [%0], %1;" ::"r"(
-                   (uint32_t)__cvta_generic_to_shared(p)),
-               "l"(v)
-               : "memory");
-#else
-  *reinterpret_cast<volatile uint64_t*>(p) = v;
-#endif
-}
-
-// The word at p (this CTA's shared memory) in the shared memory of CTA
-// `rank` of the cluster (its copy of the same variable): mapa, then a
-// relaxed DSMEM load.
-__device__ __forceinline__ uint64_t cluster_get(const uint64_t* p,
-                                                uint32_t rank) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  const uint32_t mine = (uint32_t)__cvta_generic_to_shared(p);
-  uint32_t at;
-  uint64_t v;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
-               : "=r"(at)
-               : "r"(mine), "r"(rank));
-  asm volatile("ld.relaxed.cluster.shared::cluster.b64 %0, [%1];"
-               : "=l"(v)
-               : "r"(at)
-               : "memory");
-  return v;
-#else
-  return *reinterpret_cast<const volatile uint64_t*>(p);
-#endif
-}
 
 // A CTA's flags, one line per CTA of one 8-byte flag per source rank
 // (SYMNCCL_FLAG_LINE): CTA b of every rank signals CTA b of every peer.

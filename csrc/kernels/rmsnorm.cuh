@@ -105,66 +105,6 @@ __device__ __forceinline__ float block_max(float v, float* buf) {
   return block_reduce(v, buf, [](float a, float b) { return fmaxf(a, b); });
 }
 
-// block_reduce for a row's block split over a cluster of k CTAs
-// (ll_rmsnorm with a.cluster = k > 1): CTA c of the cluster runs the
-// block's warps [c * wc, c * wc + wc) (wc = blockDim.x / 32), so the xor
-// shuffles give each warp block_reduce's partial. Lane 0 puts it, with
-// `turn` (the row's turn in this call, from 1) as its flag, in one word of
-// this CTA's `slots` (one per warp: a DSMEM packet, cluster_put); lane w
-// of every warp polls warp w's word in its CTA until it holds this turn,
-// and every thread folds the W partials in order 0..W-1 through shuffles:
-// block_reduce's bits, with no barrier and no fence. kOk: the flag's top
-// bit says a thread of the warp is not ok, and `ok` comes out as the AND
-// over the cluster (the cluster-wide __syncthreads_and). Every CTA of the
-// cluster must call it, as often as the others: each warp puts a word
-// every call and reads every warp's, so a word is overwritten (two turns
-// on: slots alternate by turn parity, as block_reduce's buf) only after
-// every warp has read it. The slots start zeroed (no turn) and cleared to
-// every CTA of the cluster (a release arrive and a wait) before the first
-// poll, and no CTA exits while another may poll its words (ll_rmsnorm).
-template <bool kOk, typename Op>
-__device__ __forceinline__ float cluster_reduce(float v, uint64_t* slots,
-                                                uint32_t turn, bool& ok,
-                                                int k, Op op) {
-#pragma unroll
-  for (int m = 16; m > 0; m >>= 1)
-    v = op(v, __shfl_xor_sync(0xffffffffu, v, m));
-  const int lane = (int)(threadIdx.x & 31), wc = (int)(blockDim.x >> 5);
-  const int warps = wc * k;  // <= 16: a block of at most 512 threads
-  const bool wok = !kOk || __all_sync(0xffffffffu, ok);
-  if (lane == 0)
-    cluster_put(slots + (threadIdx.x >> 5),
-                (uint64_t)(turn | (wok ? 0u : 0x80000000u)) << 32 |
-                    __float_as_uint(v));
-  float part = 0.f;
-  bool pok = true;
-  if (lane < warps) {
-    const uint32_t c = (uint32_t)(lane / wc), w = (uint32_t)(lane % wc);
-    uint64_t word;
-    do
-      word = cluster_get(slots + w, c);
-    while (((uint32_t)(word >> 32) & 0x7fffffffu) != turn);
-    part = __uint_as_float((uint32_t)word);
-    pok = (word >> 63) == 0;
-  }
-  if (kOk) ok = __all_sync(0xffffffffu, pok);
-  float s = 0.f;
-  for (int w = 0; w < warps; w++)
-    s = op(s, __shfl_sync(0xffffffffu, part, w));
-  return s;
-}
-
-struct OpAdd {
-  __device__ __forceinline__ float operator()(float a, float b) const {
-    return a + b;
-  }
-};
-struct OpFmax {
-  __device__ __forceinline__ float operator()(float a, float b) const {
-    return fmaxf(a, b);
-  }
-};
-
 constexpr float kFp8Max = 448.f;
 constexpr float kFp8MinScale = 1.f / (448.f * 512.f);
 
@@ -270,18 +210,17 @@ __device__ __forceinline__ uint4 normalise(uint4 hw, uint4 ww, float rstd) {
   return y.raw;
 }
 
-// The row's y as FP8 (a.quant): its scale first (dynamic: row_max(m), a
-// block reduction of |y|, y recomputed from h, which costs no load for the
-// kept vectors), then y * (1 / scale). tid, bd: the thread in the row's
-// block, and the block (ll_rmsnorm's split over a cluster: virtual).
-template <typename T, typename RowMax>
+// The row's y as FP8 (a.quant): its scale first (dynamic: a block
+// reduction of |y|, y recomputed from h, which costs no load for the kept
+// vectors), then y * (1 / scale).
+template <typename T>
 __device__ __forceinline__ void quantise_row(const symnccl_kargs& a, size_t r,
                                              float rstd,
                                              const uint4 (&keep)[kRmsKeep],
                                              const uint4 (&wk)[kRmsKeep],
-                                             const T* hr, size_t tid,
-                                             size_t bd, RowMax&& row_max) {
+                                             const T* hr, float* red) {
   const size_t H = a.row_len, rvec = H / Pack<T, 16>::kElems;
+  const size_t tid = threadIdx.x, bd = blockDim.x;
   const T* w = static_cast<const T*>(a.weight);
   uint8_t* qr = static_cast<uint8_t*>(a.out) + r * H;
   const bool aligned =
@@ -303,7 +242,7 @@ __device__ __forceinline__ void quantise_row(const symnccl_kargs& a, size_t r,
       m = fmaxf(
           m, abs_max<T>(normalise<T>(load_pack<16>(hr, v, H, aligned),
                                      load_pack<16>(w, v, H, aligned), rstd)));
-    s = fmaxf(row_max(m) / kFp8Max, kFp8MinScale);
+    s = fmaxf(block_max(m, red) / kFp8Max, kFp8MinScale);
     if (tid == 0) a.scale[r] = s;
   }
   const float inv = 1.f / s;
@@ -431,8 +370,7 @@ __device__ __forceinline__ void rmsnorm_body(const ncclDevComm& dc,
     const float total = block_sum(ss, s_sum[parity]);
     const float rstd = rsqrtf(total / (float)H + a.eps);
     if (!two && a.quant != SYMNCCL_QUANT_NONE) {
-      quantise_row(a, r, rstd, keep, wk, out_h + r * H, tid, bd,
-                   [&](float m) { return block_max(m, s_max[parity]); });
+      quantise_row(a, r, rstd, keep, wk, out_h + r * H, s_max[parity]);
       continue;
     }
 #pragma unroll
@@ -493,61 +431,19 @@ __global__ void __launch_bounds__(512)
 // it, and the CTA stores no y for the row. Requirements:
 // rows * H * sizeof(T) <= row_bytes / 2 (the host's chunks), the rest as
 // one_shot_rmsnorm's.
-//
-// kCluster (a.cluster = k > 1, sm_90; the host's choice, row_launches): a
-// row's block of bd = a.threads threads is split over a thread-block
-// cluster of k CTAs of bd / k threads, and the rows go round the
-// gridDim.x / k clusters (cluster b / k, on every rank). CTA c of a
-// cluster runs the block's threads [c bd / k, (c + 1) bd / k) ("virtual"
-// threads: thread t still owns vectors t, t + bd, ... and does for them
-// exactly what it does in one CTA: sends, polls, the rank-order sums, the
-// residual, the squares, the stores), so the row's packets are polled by
-// k SMs, not one (one SM's poll of a whole row, 2-4 packets a thread, was
-// ~2.2 us of the row's time at H 8192: docs/PERFORMANCE.md). The block
-// reductions are cluster_reduce's (the same warps in the same order, each
-// warp's partial a flagged word in its CTA's shared memory that the
-// others poll through DSMEM: the bits of block_reduce, so of
-// one_shot_rmsnorm, with no barrier and no fence a row), which also agree
-// on `ok` cluster-wide: a wait that gave up in any CTA means no CTA stores
-// y for the row. Two cluster barriers a call: the zeroed words released
-// at entry (waited for after the sends), and one before the call counter
-// so no CTA exits while another may still poll its words (relaxed: no
-// fence). They cannot time out, so no CTA of a cluster returns early: one
-// whose entry failed goes on with ok down (sends and waits for nothing,
-// stores nothing, counts no call). Every CTA still enters and counts
-// every call (the LL family's counters, epochs[blockIdx.x]).
 __device__ __forceinline__ void send_vec(char* p, uint4 d, uint64_t flag) {
   LL::send(p, {{(uint64_t)d.x | (uint64_t)d.y << 32}}, flag);
   LL::send(p + LL::kItemBytes, {{(uint64_t)d.z | (uint64_t)d.w << 32}},
            flag);
 }
 
-// (kCluster: a CTA is at most half a block of 512, so 256 threads: the
-// bound leaves ptxas the registers the split's indices and the cluster
-// reductions take, where 128 spilled; ~150 used, no spill)
-template <typename T, bool kCluster>
-__global__ void __launch_bounds__(kCluster ? 256 : 512, 1)
+template <typename T>
+__global__ void __launch_bounds__(512)
     ll_rmsnorm(ncclDevComm dc, const __grid_constant__ symnccl_kargs a) {
   __shared__ float s_sum[2][32], s_max[2][32];
-  // kCluster: each warp's partial sum ([0]) and max ([1]) by turn parity
-  // (cluster_reduce; a CTA is at most 256 threads), zeroed first
-  __shared__ uint64_t s_slot[2][2][8];
-  if (kCluster && threadIdx.x < 32) (&s_slot[0][0][0])[threadIdx.x] = 0;
   const int n = dc.lsaSize, me = dc.lsaRank;
   uint64_t epoch;
-  const bool entered = enter_cta(a, me, n, epoch);
-  if (!kCluster && !entered) return;
-  // (after enter_cta's __syncthreads: the zeroed slots to every CTA of the
-  // cluster before its first poll, the wait below)
-  if (kCluster) cluster_arrive<true>();
-  // the row's block: this CTA, or CTA c of a cluster of k
-  const int k = kCluster ? a.cluster : 1;
-  const size_t c = kCluster ? blockIdx.x % (unsigned)k : 0;
-  const size_t tid = c * blockDim.x + threadIdx.x;
-  const size_t bd = (size_t)blockDim.x * (unsigned)k;
-  // my rows: first, and the step to the next (rows go round the clusters)
-  const size_t row0 = blockIdx.x / (unsigned)k;
-  const size_t step = gridDim.x / (unsigned)k;
+  if (!enter_cta(a, me, n, epoch)) return;
   const PacketCall call(epoch, a.region_offset, n, a.row_bytes);
   const uint64_t flag = LL::wire_flag(call.flag);
   const T* x = static_cast<const T*>(a.src);
@@ -556,6 +452,7 @@ __global__ void __launch_bounds__(kCluster ? 256 : 512, 1)
   T* out_h = static_cast<T*>(a.out_h);
   const size_t H = a.row_len, rows = a.count / H;
   const size_t rvec = H / Pack<T, 16>::kElems;
+  const size_t tid = threadIdx.x, bd = blockDim.x;
   const bool x_al = (reinterpret_cast<uintptr_t>(x) & 15) == 0;
   const bool aligned =
       ((reinterpret_cast<uintptr_t>(res) |
@@ -579,27 +476,25 @@ __global__ void __launch_bounds__(kCluster ? 256 : 512, 1)
 #pragma unroll
   for (int u = 0; u < kRmsKeep; u++)
     if (has(u)) wk[u] = load_pack<16>(w, tid + u * bd, H, aligned);
-  fetch_res(row0);
+  fetch_res(blockIdx.x);
 
   // my rows' vectors into row `me` of every peer's slot
   const Peers to = slot.at((size_t)me * a.row_bytes);
-  for (size_t r = row0; entered && r < rows; r += step)
+  for (size_t r = blockIdx.x; r < rows; r += gridDim.x)
     for (size_t v = tid; v < rvec; v += bd) {
       const uint4 d = load_pack<16>(x + r * H, v, H, x_al);
       for (int q = 0; q < n; q++)
         if (q != me) send_vec(to(q) + (r * rvec + v) * kVec, d, flag);
     }
-  if (kCluster) cluster_wait();
 
   // my rows, each reduced in rank order as its packets land, then
   // normalised: rmsnorm_body's row loop, the same arithmetic in the same
   // order, and add_rmsnorm's y stores (kept apart: a helper shared with
   // rmsnorm_body made ptxas spill one_shot_rmsnorm's float32 unit, one
   // shared with add_rmsnorm its float16 unit: 16 bytes each way). A thread whose wait gave up stores
-  // no more h; the CTA stores no y for the row (__syncthreads_and;
-  // kCluster: no CTA of the cluster, cluster_reduce's verdict).
+  // no more h; the CTA stores no y for the row (__syncthreads_and).
   const char* mine = slot(me);
-  bool ok = entered;
+  bool ok = true;
   // the sums of U vectors of row r, v0 + u * bd: a peer's 2U packets
   // polled in one wait, ranks folded in order 0..n-1
   auto sums = [&](size_t r, size_t v0, auto& s) {
@@ -654,8 +549,7 @@ __global__ void __launch_bounds__(kCluster ? 256 : 512, 1)
     for (int u = 0; u < U; u++) s[u] = acc[u].result(SYMNCCL_OP_SUM, n);
   };
   int parity = 0;
-  uint32_t turn = 1;  // kCluster: the row's turn (cluster_reduce's flag)
-  for (size_t r = row0; r < rows; r += step, parity ^= 1, turn++) {
+  for (size_t r = blockIdx.x; r < rows; r += gridDim.x, parity ^= 1) {
     uint4 keep[kRmsKeep];
     sums(r, tid, keep);
     float ss = 0.f;
@@ -674,26 +568,10 @@ __global__ void __launch_bounds__(kCluster ? 256 : 512, 1)
       ss += sum_squares<T>(hv);
       if (ok) store_pack<16>(out_h + r * H, v, H, aligned, hv);
     }
-    // the row's sum of squares (kCluster: over the cluster, which also
-    // turns `ok` into the cluster's verdict)
-    const float rstd =
-        rsqrtf((kCluster ? cluster_reduce<true>(ss, s_slot[0][parity], turn,
-                                                ok, k, OpAdd{})
-                         : block_sum(ss, s_sum[parity])) /
-                   (float)H +
-               a.eps);
-    if (!(kCluster ? ok : __syncthreads_and(ok))) break;
+    const float rstd = rsqrtf(block_sum(ss, s_sum[parity]) / (float)H + a.eps);
+    if (!__syncthreads_and(ok)) break;
     if (a.quant != SYMNCCL_QUANT_NONE) {
-      quantise_row(a, r, rstd, keep, wk, out_h + r * H, tid, bd,
-                   [&](float m) {
-                     if constexpr (kCluster) {
-                       bool all = true;
-                       return cluster_reduce<false>(m, s_slot[1][parity],
-                                                    turn, all, k, OpFmax{});
-                     } else {
-                       return block_max(m, s_max[parity]);
-                     }
-                   });
+      quantise_row(a, r, rstd, keep, wk, out_h + r * H, s_max[parity]);
     } else {
 #pragma unroll
       for (int u = 0; u < kRmsKeep; u++)
@@ -706,18 +584,9 @@ __global__ void __launch_bounds__(kCluster ? 256 : 512, 1)
             normalise<T>(load_pack<16>(out_h + r * H, v, H, aligned),
                          load_pack<16>(w, v, H, aligned), rstd));
     }
-    fetch_res(r + step);
+    fetch_res(r + gridDim.x);
   }
-  if constexpr (kCluster) {
-    // no CTA leaves while another may read its shared memory (every read
-    // of this thread's has returned: its value was used; no fence); a CTA
-    // whose entry failed counts no call (as one that returned at entry)
-    cluster_arrive<false>();
-    cluster_wait();
-    if (threadIdx.x == 0 && entered) a.epochs[blockIdx.x] = call.epoch + 1;
-  } else {
-    end_call(a.epochs, call);
-  }
+  end_call(a.epochs, call);
 }
 
 // SYMNCCL_LOCAL_THREADS_PER_SM threads per SM (two CTAs of 512): at most
@@ -784,8 +653,7 @@ __global__ void __launch_bounds__(512, SYMNCCL_LOCAL_THREADS_PER_SM / 512)
     }
     const float rstd = rsqrtf(block_sum(ss, s_sum[parity]) / (float)H + a.eps);
     if constexpr (kQuant) {
-      quantise_row(a, r, rstd, keep, wk, out_h + r * H, tid, bd,
-                   [&](float m) { return block_max(m, s_max[parity]); });
+      quantise_row(a, r, rstd, keep, wk, out_h + r * H, s_max[parity]);
     } else {
 #pragma unroll
       for (int u = 0; u < kRmsKeep; u++)

@@ -765,19 +765,6 @@ comm_launches(CommObject *self, PyObject *unused)
     return d;
 }
 
-/* _clusters() -> {1: launches, 2: ..., 4: ..., 8: ...}: ll_rmsnorm's
- * launches by the thread-block cluster each row was split over (launch.c,
- * row_cluster). */
-static PyObject *
-comm_clusters(CommObject *self, PyObject *unused)
-{
-    unsigned long long n[4];
-    sn_lock(self);
-    memcpy(n, self->count.clusters, sizeof(n));
-    sn_unlock(self);
-    return Py_BuildValue("{iKiKiKiK}", 1, n[0], 2, n[1], 4, n[2], 8, n[3]);
-}
-
 static PyObject *
 comm_staging_layout(CommObject *self, PyObject *unused)
 {
@@ -901,9 +888,6 @@ static PyMethodDef comm_methods[] = {
     {"_launches", (PyCFunction)comm_launches, METH_NOARGS,
      "_launches() -> {kernel: launches enqueued, ..., 'nccl': NCCL "
      "collectives} (testing)"},
-    {"_clusters", (PyCFunction)comm_clusters, METH_NOARGS,
-     "_clusters() -> {CTAs: ll_rmsnorm launches whose rows were split over "
-     "a cluster of that many} (testing)"},
     {"_staging_layout", (PyCFunction)comm_staging_layout, METH_NOARGS,
      "_staging_layout() -> dict: offsets and sizes in the staging window"},
     {"_epoch", (PyCFunction)comm_epoch, METH_O,

@@ -283,31 +283,6 @@ push_launch(const sn_ar *r, int kernel, sn_err *err)
     return launch(r, &a, err);
 }
 
-/* ll_rmsnorm's cluster for a launch of `rows` rows (kernels/rmsnorm.cuh):
- * each row's block of `threads` split over k CTAs of threads / k, the rows
- * going round the ctas / k clusters. k: the largest power of two up to
- * SYMNCCL_FUSED_CLUSTER whose CTAs are whole warps (threads % (32 k) ==
- * 0), that divides the LL grid, and whose clusters each take a row
- * (rows * k <= ctas: past that the grid's CTAs have rows of their own
- * already, so at T >= 64 on the default 64-CTA grid k is 1, one CTA a row
- * as before); 1 below sm_90 (no clusters). A function of the call and the
- * communicator's knobs only: the same on every rank. */
-static int
-row_cluster(const CommObject *c, int threads, int ctas, size_t rows)
-{
-    int k = 1;
-    if (c->cc_major < 9)
-        return 1;
-    for (int m = 2; m <= c->knobs.fused_cluster && m <= SYMNCCL_MAX_CLUSTER;
-         m *= 2) {
-        if (threads % (32 * m) != 0 || ctas % m != 0 ||
-            rows * (size_t)m > (size_t)ctas)
-            break;
-        k = m;
-    }
-    return k;
-}
-
 /* all_reduce_rmsnorm: whole rows. The kernel copies x into the staging
  * window itself, so a launch takes as many rows as the staging area holds;
  * on one rank, or with r->local (x holds an all-reduce's sum), x is read
@@ -318,9 +293,7 @@ row_cluster(const CommObject *c, int threads, int ctas, size_t rows)
  * grid: a CTA per row, at most SYMNCCL_RMSNORM_CTAS with peers (a team's
  * grids must be resident at once); ll_rmsnorm's is the LL family's fixed
  * grid (SYMNCCL_LL_CTAS), its rows in chunks of what an LL row carries
- * (no staging copy), each row's block split over a thread-block cluster of
- * up to SYMNCCL_FUSED_CLUSTER CTAs where the launch's rows leave CTAs
- * idle (row_cluster; the same threads, so the same bits); without a peer, SYMNCCL_RMSNORM_LOCAL_CTAS, by
+ * (no staging copy); without a peer, SYMNCCL_RMSNORM_LOCAL_CTAS, by
  * default as many as are resident at once (SYMNCCL_LOCAL_THREADS_PER_SM of
  * add_rmsnorm's threads on each SM). A dynamic FP8 output's scales: one
  * per row. */
@@ -387,15 +360,10 @@ row_launches(const sn_ar *r, int kernel, sn_err *err)
         }
         if (!ll)   /* ll's is the family's, fixed */
             a.ctas = grid_rows > (size_t)cap ? cap : (int)grid_rows;
-        else
-            a.cluster = row_cluster(c, a.threads, a.ctas, len);
         a.mid_win = a.win;
         a.mid_offset = len * row_bytes;
         if (launch(r, &a, err) < 0)
             return -1;
-        if (ll)
-            c->count.clusters[a.cluster == 8 ? 3 : a.cluster == 4 ? 2
-                              : a.cluster == 2 ? 1 : 0]++;
     }
     return 0;
 }

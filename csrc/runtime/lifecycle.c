@@ -165,15 +165,11 @@ sn_comm_new(PyTypeObject *tp, int rank, int nranks, int device,
         Py_DECREF(c);
         return NULL;
     }
-    cudaError_t e = cudaDeviceGetAttribute(
+    const cudaError_t e = cudaDeviceGetAttribute(
         &c->sms, cudaDevAttrMultiProcessorCount, device);
-    if (e == cudaSuccess)
-        e = cudaDeviceGetAttribute(&c->cc_major,
-                                   cudaDevAttrComputeCapabilityMajor, device);
     if (e != cudaSuccess) {
         sn_set_cuda_error(sn_state_from_type(tp), e,
-                          "cudaDeviceGetAttribute(MultiProcessorCount, "
-                          "ComputeCapabilityMajor)");
+                          "cudaDeviceGetAttribute(MultiProcessorCount)");
         Py_DECREF(c);
         return NULL;
     }

@@ -614,14 +614,6 @@ static const knob knobs[] = {
      "grid of ll and ll128 (fixed per communicator)"},
     {"SYMNCCL_LL_THREADS", offsetof(sn_knobs, ll_threads), 512, 32, 512, 32,
      "threads per CTA of ll and ll128"},
-    /* 8: a T 1 row's packets polled by 8 SMs, not one (one SM's poll cost
-     * ~2.2 us of ll_rmsnorm's 8.0 at H 8192; kernels/rmsnorm.cuh,
-     * docs/PERFORMANCE.md 'Predictions and outcomes': not yet measured) */
-    {"SYMNCCL_FUSED_CLUSTER", offsetof(sn_knobs, fused_cluster), 8, 1,
-     SYMNCCL_MAX_CLUSTER, 1, "all_reduce_rmsnorm's ll: each row split over "
-     "a thread-block cluster of up to this many CTAs (the largest power of "
-     "two that fits the row's block, the LL grid and the launch's rows; "
-     "sm_90+); 1: a row is one CTA's"},
     {"SYMNCCL_LL_TWO_SHOT_KIB", offsetof(sn_knobs, ll_two_shot_kib), 128, 0,
      1 << 20, 1, "ll's two-shot from this size on 3+ ranks (0: at every size, on "
      "2 ranks too)"},
