@@ -103,17 +103,26 @@ def test_peer_exits_nccl_collectives(nranks, collective):
 @pytest.mark.parametrize("algo", ALGOS)
 def test_peer_sleeps_past_the_timeout_and_comes_back(nranks, algo):
     """The survivor times out; the sleeper, back, gets an error too (the
-    survivor gave up, or its own wait times out), never a result."""
+    survivor gave up, or its own wait times out), never a result. Except
+    on NCCL's path: there the sleeper's call can complete (2x H100: NCCL
+    leaves a collective whose peer aborted with undefined output, and
+    nothing tells the sleeper); then its next call fails within the
+    timeout (docs/FAILURES.md, 'What is not covered')."""
     pytest.importorskip("torch")
     res = peer_failure(nranks, "sleep", "all_reduce", algo, TIMEOUT)
     _after(_survivor(res, algo))
     r1 = res[1]
     err = r1["call_error"] or r1["check_error"]
-    assert err is not None and err["type"] == "PeerTimeoutError", r1
     if algo != "nccl":   # rank 0 told it when it gave up
+        assert err is not None and err["type"] == "PeerTimeoutError", r1
         assert err["reason"] == "peer" and err["rank"] == 0, err
         assert r1["sync_seconds"] < 2.0, r1
+    elif err is None:
+        err = r1["next_error"]
+        assert err is not None and err["type"] == "PeerTimeoutError", r1
+        assert r1["next_seconds"] <= TIMEOUT + SLACK, r1
     else:
+        assert err["type"] == "PeerTimeoutError", r1
         assert r1["sync_seconds"] <= TIMEOUT + SLACK, r1
     _after(r1)
 

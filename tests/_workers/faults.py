@@ -130,6 +130,16 @@ def peer_failure(rank, nranks, uid, scenario, collective, algo, timeout,
     torch.cuda.synchronize()
     out["sync_seconds"] = time.monotonic() - t0
     out["check_error"] = _error(comm.check)
+    if scenario == "sleep" and out["call_error"] is None and \
+            out["check_error"] is None:
+        # algo="nccl": the sleeper's call can complete after its peer gave
+        # up (NCCL leaves an aborted collective's output undefined, and
+        # nothing here says the peer left): its next call must fail
+        t1 = time.monotonic()
+        out["next_error"] = _error(
+            lambda: (_call(comm, x, collective, algo),
+                     torch.cuda.synchronize(), comm.check()))
+        out["next_seconds"] = time.monotonic() - t1
     if scenario.startswith("mismatch") and out["check_error"] is None and \
             out["call_error"] is None:
         # the smaller call may complete; the next one meets the failure
