@@ -367,7 +367,8 @@ def us_panel(ax, rows, x, columns, xlabel, title, xfmt=str,
     (log2 x, a tick at each x, labelled xfmt(x)); a line per (key, label,
     style) of `columns` with a number in some row. Missing and None cells
     are left out, and so are negative ones (-1.0: a wrong result), the
-    label counting those as `negative`."""
+    label counting those as `negative` (a column with only those: in the
+    legend, without a line)."""
     import math
     from matplotlib.ticker import FuncFormatter, NullLocator
 
@@ -381,10 +382,12 @@ def us_panel(ax, rows, x, columns, xlabel, title, xfmt=str,
                if isinstance(r.get(key), (int, float)) and r[key] > 0]
         bad = sum(1 for r in rows if isinstance(r.get(key), (int, float))
                   and r[key] < 0)
-        if not pts:
-            continue
         if bad:
             label += f" ({bad} {negative}, left out)"
+        if not pts:
+            if bad:
+                ax.plot([], [], style, label=label, ms=3)
+            continue
         xs, ys = zip(*sorted(pts))
         ax.plot(xs, ys, style, label=label, ms=3)
     ax.set_xscale("log", base=2)
