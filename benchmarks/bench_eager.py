@@ -321,9 +321,9 @@ def plot(doc, path):
               f"{', GPU held' if doc.get('hold_ms') else ''}\n"
               f"{doc['date']}; torch {doc['versions']['torch']}, NCCL "
               f"{doc['versions']['nccl_runtime']}; issue 29 targets met "
-              f"{met}/{len(doc.get('targets', []))}; beside a bar: its "
-              "median / the collective's method's", ref=ref)
+              f"{met}/{len(doc.get('targets', []))}", ref=ref)
     fig.text(0.01, 0.003,
+             "beside a bar: its median / the collective's method's. "
              "method: comm.<coll>(x) (out: into o; ll: algo=\"ll\"), op: "
              "snt.<coll>(x, comm), grad: its input requires grad, "
              "dispatch: torch.ops.symnccl.<coll>,\nnccl: "
