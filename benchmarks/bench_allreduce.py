@@ -361,12 +361,14 @@ def pyplot():
     return plt
 
 
-def us_panel(ax, rows, x, columns, xlabel, title, xfmt=str):
+def us_panel(ax, rows, x, columns, xlabel, title, xfmt=str,
+             negative="wrong", ylabel="µs per call (median)"):
     """One panel: microseconds per call (log y) against each row's `x`
     (log2 x, a tick at each x, labelled xfmt(x)); a line per (key, label,
     style) of `columns` with a number in some row. Missing and None cells
     are left out, and so are negative ones (-1.0: a wrong result), the
-    label counting those."""
+    label counting those as `negative` (a column with only those: in the
+    legend, without a line)."""
     import math
     from matplotlib.ticker import FuncFormatter, NullLocator
 
@@ -380,10 +382,12 @@ def us_panel(ax, rows, x, columns, xlabel, title, xfmt=str):
                if isinstance(r.get(key), (int, float)) and r[key] > 0]
         bad = sum(1 for r in rows if isinstance(r.get(key), (int, float))
                   and r[key] < 0)
-        if not pts:
-            continue
         if bad:
-            label += f" ({bad} wrong, left out)"
+            label += f" ({bad} {negative}, left out)"
+        if not pts:
+            if bad:
+                ax.plot([], [], style, label=label, ms=3)
+            continue
         xs, ys = zip(*sorted(pts))
         ax.plot(xs, ys, style, label=label, ms=3)
     ax.set_xscale("log", base=2)
@@ -395,10 +399,72 @@ def us_panel(ax, rows, x, columns, xlabel, title, xfmt=str):
     ax.yaxis.set_minor_formatter(FuncFormatter(y_label))
     ax.tick_params(axis="y", which="both", labelsize=7)
     ax.set_xlabel(xlabel)
-    ax.set_ylabel("µs per call (median)")
+    ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7)
+
+
+def bar_slots(groups):
+    """The rows bar_panel(groups) takes: a heading per group and a row
+    per bar (to size a figure, or a panel's share of it)."""
+    return sum(1 + len(bars) for _, bars in groups)
+
+
+def bar_panel(ax, groups, title, xlabel="µs per call (median)",
+              colors=None, ref=None):
+    """One panel of horizontal bars, top to bottom: per (name, bars) of
+    `groups` a heading (its name, in bold on the y axis), then a bar per
+    (label, value, key, note) of `bars`, labelled `label` on the y axis
+    and its value (then `note`) at its end, coloured by `key`: one
+    `colors` dict (key -> colour, filled in as keys come) across panels
+    gives a key one colour everywhere. A None or negative value draws no
+    bar, only its note ("no value" without one). ref=(value, label): a
+    dotted vertical line at value, in the legend. Returns colors."""
+    import matplotlib
+    colors = {} if colors is None else colors
+    tab20 = matplotlib.colormaps["tab20"].colors
+    palette = tab20[0::2] + tab20[1::2]
+    ys, labels, heads = [], [], []
+    y, top = 0.0, 0.0
+    for name, bars in groups:
+        ys.append(y)
+        labels.append(name)
+        heads.append(True)
+        y += 1
+        for label, value, key, note in bars:
+            ys.append(y)
+            labels.append(label)
+            heads.append(False)
+            if key not in colors:
+                colors[key] = palette[len(colors) % len(palette)]
+            if isinstance(value, (int, float)) and value >= 0:
+                ax.barh(y, value, height=0.8, color=colors[key])
+                top = max(top, value)
+                text = f" {value:.2f}" if value < 100 else f" {value:.0f}"
+                text += note or ""
+                ax.text(value, y, text, va="center", fontsize=6)
+            else:
+                ax.text(0, y, f" {note or 'no value'}", va="center",
+                        fontsize=6, color="firebrick")
+            y += 1
+        y += 0.4
+    if ref is not None:
+        ax.axvline(ref[0], ls=":", color="0.3", lw=1, label=ref[1])
+        ax.legend(fontsize=7, loc="lower right")
+    ax.set_yticks(ys)
+    ax.set_yticklabels(labels, fontsize=7)
+    for tick, head in zip(ax.get_yticklabels(), heads):
+        if head:
+            tick.set_fontweight("bold")
+    ax.tick_params(axis="y", length=0)
+    ax.set_ylim(y - 0.4, -0.8)            # top to bottom
+    ax.set_xlim(0, (top or 1) * 1.3)      # room for the values' text
+    ax.tick_params(axis="x", labelsize=7)
+    ax.set_xlabel(xlabel, fontsize=8)
+    ax.set_title(title, fontsize=9)
+    ax.grid(True, axis="x", alpha=0.3)
+    return colors
 
 
 def parse_sizes(text):

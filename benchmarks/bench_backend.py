@@ -30,6 +30,10 @@ Targets (issue 41), checked from the JSON by targets():
     python benchmarks/bench_backend.py --nranks 2 --only eager
     python benchmarks/bench_backend.py --report \
         benchmarks/results/backend_h100x2_float32.json
+
+A run writes its JSON and a PNG beside it (plot: a panel of bars per part
+the JSON holds); --report prints a JSON's table and writes its PNG beside
+it.
 """
 from __future__ import annotations
 
@@ -41,8 +45,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_allreduce import (  # noqa: E402
-    add_results_args, median_us, parse_sizes, report, run_info,
-    write_results)
+    add_results_args, bar_panel, bar_slots, median_us, parse_sizes,
+    plot_beside, pyplot, report, run_info, write_results)
 
 TARGET_EAGER = 1.0      # backend / NCCL backend, host us per call
 TARGET_DECODE = 0.6     # decode communication, backend / NCCL backend
@@ -432,6 +436,99 @@ def print_table(doc):
         print(f"{name:<58} {v:>7.3f} {lim:>6.2f}  {'yes' if ok else 'NO'}")
 
 
+#: the bars' labels of the backends and the symnccl.torch rows
+LABELS = {"symnccl": "symnccl backend", "nccl": "nccl backend",
+          "symnccl.torch": "symnccl.torch", "none": "none (a copy)"}
+
+
+def _ratio_of(doc, name, of="nccl backend"):
+    """The targets() value named `name` in the doc, as a note, or ''."""
+    v = next((t[1] for t in doc.get("targets", []) if t[0] == name), None)
+    return "" if v is None else f"  ({v:.2f}x {of})"
+
+
+def plot(doc, path):
+    """A panel of horizontal bars per part the doc holds, top to bottom:
+    eager host us per call (a group per call: the symnccl backend, the
+    NCCL backend, symnccl.torch; its target ratio in the heading), the
+    training steps' us (host time of making the calls beside, where
+    recorded), the device us per call at the steps' sizes, the decode
+    stack's us per CUDA-graph step (symnccl, nccl, none; the
+    communication ratio in the heading)."""
+    plt = pyplot()
+    panels = []     # (groups, title, xlabel)
+    if doc.get("eager"):
+        groups = []
+        for call in dict.fromkeys(r["call"] for r in doc["eager"]):
+            rows = {r["kind"]: r["us"] for r in doc["eager"]
+                    if r["call"] == call}
+            head = call + _ratio_of(doc, f"eager {call}: backend / nccl "
+                                         "backend")
+            groups.append((head, [(LABELS[k], rows[k], k, "")
+                                  for k in ("symnccl", "nccl",
+                                            "symnccl.torch") if k in rows]))
+        panels.append((groups, f"eager host µs per call, {doc['bytes']} B "
+                       f"{doc['dtype']}, median of {doc['loops']} loops x "
+                       f"{doc['calls']} calls, GPU held\n(heading: the "
+                       "target's ratio, median of the per-round ratios)",
+                       "host µs per call"))
+    if doc.get("steps"):
+        groups = []
+        for r in doc["steps"]:
+            bars = []
+            for k in BACKENDS:
+                host = r.get(f"{k}_host")
+                note = "" if host is None else f"  (host {host:.0f})"
+                bars.append((LABELS[k], r.get(k), k, note))
+            groups.append((f"{r['step']}  ({r['symnccl'] / r['nccl']:.3f}x "
+                           "nccl backend)", bars))
+        panels.append((groups, f"training step, µs (median of "
+                       f"{doc['steps_n']}), H={doc['hidden']}, "
+                       f"{doc['layers']} layers, batch {doc['batch']} per "
+                       "rank, float32\n(host: the host's time making the "
+                       "step's calls, median)", "µs per step"))
+    if doc.get("sizes"):
+        groups = [(f"{r['call']} {r['bytes'] >> 20} MiB  "
+                   f"({r['symnccl'] / r['nccl']:.3f}x nccl backend)",
+                   [(LABELS[k], r.get(k), k, "") for k in BACKENDS])
+                  for r in doc["sizes"]]
+        panels.append((groups, "device µs per call at the steps' sizes, "
+                       "eager, back to back, float32", "µs per call"))
+    if doc.get("decode"):
+        groups = []
+        for r in doc["decode"]:
+            head = f"T={r['tokens']}" + _ratio_of(
+                doc, f"decode T={r['tokens']} communication: backend / "
+                     "nccl backend", "the nccl backend's communication")
+            if not r.get("same_output", True):
+                head += "  outputs differ"
+            groups.append((head, [(LABELS[k], r.get(k), k, "")
+                                  for k in (*BACKENDS, "none")]))
+        panels.append((groups, f"TP decode, CUDA graph, µs per step, "
+                       f"H={doc['decode_hidden']}, {doc['layers']} layers, "
+                       f"{doc['decode_dtype']}\n(communication: time - "
+                       "none)",
+                       "µs per step"))
+    if not panels:
+        raise ValueError("the results doc holds none of " + ", ".join(PARTS))
+    slots = [bar_slots(g) + 3 for g, _, _ in panels]
+    fig, axes = plt.subplots(len(panels), 1, squeeze=False,
+                             figsize=(9, 1.0 + 0.17 * sum(slots)),
+                             gridspec_kw={"height_ratios": slots})
+    colors = {}
+    for ax, (groups, title, xlabel) in zip(axes[:, 0], panels):
+        bar_panel(ax, groups, title, xlabel, colors=colors)
+    met = sum(1 for t in doc.get("targets", []) if t[3])
+    fig.suptitle(f"{doc['gpu']} x{doc['nranks']}: the symnccl "
+                 f"torch.distributed backend against NCCL's\n{doc['date']}; "
+                 f"torch {doc['versions']['torch']}, NCCL "
+                 f"{doc['versions']['nccl_runtime']}; issue 41 targets met "
+                 f"{met}/{len(doc.get('targets', []))}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--nranks", type=int, default=2)
@@ -454,7 +551,9 @@ def main(argv=None):
     add_results_args(p, "JSON path (default: benchmarks/results/"
                         "backend_<gpu>x<n>_<dtype>.json)")
     args = p.parse_args(argv)
-    if report(args, print_table) is not None:
+    doc = report(args, print_table)
+    if doc is not None:
+        plot_beside(plot, doc, args.report)
         return
     import torch
 
@@ -487,7 +586,9 @@ def main(argv=None):
             row.update(us=worst["us"], loops_us=worst["loops_us"])
     doc["targets"] = targets(doc)
     print_table(doc)
-    print("wrote", write_results(doc, "backend_", args.out))
+    path = write_results(doc, "backend_", args.out)
+    print("wrote", path)
+    plot_beside(plot, doc, path)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,10 @@ The targets of issue 29, as ratios in the same run:
     python benchmarks/bench_eager.py --size 64K --loops 50
     python benchmarks/bench_eager.py --report \
         benchmarks/results/eager_h100x1_bfloat16.json
+
+A run writes its JSON and a PNG beside it (plot: host us per call, a bar
+per row, grouped by collective, x.add_(1) as the scale); --report prints
+a JSON's table and writes its PNG beside it.
 """
 from __future__ import annotations
 
@@ -40,7 +44,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_allreduce import (  # noqa: E402
-    add_results_args, parse_sizes, report, run_info, write_results)
+    add_results_args, bar_panel, bar_slots, parse_sizes, plot_beside,
+    pyplot, report, run_info, write_results)
 
 # the targets, as (name, limit): checked by targets() below
 TARGET_OP = 1.25          # symnccl.torch call / the method's
@@ -269,6 +274,67 @@ def print_table(doc):
               f"{'yes' if ok else 'NO'}")
 
 
+#: the order of a collective's bars in the plot (kinds not named: after)
+KIND_ORDER = ("method", "method out", "method ll", "op", "grad", "dispatch",
+              "nccl", "nccl window", "torch.distributed", "symm_mem")
+
+
+def plot(doc, path):
+    """Host us per call, horizontal bars: the scale rows first (by their
+    call, x.add_(1) also as a dotted line across), then a group per
+    collective, a bar per kind, each with its ratio to the collective's
+    method; wrong results, errors and loops that outlasted the hold
+    noted."""
+    plt = pyplot()
+    order = {k: i for i, k in enumerate(KIND_ORDER)}
+    colls = list(dict.fromkeys(r["collective"] for r in doc["rows"]))
+    colls.sort(key=lambda c: c != "scale")
+    groups, ref = [], None
+    for coll in colls:
+        rows = [r for r in doc["rows"] if r["collective"] == coll]
+        rows.sort(key=lambda r: order.get(r["kind"], len(order)))
+        method = next((r["us"] for r in rows if r["kind"] == "method"),
+                      None)
+        bars = []
+        for r in rows:
+            note = ""
+            if method and r["us"] and r["kind"] != "method":
+                note += f"  {r['us'] / method:.2f}x"
+            if r["ok"] is False:
+                note += "  WRONG"
+            if r.get("overran_loops"):
+                note += f"  [{r['overran_loops']} loops outlasted the hold]"
+            if r["us"] is None:
+                note = f"error: {r.get('error', '?')[:70]}"
+            label = r["call"] if coll == "scale" else r["kind"]
+            bars.append((label, r["us"], "scale" if coll == "scale"
+                         else r["kind"], note))
+            if coll == "scale" and r["kind"] == "torch" and r["us"]:
+                ref = (r["us"], f"{r['call']}: {r['us']:.2f} µs")
+        groups.append((coll, bars))
+    met = sum(1 for t in doc.get("targets", []) if t[3])
+    fig, ax = plt.subplots(figsize=(9, 1.2 + 0.16 * bar_slots(groups)))
+    bar_panel(ax, groups,
+              f"{doc['gpu']}, {doc['nranks']} rank, {doc['bytes']} B "
+              f"{doc['dtype']}: host µs per call, median of "
+              f"{doc['loops']} loops x {doc['calls']} calls"
+              f"{', GPU held' if doc.get('hold_ms') else ''}\n"
+              f"{doc['date']}; torch {doc['versions']['torch']}, NCCL "
+              f"{doc['versions']['nccl_runtime']}; issue 29 targets met "
+              f"{met}/{len(doc.get('targets', []))}", ref=ref)
+    fig.text(0.01, 0.003,
+             "beside a bar: its median / the collective's method's. "
+             "method: comm.<coll>(x) (out: into o; ll: algo=\"ll\"), op: "
+             "snt.<coll>(x, comm), grad: its input requires grad, "
+             "dispatch: torch.ops.symnccl.<coll>,\nnccl: "
+             "comm.<coll>(algo=\"nccl\"), torch.distributed: NCCL, "
+             "symm_mem: torch's symmetric-memory all-reduce",
+             fontsize=6, va="bottom")
+    fig.tight_layout(rect=(0, 0.02, 1, 1))
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def _gpu_tag(name: str) -> str:
     """'NVIDIA H100 80GB HBM3' -> 'h100'."""
     m = re.search(r"\b([A-Z]+\d+[A-Za-z]*)\b", name.replace("NVIDIA", ""))
@@ -293,7 +359,9 @@ def main(argv=None):
     add_results_args(p, "JSON path (default: benchmarks/results/"
                         "eager_<gpu>x1_<dtype>.json)")
     args = p.parse_args(argv)
-    if report(args, print_table) is not None:
+    doc = report(args, print_table)
+    if doc is not None:
+        plot_beside(plot, doc, args.report)
         return
     import torch
     import torch.distributed as dist
@@ -386,6 +454,7 @@ def main(argv=None):
     dist.destroy_process_group()
     print(f"wrote {path}", file=sys.stderr)
     print_table(doc)
+    plot_beside(plot, doc, path)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,13 @@ events, median of --reps repeats.
 
     python benchmarks/bench_step.py --nranks 2
     python benchmarks/bench_step.py --nranks 2 --sp-algo ll128
-    python benchmarks/bench_step.py --report benchmarks/results/step_h200x2.json
+    python benchmarks/bench_step.py --report \
+        benchmarks/results/step_h200x2_bfloat16.json
+
+A run writes its JSON and a PNG beside it (plot: per step kind, bars of
+us per step by T for symnccl, torch.distributed and none, and the
+communication, time - none, of the first two against T); --report prints
+a JSON's table and writes its PNG beside it.
 """
 from __future__ import annotations
 
@@ -20,7 +26,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_allreduce import (  # noqa: E402
-    add_results_args, median_us, report, run_info, write_results)
+    add_results_args, bar_panel, bar_slots, median_us, plot_beside, pyplot,
+    report, run_info, us_panel, write_results)
 
 KINDS = ("symnccl", "torch.distributed", "none")
 
@@ -144,6 +151,64 @@ def print_table(doc):
               f"{ct:>9.1f} {ratio:>6}")
 
 
+#: the plotted columns: (row key, legend label, line style)
+COLUMNS = (("symnccl", "symnccl", "-o"),
+           ("torch.distributed", "torch.distributed", "--s"),
+           ("none", "none (local copies)", ":^"))
+
+
+def plot(doc, path):
+    """A row of two panels per step kind (decode, train): bars of us per
+    step, a group per T (symnccl, torch.distributed, none; each one's
+    communication, time - none, beside it, and their ratio in the
+    heading); the communication against T, log scale, where a step's that
+    is not above its none (noise, at one rank) is left out and counted in
+    the legend."""
+    plt = pyplot()
+    steps = list(dict.fromkeys(r["step"] for r in doc["rows"]))
+    panels = []
+    for step in steps:
+        rows = [r for r in doc["rows"] if r["step"] == step]
+        groups = []
+        for r in rows:
+            cs = r["symnccl"] - r["none"]
+            ct = r["torch.distributed"] - r["none"]
+            head = f"T={r['tokens']}"
+            if cs > 0 and ct > 0:
+                head += f"  (comm {cs / ct:.2f}x torch.distributed's)"
+            if r.get("same_output") is False:
+                head += "  outputs differ"
+            groups.append((head, [
+                (label, r.get(key), key,
+                 f"  (comm {r[key] - r['none']:+.1f})" if key != "none"
+                 else "") for key, label, _ in COLUMNS]))
+        panels.append((step, rows, groups))
+    slots = [max(bar_slots(g), 9) for _, _, g in panels]
+    fig, axes = plt.subplots(len(panels), 2, squeeze=False,
+                             figsize=(13, 1.2 + 0.2 * sum(slots)),
+                             gridspec_kw={"height_ratios": slots,
+                                          "width_ratios": (3, 2)})
+    colors = {}
+    for (a1, a2), (step, rows, groups) in zip(axes, panels):
+        bar_panel(a1, groups, f"{step}: µs per step (median, CUDA graph)",
+                  "µs per step", colors=colors)
+        comm = [{"tokens": r["tokens"],
+                 **{k: r[k] - r["none"] for k, _, _ in COLUMNS[:2]}}
+                for r in rows]
+        us_panel(a2, comm, "tokens", COLUMNS[:2], "tokens (T)",
+                 f"{step}: communication, µs per step - none's",
+                 negative="not above none", ylabel="µs per step - none's")
+    fig.suptitle(f"{doc['gpu']} x{doc['nranks']}, {doc['dtype']}, "
+                 f"H={doc['hidden']}, {doc['layers']} layers, training "
+                 f"all_gather/reduce_scatter algo "
+                 f"{doc.get('sp_algo', 'auto')}; {doc.get('date', '')}"
+                 + (f"\n{doc['note']}" if doc.get("note") else ""),
+                 fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--nranks", type=int, default=None)
@@ -161,7 +226,9 @@ def main(argv=None):
     p.add_argument("--reps", type=int, default=7)
     add_results_args(p)
     args = p.parse_args(argv)
-    if report(args, print_table) is not None:
+    doc = report(args, print_table)
+    if doc is not None:
+        plot_beside(plot, doc, args.report)
         return 0
     import torch
 
@@ -177,8 +244,9 @@ def main(argv=None):
                    dtype=args.dtype, hidden=args.hidden, layers=args.layers,
                    sp_algo=args.sp_algo, iters=args.iters, reps=args.reps,
                    rows=res[0])
-    write_results(doc, "step_", args.out)
+    path = write_results(doc, "step_", args.out)
     print_table(doc)
+    plot_beside(plot, doc, path)
     return 0
 
 

@@ -519,8 +519,10 @@ def test_step_and_collectives_benchmarks_report_a_results_file(tmp_path):
     assert "skipped all_gather symnccl:window: x" in out["bench_collectives"]
 
 
-@pytest.mark.parametrize("name", ["bench_alltoall", "bench_fused"])
-def test_alltoall_and_fused_report_their_results_with_a_png(tmp_path, name):
+@pytest.mark.parametrize("name", ["bench_alltoall", "bench_fused",
+                                  "bench_eager", "bench_backend",
+                                  "bench_step"])
+def test_benchmarks_report_their_results_with_a_png(tmp_path, name):
     """--report on every committed JSON of the benchmark (a copy): the
     table, and the PNG beside the JSON it read (as bench_collectives)."""
     import glob
