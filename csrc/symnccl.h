@@ -576,6 +576,10 @@ typedef struct sn_window {
     void *dead;                /* refs 0, release deferred: the buffer's
                                   ncclMemAlloc memory, freed by the
                                   communicator once deregistered */
+    int lost;                  /* a registration whose completion was given
+                                  up on (timeout, abort): never shared or
+                                  found; NCCL may still write win, which
+                                  the teardown deregisters */
 } sn_window;
 
 /* Another reference on the live window that holds [base, base+size), or
@@ -587,6 +591,9 @@ sn_window *sn_window_share(struct CommObject *c, char *base, size_t size);
 ncclResult_t sn_window_register(struct CommObject *c, sn_window *w);
 /* Unlinks and frees w's node (GIL held: the list is the GIL's). */
 void sn_window_forget(struct CommObject *c, sn_window *w);
+/* A registration NCCL took but did not complete in time: w stays on the
+ * list (NCCL may still write w->win), never shared or found again. */
+void sn_window_lose(struct CommObject *c, sn_window *w);
 /* Deregisters w now, local in NCCL 2.28-2.30: no GIL needed, no Python;
  * waits at most c->timeout for NCCL, and no longer once c->life.stop is set;
  * 0 (w->win NULL), or -1 (left registered). */

@@ -107,7 +107,7 @@ def test_peer_sleeps_past_the_timeout_and_comes_back(nranks, algo):
     on NCCL's path: there the sleeper's call can complete (2x H100: NCCL
     leaves a collective whose peer aborted with undefined output, and
     nothing tells the sleeper); then its next call fails within the
-    timeout (docs/FAILURES.md, 'What is not covered')."""
+    timeout (docs/FAILURES.md, 'Runs on real peers')."""
     pytest.importorskip("torch")
     res = peer_failure(nranks, "sleep", "all_reduce", algo, TIMEOUT)
     _after(_survivor(res, algo))

@@ -80,7 +80,12 @@ window_acquire(SNState *st, CommObject *c, char *base, size_t size)
     rc = sn_window_register(c, w);
     Py_END_ALLOW_THREADS
     if (sn_nccl_complete(st, c, rc, "ncclCommWindowRegister") < 0) {
-        sn_window_forget(c, w);
+        /* taken but not completed in time (a timeout, abort()): NCCL may
+         * still write w->win, so the node stays, lost */
+        if (rc == ncclSuccess || rc == ncclInProgress)
+            sn_window_lose(c, w);
+        else
+            sn_window_forget(c, w);
         return NULL;
     }
     return w;

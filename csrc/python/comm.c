@@ -966,7 +966,7 @@ static PyMethodDef comm_methods[] = {
      "ncclCommAbort, and frees its memory once nothing of it runs. For a "
      "communicator that failed, timed out or whose peers died; callable "
      "from any thread (another thread's call on it ends, a close under "
-     "way aborts). Local: returns within about 9 s (docs/FAILURES.md, "
+     "way aborts). Local: returns within about 10 s (docs/FAILURES.md, "
      "'Lifecycle')."},
     {"__enter__", (PyCFunction)comm_enter, METH_NOARGS, NULL},
     {"__exit__", (PyCFunction)comm_exit, METH_VARARGS, NULL},

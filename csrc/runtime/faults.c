@@ -412,19 +412,30 @@ sn_watch_record(CommObject *c)
  * device) while it holds the GIL and the driver's lock that the abort's own
  * CUDA calls need, so NCCL's kernel has to end first (2x H100, the sleep
  * scenario on nccl: the watchdog blocked in cudaMemcpyAsync, the caller in
- * torch's first launch of arange). Under watch_mu. */
+ * torch's first launch of arange). The poll's own cudaEventQuery comes
+ * before this; it was not what blocked there. Under watch_mu. */
 static void
 revoke_expired(CommObject *c)
 {
     if (c->comm == NULL || c->watch.revoked)
         return;
     sn_lock(c);
-    if (c->life.busy == 0 && c->life.state == SN_OPEN) {
+    const int idle = c->life.busy == 0 && c->life.state == SN_OPEN;
+    if (idle)
         sn_watch_record(c);
-        (void)ncclCommRevoke(c->comm, NCCL_REVOKE_DEFAULT);
-        c->watch.revoked = 1;
-    }
     sn_unlock(c);
+    /* out of c's lock (no caller can enter now: the record refuses it);
+     * c->comm stays valid under watch_mu, which every teardown takes to
+     * forget the watch before it frees the communicator */
+    if (!idle)
+        return;
+    const ncclResult_t rc = ncclCommRevoke(c->comm, NCCL_REVOKE_DEFAULT);
+    if (rc == ncclSuccess || rc == ncclInProgress)
+        c->watch.revoked = 1;
+    else   /* the abort that follows still ends NCCL's kernels, later */
+        fprintf(stderr, "symnccl: ncclCommRevoke of rank %d (cuda:%d) "
+                "failed: %s; the abort ends NCCL's kernels instead\n",
+                c->rank, c->device, ncclGetErrorString(rc));
 }
 
 int

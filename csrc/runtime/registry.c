@@ -286,7 +286,11 @@ sn_collective_unavailable(const sn_topology *t, int collective, int algo,
  * 256 KiB (one_shot 11.3 against torch.dist 10.7). reduce, one_shot: 3,
  * 9.0-10.8 to 256 KiB (NCCL 11.2-12.4), NCCL from 512 KiB; 4, 9.7-10.6
  * to 128 KiB (NCCL 11.4-12.4), NCCL from 256 KiB. 5-7 ranks: not
- * measured, NCCL (the rows end at 4). */
+ * measured, NCCL (the rows end at 4). NCCL against which these rows were
+ * chosen is its call on plain memory; on window buffers NCCL's own
+ * all-gather kernels are faster at some sizes (3 ranks 4 MiB 25.3 against
+ * ll128 29.0; 4 ranks 16 MiB 58.1 against push 66.2), where the policy
+ * gives NCCL its windows (2.28). */
 
 #define KIB ((size_t)1 << 10)
 #define MIB ((size_t)1 << 20)
@@ -333,8 +337,11 @@ static const auto_row auto_table[] = {
      * .json and _fine.json, 15 reps): ll 6.7-8.7 to 512 KiB (NCCL
      * 12.7-14.2; 1 MiB is past its row at 4 ranks), push 18.8 / 24.3 /
      * 61.9 at 2 / 4 / 16 MiB (NCCL 22.4 / 25.5 / 68.0), NCCL at 64 MiB (186
-     * against 208-223). At 1 MiB push took 17.3-17.8 in the two runs and
-     * NCCL 15.9-18.9: push (a row has one push range). */
+     * against 208-223). Two cells are not settled: 1 MiB, push 17.8
+     * against NCCL 18.9 in the 5-rep run, 17.3 against 15.9 (9% behind)
+     * in the 15-rep one; 4 MiB, 27.5 against 26.3 (5-rep), 24.3 against
+     * 25.5 (15-rep). A row has one push range: push, over NCCL from 1 to
+     * 16 MiB. */
     {SYMNCCL_COLL_ALL_TO_ALL, 2, 1 * MIB, 0, 0, 0, 0, 16 * MIB,
      SN_ALGO_NCCL},
     {SYMNCCL_COLL_ALL_TO_ALL, 3, 1 * MIB, 0, 0, 0, 0, 4 * MIB,

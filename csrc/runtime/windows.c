@@ -41,7 +41,7 @@ sn_window_share(CommObject *c, char *base, size_t size)
      * memory may be freed, and the address handed out again, before its
      * node goes */
     for (sn_window *w = c->windows; w != NULL; w = w->next)
-        if (w->dead == NULL && base >= w->base &&
+        if (w->dead == NULL && !w->lost && base >= w->base &&
             base + size <= w->base + w->size) {
             w->refs++;
             return w;
@@ -61,6 +61,13 @@ sn_window_forget(CommObject *c, sn_window *w)
 {
     unlink_node(c, w);
     free(w);
+}
+
+void
+sn_window_lose(CommObject *c, sn_window *w)
+{
+    w->lost = 1;
+    w->refs = 0;
 }
 
 int
@@ -94,8 +101,8 @@ sn_window *
 sn_window_find(const CommObject *c, const char *ptr, size_t size)
 {
     for (sn_window *w = c->windows; w != NULL; w = w->next)
-        if (w->win != NULL && w->dead == NULL && ptr >= w->base &&
-            ptr + size <= w->base + w->size)
+        if (w->win != NULL && w->dead == NULL && !w->lost &&
+            ptr >= w->base && ptr + size <= w->base + w->size)
             return w;
     return NULL;
 }

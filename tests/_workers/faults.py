@@ -135,6 +135,7 @@ def peer_failure(rank, nranks, uid, scenario, collective, algo, timeout,
         # algo="nccl": the sleeper's call can complete after its peer gave
         # up (NCCL leaves an aborted collective's output undefined, and
         # nothing here says the peer left): its next call must fail
+        out["completed_without_peer"] = True
         t1 = time.monotonic()
         out["next_error"] = _error(
             lambda: (_call(comm, x, collective, algo),
