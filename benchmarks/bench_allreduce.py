@@ -347,7 +347,7 @@ def plot_beside(plot, doc, json_path):
     try:
         plot(doc, png)
     except ImportError as e:
-        print(f"no plot: {e}")
+        print(f"no plot: {e}", file=sys.stderr)
         return None
     return png
 
@@ -605,7 +605,7 @@ def main(argv=None):
             plot(doc, args.out or os.path.splitext(
                 os.path.basename(args.report))[0] + ".png")
         except ImportError as e:
-            print(f"no plot: {e}")
+            print(f"no plot: {e}", file=sys.stderr)
         return 0
 
     missing = gpus_missing(args.nranks)
@@ -637,7 +637,7 @@ def main(argv=None):
     try:
         plot(doc, os.path.splitext(out)[0] + ".png")
     except ImportError as e:
-        print(f"no plot: {e}")
+        print(f"no plot: {e}", file=sys.stderr)
     print_table(doc)
     return 0
 
