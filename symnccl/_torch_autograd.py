@@ -34,6 +34,8 @@ def _no_gradient(collective: str, op: str):
 
 
 def _setup_all_reduce(ctx, inputs, output):
+    """all_reduce's and reduce_scatter's: max and min keep x and y for the
+    arg-extreme share of the gradient."""
     x, ctx.cid, ctx.op, ctx.algo = inputs
     if ctx.op in ("max", "min"):
         ctx.save_for_backward(x, output)
@@ -48,12 +50,6 @@ def _backward_all_reduce(ctx, grad):
     x, y = ctx.saved_tensors
     g = _call(OPS.all_reduce, grad, ctx.cid, "sum", ctx.algo)
     return _arg_extreme_share(x, y, g, ctx.cid), None, None, None
-
-
-def _setup_reduce_scatter(ctx, inputs, output):
-    x, ctx.cid, ctx.op, ctx.algo = inputs
-    if ctx.op in ("max", "min"):
-        ctx.save_for_backward(x, output)
 
 
 def _backward_reduce_scatter(ctx, grad):

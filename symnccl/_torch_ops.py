@@ -17,7 +17,7 @@ from ._torch_autograd import (
     _backward_reduce_scatter, _backward_tp_all_reduce, _setup_all_gather,
     _setup_all_reduce, _setup_all_reduce_add_rmsnorm, _setup_all_to_all,
     _setup_all_to_all_v, _setup_broadcast, _setup_reduce,
-    _setup_reduce_scatter, _setup_tp_all_reduce)
+    _setup_tp_all_reduce)
 from ._torch_eager import OPS, TorchOp, _autograd_function
 from ._torch_ids import _nranks, get_communicator
 
@@ -199,7 +199,7 @@ TABLE = (
     ("reduce_scatter",
      "(Tensor x, SymInt comm_id, str op, str algo) -> Tensor",
      _reduce_scatter_impl, _fake_scattered,
-     (_setup_reduce_scatter, _backward_reduce_scatter)),
+     (_setup_all_reduce, _backward_reduce_scatter)),
     ("all_gather", "(Tensor x, SymInt comm_id, str algo) -> Tensor",
      _all_gather_impl, _fake_gathered,
      (_setup_all_gather, _backward_all_gather)),
