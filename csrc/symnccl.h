@@ -885,8 +885,6 @@ void sn_comm_leave(SNState *st, CommObject *c);
  * with why[] filled (not OPEN, or failed: c's failure message). */
 int sn_comm_pin(CommObject *c, char *why, size_t len);
 void sn_comm_unpin(CommObject *c);
-/* The check of sn_comm_enter without entering. */
-int sn_comm_check_usable(SNState *st, CommObject *c);
 /* close(): OPEN -> CLOSING; waits (bounded by the timeout) for callers
  * inside to leave and for the device, then destroys in NCCL's order ->
  * CLOSED. A close that cannot complete aborts c itself (-1 with why). */

@@ -626,17 +626,6 @@ refuse(SNState *st, CommObject *c, int state, int teardown, int failed)
 }
 
 int
-sn_comm_check_usable(SNState *st, CommObject *c)
-{
-    sn_lock(c);
-    int failed;
-    const int ok = may_enter(c, &failed);
-    const int state = c->life.state, teardown = c->life.teardown;
-    sn_unlock(c);
-    return ok ? 0 : refuse(st, c, state, teardown, failed);
-}
-
-int
 sn_comm_enter(SNState *st, CommObject *c)
 {
     sn_lock(c);
