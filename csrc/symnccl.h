@@ -6,8 +6,7 @@
  * XLA handlers call it on XLA's threads), python/ (the Python face: the
  * module, its types and methods, argument parsing, raising), xla/ (the XLA
  * FFI face, which never calls the Python API). runtime/ and xla/ call no
- * Python API, except the files tests/layering.py's PYTHON_PENDING lists
- * (what is left to split); tests/test_cpu.py checks it.
+ * Python API and no function of python/; tests/test_cpu.py checks it.
  *
  * The .c files form layers; a file calls only files listed before it (the
  * layers above it, and earlier files of its own), never one after, so
@@ -22,8 +21,8 @@
  *      python/tables.c
  *   2  runtime/windows.c  runtime/staging.c  runtime/faults.c
  *      python/failures.c  runtime/loopback.c
- *   3  runtime/lifecycle.c  runtime/watchdog.c  runtime/launch.c
- *      runtime/run.c
+ *   3  runtime/lifecycle.c  python/lifetime.c  runtime/watchdog.c
+ *      runtime/launch.c  runtime/run.c
  *   4  python/buffer.c
  *   5  python/dlpack.c
  *   6  python/collectives.c  python/fused.c  python/alltoall.c
@@ -821,7 +820,9 @@ typedef struct {
 } SNTensor;
 
 /* ------------------------------------------------------------------ */
-/* lifecycle.c: creating, closing and aborting communicators. */
+/* lifecycle.c: communicators' lifecycle without the Python API: the
+ * multicast gate, creation's steps, the state machine, the teardown's
+ * steps (python/lifetime.c composes them for Python callers). */
 
 /* A communicator's states (CommObject.state, under its lock):
  *   OPEN     callers enter (busy counts them);
@@ -853,6 +854,19 @@ typedef struct {
  * of its communicator before it leaves the window's release to the
  * communicator (windows.c, sn_window_release). */
 #define SN_RELEASE_PROMPT_SECONDS 0.5
+/* Seconds an abort waits for another thread to leave a method of c (its
+ * waits end within 50 ms of c->life.stop), for c's kernels to leave once
+ * told to (their waits poll the fault word and the abort flag every few
+ * milliseconds; NCCL's, revoked by the watchdog, as long), and for
+ * everything of c to end after ncclCommAbort; how long an abort() that
+ * found another thread's close waits for it to turn into the abort and
+ * end. */
+#define SN_ABORT_LEAVE_SECONDS 2.0
+#define SN_ABORT_KERNELS_SECONDS 1.0
+#define SN_ABORT_DRAIN_SECONDS 5.0
+#define SN_ABORT_ALL_SECONDS                                              \
+    (SN_ABORT_LEAVE_SECONDS + 2 * SN_ABORT_KERNELS_SECONDS +              \
+     SN_ABORT_DRAIN_SECONDS + 1.0)
 
 /* multicast= modes: False, True, None (auto: request unless disabled). */
 enum { SN_MC_OFF = 0, SN_MC_ON = 1, SN_MC_AUTO = 2 };
@@ -862,8 +876,121 @@ enum { SN_MC_OFF = 0, SN_MC_ON = 1, SN_MC_AUTO = 2 };
 const char *sn_multicast_gate(int mode, const char *nvls_enable,
                               const char *torch_disable,
                               const char *nvshmem_disable);
-int sn_parse_multicast(PyObject *obj, int *mode);
 
+/* c joins / leaves the list of open communicators at *live
+ * (SNState.live). */
+void sn_comm_link(struct CommObject **live, struct CommObject *c);
+void sn_comm_unlink(struct CommObject **live, struct CommObject *c);
+/* A new communicator object's fields for rank/nranks on device (OPEN,
+ * its lock, multicast's request, its knobs, the device's SMs, the staging
+ * layout), linked into *live first; -1 with err. */
+int sn_comm_init(struct CommObject *c, struct CommObject **live, int rank,
+                 int nranks, int device, double timeout, int multicast,
+                 size_t staging_bytes, sn_err *err);
+/* The steps of sn_comms_connect, in its order; each NCCL group returns
+ * its first failure (the caller releases the GIL around it and waits for
+ * the communicators). sn_connect_nccl: the NCCL communicators.
+ * sn_connect_devcomms_wanted: 0 when NCCL supports no device API (cs are
+ * marked so), else 1 with *mc, whether to request multicast.
+ * sn_connect_devcomms: the device communicators; _retry after it (rc:
+ * its outcome, the wait's included): 1 when the caller tries again
+ * without multicast (*mc 0); _read: what NCCL made, checked (-1 with
+ * err), or why cs have no device API. sn_connect_memory: c's scratch and
+ * failure record (-1 with err). sn_connect_staging: the staging windows'
+ * registration (*any: one was registered); _check: their LSA layout,
+ * -1 with err. */
+ncclResult_t sn_connect_nccl(struct CommObject **cs, int n,
+                             const ncclUniqueId *id);
+int sn_connect_devcomms_wanted(struct CommObject **cs, int n, int *mc);
+ncclResult_t sn_connect_devcomms(struct CommObject **cs, int n, int mc);
+int sn_connect_devcomms_retry(struct CommObject **cs, int n,
+                              ncclResult_t rc, int *mc);
+int sn_connect_devcomms_read(struct CommObject **cs, int n, ncclResult_t rc,
+                             sn_err *err);
+int sn_connect_memory(struct CommObject *c, sn_err *err);
+ncclResult_t sn_connect_staging(struct CommObject **cs, int n, int *any);
+int sn_connect_staging_check(struct CommObject **cs, int n, sn_err *err);
+
+/* The state machine; every step under c's lock, no wait inside. */
+/* Enters c without the GIL or Python (the XLA handler; sn_comm_enter's
+ * check): 0 entered (counted in busy until sn_comm_unpin / sn_comm_leave);
+ * -1 with why[] filled (not OPEN); SN_PIN_FAILED where c has failed and
+ * abort() was not called (why[]: its failure's message). */
+#define SN_PIN_FAILED (-2)
+int sn_comm_pin(struct CommObject *c, char *why, size_t len);
+/* Leaving: 1 when the caller was the last inside c and an abort waits
+ * for it, which the caller then finishes (sn_comm_abort_finish). */
+int sn_comm_leaving(struct CommObject *c);
+/* sn_comm_leaving, and the abort finished here (no GIL, no Python). */
+void sn_comm_unpin(struct CommObject *c);
+/* "open", "being closed", "closed", ... (repr). */
+const char *sn_comm_state_name(struct CommObject *c);
+/* c's state, and *failed (c has failed). */
+int sn_comm_look(struct CommObject *c, int *failed);
+/* OPEN -> CLOSING(kind): 1 when the caller now owns the teardown. */
+int sn_comm_take_teardown(struct CommObject *c, int kind);
+/* close()'s: OPEN, not failed and not `in_group` -> CLOSING(close): 1
+ * when the caller owns the teardown; else 0 with what it saw (*state,
+ * *failed). */
+int sn_comm_take_close(struct CommObject *c, int in_group, int *state,
+                       int *failed);
+/* abort()'s look: c's state (*was: its teardown); a close under way is
+ * marked to turn into an abort. */
+int sn_comm_abort_look(struct CommObject *c, int *was);
+/* Every wait on c ends (c->life.stop). */
+void sn_comm_stop(struct CommObject *c);
+/* The owner's abort begins: CLOSING(abort), every wait on c ends. */
+void sn_comm_abort_begin(struct CommObject *c);
+/* Callers are still inside: 1, and the last of them finishes the abort
+ * (abort_pending); else 0. */
+int sn_comm_abort_defer(struct CommObject *c);
+/* One look of a teardown's wait (the caller naps, sn_comm_nap, between
+ * looks): sn_comm_callers_left: 0 no caller is inside c, 1 c->life.stop is
+ * set while `stoppable`, 2 the clock (sn_now) passed `until`, -1 look
+ * again; sn_comm_teardown_ended: 1 with *state once another thread's
+ * teardown has ended (CLOSED, ABORTED), was left to the callers inside
+ * (abort_pending), or the clock passed `until`, else 0. */
+int sn_comm_callers_left(struct CommObject *c, int stoppable, double until);
+int sn_comm_teardown_ended(struct CommObject *c, double until, int *state);
+void sn_comm_nap(void);
+
+/* The teardown's steps (no GIL needed). */
+/* c's symnccl and (watched) NCCL work has completed: 1; `seconds`
+ * passed: 0; c->life.stop was set meanwhile: -1. */
+int sn_comm_drain_or_stop(struct CommObject *c, double seconds);
+/* c's memory: its loopback team's part, staging, scratch, failure
+ * record. */
+void sn_comm_free_memory(struct CommObject *c);
+/* The rest of an abort once no caller is inside c, by the one thread
+ * that owns it (the last caller to leave may be one of XLA's threads):
+ * c's kernels drained, the device communicator, the windows (the XLA
+ * handler's too, SNState.on_close), ncclCommAbort, the memory once
+ * nothing of c runs any more -> ABORTED. */
+void sn_comm_abort_finish(struct CommObject *c);
+/* The teardown ends in `state` (CLOSED, ABORTED): the windows whose
+ * buffers left their release to c go, in the same step under the lock
+ * (a release comes either before or after it), their memory freed when
+ * `free_dead` (else a kernel of c may still run on it). */
+void sn_comm_end_teardown(struct CommObject *c, int state, int free_dead);
+/* The deallocation found callers inside c, or a teardown under way: the
+ * object is left allocated (life.leak_object), with a message. */
+void sn_comm_keep_if_busy(struct CommObject *c);
+/* A buffer's release of window w (its last reference gone), under the
+ * lock: while c is OPEN or CLOSING, c takes `mem` over (w->dead), and,
+ * OPEN and `enter`, the caller enters c (*entered) to reap it. c's state.
+ * sn_comm_reap_window: w deregistered and its memory freed once c's
+ * kernels drain within SN_RELEASE_PROMPT_SECONDS (*drained: -1 before
+ * the first look, then the answer, kept for the next window): 1; else 0
+ * (left to the next release or the teardown). No GIL needed. */
+int sn_comm_take_window(struct CommObject *c, sn_window *w, void *mem,
+                        int enter, int *entered);
+int sn_comm_reap_window(struct CommObject *c, sn_window *w, int *drained);
+
+/* ------------------------------------------------------------------ */
+/* lifetime.c: the lifecycle as Python sees it (the GIL released around
+ * every wait, failures raised). */
+
+int sn_parse_multicast(PyObject *obj, int *mode);
 /* A new, unconnected communicator object for rank/nranks on device. */
 CommObject *sn_comm_new(PyTypeObject *tp, int rank, int nranks, int device,
                         double timeout, int multicast, size_t staging_bytes);
@@ -881,10 +1008,6 @@ int sn_comm_enter(SNState *st, CommObject *c);
 /* Leaving; the last caller to leave finishes an abort that waited for it
  * (GIL released meanwhile). */
 void sn_comm_leave(SNState *st, CommObject *c);
-/* The same without the GIL or Python (the XLA handler): 0 entered; -1
- * with why[] filled (not OPEN, or failed: c's failure message). */
-int sn_comm_pin(CommObject *c, char *why, size_t len);
-void sn_comm_unpin(CommObject *c);
 /* close(): OPEN -> CLOSING; waits (bounded by the timeout) for callers
  * inside to leave and for the device, then destroys in NCCL's order ->
  * CLOSED. A close that cannot complete aborts c itself (-1 with why). */
@@ -893,7 +1016,7 @@ int sn_comm_close(SNState *st, CommObject *c);
  * most for callers inside to leave (else the last to leave finishes it),
  * ncclCommAbort, and frees c's memory once nothing of c runs any more.
  * From any thread, also while another closes c (that close then aborts).
- * Returns within ABORT bounds (lifecycle.c). */
+ * Returns within the SN_ABORT_* bounds. */
 void sn_comm_abort(SNState *st, CommObject *c);
 /* The same for a caller that moved c to CLOSING(abort) itself (the
  * watchdog, sn_watch_collect). */
@@ -907,8 +1030,6 @@ void sn_comm_abort_owned(SNState *st, CommObject *c);
  * earlier), else by the next release or c's teardown; while c is
  * CLOSING, by the teardown. Never blocks without a bound. */
 int sn_comm_release_window(CommObject *c, sn_window *w, void *mem);
-/* "open", "being closed", "closed", ... (repr). */
-const char *sn_comm_state_name(CommObject *c);
 /* Deallocation: close (abort on failure) unless shutting down. */
 void sn_comm_finalize(SNState *st, CommObject *c);
 /* At interpreter exit: close every open communicator (abort on failure);

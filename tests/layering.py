@@ -108,26 +108,3 @@ def python_uses(name):
     uses |= {mac for mac in macros if re.search(r"\b" + mac + r"\b", code)}
     return sorted(uses)
 
-
-#: The files of runtime/ and xla/ that still use Python (python_uses), each
-#: with exactly what it uses: their Python halves are not split out yet
-#: (issue #42). The check (tests/test_cpu.py) fails when any other file of
-#: runtime/ or xla/ uses Python, and when a listed file's uses change (a
-#: split shrinks the entry; a file that no longer uses Python leaves the
-#: list), so this stays the exact list of what is left.
-PYTHON_PENDING = {
-    "runtime/lifecycle": (
-        "PyErr_Clear", "PyErr_ExceptionMatches", "PyErr_Fetch",
-        "PyErr_Format", "PyErr_NoMemory", "PyErr_Restore",
-        "PyErr_SetString", "PyErr_WarnEx", "PyErr_WarnFormat",
-        "PyErr_WriteUnraisable", "PyExc_RuntimeError",
-        "PyExc_RuntimeWarning", "PyExc_TimeoutError", "PyMem_Calloc",
-        "PyMem_Free", "PyObject", "PyObject_IsTrue", "PyTypeObject",
-        "PyType_GetSlot", "Py_BEGIN_ALLOW_THREADS", "Py_DECREF",
-        "Py_END_ALLOW_THREADS", "Py_NewRef", "Py_None", "Py_ssize_t",
-        "Py_tp_alloc", "SN_CUDA_GOTO", "SN_NCCL_GOTO",
-        "sn_device_pop", "sn_device_push", "sn_fault_check",
-        "sn_fault_raise", "sn_nccl_complete", "sn_raise",
-        "sn_set_cuda_error", "sn_set_nccl_error", "sn_state_from_type",
-        "sn_wait_comms"),
-}
