@@ -23,7 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 ROUNDS = 100
 # close() and abort() return within this, every caller leaves within it
-# (abort's own bounds, symnccl.h's SN_ABORT_*, add up to 10 s, 1 of them
+# (abort's own bounds, runtime.h's SN_ABORT_*, add up to 10 s, 1 of them
 # only for a communicator the watchdog revoked; a close here has nothing
 # slow to wait for)
 BOUND = 11.0

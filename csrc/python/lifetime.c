@@ -502,15 +502,13 @@ close_entered(SNState *st, CommObject *c, double timeout)
     Py_END_ALLOW_THREADS
     SN_CUDA_GOTO(st, ce, "cudaDeviceSynchronize (close)", fail);
     sn_watch_forget(c);
-    if (st->on_close != NULL) {
-        Py_BEGIN_ALLOW_THREADS
-        rc = st->on_close(c, 1);
-        Py_END_ALLOW_THREADS
-        if (rc != ncclSuccess) {
-            sn_set_nccl_error(st, rc, c->comm,
-                              "ncclCommWindowDeregister (XLA buffer)");
-            goto fail;
-        }
+    Py_BEGIN_ALLOW_THREADS
+    rc = sn_comm_closing_windows(c, 1);
+    Py_END_ALLOW_THREADS
+    if (rc != ncclSuccess) {
+        sn_set_nccl_error(st, rc, c->comm,
+                          "ncclCommWindowDeregister (XLA buffer)");
+        goto fail;
     }
     if (c->devcomm != NULL && c->comm == NULL) {   /* a loopback rank */
         symnccl_devcomm_free(c->devcomm);

@@ -17,7 +17,7 @@
  * -> ncclCommWindowDeregister -> (ncclMemFree, by each buffer when its last
  * view dies) -> ncclCommFinalize -> ncclCommDestroy.
  */
-#include "symnccl.h"
+#include "runtime.h"
 
 #include <cuda.h>
 #include <stdio.h>
@@ -711,6 +711,23 @@ sn_comm_reap_window(CommObject *c, sn_window *w, int *drained)
 }
 
 /* ------------------------------------------------------------------ */
+/* The close hook. */
+
+static sn_close_hook close_hook;
+
+void
+sn_comm_on_close(sn_close_hook hook)
+{
+    close_hook = hook;
+}
+
+ncclResult_t
+sn_comm_closing_windows(CommObject *c, int deregister)
+{
+    return close_hook != NULL ? close_hook(c, deregister) : ncclSuccess;
+}
+
+/* ------------------------------------------------------------------ */
 /* Abort. */
 
 void
@@ -770,8 +787,7 @@ sn_comm_abort_finish(CommObject *c)
     /* once they have, the device communicator and the windows (the XLA
      * handler's too) go first, local steps: ncclCommAbort alone would keep
      * the windows' memory (errors do not matter here: c is being aborted) */
-    if (c->st->on_close != NULL)
-        (void)c->st->on_close(c, left);
+    (void)sn_comm_closing_windows(c, left);
     if (left && c->comm != NULL && c->devcomm != NULL)
         (void)symnccl_devcomm_destroy(c->comm, c->devcomm);
     else
