@@ -601,6 +601,7 @@ def _sources():
     sources = sorted(p for d in ("runtime", "python", "xla")
                      for p in glob.glob(os.path.join("csrc", d, "*.c")))
     need = [os.path.join("csrc", "symnccl.h"),
+            os.path.join("csrc", "runtime.h"),
             os.path.join("csrc", "kernels", "launch.h"),
             os.path.join("csrc", "kernels", "unit.cu")]
     missing = [p for p in need if not os.path.exists(p)]

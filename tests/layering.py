@@ -10,6 +10,9 @@ import re
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CSRC = os.path.join(ROOT, "csrc")
 HEADER = os.path.join(CSRC, "symnccl.h")
+#: the runtime's header, without Python: what runtime/ and xla/ include
+#: (symnccl.h includes it, then adds the Python face)
+RUNTIME_HEADER = os.path.join(CSRC, "runtime.h")
 #: the folders of the host C files; csrc/kernels/ is the CUDA C++ side
 FOLDERS = ("runtime", "python", "xla")
 _FILES = r"((?:[\w/]+\.c\s*)+)$"
@@ -62,7 +65,8 @@ def source(name):
 # ---------------------------------------------------------------------------
 # No Python API on XLA's threads: csrc/runtime/ and csrc/xla/ call neither
 # the Python API nor a function of csrc/python/ (nor a macro of symnccl.h
-# that does), so that the XLA handlers, which run on XLA's threads without
+# that does), and do not even see Python.h (they include runtime.h, not
+# symnccl.h), so that the XLA handlers, which run on XLA's threads without
 # the GIL, and the launch path they share with the methods, never can.
 
 _PY_API = re.compile(r"\b_?Py[A-Z_]\w*|#\s*include\s*[<\"]Python\.h[>\"]")
@@ -85,7 +89,8 @@ def _defined(text):
 def python_uses(name):
     """What the C file `name` (folder/name, without .c) uses of Python,
     sorted: the Python API's names, the functions of csrc/python/ it calls,
-    and the macros of symnccl.h it expands that use either."""
+    and the macros of symnccl.h and runtime.h it expands that use
+    either."""
     python_fns = set()
     for f in c_files():
         if f.startswith("python/"):
@@ -93,8 +98,8 @@ def python_uses(name):
     own = _defined(source(name + ".c"))
     calls = lambda code: {fn for fn in python_fns - own
                           if re.search(r"\b" + fn + r"\s*\(", code)}
-    header = _code(open(HEADER).read())
-    macros = set()   # symnccl.h's macros and inline functions that do
+    header = _code(open(HEADER).read() + open(RUNTIME_HEADER).read())
+    macros = set()   # the headers' macros and inline functions that do
     for m in re.finditer(r"^#define (SN_\w+)(.*?)(?<!\\)\n", header,
                          re.M | re.S):
         if _PY_API.search(m.group(2)) or calls(m.group(2)):
@@ -109,25 +114,25 @@ def python_uses(name):
     return sorted(uses)
 
 
-#: The files of runtime/ and xla/ that still use Python (python_uses), each
-#: with exactly what it uses: their Python halves are not split out yet
-#: (issue #42). The check (tests/test_cpu.py) fails when any other file of
-#: runtime/ or xla/ uses Python, and when a listed file's uses change (a
-#: split shrinks the entry; a file that no longer uses Python leaves the
-#: list), so this stays the exact list of what is left.
-PYTHON_PENDING = {
-    "runtime/lifecycle": (
-        "PyErr_Clear", "PyErr_ExceptionMatches", "PyErr_Fetch",
-        "PyErr_Format", "PyErr_NoMemory", "PyErr_Restore",
-        "PyErr_SetString", "PyErr_WarnEx", "PyErr_WarnFormat",
-        "PyErr_WriteUnraisable", "PyExc_RuntimeError",
-        "PyExc_RuntimeWarning", "PyExc_TimeoutError", "PyMem_Calloc",
-        "PyMem_Free", "PyObject", "PyObject_IsTrue", "PyTypeObject",
-        "PyType_GetSlot", "Py_BEGIN_ALLOW_THREADS", "Py_DECREF",
-        "Py_END_ALLOW_THREADS", "Py_NewRef", "Py_None", "Py_ssize_t",
-        "Py_tp_alloc", "SN_CUDA_GOTO", "SN_NCCL_GOTO",
-        "sn_device_pop", "sn_device_push", "sn_fault_check",
-        "sn_fault_raise", "sn_nccl_complete", "sn_raise",
-        "sn_set_cuda_error", "sn_set_nccl_error", "sn_state_from_type",
-        "sn_wait_comms"),
-}
+_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*([<"])([^>"]+)[>"]', re.M)
+
+
+def includes(path, _seen=None):
+    """What the file at `path` includes, directly or through csrc/'s own
+    headers, which are followed: {csrc/'s headers as paths, every other
+    header by its name as written} (the system's, CUDA's, NCCL's,
+    Python.h)."""
+    seen = set() if _seen is None else _seen
+    text = re.sub(r"/\*.*?\*/", "", open(path).read(), flags=re.S)
+    for kind, name in _INCLUDE.findall(text):
+        # "x.h": beside the including file, then csrc/ (-Icsrc); <x.h>:
+        # csrc/ only
+        dirs = ([os.path.dirname(path)] if kind == '"' else []) + [CSRC]
+        found = [os.path.normpath(os.path.join(d, name)) for d in dirs
+                 if os.path.exists(os.path.join(d, name))]
+        if not found:
+            seen.add(name)
+        elif found[0] not in seen:
+            seen.add(found[0])
+            includes(found[0], seen)
+    return seen

@@ -1155,26 +1155,37 @@ def test_c_files_call_only_the_layers_above_them():
 
 
 def test_runtime_and_xla_call_no_python_api():
-    """No Python API on XLA's threads: a file of csrc/runtime/ or csrc/xla/
-    calls neither the Python API nor a function of csrc/python/ (nor a
-    macro or inline function of symnccl.h that does), except the files
-    tests/layering.py's PYTHON_PENDING lists, each with exactly what it
-    still uses (the Python halves not yet split out)."""
-    from layering import PYTHON_PENDING, c_files, python_uses
+    """No Python API on XLA's threads: no file of csrc/runtime/ or
+    csrc/xla/ calls the Python API or a function of csrc/python/ (nor a
+    macro or inline function of symnccl.h or runtime.h that does)."""
+    from layering import c_files, python_uses
     checked = [f for f in c_files() if not f.startswith("python/")]
-    assert "xla/xla_ffi" in checked and "runtime/run" in checked
-    assert set(PYTHON_PENDING) <= set(checked), set(PYTHON_PENDING)
+    assert "xla/xla_ffi" in checked and "runtime/lifecycle" in checked
+    # the check sees Python where there is some
+    assert "Py_BEGIN_ALLOW_THREADS" in python_uses("python/lifetime")
+    bad = {f: uses for f in checked for uses in [python_uses(f)] if uses}
+    assert not bad, ("uses of Python in runtime/ or xla/", bad)
+
+
+def test_runtime_and_xla_never_include_python_h():
+    """runtime/ and xla/ are compiled without Python's declarations: no
+    file of theirs includes Python.h, directly or through csrc/'s headers
+    (they include runtime.h; symnccl.h, which adds the Python face to it,
+    is python/'s)."""
+    from layering import HEADER, c_files, includes, path
+    # the check sees Python.h where it is included
+    assert "Python.h" in includes(path("python/comm.c"))
     bad = {}
-    for f in checked:
-        uses = python_uses(f)
-        if uses != sorted(PYTHON_PENDING.get(f, ())):
-            bad[f] = uses
-    assert not bad, ("uses of Python in runtime/ or xla/ that "
-                     "PYTHON_PENDING does not list (or no longer there)",
-                     bad)
+    for f in c_files():
+        seen = includes(path(f + ".c"))
+        if not f.startswith("python/") and ("Python.h" in seen or
+                                            HEADER in seen):
+            bad[f] = sorted(x for x in seen
+                            if x in ("Python.h", HEADER))
+    assert not bad, bad
 
 
-# CommObject's parts (csrc/symnccl.h): each is declared in its owner's
+# CommObject's parts (csrc/runtime.h): each is declared in its owner's
 # section and changed by its owner; the other files that change one, and
 # what they change, are these exactly.
 COMM_PARTS = {
@@ -1210,10 +1221,11 @@ def test_each_part_of_the_communicator_is_changed_by_its_owner():
     """CommObject is split into parts (life, mem, order, count, fail,
     watch, a2a, xla), each changed (assigned, incremented) only by the file
     that owns it and the exceptions COMM_PARTS names; the parts' types are
-    declared in their owner's section of symnccl.h."""
+    declared in their owner's section of runtime.h (CommObject's
+    header)."""
     import re
-    from layering import HEADER, _code, c_files, source
-    header = open(HEADER).read()
+    from layering import RUNTIME_HEADER, _code, c_files, source
+    header = open(RUNTIME_HEADER).read()
     obj = header[header.index("typedef struct CommObject {"):]
     parts = dict(re.findall(r"^    sn_comm_(\w+) (\w+);", obj, re.M))
     assert sorted(parts.values()) == sorted(COMM_PARTS)

@@ -23,9 +23,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 ROUNDS = 100
 # close() and abort() return within this, every caller leaves within it
-# (abort's own bounds in lifecycle.c add up to 10 s, 1 of them only for a
-# communicator the watchdog revoked; a close here has nothing slow to wait
-# for)
+# (abort's own bounds, runtime.h's SN_ABORT_*, add up to 10 s, 1 of them
+# only for a communicator the watchdog revoked; a close here has nothing
+# slow to wait for)
 BOUND = 11.0
 LEAK = 64 << 20
 
@@ -49,8 +49,8 @@ def test_every_method_that_uses_the_communicator_enters_it():
     """A method that reads the communicator's NCCL communicator, scratch,
     windows or failure record enters it (sn_comm_enter .. sn_comm_leave,
     or a collective's sn_call_begin): a teardown frees nothing while a
-    caller is inside. sn_comm_check_usable alone does not keep the memory
-    (2800603: check(), _lsa_pointer and _epoch read it unentered)."""
+    caller is inside (2800603: check(), _lsa_pointer and _epoch read the
+    memory unentered)."""
     comm = _src("comm.c")
     table = comm[comm.index("static PyMethodDef comm_methods[]"):]
     methods = re.findall(r'\{"(\w+)", \(PyCFunction\)'
@@ -84,14 +84,14 @@ def test_every_method_that_uses_the_communicator_enters_it():
 
 
 def test_no_entry_point_checks_usable_then_uses_memory():
-    """sn_comm_check_usable answers whether c is usable now; nothing may
-    rely on it afterwards for c's memory (only entering keeps it). It is
-    used nowhere but by lifecycle.c's own callers of it."""
-    users = []
-    for name in (f + ".c" for f in c_files()):
-        if name != "runtime/lifecycle.c" and \
-                "sn_comm_check_usable(" in _src(name):
-            users.append(name)
+    """Only entering keeps a communicator's memory: csrc/ has no check of
+    whether c is usable that does not enter it (sn_comm_check_usable was
+    one: nothing may rely on such an answer afterwards; 2800603: check(),
+    _lsa_pointer and _epoch read the memory unentered)."""
+    from layering import CSRC
+    users = [os.path.join(d, f) for d, _, files in os.walk(CSRC)
+             for f in files if f.endswith((".c", ".h")) and
+             "sn_comm_check_usable" in open(os.path.join(d, f)).read()]
     assert not users, users
 
 

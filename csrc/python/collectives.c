@@ -437,6 +437,26 @@ sn_all_reduce(CommObject *c, PyObject *args, PyObject *kw)
                             -1) == 0);
 }
 
+/* reduce_scatter and all_gather once x is borrowed (k) and out's shape
+ * is known: out (out=, or a new tensor of ndim/shape) of out_count
+ * elements, the algorithm (the resolver sees the larger buffer, nranks
+ * blocks), SYMNCCL_CHECK's comparison, then the run on one rank's block
+ * (NCCL's count: reduce_scatter's out, all_gather's x). */
+static PyObject *
+run_blocks(sn_call *k, PyObject *x, PyObject *out, int collective, int algo,
+           const sn_op *op, size_t out_count, int ndim, const int64_t *shape)
+{
+    const size_t larger = out_count > k->x.count ? out_count : k->x.count;
+    const size_t block = out_count < k->x.count ? out_count : k->x.count;
+    if (call_output(k, x, out, out_count, ndim, shape, 0) < 0 ||
+        (algo = call_algo(k, collective, algo, op,
+                          larger * (size_t)k->x.dtype->itemsize, 0)) ==
+            SN_ALGO_UNKNOWN ||
+        check_call(k, collective, k->x.count, op, algo, -1, -1) < 0)
+        return call_end(k, 0);
+    return call_end(k, run(k, collective, algo, op, NULL, block, -1) == 0);
+}
+
 PyObject *
 sn_reduce_scatter(CommObject *c, PyObject *args, PyObject *kw)
 {
@@ -471,15 +491,8 @@ sn_reduce_scatter(CommObject *c, PyObject *args, PyObject *kw)
         ndim = 1;
         shape[0] = (int64_t)(k.x.count / n);
     }
-    if (call_output(&k, x, out, k.x.count / n, ndim, shape, 0) < 0 ||
-        (algo = call_algo(&k, SYMNCCL_COLL_REDUCE_SCATTER, algo, op,
-                          k.x.count * (size_t)k.x.dtype->itemsize, 0)) ==
-            SN_ALGO_UNKNOWN ||
-        check_call(&k, SYMNCCL_COLL_REDUCE_SCATTER, k.x.count, op, algo,
-                   -1, -1) < 0)
-        return call_end(&k, 0);
-    return call_end(&k, run(&k, SYMNCCL_COLL_REDUCE_SCATTER, algo, op, NULL,
-                            k.x.count / n, -1) == 0);
+    return run_blocks(&k, x, out, SYMNCCL_COLL_REDUCE_SCATTER, algo, op,
+                      k.x.count / n, ndim, shape);
 }
 
 PyObject *
@@ -506,16 +519,8 @@ sn_all_gather(CommObject *c, PyObject *args, PyObject *kw)
     }
     else
         shape[0] *= c->nranks;
-    if (call_output(&k, x, out, k.x.count * (size_t)c->nranks, ndim, shape,
-                    0) < 0 ||
-        (algo = call_algo(&k, SYMNCCL_COLL_ALL_GATHER, algo, NULL,
-                          k.out.count * (size_t)k.x.dtype->itemsize, 0)) ==
-            SN_ALGO_UNKNOWN ||
-        check_call(&k, SYMNCCL_COLL_ALL_GATHER, k.x.count, NULL, algo,
-                   -1, -1) < 0)
-        return call_end(&k, 0);
-    return call_end(&k, run(&k, SYMNCCL_COLL_ALL_GATHER, algo, NULL, NULL,
-                            k.x.count, -1) == 0);
+    return run_blocks(&k, x, out, SYMNCCL_COLL_ALL_GATHER, algo, NULL,
+                      k.x.count * (size_t)c->nranks, ndim, shape);
 }
 
 /* broadcast and reduce: root's x to every rank, or every rank's x reduced

@@ -1,7 +1,7 @@
 /* symnccl.Communicator: the Python type. Creation, close and abort are
- * lifecycle.c; the collective methods are collectives.c; this file parses
- * arguments, and holds the properties, allocation and the benchmark and
- * testing hooks.
+ * lifetime.c (over runtime/lifecycle.c); the collective methods are
+ * collectives.c; this file parses arguments, and holds the properties,
+ * allocation and the benchmark and testing hooks.
  */
 #include "symnccl.h"
 
@@ -994,6 +994,13 @@ static PyType_Slot comm_slots[] = {
     {Py_tp_getset, comm_getset},
     {0, NULL},
 };
+
+/* CommObject opens with runtime.h's stand-in for PyObject_HEAD (the
+ * runtime's files see no Python.h): it must be a PyObject exactly. */
+_Static_assert(sizeof(sn_object_head) == sizeof(PyObject) &&
+                   _Alignof(sn_object_head) == _Alignof(PyObject) &&
+                   offsetof(CommObject, ob_base) == 0,
+               "runtime.h's sn_object_head is not PyObject's layout");
 
 PyType_Spec sn_communicator_spec = {
     .name = "symnccl.Communicator",

@@ -69,7 +69,7 @@ sn_fault_wait_nccl(SNState *st, CommObject *c, int collective)
         Py_BEGIN_ALLOW_THREADS
         while (!(done = sn_event_done(c->watch.event)) && !c->life.stop &&
                sn_now() < (slice < deadline ? slice : deadline))
-            if (sn_now() >= spin)   /* spin first (symnccl.h) */
+            if (sn_now() >= spin)   /* spin first (runtime.h) */
                 sn_fault_nap();
         Py_END_ALLOW_THREADS
         /* an abort first: the work it stopped may complete as it gives up,

@@ -22,7 +22,7 @@ void
 sn_xla_init(SNState *st)
 {
     st->on_closing = on_closing;
-    st->on_close = sn_xla_on_close;
+    sn_comm_on_close(sn_xla_on_close);
 }
 
 /* _xla_handler(collective="all_reduce") -> PyCapsule of that collective's

@@ -8,7 +8,7 @@
  * that may run on it), and the C entry points of launch.h call through its
  * table.
  */
-#include "symnccl.h"
+#include "runtime.h"
 
 #include <dlfcn.h>
 #include <stdio.h>

@@ -1,7 +1,7 @@
 /* The runtime's base, below every other runtime file and free of the
  * Python API: a failure as a value (sn_err: sn_fail fills it; the Python
  * face raises it, python/errors.c's sn_raise) and a stream's capture id. */
-#include "symnccl.h"
+#include "runtime.h"
 
 #include <stdarg.h>
 #include <stdio.h>

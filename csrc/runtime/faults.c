@@ -16,7 +16,7 @@
  * No Python here: python/failures.c raises the failure, waits for an
  * eager NCCL call with the GIL released, and installs abort_on_signal.
  */
-#include "symnccl.h"
+#include "runtime.h"
 
 #include <signal.h>
 #include <stdio.h>

@@ -34,7 +34,7 @@
  * all_to_all) runs in the unit of SYMNCCL_DT_BYTES with counts in bytes
  * (all_to_all: in rows of row_size bytes).
  */
-#include "symnccl.h"
+#include "runtime.h"
 
 #include <stdio.h>
 #include <string.h>

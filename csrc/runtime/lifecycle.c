@@ -1,4 +1,10 @@
-/* Communicators: creation, close, abort and exit.
+/* Communicators' lifecycle without the Python API: the multicast gate, a
+ * new communicator's fields, the steps of its creation, the state machine
+ * every entry point enters through, and the steps of its teardown.
+ * python/lifetime.c composes them for Python callers (the GIL released
+ * around every NCCL group and every wait, failures raised, warnings); the
+ * XLA handlers enter and leave through sn_comm_pin and sn_comm_unpin, and
+ * the last caller to leave an abort that waited for it finishes it here.
  *
  * One creation path serves Communicator() (one communicator) and
  * Communicator.init_all() (one per device, all driven by this thread): each
@@ -11,7 +17,7 @@
  * -> ncclCommWindowDeregister -> (ncclMemFree, by each buffer when its last
  * view dies) -> ncclCommFinalize -> ncclCommDestroy.
  */
-#include "symnccl.h"
+#include "runtime.h"
 
 #include <cuda.h>
 #include <stdio.h>
@@ -45,20 +51,6 @@ sn_multicast_gate(int mode, const char *nvls_enable,
     if (mode == SN_MC_OFF)
         return "not requested (multicast=False)";
     return NULL;
-}
-
-int
-sn_parse_multicast(PyObject *obj, int *mode)
-{
-    if (obj == NULL || obj == Py_None) {
-        *mode = SN_MC_AUTO;
-        return 0;
-    }
-    int t = PyObject_IsTrue(obj);
-    if (t < 0)
-        return -1;
-    *mode = t ? SN_MC_ON : SN_MC_OFF;
-    return 0;
 }
 
 /* CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED through the driver entry point
@@ -110,36 +102,33 @@ decide_multicast(int mode, int nranks, int device)
 /* ------------------------------------------------------------------ */
 /* Creation. */
 
-static void
-live_add(SNState *st, CommObject *c)
+void
+sn_comm_link(CommObject **live, CommObject *c)
 {
     c->life.prev = NULL;
-    c->life.next = st->live;
-    if (st->live != NULL)
-        st->live->life.prev = c;
-    st->live = c;
+    c->life.next = *live;
+    if (*live != NULL)
+        (*live)->life.prev = c;
+    *live = c;
 }
 
-static void
-live_remove(SNState *st, CommObject *c)
+void
+sn_comm_unlink(CommObject **live, CommObject *c)
 {
     if (c->life.prev != NULL)
         c->life.prev->life.next = c->life.next;
-    else if (st->live == c)
-        st->live = c->life.next;
+    else if (*live == c)
+        *live = c->life.next;
     if (c->life.next != NULL)
         c->life.next->life.prev = c->life.prev;
     c->life.next = c->life.prev = NULL;
 }
 
-CommObject *
-sn_comm_new(PyTypeObject *tp, int rank, int nranks, int device,
-            double timeout, int multicast, size_t staging_bytes)
+int
+sn_comm_init(CommObject *c, CommObject **live, int rank, int nranks,
+             int device, double timeout, int multicast, size_t staging_bytes,
+             sn_err *err)
 {
-    allocfunc alloc = (allocfunc)PyType_GetSlot(tp, Py_tp_alloc);
-    CommObject *c = (CommObject *)alloc(tp, 0);
-    if (c == NULL)
-        return NULL;
     c->rank = rank;
     c->nranks = nranks;
     c->device = device;
@@ -150,7 +139,6 @@ sn_comm_new(PyTypeObject *tp, int rank, int nranks, int device,
      * beside an NCCL whose kernels wait for them (primitives.cuh,
      * pdl_wait) */
     c->pdl_early = sn_nccl_pdl_early(sn_abi_runtime());
-    c->st = sn_state_from_type(tp);
     c->life.state = SN_OPEN;
     pthread_mutex_init(&c->lock, NULL);
     const char *why = decide_multicast(multicast, nranks, device);
@@ -158,23 +146,17 @@ sn_comm_new(PyTypeObject *tp, int rank, int nranks, int device,
     c->multicast_reason = why != NULL ? why
                           : multicast == SN_MC_AUTO ? "requested (auto)"
                                                     : "requested";
-    live_add(sn_state_from_type(tp), c);
-    sn_err err;
-    if (sn_knobs_read(&c->knobs, &err) < 0) {
-        sn_raise(sn_state_from_type(tp), &err);
-        Py_DECREF(c);
-        return NULL;
-    }
-    const cudaError_t e = cudaDeviceGetAttribute(
-        &c->sms, cudaDevAttrMultiProcessorCount, device);
-    if (e != cudaSuccess) {
-        sn_set_cuda_error(sn_state_from_type(tp), e,
-                          "cudaDeviceGetAttribute(MultiProcessorCount)");
-        Py_DECREF(c);
-        return NULL;
-    }
+    sn_comm_link(live, c);
+    if (sn_knobs_read(&c->knobs, err) < 0)
+        return -1;
+    SN_CUDA_ERR_GOTO(err, cudaDeviceGetAttribute(
+                              &c->sms, cudaDevAttrMultiProcessorCount,
+                              device),
+                     "cudaDeviceGetAttribute(MultiProcessorCount)", error);
     sn_layout_compute(c, staging_bytes);
-    return c;
+    return 0;
+error:
+    return -1;
 }
 
 static void
@@ -201,34 +183,48 @@ group_end(ncclResult_t rc)
     return rc != ncclSuccess ? rc : end;
 }
 
+ncclResult_t
+sn_connect_nccl(CommObject **cs, int n, const ncclUniqueId *id)
+{
+    ncclResult_t rc = ncclGroupStart();
+    for (int i = 0; i < n && rc == ncclSuccess; i++) {
+        ncclConfig_t cfg;
+        nccl_config(&cfg, &cs[i]->knobs);
+        if (cudaSetDevice(cs[i]->device) != cudaSuccess) {
+            rc = ncclUnhandledCudaError;
+            break;
+        }
+        rc = started(ncclCommInitRankConfig(&cs[i]->comm, cs[i]->nranks, *id,
+                                            cs[i]->rank, &cfg));
+    }
+    return group_end(rc);
+}
+
 /* What ncclDevCommCreate made, checked before any kernel reads it: a
  * device communicator laid out by another NCCL than this build's headers
  * (NCCL 2.30+: magic and version), or an LSA rank outside its team, would
- * have the kernels address the wrong memory. -1 with RuntimeError naming
- * the values. */
+ * have the kernels address the wrong memory. -1 with err (RuntimeError)
+ * naming the values. */
 static int
-read_devcomm(CommObject *c)
+read_devcomm(CommObject *c, sn_err *err)
 {
     int has_mc = 0, size = 0, rank = 0;
     symnccl_devcomm_info(c->devcomm, &size, &rank, &has_mc);
-    if (size == -1) {
-        PyErr_Format(PyExc_RuntimeError, "ncclDevCommCreate on rank %d of "
-                     "%d (cuda:%d) returned a device communicator with magic "
-                     "0x%x and version %d, but symnccl's kernels for NCCL "
-                     "2.%d were built for magic 0x%x (NCCL_API_MAGIC) and "
-                     "version %d (their headers): the loaded libnccl (NCCL "
-                     "%d) lays it out differently", c->rank, c->nranks,
-                     c->device, (unsigned)rank, has_mc, sn_abi_minor(),
-                     SN_NCCL_API_MAGIC, sn_abi_headers(), sn_abi_runtime());
-        return -1;
-    }
-    if (size < 1 || size > c->nranks || rank < 0 || rank >= size) {
-        PyErr_Format(PyExc_RuntimeError, "ncclDevCommCreate on rank %d of "
-                     "%d (cuda:%d) returned lsaRank %d and lsaSize %d; "
-                     "expected 0 <= lsaRank < lsaSize <= %d", c->rank,
-                     c->nranks, c->device, rank, size, c->nranks);
-        return -1;
-    }
+    if (size == -1)
+        return sn_fail(err, cudaSuccess, ncclSuccess, "ncclDevCommCreate on "
+                       "rank %d of %d (cuda:%d) returned a device "
+                       "communicator with magic 0x%x and version %d, but "
+                       "symnccl's kernels for NCCL 2.%d were built for "
+                       "magic 0x%x (NCCL_API_MAGIC) and version %d (their "
+                       "headers): the loaded libnccl (NCCL %d) lays it out "
+                       "differently", c->rank, c->nranks, c->device,
+                       (unsigned)rank, has_mc, sn_abi_minor(),
+                       SN_NCCL_API_MAGIC, sn_abi_headers(), sn_abi_runtime());
+    if (size < 1 || size > c->nranks || rank < 0 || rank >= size)
+        return sn_fail(err, cudaSuccess, ncclSuccess, "ncclDevCommCreate on "
+                       "rank %d of %d (cuda:%d) returned lsaRank %d and "
+                       "lsaSize %d; expected 0 <= lsaRank < lsaSize <= %d",
+                       c->rank, c->nranks, c->device, rank, size, c->nranks);
     c->lsa_size = size;
     c->lsa_rank = rank;
     c->symmetric = 1;
@@ -273,16 +269,10 @@ no_multicast(CommObject **cs, int n, const char *why)
     }
 }
 
-/* Device communicators for all of cs, in one group. NCCL reports an
- * unusable multicast request with ncclInvalidArgument on every rank: that
- * one failure is retried without multicast (every rank retries alike). Any
- * other failure leaves the communicators without the device API. -1 only
- * for a timeout or an interrupt (exception set). */
-static int
-connect_devcomms(SNState *st, CommObject **cs, int n, ncclComm_t *raw)
+int
+sn_connect_devcomms_wanted(CommObject **cs, int n, int *mc)
 {
-    int mc = cs[0]->multicast_requested;
-    ncclResult_t rc = ncclSuccess;
+    *mc = cs[0]->multicast_requested;
     /* NCCL 2.29+ says beforehand what it supports (the same on every rank:
      * NCCL agrees on it at init); 2.28 cannot, and is asked by trying */
     int api = 1, mm = 1;
@@ -302,61 +292,74 @@ connect_devcomms(SNState *st, CommObject **cs, int n, ncclComm_t *raw)
         }
         return 0;
     }
-    if (mc && !mm) {
-        mc = 0;
+    if (*mc && !mm) {
+        *mc = 0;
         no_multicast(cs, n, "requested, but NCCL reports no multimem "
                             "support (ncclCommQueryProperties)");
     }
-    for (int attempt = 0; attempt < 2; attempt++) {
-        Py_BEGIN_ALLOW_THREADS
-        rc = ncclGroupStart();
-        for (int i = 0; i < n && rc == ncclSuccess; i++) {
-            cudaSetDevice(cs[i]->device);
-            /* no LSA barriers: symnccl's kernels bring their own, with a
-             * bounded wait (kernels/primitives.cuh, Barrier) */
-            rc = started(symnccl_devcomm_create(cs[i]->comm, 0, mc,
-                                                &cs[i]->devcomm));
-        }
-        rc = group_end(rc);
-        Py_END_ALLOW_THREADS
-        if (rc == ncclSuccess &&
-            sn_wait_comms(st, raw, n, cs[0]->timeout, NULL,
-                          "ncclDevCommCreate")
-                < 0) {
-            if (!PyErr_ExceptionMatches(st->NcclError))
-                return -1;
-            PyErr_Clear();
-            rc = ncclInternalError;
-        }
-        if (rc == ncclSuccess)
-            break;
-        for (int i = 0; i < n; i++) {   /* never created */
-            symnccl_devcomm_free(cs[i]->devcomm);
-            cs[i]->devcomm = NULL;
-        }
-        if (!(mc && rc == ncclInvalidArgument))
-            break;
-        mc = 0;
-        no_multicast(cs, n, "requested, but NCCL refused it "
-                            "(ncclInvalidArgument): NVLS unavailable");
+    return 1;
+}
+
+ncclResult_t
+sn_connect_devcomms(CommObject **cs, int n, int mc)
+{
+    ncclResult_t rc = ncclGroupStart();
+    for (int i = 0; i < n && rc == ncclSuccess; i++) {
+        cudaSetDevice(cs[i]->device);
+        /* no LSA barriers: symnccl's kernels bring their own, with a
+         * bounded wait (kernels/primitives.cuh, Barrier) */
+        rc = started(symnccl_devcomm_create(cs[i]->comm, 0, mc,
+                                            &cs[i]->devcomm));
     }
+    return group_end(rc);
+}
+
+int
+sn_connect_devcomms_retry(CommObject **cs, int n, ncclResult_t rc, int *mc)
+{
+    if (rc == ncclSuccess)
+        return 0;
+    for (int i = 0; i < n; i++) {   /* never created */
+        symnccl_devcomm_free(cs[i]->devcomm);
+        cs[i]->devcomm = NULL;
+    }
+    if (!(*mc && rc == ncclInvalidArgument))
+        return 0;
+    *mc = 0;
+    no_multicast(cs, n, "requested, but NCCL refused it "
+                        "(ncclInvalidArgument): NVLS unavailable");
+    return 1;
+}
+
+int
+sn_connect_devcomms_read(CommObject **cs, int n, ncclResult_t rc,
+                         sn_err *err)
+{
     for (int i = 0; i < n; i++) {
         if (cs[i]->devcomm == NULL)
             no_device_api_nccl(cs[i], "ncclDevCommCreate", rc);
-        else if (read_devcomm(cs[i]) < 0)
+        else if (read_devcomm(cs[i], err) < 0)
             return -1;
     }
     return 0;
 }
 
-/* Staging windows for all of cs (allocated by the caller), in one group. */
-static int
-register_staging(SNState *st, CommObject **cs, int n, ncclComm_t *raw)
+int
+sn_connect_memory(CommObject *c, sn_err *err)
 {
-    int any = 0;
-    ncclResult_t rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = ncclGroupStart();
+    SN_CUDA_ERR_GOTO(err, cudaSetDevice(c->device), "cudaSetDevice", error);
+    if (sn_scratch_alloc(c, err) < 0 || sn_fault_alloc(c, err) < 0)
+        goto error;
+    return 0;
+error:
+    return -1;
+}
+
+ncclResult_t
+sn_connect_staging(CommObject **cs, int n, int *any)
+{
+    *any = 0;
+    ncclResult_t rc = ncclGroupStart();
     for (int i = 0; i < n && rc == ncclSuccess; i++) {
         CommObject *c = cs[i];
         if (c->mem.staging == NULL)
@@ -367,22 +370,19 @@ register_staging(SNState *st, CommObject **cs, int n, ncclComm_t *raw)
             rc = ncclSystemError;
             break;
         }
-        any = 1;
+        *any = 1;
         cudaSetDevice(c->device);
         rc = started(ncclCommWindowRegister(c->comm, c->mem.staging,
                                             c->mem.layout.bytes,
                                             &c->mem.staging_win->win,
                                             NCCL_WIN_COLL_SYMMETRIC));
     }
-    rc = group_end(rc);
-    Py_END_ALLOW_THREADS
-    if (rc != ncclSuccess)
-        return sn_set_nccl_error(st, rc, NULL,
-                                 "ncclCommWindowRegister (staging)");
-    if (!any)
-        return 0;
-    if (sn_wait_comms(st, raw, n, cs[0]->timeout, NULL, "staging windows") < 0)
-        return -1;
+    return group_end(rc);
+}
+
+int
+sn_connect_staging_check(CommObject **cs, int n, sn_err *err)
+{
     /* The kernels address peers as evenly spaced copies of a window (as
      * NCCL maps them); where that would not hold, they must not run. */
     for (int i = 0; i < n; i++) {
@@ -390,10 +390,11 @@ register_staging(SNState *st, CommObject **cs, int n, ncclComm_t *raw)
         int ok = 0;
         if (c->mem.staging_win == NULL)
             continue;
-        SN_CUDA_GOTO(st, cudaSetDevice(c->device), "cudaSetDevice", error);
-        SN_CUDA_GOTO(st, symnccl_lsa_layout_ok(c->mem.staging_win->win,
-                                               c->nranks, &ok),
-                     "checking the LSA layout", error);
+        SN_CUDA_ERR_GOTO(err, cudaSetDevice(c->device), "cudaSetDevice",
+                         error);
+        SN_CUDA_ERR_GOTO(err, symnccl_lsa_layout_ok(c->mem.staging_win->win,
+                                                    c->nranks, &ok),
+                         "checking the LSA layout", error);
         if (!ok)
             no_device_api(c, "NCCL's LSA addresses of a window are not "
                              "evenly spaced: symnccl's kernels cannot "
@@ -401,117 +402,6 @@ register_staging(SNState *st, CommObject **cs, int n, ncclComm_t *raw)
     }
     return 0;
 error:
-    return -1;
-}
-
-/* Never a silent downgrade: the first communicator of 2+ ranks in this
- * process that runs without the device API says so (its
- * device_api_reason says why); -1 if the warning was turned into an
- * error. */
-static int
-warn_no_device_api(CommObject **cs, int n)
-{
-    static int warned;
-    for (int i = 0; i < n && !warned; i++) {
-        CommObject *c = cs[i];
-        if (c->nranks < 2 || c->symmetric)
-            continue;
-        warned = 1;
-        return PyErr_WarnFormat(PyExc_RuntimeWarning, 1, "symnccl: rank %d "
-                                "of %d (cuda:%d) runs without the NCCL device "
-                                "API, so every collective goes through NCCL's "
-                                "own kernels: %s (Communicator."
-                                "device_api_reason; warned once per process)",
-                                c->rank, c->nranks, c->device,
-                                c->symmetric_reason);
-    }
-    return 0;
-}
-
-int
-sn_comms_connect(SNState *st, CommObject **cs, int n, const ncclUniqueId *id)
-{
-    /* once per process: a minor that has not passed on two GPUs */
-    static int warned;
-    const char *caveat = sn_abi_multi_gpu_caveat(sn_abi_minor());
-    if (caveat != NULL && cs[0]->nranks > 1 && !warned) {
-        warned = 1;
-        if (PyErr_WarnEx(PyExc_RuntimeWarning, caveat, 1) < 0)
-            return -1;
-    }
-    ncclComm_t *raw = PyMem_Calloc((size_t)n, sizeof(ncclComm_t));
-    if (raw == NULL) {
-        PyErr_NoMemory();
-        return -1;
-    }
-    int prev;
-    if (sn_device_push(st, cs[0]->device, &prev) < 0) {
-        PyMem_Free(raw);
-        return -1;
-    }
-    ncclResult_t rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = ncclGroupStart();
-    for (int i = 0; i < n && rc == ncclSuccess; i++) {
-        ncclConfig_t cfg;
-        nccl_config(&cfg, &cs[i]->knobs);
-        if (cudaSetDevice(cs[i]->device) != cudaSuccess) {
-            rc = ncclUnhandledCudaError;
-            break;
-        }
-        rc = started(ncclCommInitRankConfig(&cs[i]->comm, cs[i]->nranks, *id,
-                                            cs[i]->rank, &cfg));
-    }
-    rc = group_end(rc);
-    Py_END_ALLOW_THREADS
-    SN_NCCL_GOTO(st, rc, NULL, "ncclCommInitRankConfig", error);
-    for (int i = 0; i < n; i++)
-        raw[i] = cs[i]->comm;
-    if (sn_wait_comms(st, raw, n, cs[0]->timeout, NULL,
-                      "ncclCommInitRankConfig") < 0 ||
-        connect_devcomms(st, cs, n, raw) < 0)
-        goto error;
-    for (int i = 0; i < n; i++) {
-        SN_CUDA_GOTO(st, cudaSetDevice(cs[i]->device), "cudaSetDevice",
-                     error);
-        sn_err err;
-        if (sn_scratch_alloc(cs[i], &err) < 0) {
-            sn_raise(st, &err);
-            goto error;
-        }
-        if (sn_fault_alloc(cs[i], &err) < 0) {
-            sn_raise(st, &err);
-            goto error;
-        }
-        if (sn_staging_wanted(cs[i])) {
-            Py_BEGIN_ALLOW_THREADS
-            rc = sn_staging_reserve(cs[i]);
-            Py_END_ALLOW_THREADS
-            if (rc != ncclSuccess) {
-                sn_set_nccl_error(st, rc, cs[i]->comm,
-                                  "ncclMemAlloc (staging)");
-                goto error;
-            }
-            if (sn_staging_clear(cs[i], &err) < 0) {
-                sn_raise(st, &err);
-                goto error;
-            }
-        }
-    }
-    if (register_staging(st, cs, n, raw) < 0)
-        goto error;
-    if (warn_no_device_api(cs, n) < 0)
-        goto error;
-    sn_device_pop(prev);
-    PyMem_Free(raw);
-    return 0;
-
-error:
-    /* no kernel has run: the abort frees everything at once */
-    for (int i = 0; i < n; i++)
-        sn_comm_abort(st, cs[i]);
-    sn_device_pop(prev);
-    PyMem_Free(raw);
     return -1;
 }
 
@@ -533,33 +423,22 @@ error:
  * busy > 0:
  *   - close waits for the callers inside, at most c's timeout (their own
  *     waits end by then); past it, or on any failure, it aborts instead;
- *   - abort first ends every wait on c (c->life.stop) and c's kernels (abort
- *     flag and fault word), so callers leave within milliseconds, waits
- *     ABORT_LEAVE_SECONDS for them, and if one is still inside, leaves
- *     the rest to the last caller to leave (abort_pending): nothing is
- *     freed under a caller, and abort() returns within its bounds;
- *   - abort() while another thread closes c sets c->life.stop; that close sees
- *     it in its waits and turns into the abort.
- * The GIL is released wherever a teardown waits; no lock is held then. */
+ *   - abort first ends every wait on c (c->life.stop) and c's kernels
+ *     (abort flag and fault word), so callers leave within milliseconds,
+ *     waits SN_ABORT_LEAVE_SECONDS for them, and if one is still inside,
+ *     leaves the rest to the last caller to leave (abort_pending):
+ *     nothing is freed under a caller, and abort() returns within its
+ *     bounds;
+ *   - abort() while another thread closes c sets c->life.stop; that close
+ *     sees it in its waits and turns into the abort.
+ * The GIL is released wherever a teardown waits (python/lifetime.c); no
+ * lock is held then. */
 
-/* Seconds abort() waits for another thread to leave a method of c (its
- * waits end within 50 ms of c->life.stop), for c's kernels to leave once told
- * to (their waits poll the fault word and the abort flag every few
- * milliseconds; NCCL's, revoked by the watchdog, as long), and for
- * everything of c to end after ncclCommAbort. */
-#define ABORT_LEAVE_SECONDS 2.0
-#define ABORT_KERNELS_SECONDS 1.0
-#define ABORT_DRAIN_SECONDS 5.0
-/* How long an abort() that found another thread's close waits for it
- * to turn into the abort and end. */
-#define ABORT_ALL_SECONDS                                                 \
-    (ABORT_LEAVE_SECONDS + 2 * ABORT_KERNELS_SECONDS +                    \
-     ABORT_DRAIN_SECONDS + 1.0)
 /* Teardowns look at busy and the state this often. */
 #define POLL_SECONDS 0.001
 
-static void
-nap(void)
+void
+sn_comm_nap(void)
 {
     struct timespec t = {0, (long)(POLL_SECONDS * 1e9)};
     nanosleep(&t, NULL);
@@ -597,78 +476,31 @@ may_enter(CommObject *c, int *failed)
     return c->life.state == SN_OPEN && !*failed;
 }
 
-/* Why a caller may not enter, without Python. */
-static void
-refusal(const CommObject *c, int state, int teardown, int failed,
-        char *why, size_t len)
-{
-    if (failed && !c->life.user_aborted)
-        sn_fault_describe(c, why, len);
-    else
-        snprintf(why, len, "communicator (rank %d of %d, cuda:%d) is %s: "
-                 "no call may start on it%s", c->rank, c->nranks,
-                 c->device, state_name(state, teardown),
-                 state == SN_CLOSING ? " (another thread is closing or "
-                                       "aborting it)" : "");
-}
-
-/* The same as a Python exception: the failure (PeerTimeoutError,
- * CallMismatchError; c->fail.failure holds it), else RuntimeError. */
-static int
-refuse(SNState *st, CommObject *c, int state, int teardown, int failed)
-{
-    if (failed && !c->life.user_aborted)
-        return sn_fault_raise(st, c);
-    char why[240];
-    refusal(c, state, teardown, 0, why, sizeof(why));
-    PyErr_SetString(PyExc_RuntimeError, why);
-    return -1;
-}
-
-int
-sn_comm_check_usable(SNState *st, CommObject *c)
-{
-    sn_lock(c);
-    int failed;
-    const int ok = may_enter(c, &failed);
-    const int state = c->life.state, teardown = c->life.teardown;
-    sn_unlock(c);
-    return ok ? 0 : refuse(st, c, state, teardown, failed);
-}
-
-int
-sn_comm_enter(SNState *st, CommObject *c)
-{
-    sn_lock(c);
-    int failed;
-    const int ok = may_enter(c, &failed);
-    const int state = c->life.state, teardown = c->life.teardown;
-    if (ok)
-        c->life.busy++;
-    sn_unlock(c);
-    return ok ? 0 : refuse(st, c, state, teardown, failed);
-}
-
 int
 sn_comm_pin(CommObject *c, char *why, size_t len)
 {
     sn_lock(c);
     int failed;
     const int ok = may_enter(c, &failed);
+    /* a failure is the answer until the user aborts */
+    const int failure = failed && !c->life.user_aborted;
     if (ok)
         c->life.busy++;
+    else if (failure)
+        sn_fault_describe(c, why, len);
     else
-        refusal(c, c->life.state, c->life.teardown, failed, why, len);
+        snprintf(why, len, "communicator (rank %d of %d, cuda:%d) is %s: "
+                 "no call may start on it%s", c->rank, c->nranks,
+                 c->device, state_name(c->life.state, c->life.teardown),
+                 c->life.state == SN_CLOSING ? " (another thread is "
+                                               "closing or aborting it)"
+                                             : "");
     sn_unlock(c);
-    return ok ? 0 : -1;
+    return ok ? 0 : failure ? SN_PIN_FAILED : -1;
 }
 
-static void abort_finish(CommObject *c);
-
-/* 1 when this caller was the last inside c and an abort waits for it:
- * the caller finishes the abort. */
-static int
-unpin(CommObject *c)
+int
+sn_comm_leaving(CommObject *c)
 {
     sn_lock(c);
     const int last = --c->life.busy == 0 && c->life.abort_pending;
@@ -681,64 +513,47 @@ unpin(CommObject *c)
 void
 sn_comm_unpin(CommObject *c)
 {
-    if (unpin(c))
-        abort_finish(c);
+    if (sn_comm_leaving(c))
+        sn_comm_abort_finish(c);
 }
 
-void
-sn_comm_leave(SNState *st, CommObject *c)
+int
+sn_comm_callers_left(CommObject *c, int stoppable, double until)
 {
-    if (unpin(c)) {   /* abort() came while this thread was inside */
-        Py_BEGIN_ALLOW_THREADS
-        abort_finish(c);
-        Py_END_ALLOW_THREADS
-    }
+    sn_lock(c);
+    const int busy = c->life.busy;
+    sn_unlock(c);
+    if (busy == 0)
+        return 0;
+    if (stoppable && c->life.stop)
+        return 1;
+    if (sn_now() >= until)
+        return 2;
+    return -1;
 }
 
-/* Waits, GIL released, until no caller is inside c (0), c->life.stop is set
- * while `stoppable` (1), or `seconds` have passed (2). */
-static int
-wait_callers(CommObject *c, double seconds, int stoppable)
+int
+sn_comm_teardown_ended(CommObject *c, double until, int *state)
 {
-    const double until = sn_deadline(seconds);
-    for (;;) {
-        sn_lock(c);
-        const int busy = c->life.busy;
-        sn_unlock(c);
-        if (busy == 0)
-            return 0;
-        if (stoppable && c->life.stop)
-            return 1;
-        if (sn_now() >= until)
-            return 2;
-        Py_BEGIN_ALLOW_THREADS
-        nap();
-        Py_END_ALLOW_THREADS
-    }
+    sn_lock(c);
+    *state = c->life.state;
+    const int pending = c->life.abort_pending;
+    sn_unlock(c);
+    return *state != SN_CLOSING || pending || sn_now() >= until;
 }
 
-/* Waits, GIL released, at most `seconds` for another thread's teardown
- * to end (CLOSED, ABORTED) or to be left to the callers inside
- * (abort_pending); the state then. */
-static int
-wait_teardown(CommObject *c, double seconds)
+int
+sn_comm_look(CommObject *c, int *failed)
 {
-    const double until = sn_deadline(seconds);
-    for (;;) {
-        sn_lock(c);
-        const int state = c->life.state, pending = c->life.abort_pending;
-        sn_unlock(c);
-        if (state != SN_CLOSING || pending || sn_now() >= until)
-            return state;
-        Py_BEGIN_ALLOW_THREADS
-        nap();
-        Py_END_ALLOW_THREADS
-    }
+    sn_lock(c);
+    const int state = c->life.state;
+    (void)may_enter(c, failed);
+    sn_unlock(c);
+    return state;
 }
 
-/* OPEN -> CLOSING(kind): 1 when this thread now owns the teardown. */
-static int
-take_teardown(CommObject *c, int kind)
+int
+sn_comm_take_teardown(CommObject *c, int kind)
 {
     sn_lock(c);
     const int mine = c->life.state == SN_OPEN;
@@ -748,6 +563,58 @@ take_teardown(CommObject *c, int kind)
     }
     sn_unlock(c);
     return mine;
+}
+
+int
+sn_comm_take_close(CommObject *c, int in_group, int *state, int *failed)
+{
+    sn_lock(c);
+    *state = c->life.state;
+    (void)may_enter(c, failed);
+    const int mine = *state == SN_OPEN && !*failed && !in_group;
+    if (mine) {
+        c->life.state = SN_CLOSING;
+        c->life.teardown = SN_TEAR_CLOSE;
+    }
+    sn_unlock(c);
+    return mine;
+}
+
+int
+sn_comm_abort_look(CommObject *c, int *was)
+{
+    sn_lock(c);
+    const int state = c->life.state;
+    *was = c->life.teardown;
+    if (state == SN_CLOSING)
+        c->life.teardown = SN_TEAR_ABORT;
+    sn_unlock(c);
+    return state;
+}
+
+void
+sn_comm_stop(CommObject *c)
+{
+    c->life.stop = 1;
+}
+
+void
+sn_comm_abort_begin(CommObject *c)
+{
+    sn_lock(c);
+    c->life.teardown = SN_TEAR_ABORT;
+    sn_unlock(c);
+    c->life.stop = 1;
+}
+
+int
+sn_comm_abort_defer(CommObject *c)
+{
+    sn_lock(c);
+    const int defer = c->life.busy > 0;
+    c->life.abort_pending = defer;
+    sn_unlock(c);
+    return defer;
 }
 
 /* Unlinks the windows whose buffers left their release to c
@@ -776,85 +643,101 @@ end_teardown(CommObject *c, int state)
     return dead;
 }
 
-/* The memory of those windows (no longer registered), and their nodes;
- * with `free_them` 0 (a kernel of c may still run on it) it stays
- * allocated. No GIL needed. */
-static void
-free_dead(sn_window *dead, int free_them)
+void
+sn_comm_end_teardown(CommObject *c, int state, int free_dead)
 {
+    /* the memory of those windows (no longer registered), and their
+     * nodes; with free_dead 0 (a kernel of c may still run on it) it
+     * stays allocated */
+    sn_window *dead = end_teardown(c, state);
     while (dead != NULL) {
         sn_window *next = dead->next;
-        if (free_them)
+        if (free_dead)
             ncclMemFree(dead->dead);
         free(dead);
         dead = next;
     }
 }
 
-/* The windows left to c by buffers that are gone: deregistered and their
- * memory freed once c's kernels have drained (at most
- * SN_RELEASE_PROMPT_SECONDS, GIL released), else left to the next
- * release or the teardown. c entered, GIL held (the list is the GIL's;
- * it is walked again after each wait). */
-static void
-reap_windows(CommObject *c)
+void
+sn_comm_keep_if_busy(CommObject *c)
 {
-    int drained = -1;
-    for (;;) {
-        sn_window *w = c->windows;
-        while (w != NULL && (w->refs != 0 || w->dead == NULL))
-            w = w->next;
-        if (w == NULL)
-            return;
-        int ok;
-        void *mem = w->dead;
-        Py_BEGIN_ALLOW_THREADS
-        if (drained < 0)
-            drained = sn_fault_drain(c, SN_RELEASE_PROMPT_SECONDS, 1);
-        ok = drained && sn_window_deregister_now(c, w) == 0;
-        if (ok) {
-            int prev = -1;
-            cudaGetDevice(&prev);
-            cudaSetDevice(c->device);
-            ncclMemFree(mem);
-            (void)cudaGetLastError();
-            if (prev >= 0)
-                cudaSetDevice(prev);
-        }
-        Py_END_ALLOW_THREADS
-        if (!ok)
-            return;
-        sn_window_forget(c, w);
-    }
+    sn_lock(c);
+    c->life.leak_object = c->life.busy > 0 || c->life.state == SN_CLOSING;
+    const int busy = c->life.busy;
+    sn_unlock(c);
+    if (c->life.leak_object)
+        fprintf(stderr, "symnccl: communicator (rank %d of %d, cuda:%d) "
+                "was deallocated while %d call(s) were still inside it: "
+                "its object is left allocated so that they leave safely\n",
+                c->rank, c->nranks, c->device, busy);
+}
+
+/* ------------------------------------------------------------------ */
+/* Windows that buffers left to c. */
+
+int
+sn_comm_take_window(CommObject *c, sn_window *w, void *mem, int enter,
+                    int *entered)
+{
+    sn_lock(c);
+    const int state = c->life.state;
+    *entered = state == SN_OPEN && enter;
+    if (*entered)
+        c->life.busy++;
+    if (state == SN_OPEN || state == SN_CLOSING)
+        w->dead = mem;   /* c frees it: now, later, or at teardown */
+    sn_unlock(c);
+    return state;
 }
 
 int
-sn_comm_release_window(CommObject *c, sn_window *w, void *mem)
+sn_comm_reap_window(CommObject *c, sn_window *w, int *drained)
 {
-    if (w == NULL || --w->refs > 0)
-        return 1;
-    sn_lock(c);
-    const int state = c->life.state;
-    const int enter = state == SN_OPEN && c->st->group_depth == 0;
-    if (enter)
-        c->life.busy++;
-    if (state == SN_OPEN || state == SN_CLOSING)
-        w->dead = mem;   /* c frees it: now (below), later, or at teardown */
-    sn_unlock(c);
-    if (state == SN_CLOSED || state == SN_ABORTED) {
-        /* deregistered by close, forgotten by abort */
-        sn_window_forget(c, w);
-        return 1;
+    void *mem = w->dead;
+    if (*drained < 0)
+        *drained = sn_fault_drain(c, SN_RELEASE_PROMPT_SECONDS, 1);
+    const int ok = *drained && sn_window_deregister_now(c, w) == 0;
+    if (ok) {
+        int prev = -1;
+        cudaGetDevice(&prev);
+        cudaSetDevice(c->device);
+        ncclMemFree(mem);
+        (void)cudaGetLastError();
+        if (prev >= 0)
+            cudaSetDevice(prev);
     }
-    if (enter) {
-        reap_windows(c);
-        sn_comm_leave(c->st, c);
-    }
-    return 0;
+    return ok;
+}
+
+/* ------------------------------------------------------------------ */
+/* The close hook. */
+
+static sn_close_hook close_hook;
+
+void
+sn_comm_on_close(sn_close_hook hook)
+{
+    close_hook = hook;
+}
+
+ncclResult_t
+sn_comm_closing_windows(CommObject *c, int deregister)
+{
+    return close_hook != NULL ? close_hook(c, deregister) : ncclSuccess;
 }
 
 /* ------------------------------------------------------------------ */
 /* Abort. */
+
+void
+sn_comm_free_memory(CommObject *c)
+{
+    sn_loopback_leave(c);
+    sn_staging_free(c);
+    sn_scratch_free(c);
+    sn_fault_free(c);
+}
 
 /* Frees c's memory, or leaves it (a kernel still runs on it). */
 static void
@@ -864,7 +747,7 @@ free_memory(CommObject *c, int drained)
         fprintf(stderr, "symnccl: abort() of rank %d (cuda:%d): kernels of "
                 "the communicator still ran after %.0f s; its device memory "
                 "is left allocated\n", c->rank, c->device,
-                ABORT_KERNELS_SECONDS + ABORT_DRAIN_SECONDS);
+                SN_ABORT_KERNELS_SECONDS + SN_ABORT_DRAIN_SECONDS);
         c->mem.staging = NULL;
         c->mem.scratch = NULL;
         c->mem.check_dev = c->mem.check_host = NULL;
@@ -877,17 +760,11 @@ free_memory(CommObject *c, int drained)
         c->watch.event = NULL;
         return;
     }
-    sn_loopback_leave(c);
-    sn_staging_free(c);
-    sn_scratch_free(c);
-    sn_fault_free(c);
+    sn_comm_free_memory(c);
 }
 
-/* The rest of an abort once no caller is inside c, by the one thread
- * that owns it: no GIL needed and no Python (the last caller to leave may
- * be one of XLA's threads). */
-static void
-abort_finish(CommObject *c)
+void
+sn_comm_abort_finish(CommObject *c)
 {
     int prev = -1;
     cudaGetDevice(&prev);
@@ -896,21 +773,21 @@ abort_finish(CommObject *c)
     /* c's kernels end before NCCL unmaps the windows they address (those
      * queued behind a hung NCCL kernel cannot: they start after
      * ncclCommAbort ended it, and leave at entry) */
-    const int left = sn_fault_drain(c, ABORT_KERNELS_SECONDS, 0);
+    const int left = sn_fault_drain(c, SN_ABORT_KERNELS_SECONDS, 0);
     /* revoked by the watchdog (faults.c, revoke_expired): NCCL's own
      * cleanup runs until its kernels have left; the windows are
      * deregistered after it */
     if (c->watch.revoked && c->comm != NULL) {
         int failed;
         ncclResult_t bad;
-        (void)sn_wait_nccl(&c->comm, 1, sn_deadline(ABORT_KERNELS_SECONDS),
-                           NULL, &failed, &bad);
+        (void)sn_wait_nccl(&c->comm, 1,
+                           sn_deadline(SN_ABORT_KERNELS_SECONDS), NULL,
+                           &failed, &bad);
     }
     /* once they have, the device communicator and the windows (the XLA
      * handler's too) go first, local steps: ncclCommAbort alone would keep
      * the windows' memory (errors do not matter here: c is being aborted) */
-    if (c->st->on_close != NULL)
-        (void)c->st->on_close(c, left);
+    (void)sn_comm_closing_windows(c, left);
     if (left && c->comm != NULL && c->devcomm != NULL)
         (void)symnccl_devcomm_destroy(c->comm, c->devcomm);
     else
@@ -922,201 +799,19 @@ abort_finish(CommObject *c)
         c->comm = NULL;
     }
     /* the memory, once nothing of c runs any more */
-    const int drained = sn_fault_drain(c, ABORT_DRAIN_SECONDS, 1);
+    const int drained = sn_fault_drain(c, SN_ABORT_DRAIN_SECONDS, 1);
     free_memory(c, drained);
-    free_dead(end_teardown(c, SN_ABORTED), drained);
+    sn_comm_end_teardown(c, SN_ABORTED, drained);
     (void)cudaGetLastError();
     if (prev >= 0)
         cudaSetDevice(prev);
 }
 
-/* The abort, by the thread that owns the teardown (GIL held): every wait
- * on c ends, c's kernels are told to stop, the callers inside get
- * ABORT_LEAVE_SECONDS to leave; the last of them finishes it if they do
- * not. */
-static void
-abort_owned(CommObject *c)
-{
-    sn_lock(c);
-    c->life.teardown = SN_TEAR_ABORT;
-    sn_unlock(c);
-    c->life.stop = 1;
-    Py_BEGIN_ALLOW_THREADS
-    sn_fault_stop_kernels(c, SYMNCCL_FAULT_ABORT, 1.0);
-    Py_END_ALLOW_THREADS
-    if (wait_callers(c, ABORT_LEAVE_SECONDS, 0) != 0) {
-        sn_lock(c);
-        const int defer = c->life.busy > 0;
-        c->life.abort_pending = defer;
-        sn_unlock(c);
-        if (defer)
-            return;
-    }
-    Py_BEGIN_ALLOW_THREADS
-    abort_finish(c);
-    Py_END_ALLOW_THREADS
-}
-
-void
-sn_comm_abort_owned(SNState *st, CommObject *c)
-{
-    c->life.stop = 1;
-    if (st->on_closing != NULL)
-        st->on_closing(c);
-    abort_owned(c);
-}
-
-void
-sn_comm_abort(SNState *st, CommObject *c)
-{
-    sn_lock(c);
-    const int state = c->life.state, was = c->life.teardown;
-    if (state == SN_CLOSING)
-        c->life.teardown = SN_TEAR_ABORT;
-    sn_unlock(c);
-    if (state == SN_OPEN) {
-        if (take_teardown(c, SN_TEAR_ABORT))
-            sn_comm_abort_owned(st, c);
-        else   /* another thread was quicker: as below */
-            sn_comm_abort(st, c);
-        return;
-    }
-    /* closed, aborted, or an abort under way (or left to its callers) */
-    if (state != SN_CLOSING || was == SN_TEAR_ABORT)
-        return;
-    /* another thread's close: it sees c->life.stop in its waits and turns into
-     * the abort; this thread touches nothing of c's and waits, bounded */
-    c->life.stop = 1;
-    (void)wait_teardown(c, ABORT_ALL_SECONDS);
-}
-
 /* ------------------------------------------------------------------ */
 /* Close. */
 
-static int close_entered(SNState *st, CommObject *c, double timeout);
-
-/* Deregisters every window of c (windows.c's list), the GIL released
- * while NCCL runs; the nodes stay for their buffers. */
-static int
-deregister_windows(SNState *st, CommObject *c)
-{
-    for (sn_window *w = c->windows; w != NULL; w = w->next) {
-        if (w->win == NULL)
-            continue;
-        if (c->comm == NULL) {   /* a loopback rank's: its team's */
-            w->win = NULL;
-            continue;
-        }
-        ncclResult_t rc;
-        Py_BEGIN_ALLOW_THREADS
-        rc = ncclCommWindowDeregister(c->comm, w->win);
-        Py_END_ALLOW_THREADS
-        w->win = NULL;
-        if (sn_nccl_complete(st, c, rc, "ncclCommWindowDeregister") < 0)
-            return -1;
-    }
-    return 0;
-}
-
-/* close() waiting at most `timeout` for c's callers and c's work
- * (sn_comm_close: c's own timeout; exit: SYMNCCL_EXIT_TIMEOUT when
- * shorter). */
-static int
-close_within(SNState *st, CommObject *c, double timeout)
-{
-    sn_lock(c);
-    const int state = c->life.state;
-    int failed;
-    (void)may_enter(c, &failed);
-    const int mine = state == SN_OPEN && !failed && st->group_depth == 0;
-    if (mine) {
-        c->life.state = SN_CLOSING;
-        c->life.teardown = SN_TEAR_CLOSE;
-    }
-    sn_unlock(c);
-    if (!mine) {
-        /* a failure is the answer until the user aborts */
-        if (failed && !c->life.user_aborted)
-            return sn_fault_raise(st, c);
-        if (state == SN_OPEN) {
-            PyErr_SetString(PyExc_RuntimeError, "close() cannot be called "
-                            "inside symnccl.group()");
-            return -1;
-        }
-        /* closed, or aborted: nothing to do; being closed or aborted by
-         * another thread: its outcome, once it has one */
-        const int end = state == SN_CLOSING
-                            ? wait_teardown(c, timeout + ABORT_ALL_SECONDS)
-                            : state;
-        if (end != SN_CLOSING)
-            return 0;
-        sn_lock(c);
-        const int pending = c->life.abort_pending;
-        sn_unlock(c);
-        if (pending)
-            PyErr_SetString(PyExc_RuntimeError, "close(): the communicator "
-                            "is being aborted; the abort ends when the last "
-                            "call inside it returns");
-        else
-            PyErr_Format(PyExc_TimeoutError, "close(): another thread was "
-                         "still closing or aborting this communicator "
-                         "after %.1f s", timeout + ABORT_ALL_SECONDS);
-        return -1;
-    }
-    /* no XLA call enters c from now on, no method either (CLOSING) */
-    if (st->on_closing != NULL)
-        st->on_closing(c);
-    int rc;
-    switch (wait_callers(c, timeout, 1)) {
-    case 0:
-        rc = close_entered(st, c, timeout);
-        break;
-    case 1:
-        PyErr_SetString(PyExc_RuntimeError, "close() was interrupted by "
-                        "abort() from another thread");
-        rc = -1;
-        break;
-    default:
-        sn_lock(c);
-        const int busy = c->life.busy;
-        sn_unlock(c);
-        PyErr_Format(PyExc_TimeoutError, "close(): %d call(s) from other "
-                     "threads were still inside the communicator after "
-                     "%.1f s; it was aborted instead", busy, timeout);
-        rc = -1;
-    }
-    if (rc < 0) {
-        /* A close that cannot complete must not leave peers waiting on a
-         * half-closed communicator, nor callers inside it: abort. */
-        PyObject *et, *ev, *tb;
-        PyErr_Fetch(&et, &ev, &tb);
-        abort_owned(c);
-        PyErr_Restore(et, ev, tb);
-    }
-    return rc;
-}
-
 int
-sn_comm_close(SNState *st, CommObject *c)
-{
-    return close_within(st, c, c->timeout);
-}
-
-/* sn_nccl_complete for close, bounded by its own timeout (close refuses
- * to run inside symnccl.group(), so the call completes here). */
-static int
-complete_within(SNState *st, CommObject *c, ncclResult_t rc,
-                const char *what, double timeout)
-{
-    if (rc != ncclSuccess && rc != ncclInProgress)
-        return sn_set_nccl_error(st, rc, c->comm, what);
-    return sn_wait_comms(st, &c->comm, 1, timeout, &c->life.stop, what);
-}
-
-/* c's symnccl and (watched) NCCL work has completed: 1; `seconds`
- * passed: 0; c->life.stop was set meanwhile: -1. No GIL needed. */
-static int
-drain_or_stop(CommObject *c, double seconds)
+sn_comm_drain_or_stop(CommObject *c, double seconds)
 {
     const double until = sn_deadline(seconds);
     for (;;) {
@@ -1127,165 +822,4 @@ drain_or_stop(CommObject *c, double seconds)
         if (sn_now() >= until)
             return 0;
     }
-}
-
-/* close() by the owner of the teardown, no caller inside. */
-static int
-close_entered(SNState *st, CommObject *c, double timeout)
-{
-    int prev;
-    if (sn_device_push(st, c->device, &prev) < 0)
-        return -1;
-    ncclResult_t rc;
-    cudaError_t ce;
-    /* symnccl's and NCCL's work on c, for at most the timeout (a kernel
-     * gives up after it, the watchdog ends NCCL's), then the device */
-    int drained;
-    Py_BEGIN_ALLOW_THREADS
-    drained = drain_or_stop(c, timeout + ABORT_DRAIN_SECONDS);
-    Py_END_ALLOW_THREADS
-    if (sn_fault_check(st, c) < 0)
-        goto fail;
-    if (drained < 0) {
-        PyErr_SetString(PyExc_RuntimeError, "close() was interrupted by "
-                        "abort() from another thread");
-        goto fail;
-    }
-    if (!drained) {
-        PyErr_Format(PyExc_TimeoutError, "close(): the communicator's work "
-                     "did not complete within %.1f s", timeout);
-        goto fail;
-    }
-    Py_BEGIN_ALLOW_THREADS
-    ce = cudaDeviceSynchronize();
-    Py_END_ALLOW_THREADS
-    SN_CUDA_GOTO(st, ce, "cudaDeviceSynchronize (close)", fail);
-    sn_watch_forget(c);
-    if (st->on_close != NULL) {
-        Py_BEGIN_ALLOW_THREADS
-        rc = st->on_close(c, 1);
-        Py_END_ALLOW_THREADS
-        if (rc != ncclSuccess) {
-            sn_set_nccl_error(st, rc, c->comm,
-                              "ncclCommWindowDeregister (XLA buffer)");
-            goto fail;
-        }
-    }
-    if (c->devcomm != NULL && c->comm == NULL) {   /* a loopback rank */
-        symnccl_devcomm_free(c->devcomm);
-        c->devcomm = NULL;
-    }
-    if (c->devcomm != NULL) {
-        Py_BEGIN_ALLOW_THREADS
-        rc = symnccl_devcomm_destroy(c->comm, c->devcomm);
-        Py_END_ALLOW_THREADS
-        c->devcomm = NULL;
-        if (complete_within(st, c, rc, "ncclDevCommDestroy", timeout) < 0)
-            goto fail;
-    }
-    if (deregister_windows(st, c) < 0)
-        goto fail;
-    sn_loopback_leave(c);
-    sn_staging_free(c);
-    sn_scratch_free(c);
-    sn_fault_free(c);
-    if (c->comm != NULL) {
-        Py_BEGIN_ALLOW_THREADS
-        rc = ncclCommFinalize(c->comm);
-        Py_END_ALLOW_THREADS
-        if (complete_within(st, c, rc, "ncclCommFinalize", timeout) < 0)
-            goto fail;
-        Py_BEGIN_ALLOW_THREADS
-        rc = ncclCommDestroy(c->comm);
-        Py_END_ALLOW_THREADS
-        c->comm = NULL;
-    }
-    else
-        rc = ncclSuccess;   /* a loopback rank: no NCCL communicator */
-    Py_BEGIN_ALLOW_THREADS
-    free_dead(end_teardown(c, SN_CLOSED), 1);
-    Py_END_ALLOW_THREADS
-    sn_device_pop(prev);
-    if (rc != ncclSuccess)
-        return sn_set_nccl_error(st, rc, NULL, "ncclCommDestroy");
-    return 0;
-
-fail:
-    sn_device_pop(prev);
-    return -1;
-}
-
-/* ------------------------------------------------------------------ */
-/* Deallocation and exit. */
-
-void
-sn_comm_finalize(SNState *st, CommObject *c)
-{
-    live_remove(st, c);
-    sn_watch_forget(c);
-    if (st->shutting_down)
-        return;
-    sn_lock(c);
-    const int state = c->life.state;
-    int failed;
-    (void)may_enter(c, &failed);
-    sn_unlock(c);
-    if (state == SN_OPEN && (c->comm != NULL || c->loopback != NULL)) {
-        PyObject *et, *ev, *tb;
-        PyErr_Fetch(&et, &ev, &tb);
-        if (failed)   /* the user was told at the failure */
-            sn_comm_abort(st, c);
-        else if (sn_comm_close(st, c) < 0) {
-            PyErr_WriteUnraisable((PyObject *)c);
-            sn_comm_abort(st, c);
-        }
-        PyErr_Restore(et, ev, tb);
-    }
-    /* Callers that hold no reference may still be inside (XLA handlers
-     * past an abort's bounds): c's memory must outlive them. */
-    sn_lock(c);
-    c->life.leak_object = c->life.busy > 0 || c->life.state == SN_CLOSING;
-    const int busy = c->life.busy;
-    sn_unlock(c);
-    if (c->life.leak_object)
-        fprintf(stderr, "symnccl: communicator (rank %d of %d, cuda:%d) "
-                "was deallocated while %d call(s) were still inside it: "
-                "its object is left allocated so that they leave safely\n",
-                c->rank, c->nranks, c->device, busy);
-}
-
-int
-sn_comm_shutdown_all(SNState *st, double timeout)
-{
-    /* the live list, as new references: closing releases the GIL, and
-     * another thread may meanwhile drop a communicator of the list */
-    Py_ssize_t n = 0;
-    for (CommObject *c = st->live; c != NULL; c = c->life.next)
-        n++;
-    CommObject **cs = PyMem_Calloc(n > 0 ? (size_t)n : 1, sizeof(*cs));
-    if (cs == NULL)
-        return 0;
-    n = 0;
-    for (CommObject *c = st->live; c != NULL; c = c->life.next)
-        cs[n++] = (CommObject *)Py_NewRef((PyObject *)c);
-    int failures = 0;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        CommObject *c = cs[i];
-        sn_lock(c);
-        const int state = c->life.state;
-        sn_unlock(c);
-        if (state == SN_OPEN &&
-            close_within(st, c, timeout < c->timeout ? timeout
-                                                     : c->timeout) < 0) {
-            PyErr_Clear();
-            sn_comm_abort(st, c);
-            failures++;
-        }
-    }
-    /* a last reference may go here: closed or aborted above, its
-     * finalisation has nothing left to do */
-    for (Py_ssize_t i = 0; i < n; i++)
-        Py_DECREF((PyObject *)cs[i]);
-    PyMem_Free(cs);
-    return failures;
 }

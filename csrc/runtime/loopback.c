@@ -34,7 +34,7 @@
  * into its peers' memory. No Python here: failures are sn_errs, which
  * comm.c raises.
  */
-#include "symnccl.h"
+#include "runtime.h"
 
 #include <cuda.h>
 #include <stdlib.h>

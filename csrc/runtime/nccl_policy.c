@@ -6,7 +6,7 @@
  * asks them, the CPU tests ask them through _C (tests/test_nccl_policy.py),
  * and the table is exported as _C.NCCL_WINDOW_POLICY for the docs.
  */
-#include "symnccl.h"
+#include "runtime.h"
 
 #include <stdio.h>
 #include <string.h>

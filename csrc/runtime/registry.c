@@ -5,7 +5,7 @@
  * exported from here by sn_registry_export). docs/ARCHITECTURE.md says how
  * to add an entry.
  */
-#include "symnccl.h"
+#include "runtime.h"
 #include "xla/xla_ffi_abi.h"
 
 #include <errno.h>
@@ -296,7 +296,7 @@ sn_collective_unavailable(const sn_topology *t, int collective, int algo,
 #define MIB ((size_t)1 << 20)
 #define ANY_SIZE ((size_t)1 << 60)   /* a limit no call reaches */
 
-/* A row (sn_auto_row, symnccl.h): the algorithm of a call of `bytes` is
+/* A row (sn_auto_row, runtime.h): the algorithm of a call of `bytes` is
  * the first whose limit it does not exceed, in the order of the fields (a
  * limit of 0: never, but for an empty call, which launches nothing), then
  * `above`. */

@@ -11,7 +11,7 @@
  * released; the XLA handlers wait without the GIL) and turns sn_err into
  * its own error (an exception, or an XLA error).
  */
-#include "symnccl.h"
+#include "runtime.h"
 
 #include <stdio.h>
 #include <string.h>

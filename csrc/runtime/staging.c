@@ -27,7 +27,7 @@
  * No Python here: failures are sn_errs; lifecycle.c releases the GIL
  * around the staging window's ncclMemAlloc (sn_staging_reserve).
  */
-#include "symnccl.h"
+#include "runtime.h"
 
 #include <string.h>
 

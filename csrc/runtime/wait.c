@@ -8,7 +8,7 @@
  * XLA's threads, and for deallocators); python/blocking.c's sn_wait_comms
  * wraps it for Python callers.
  */
-#include "symnccl.h"
+#include "runtime.h"
 
 #include <time.h>
 

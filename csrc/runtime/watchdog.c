@@ -19,7 +19,7 @@
  * left. A communicator being closed or aborted is its teardown's. Calls inside a CUDA graph capture or a symnccl.group() are not
  * watched (README: Failures).
  */
-#include "symnccl.h"
+#include "runtime.h"
 
 #include <errno.h>
 #include <time.h>

@@ -6,7 +6,7 @@
  * SymmetricBuffer, lifecycle.c at close) release the GIL around NCCL's
  * calls and raise.
  */
-#include "symnccl.h"
+#include "runtime.h"
 
 #include <stdlib.h>
 

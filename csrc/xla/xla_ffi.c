@@ -26,7 +26,7 @@
  *     every rank, and cached; any other buffer goes through the
  *     communicator's staging window (or, for "ll", needs no window).
  */
-#include "symnccl.h"
+#include "runtime.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -92,11 +92,11 @@ sn_xla_unregister(CommObject *c)
     return held;
 }
 
-/* The close hook (SNState.on_close), once no caller is inside c, without
+/* The close hook (sn_comm_on_close), once no caller is inside c, without
  * the GIL: the windows the handler registered on c's behalf go
  * (deregistered on close, and on abort once no kernel of c runs; else
- * forgotten). Called by lifecycle.c before the communicator's own
- * windows. */
+ * forgotten). Called through lifecycle.c's sn_comm_closing_windows, by
+ * close and abort, before the communicator's own windows. */
 ncclResult_t
 sn_xla_on_close(CommObject *c, int deregister)
 {
