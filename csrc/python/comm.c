@@ -748,7 +748,8 @@ comm_copy(CommObject *self, PyObject *args)
 /* Testing hooks: what ran, where things live, what the registry decides
  * for this communicator. */
 
-/* _launches() -> {kernel name: launches, ..., "nccl": NCCL collectives}:
+/* _launches() -> {kernel name: launches, ..., "nccl": NCCL collectives,
+ * "ll_rmsnorm_split": ll_rmsnorm's launches with rows split over CTAs}:
  * counted when enqueued (a captured graph's replays are not counted). */
 static PyObject *
 comm_launches(CommObject *self, PyObject *unused)
@@ -761,6 +762,11 @@ comm_launches(CommObject *self, PyObject *unused)
             Py_CLEAR(d);
         Py_XDECREF(v);
     }
+    PyObject *v = d != NULL ? PyLong_FromUnsignedLongLong(self->count.split)
+                            : NULL;
+    if (v == NULL || PyDict_SetItemString(d, "ll_rmsnorm_split", v) < 0)
+        Py_CLEAR(d);
+    Py_XDECREF(v);
     sn_unlock(self);
     return d;
 }
