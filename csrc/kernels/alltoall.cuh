@@ -80,8 +80,10 @@
 // - A call may end while a peer still reads the chunks it sent (its flag 1
 //   to me still on the way): a peer reads only its own slots and splits
 //   area, never my memory, so nothing of mine is still needed, and the
-//   next push call's entry waits before it stores anything. (The staging
-//   window outlives every kernel: close() synchronises the device first.)
+//   next push call's entry waits before it stores anything. The one store
+//   a peer may still make into my memory after my kernel ended is that
+//   flag 1 (a word of my push flag lines that only its CTA writes;
+//   before, my end wait received it).
 // - No cycle: the entry waits for the consumption of epochs < e0 (earlier
 //   calls, which wait only for earlier calls); a matrix poll waits for CTA
 //   0's packets, sent after that entry; the send of chunk j for the
