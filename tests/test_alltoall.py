@@ -259,12 +259,13 @@ def test_all_to_all_v_random_splits_host_and_device(monkeypatch, nranks,
 @pytest.mark.gpu
 @pytest.mark.parametrize("nranks", [2, 3])
 @pytest.mark.parametrize("chunk_kib", [0, 40])
-def test_all_to_all_v_takes_one_epoch_per_chunk_plus_the_splits(
-        monkeypatch, nranks, chunk_kib):
+def test_all_to_all_v_takes_one_epoch_per_chunk(monkeypatch, nranks,
+                                                 chunk_kib):
     """A block of 400 KB crosses a 1 MiB push region's slots in several
     chunks (of a slot, or of SYMNCCL_PUSH_CHUNK_KIB): the call counter
-    advances by 1 (the splits) + the chunks of the largest block, on every
-    rank alike; the result is right."""
+    advances by the chunks of the largest block (the splits travel beside
+    chunk 0 and take no epoch of their own), on every rank alike; the
+    result is right."""
     torch = _torch()
     team = _team(monkeypatch, nranks, dict(
         SMALL_PUSH, SYMNCCL_PUSH_CHUNK_KIB=str(chunk_kib)))
@@ -292,7 +293,7 @@ def test_all_to_all_v_takes_one_epoch_per_chunk_plus_the_splits(
     finally:
         _close(team)
     assert not bad, bad
-    assert [a - b for a, b in zip(after, before)] == [1 + chunks] * nranks
+    assert [a - b for a, b in zip(after, before)] == [chunks] * nranks
 
 
 @pytest.mark.gpu
@@ -463,6 +464,126 @@ def test_stress_all_to_all_and_the_push_kernels_share_the_slots(monkeypatch,
     finally:
         _close(team)
     assert not failures, failures[:10]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("nranks", [2, 4])
+@pytest.mark.parametrize("chunk_kib", [0, 16])
+def test_push_calls_end_without_waiting_for_their_readers(monkeypatch,
+                                                          nranks, chunk_kib):
+    """No push kernel waits at its end for the peers to read its last
+    chunks; the next push call's entry does, and the all-to-all's CTA 0
+    waits for every CTA of every peer before it rewrites their splits area
+    (alltoall.cuh). Back-to-back push all_to_all_v (random uneven splits,
+    from the host and from device tensors, mostly one chunk), all_to_all,
+    all_gather, reduce_scatter (chunks of a slot, or split 16 KiB chunks)
+    and all_reduce on one team, a rank held back before most calls (the
+    others finish a call and start the next while it still reads the one
+    before), and another stream keeping SMs busy now and then (a rank's
+    CTAs start unevenly): every result right, no fault, the push call
+    counters equal on every rank."""
+    torch = _torch()
+    team = _team(monkeypatch, nranks, dict(
+        SMALL_PUSH, SYMNCCL_PUSH_CHUNK_KIB=str(chunk_kib)))
+    streams = [torch.cuda.Stream() for _ in team]
+    rng = random.Random(23 + nranks + chunk_kib)
+    f32 = np.dtype(np.float32)
+    calls = []
+    late = 0
+    for i in range(90):
+        if i % 10 == 0:
+            late = rng.randrange(nranks)
+        kind = rng.choice(["v", "v", "v_dev", "v_dev", "equal", "all_gather",
+                           "reduce_scatter", "all_reduce"])
+        held = late if rng.random() < 0.7 else -1
+        if kind in ("v", "v_dev"):
+            sp = _random_splits(rng, nranks, rng.choice([3, 700, 3000,
+                                                         40_000]),
+                                rng.choice(["random", "random", "one",
+                                            "none"]))
+            hs = [_rows("float32", sum(sp[q]), 1, q, i)
+                  for q in range(nranks)]
+            cap = max(sum(sp[q][j] for q in range(nranks))
+                      for j in range(nranks))
+            arg = (sp, [torch.tensor(sp[q], device="cuda")
+                        for q in range(nranks)] if kind == "v_dev" else sp,
+                   cap)
+            n_out = cap
+        else:
+            m = rng.choice([5, 700, 3000, 50_000])
+            hs = [_rows("float32", nranks * m, 1, q, i)
+                  for q in range(nranks)]
+            arg = m
+            n_out = m if kind == "reduce_scatter" else nranks * m
+            if kind == "all_gather":
+                hs = [h[:m] for h in hs]
+        xs = [_device(torch, h) for h in hs]
+        outs = [_poisoned(torch, n_out, 1, f32, 0) for _ in team]
+        calls.append((kind, arg, hs, xs, outs, held))
+    busy = torch.ones(1 << 24, device="cuda")
+    side = torch.cuda.Stream()
+    # every kernel loaded before any rank waits (loopback.c): a kernel's
+    # first launch waits for the kernels running
+    w = [torch.zeros(nranks * 64, device="cuda") for _ in team]
+    wi = [torch.zeros(64, device="cuda") for _ in team]
+    for kind in ("all_reduce", "reduce_scatter", "all_gather", "all_to_all"):
+        torch.cuda.synchronize()
+        for c, s, x, xi in zip(team, streams, w, wi):
+            if kind == "all_gather":
+                c.all_gather(xi, out=x, algo="push", stream=s)
+            else:
+                getattr(c, kind)(x, algo="push", stream=s)
+    torch.cuda._sleep(1)
+    busy.mul_(1.0)
+    torch.cuda.synchronize()
+    before = [c._epoch(KERNEL) for c in team]
+    failures = []
+    try:
+        for i, (kind, arg, hs, xs, outs, held) in enumerate(calls):
+            if i % 7 == 3:
+                with torch.cuda.stream(side):
+                    busy.mul_(1.0000001)
+            for q, (c, s, x, o) in enumerate(zip(team, streams, xs, outs)):
+                if q == held:
+                    with torch.cuda.stream(s):
+                        torch.cuda._sleep(rng.choice([2_000, 60_000]))
+                if kind in ("v", "v_dev"):
+                    c.all_to_all_v(x, o, arg[1][q], algo="push", stream=s)
+                elif kind == "equal":
+                    c.all_to_all(x, out=o, algo="push", stream=s)
+                else:
+                    getattr(c, kind)(x.reshape(-1), out=o.reshape(-1),
+                                     algo="push", stream=s)
+        torch.cuda.synchronize()
+        after = [c._epoch(KERNEL) for c in team]
+        for i, (kind, arg, hs, xs, outs, held) in enumerate(calls):
+            if kind in ("v", "v_dev"):
+                bad = _check_v(hs, arg[0], outs, None, f32, arg[2])
+            elif kind in ("equal", "all_gather"):
+                m = arg
+                bad = [j for j in range(nranks) if _host(outs[j], f32)
+                       .tobytes() != np.concatenate(
+                           [h[j * m:(j + 1) * m] if kind == "equal" else h
+                            for h in hs]).tobytes()]
+            elif kind == "all_reduce":
+                bad = [j for j in range(nranks) if _check.count_wrong(
+                    _host(outs[j], f32).reshape(-1), "sum",
+                    [h.reshape(-1) for h in hs], "float32")]
+            else:
+                m = arg
+                bad = [j for j in range(nranks) if _check.count_wrong(
+                    _host(outs[j], f32).reshape(-1), "sum",
+                    [h.reshape(-1)[j * m:(j + 1) * m] for h in hs],
+                    "float32")]
+            if bad:
+                failures.append((i, kind, held, bad))
+        for c in team:
+            c.check()
+    finally:
+        _close(team)
+    assert not failures, failures[:10]
+    assert len(set(after)) == 1 and after[0] - before[0] >= len(calls), \
+        (before, after)
 
 
 @pytest.mark.gpu

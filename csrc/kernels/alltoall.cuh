@@ -7,58 +7,96 @@
 //
 // It runs on the push kernels' region, flags and call counters (family
 // PUSH, push.cuh): any push call may follow it and it may follow any push
-// call. One call is epochs e0 (the splits) and e0 + 1 .. e0 + nch (the
-// data, in chunks of a.chunk_bytes, a multiple of 16 <= a slot):
+// call. One call is epochs e0 .. e0 + nch - 1: chunk j (of a.chunk_bytes, a
+// multiple of 16 <= a slot) is epoch e = e0 + j, in the slots of parity
+// e & 1; nch = the most chunks any off-diagonal block takes, at least 1
+// (chunk 0 is walked before the splits are known):
 //
-//   splits (e0): every CTA reads this rank's in_splits (int64, device; or
-//     a.host_splits when in_splits is NULL), clamps them (negative -> 0,
-//     the rows past x's a.count rows dropped) and CTA 0 stores the clamped
-//     row into every peer's splits area (row `me`, one LL packet per count,
-//     flag (e0 mod 2^32-1) + 1: data and flag in one 16-byte store,
-//     packet.cuh). Every CTA of every rank polls the n - 1 peers' rows: the
-//     whole n x n matrix S[src][dst], so every CTA of every rank computes
-//     the same nch = the most chunks any off-diagonal block takes. CTA 0
-//     writes out_splits[r] = S[r][me] and out_offsets[r] (where rank r's
-//     rows start in out). Then each CTA raises flag 1 := e0 + 1 at every
-//     peer: "I have read your splits".
-//   own block: copied from the input into the output locally.
-//   chunk j (epoch e = e0 + 1 + j, slots of parity e & 1): as push_slices
-//     (push.cuh), unsplit:
-//       send: once every peer's flag 1 >= e - 1 (it has read chunk j - 2,
-//         the last user of these slots; chunks 0 and 1 find them free, the
-//         previous push call's end waited for that), store chunk j of my
-//         block for q into q's receive slot [e & 1][me], every q != me in
-//         rotated order; then flag 0 := e + 1 at every peer;
-//       consume: once every peer's flag 0 >= e + 1, copy chunk j of each
-//         peer's slot to its place in my output; then flag 1 := e + 1 at
-//         every peer.
-//   end: wait until every peer's flag 1 >= e0 + 1 + nch (every peer has
-//     read all I sent), then the counter := e0 + 1 + nch.
+//   entry: CTA b waits until flag 1 of CTA b of every peer is >= e0 (that
+//     peer has read every chunk any push call of mine sent it: no push call
+//     waits for that at its end, push.cuh); CTA 0 waits so for every CTA of
+//     every peer (all of them read the splits area). Meanwhile threads
+//     0..n-1 load this rank's in_splits (int64, device; or a.host_splits
+//     when in_splits is NULL), clamped after it (negative -> 0, the rows
+//     past x's a.count rows dropped): row `me` of the matrix S[src][dst].
+//   splits: CTA 0 stores my row into every peer's splits area (row `me`,
+//     one LL packet per count, flag (e0 mod 2^32-1) + 1: data and flag in
+//     one 16-byte store, packet.cuh).
+//   chunk j (epoch e = e0 + j), as push_slices (push.cuh), unsplit:
+//     send: (j >= 2) once every peer's flag 1 >= e - 1 (it has read chunk
+//       j - 2, the last user of these slots; the entry's wait covers
+//       chunks 0 and 1), store chunk j of my block for q into q's receive
+//       slot [e & 1][me], every q != me in rotated order; then flag 0 :=
+//       e + 1 at every peer. A sender needs only its own row, so chunk 0
+//       goes before any peer's splits are known.
+//     (j = 0, after the send) the matrix: every CTA polls the n - 1
+//       peers' rows (sent at about the time of their chunk 0), so every
+//       CTA of every rank holds the same n x n matrix and computes the
+//       same nch. CTA 0 writes out_splits[r] = S[r][me] and out_offsets[r]
+//       (where rank r's rows start in out); my own block is copied from
+//       the input into the output locally.
+//     consume: once every peer's flag 0 >= e + 1, copy chunk j of each
+//       peer's slot to its place in my output; then flag 1 := e + 1 at
+//       every peer (for chunk 0 it also says "I have read your splits":
+//       the matrix was read before).
+//   end: the counter := e0 + nch, without waiting for the peers to read my
+//     last chunks (the next push call's entry does).
 //
 // Why it is correct:
-// - The splits area holds one row per source, no parity. Rank r stores the
-//   row of its next all-to-all into q's area only after r's kernel of this
-//   one completed (stream order; PDL waits at entry), i.e. after every CTA
-//   b of r saw CTA b of q raise flag 1 >= e0 + 1, which q raises after all
-//   its threads read the splits. A stale packet carries an older call's
-//   flag: the counters only grow and every call advances them by >= 1.
-//   Every CTA's counter agrees with every other's (every push kernel
-//   advances all CTAs of the fixed grid alike), so the packets CTA 0 sends
-//   carry the flag every CTA polls for.
-// - The slots and flags: push_slices' argument, word for word; CTA b
-//   handles the same vector positions of a slot in every chunk (Deal), so
-//   one flag per (phase, CTA, source) suffices. A block shorter than the
-//   chunk, or empty, still raises every flag of every chunk: every rank
-//   walks the same nch chunks. No cycle: a send of chunk j waits for the
-//   consumption of chunk j - 2 only.
+// - Epochs: every push kernel numbers its chunks from the CTA's counter,
+//   so the chunks of consecutive push calls, of any kind, are consecutive
+//   epochs; a call takes at least one and leaves the counter after its
+//   last. The grid is fixed per communicator and every rank walks the same
+//   number of chunks in a call (here nch, from the same matrix), so epoch
+//   e is the same chunk of the same call for CTA b of every rank. CTA b
+//   raises flag 0 := e + 1 at q after its stores of epoch e into q's slots,
+//   and flag 1 := e + 1 at q after it has read its vectors of q's chunk e;
+//   epochs are walked in order and flags only grow (release stores; waits
+//   acquire, both of system scope: the peers are other GPUs).
+// - The slots: slot parity p is written at epochs e = p (mod 2), the
+//   previous time at e - 2. CTA b of r stores epoch e into q's slot only
+//   after it saw CTA b of q raise flag 1 >= e - 1, i.e. after q's CTA b
+//   read epoch e - 2 (of this call or of an earlier push call of any
+//   kind): inside the call the send of chunk j >= 2 waits for it; for the
+//   first two epochs (e0 - 1 and e0 needed) the entry waited for >= e0.
+//   CTA b reads and writes only its own vectors of a slot, in every push
+//   kernel whatever the chunk's length (Deal), so CTA b against CTA b
+//   suffices. No slot is overwritten while a peer still reads it.
+// - The splits area holds one row per source, no parity, read by every
+//   CTA. CTA 0 of r stores call c's row into q's area only after it saw
+//   flag 1 >= e0(c) from every CTA b of q: each had read epoch e0(c) - 1,
+//   so it had finished every earlier push call, the previous all-to-all c'
+//   included, whose matrix it read before consuming c''s chunk 0 (epoch
+//   e0(c') <= e0(c) - 1). No row is overwritten while a peer still polls
+//   it.
+// - No flag is taken for an earlier call's: flag 0 >= e + 1 is raised only
+//   after the stores of epoch e, which is this call's (epochs are never
+//   reused); flag 1 >= e - 1 and >= e0 mean what they say, whichever call
+//   raised them. A splits packet carries its call's flag; a stale one in my
+//   area is rank r's row of its previous all-to-all, of a smaller e0 (every
+//   push call advances the counters by >= 1), so of another flag (until
+//   2^32 - 1 epochs apart). Every CTA's counter agrees with every other's,
+//   so the packets CTA 0 sends carry the flag every CTA polls for.
+// - A call may end while a peer still reads the chunks it sent (its flag 1
+//   to me still on the way): a peer reads only its own slots and splits
+//   area, never my memory, so nothing of mine is still needed, and the
+//   next push call's entry waits before it stores anything. The one store
+//   a peer may still make into my memory after my kernel ended is that
+//   flag 1 (a word of my push flag lines that only its CTA writes;
+//   before, my end wait received it).
+// - No cycle: the entry waits for the consumption of epochs < e0 (earlier
+//   calls, which wait only for earlier calls); a matrix poll waits for CTA
+//   0's packets, sent after that entry; the send of chunk j for the
+//   consumption of j - 2, the consumption of j for the sends of j (and of
+//   chunk 0 for the matrix).
 // - Bounds: a rank reads at most x's a.count rows (the clamp, which is
 //   also what it tells its peers) and writes at most out's a.out_rows
 //   rows: rows that would land past them are dropped (out_splits still
 //   reports what was sent, so sum(out_splits) > out rows shows it).
-// - Faults: every wait (the splits packets, flags 0 and 1) is bounded; a
-//   rank that never calls makes every other give up on its splits packets
-//   (SYMNCCL_WAIT_PACKETS, naming it). A CTA that gave up leaves; its
-//   counter is not advanced.
+// - Faults: every wait (the entry's flags, the splits packets, flags 0 and
+//   1) is bounded; a rank that never calls makes every other give up on
+//   its splits packets or its flag 0 (SYMNCCL_WAIT_PACKETS, _SLICES,
+//   naming it). A CTA that gave up leaves; its counter is not advanced.
 //
 // Requirements (launch.cu checks them for the push family): blockDim.x >= n
 // and a multiple of 64, a.chunk_bytes a multiple of 16 and <= a slot. Any
@@ -79,7 +117,6 @@ struct A2aShared {
   int64_t out_off[SYMNCCL_MAX_RANKS];  // rank r's rows start here in out
   int64_t out_cap[SYMNCCL_MAX_RANKS];  // ... of which this many fit
   unsigned long long nch;
-  int ok;
 };
 
 // Bytes [c0, c0 + len) of a block of `total` bytes: the part in this chunk.
@@ -104,16 +141,50 @@ __global__ void __launch_bounds__(512, 1)
   auto aligned = [](const void* p) {
     return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
   };
+  // the window's descriptor (constant since its registration), loaded
+  // before the entry so that the two overlap
+  const Peers splits = Peers::of(a.region_win, a.splits_offset);
+  const Peers flags = Peers::of(a.region_win, a.region_offset);
+  const Peers data = Peers::of(a.region_win, a.data_offset);
 
   uint64_t e0;
   if (!enter_cta(a, me, n, e0)) return;
   const uint64_t pflag = (uint32_t)(e0 % 0xFFFFFFFFull) + 1u;
+  const char* my_flags = flags(me);
+  const size_t line0 = push_line(0, blockIdx.x, n);
+  const size_t line1 = push_line(1, blockIdx.x, n);
+  const Group g = Group::cta();
+  const Deal<1> d = Deal<1>::of(g);
 
-  // my row of the matrix, clamped to x's rows (every CTA alike)
+  // my row of the matrix (device memory a kernel before this one may have
+  // written: after enter's PDL wait), its loads in flight across the wait
+  int64_t want = 0;
+  if ((int)threadIdx.x < n)
+    want = a.in_splits != nullptr ? a.in_splits[threadIdx.x]
+                                  : a.host_splits[threadIdx.x];
+  // the entry: every peer has read all I sent it before this call (flag 1
+  // >= e0), from CTA b (my slots there), CTA 0 from every CTA (the splits
+  // area: they all read it)
+  bool ok = true;
+  {
+    const int lines = blockIdx.x == 0 ? (int)gridDim.x : 1;
+    for (int t = threadIdx.x; t < lines * n && ok; t += blockDim.x) {
+      const int s = t % n;
+      const int b = blockIdx.x == 0 ? t / n : (int)blockIdx.x;
+      if (s == me) continue;
+      const uint64_t* f = reinterpret_cast<const uint64_t*>(
+          my_flags + push_line(1, b, n) + (size_t)s * 8);
+      ok = bounded_wait([&] { return acquire_load(f) >= e0; }, a, me, n,
+                        {SYMNCCL_WAIT_RESULTS, s, e0});
+    }
+  }
+  if ((int)threadIdx.x < n) sh.s[me][threadIdx.x] = want;
+  if (!__syncthreads_and(ok)) return;
+  // clamped to x's rows (every CTA alike)
   if (threadIdx.x == 0) {
     int64_t left = (int64_t)a.count;
     for (int q = 0; q < n; q++) {
-      int64_t v = a.in_splits != nullptr ? a.in_splits[q] : a.host_splits[q];
+      int64_t v = sh.s[me][q];
       v = v < 0 ? 0 : v > left ? left : v;
       sh.in_off[q] = (int64_t)a.count - left;
       sh.s[me][q] = v;
@@ -123,8 +194,7 @@ __global__ void __launch_bounds__(512, 1)
   }
   __syncthreads();
 
-  // the splits: CTA 0 sends my row to every peer; every CTA polls theirs
-  const Peers splits = Peers::of(a.region_win, a.splits_offset);
+  // the splits: CTA 0 sends my row to every peer
   if (blockIdx.x == 0)
     for (int t = threadIdx.x; t < n * n; t += blockDim.x) {
       const int q = t / n, k = t % n;
@@ -132,70 +202,15 @@ __global__ void __launch_bounds__(512, 1)
         LL::send(splits(q) + ((size_t)me * n + k) * LL::kItemBytes,
                  LL::Item{{(uint64_t)sh.s[me][k]}}, pflag);
     }
-  bool ok = true;
-  for (int t = threadIdx.x; t < n * n; t += blockDim.x) {
-    const int r = t / n, k = t % n;
-    if (r == me) continue;
-    const LL::Item it =
-        LL::recv(splits(me) + ((size_t)r * n + k) * LL::kItemBytes, pflag, a,
-                 me, n, r, ok);
-    if (!ok) break;
-    sh.s[r][k] = (int64_t)it.w[0];
-  }
-  if (!__syncthreads_and(ok)) return;
 
-  // where each source's rows go, what fits, and the chunks every rank walks
-  if (threadIdx.x == 0) {
-    int64_t at = 0;
-    for (int r = 0; r < n; r++) {
-      const int64_t v = sh.s[r][me];
-      const int64_t room = (int64_t)a.out_rows - at;
-      sh.out_off[r] = at;
-      sh.out_cap[r] = room <= 0 ? 0 : v < room ? v : room;
-      at += v;
-    }
-  }
-  for (int t = threadIdx.x; t < n * n; t += blockDim.x) {
-    const int r = t / n, k = t % n;
-    if (r != k) {
-      const size_t bytes = (size_t)sh.s[r][k] * row;
-      atomicMax(&sh.nch, (unsigned long long)((bytes + chunk - 1) / chunk));
-    }
-  }
-  __syncthreads();
-  if (blockIdx.x == 0 && (int)threadIdx.x < n) {
-    if (a.out_splits != nullptr)
-      a.out_splits[threadIdx.x] = sh.s[threadIdx.x][me];
-    if (a.out_offsets != nullptr)
-      a.out_offsets[threadIdx.x] = sh.out_off[threadIdx.x];
-  }
-  const size_t nch = (size_t)sh.nch;
-
-  const Peers flags = Peers::of(a.region_win, a.region_offset);
-  const Peers data = Peers::of(a.region_win, a.data_offset);
-  const char* my_flags = flags(me);
-  const size_t line0 = push_line(0, blockIdx.x, n);
-  const size_t line1 = push_line(1, blockIdx.x, n);
-  const Group g = Group::cta();
-  const Deal<1> d = Deal<1>::of(g);
-  // "I have read your splits"
-  signal_flags(flags, line1, me, n, e0 + 1, true, g);
-
-  // my own block, locally: this CTA's vectors of it
-  {
-    const T* from = src + (size_t)sh.in_off[me] * row;
-    T* to = out + (size_t)sh.out_off[me] * row;
-    push_copy<T, UC>((size_t)sh.out_cap[me] * row, from, aligned(from), to,
-                     aligned(to), false, d);
-  }
-
-  for (size_t j = 0; j < nch && ok; j++) {
-    const uint64_t e = e0 + 1 + j;
+  size_t nch = 1;  // until the matrix is known (chunk 0's send)
+  for (size_t j = 0; j < nch; j++) {
+    const uint64_t e = e0 + j;
     const size_t c0 = j * chunk;
     const size_t par = e & 1;
-    if (j >= 2 && !(ok = wait_flags(my_flags + line1, me, n, e - 1, a,
-                                    SYMNCCL_WAIT_RESULTS, true, g)))
-      break;
+    if (j >= 2 && !wait_flags(my_flags + line1, me, n, e - 1, a,
+                              SYMNCCL_WAIT_RESULTS, true, g))
+      return;
     for (int k = 1; k < n; k++) {
       const int q = (me + k) % n;
       const size_t len = a2a_part((size_t)sh.s[me][q] * row, c0, chunk);
@@ -207,9 +222,57 @@ __global__ void __launch_bounds__(512, 1)
             true, d);
     }
     signal_flags(flags, line0, me, n, e + 1, true, g);
-    if (!(ok = wait_flags(my_flags + line0, me, n, e + 1, a,
-                          SYMNCCL_WAIT_SLICES, true, g)))
-      break;
+
+    if (j == 0) {
+      // every peer's row
+      for (int t = threadIdx.x; t < n * n; t += blockDim.x) {
+        const int r = t / n, k = t % n;
+        if (r == me) continue;
+        const LL::Item it =
+            LL::recv(splits(me) + ((size_t)r * n + k) * LL::kItemBytes,
+                     pflag, a, me, n, r, ok);
+        if (!ok) break;
+        sh.s[r][k] = (int64_t)it.w[0];
+      }
+      if (!__syncthreads_and(ok)) return;
+      // where each source's rows go, what fits, and the chunks every rank
+      // walks
+      if (threadIdx.x == 0) {
+        int64_t at = 0;
+        for (int r = 0; r < n; r++) {
+          const int64_t v = sh.s[r][me];
+          const int64_t room = (int64_t)a.out_rows - at;
+          sh.out_off[r] = at;
+          sh.out_cap[r] = room <= 0 ? 0 : v < room ? v : room;
+          at += v;
+        }
+      }
+      for (int t = threadIdx.x; t < n * n; t += blockDim.x) {
+        const int r = t / n, k = t % n;
+        if (r != k) {
+          const size_t bytes = (size_t)sh.s[r][k] * row;
+          atomicMax(&sh.nch,
+                    (unsigned long long)((bytes + chunk - 1) / chunk));
+        }
+      }
+      __syncthreads();
+      if (blockIdx.x == 0 && (int)threadIdx.x < n) {
+        if (a.out_splits != nullptr)
+          a.out_splits[threadIdx.x] = sh.s[threadIdx.x][me];
+        if (a.out_offsets != nullptr)
+          a.out_offsets[threadIdx.x] = sh.out_off[threadIdx.x];
+      }
+      if (sh.nch > 1) nch = (size_t)sh.nch;
+      // my own block, locally: this CTA's vectors of it
+      const T* from = src + (size_t)sh.in_off[me] * row;
+      T* to = out + (size_t)sh.out_off[me] * row;
+      push_copy<T, UC>((size_t)sh.out_cap[me] * row, from, aligned(from), to,
+                       aligned(to), false, d);
+    }
+
+    if (!wait_flags(my_flags + line0, me, n, e + 1, a, SYMNCCL_WAIT_SLICES,
+                    true, g))
+      return;
     const char* slots = data(me) + par * n * slot_bytes;
     for (int k = 1; k < n; k++) {
       const int r = (me + k) % n;
@@ -223,12 +286,9 @@ __global__ void __launch_bounds__(512, 1)
     signal_flags(flags, line1, me, n, e + 1, true, g);
   }
 
-  // every peer has read my splits and my last chunk: the splits area and
-  // the slots are free for the next call
-  if (ok)
-    ok = wait_flags(my_flags + line1, me, n, e0 + 1 + nch, a,
-                    SYMNCCL_WAIT_RESULTS, true, g);
-  if (ok && threadIdx.x == 0) a.epochs[blockIdx.x] = e0 + 1 + nch;
+  // no wait for the peers to read my last chunks: the next push call's
+  // entry waits for that before it stores anything
+  if (threadIdx.x == 0) a.epochs[blockIdx.x] = e0 + nch;
 }
 
 // ---------------------------------------------------------------- packets

@@ -29,7 +29,9 @@
 // Epochs: CTA b keeps a 64-bit counter in local device memory
 // (`epochs[b]`), one count per chunk, so graph replays need no host. Chunk
 // with epoch e uses parity e & 1 and raises flags to e + 1 (flags only grow;
-// waits are for >= e + 1).
+// waits are for >= e + 1). Every push kernel (push_slices, push_all_to_all
+// in alltoall.cuh) numbers its chunks so: the chunks of consecutive push
+// calls, of any kind, are consecutive epochs.
 //
 // Why two parities suffice: rank r scatters chunk e + 2 into q's slot
 // (e & 1) only after waiting for q's flag 1 of chunk e + 1 - 1 = e, which q
@@ -40,9 +42,16 @@
 // flag 0 of that chunk, which r raises after reading them for its scatter.
 // Each of these steps orders CTA b against CTA b of the peer only, which is
 // enough because CTA b owns the same vectors of a slot whatever the chunk's
-// length (Deal). Between calls, a rank starts call c + 1 only after
-// every one of its CTAs saw every peer's matching CTA finish its last
-// reduction of call c.
+// length (Deal). Between calls: the first two chunks of a call (epochs e0
+// and e0 + 1) reuse the slots of epochs e0 - 2 and e0 - 1, chunks of the
+// push calls before, which no push kernel waits for at its end
+// (push_slices and push_all_to_all leave while peers may still read them),
+// so every push kernel waits at its entry, before its first store to a
+// peer, until every peer's flag 1 (of the same CTA) is >= e0: that peer has
+// read every chunk any push call of this rank sent it. After a push
+// all-reduce it holds at once (its last gather waited for it). Result
+// slots are used by this kernel alone, and a rank gathered all of them
+// before its call ended.
 //
 // Reduction: fixed rank order 0..n-1 with the accumulators of reduce.cuh:
 // the same bits on every rank, and the same bits as the other algorithms.
@@ -231,6 +240,20 @@ __global__ void __launch_bounds__(512)
   constexpr int UC = PushUnroll<T>::kCopy;
   const int n = dc.lsaSize;
   const int me = dc.lsaRank;
+
+  uint64_t e0;
+  if (!enter_cta(a, me, n, e0)) return;
+  const Peers flags = Peers::of(a.region_win, a.region_offset);
+  const char* my_flags = flags(me);
+  // every peer has read all that the push calls before this one sent it
+  // (flag 1 >= e0): the slots of chunks 0 and 1 are free ('Between
+  // calls'). First, with nothing else live: after the set-up below, the
+  // 16-bit and fp64 kernels spilled 8-16 bytes.
+  if (!wait_flags(my_flags + push_line(1, blockIdx.x, n), me, n, e0, a,
+                  SYMNCCL_WAIT_RESULTS))
+    return;
+
+  // Receive slots [parity][source], then result slots [parity][slice].
   const T* src = static_cast<const T*>(a.src);
   T* out = static_cast<T*>(a.out);
   const size_t count = a.count;
@@ -242,15 +265,8 @@ __global__ void __launch_bounds__(512)
   const bool to_window = a.out_win != nullptr;
   const Deal<1> d = Deal<1>::of(Group::cta());
   const size_t step = d.tile;
-
-  uint64_t e0;
-  if (!enter_cta(a, me, n, e0)) return;
-
-  // Receive slots [parity][source], then result slots [parity][slice].
-  const Peers flags = Peers::of(a.region_win, a.region_offset);
   const Peers data = Peers::of(a.region_win, a.data_offset);
   const size_t res_rel = 2 * (size_t)n * slot_bytes;
-  const char* my_flags = flags(me);
   const char* my_data = data(me);
   // Where results go on every rank: the output in place, else result slots.
   const Peers dst = to_window ? Peers::of(a.out_win, a.out_offset)
@@ -333,8 +349,9 @@ __global__ void __launch_bounds__(512)
 // less: SYMNCCL_PUSH_CHUNK_KIB); chunk j of every slice is one epoch
 // e = e0 + j, in the slots of parity e & 1. Two roles per chunk:
 //   send: once every peer has read chunk j - 2 (flag 1 >= e - 1: the last
-//      reader of the slots of parity e & 1; chunks 0 and 1 find them free,
-//      the previous call's end waited for that), store my chunk j for rank
+//      reader of the slots of parity e & 1; for chunks 0 and 1, whose
+//      chunk j - 2 was a push call's before, the entry's wait: flag 1 >=
+//      e0), store my chunk j for rank
 //      q (reduce-scatter: of slice q; all-gather: of my own input) into
 //      q's receive slot [e & 1][me], for every q != me in rotated order,
 //      the all-gather also into my own output; then flag 0 := e + 1 at
@@ -352,9 +369,11 @@ __global__ void __launch_bounds__(512)
 // the ones that reduce it, and the two never overlap (docs/PERFORMANCE.md,
 // 'Push chunks').
 // No cycle: a send waits for the peers' consumption of chunk j - 2, which
-// waits only for sends of chunks <= j - 2. At the end the consumers wait
-// for the last chunk's flag 1, so a call leaves the slots free (and the
-// all-reduce's ordering arguments hold) when the next begins. Flag 0 means
+// waits only for sends of chunks <= j - 2, and the entry's wait for the
+// consumption of earlier calls' chunks. A call ends without waiting for
+// the peers to read its last chunks (they read only their own slots, never
+// this rank's memory); the next push call's entry waits for that before
+// its first store (push<T>'s argument, 'Between calls'). Flag 0 means
 // the same in every push kernel (the stores of that chunk are in your
 // slots), and so does flag 1 (the peer has read them; the all-reduce
 // raises it after its reduction). Which CTA handles a vector is push<T>'s
@@ -386,11 +405,14 @@ __device__ __forceinline__ void push_slices(const ncclDevComm& dc,
     return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
   };
 
+  // the window's descriptor (constant since its registration), loaded
+  // before the entry so that the two overlap
+  const Peers flags = Peers::of(a.region_win, a.region_offset);
+  const Peers data = Peers::of(a.region_win, a.data_offset);
+
   uint64_t e0;
   if (!enter_cta(a, me, n, e0)) return;
 
-  const Peers flags = Peers::of(a.region_win, a.region_offset);
-  const Peers data = Peers::of(a.region_win, a.data_offset);
   const char* my_flags = flags(me);
   const size_t line0 = push_line(0, blockIdx.x, n);
   const size_t line1 = push_line(1, blockIdx.x, n);
@@ -402,7 +424,10 @@ __device__ __forceinline__ void push_slices(const ncclDevComm& dc,
                   : sends ? Group{(int)threadIdx.x, half, 1}
                           : Group{(int)threadIdx.x - half, half, 2};
   const Deal<K> d = Deal<K>::of(g);
-  bool ok = true;
+  // the senders: every peer has read all that the push calls before this
+  // one sent it (flag 1 >= e0), so the slots of chunks 0 and 1 are free
+  bool ok = !sends || wait_flags(my_flags + line1, me, n, e0, a,
+                                 SYMNCCL_WAIT_RESULTS, true, g);
 
   for (size_t j = 0; j < nch && ok; j++) {
     const uint64_t e = e0 + j;
@@ -469,10 +494,8 @@ __device__ __forceinline__ void push_slices(const ncclDevComm& dc,
     signal_flags(flags, line1, me, n, e + 1, true, g);
   }
 
-  // every peer has read my last chunk: the slots are free for the next call
-  if (consumes && ok)
-    ok = wait_flags(my_flags + line1, me, n, e0 + nch, a,
-                    SYMNCCL_WAIT_RESULTS, true, g);
+  // no wait for the peers to read my last chunks: the next push call's
+  // entry waits for that before it stores anything
   if (__syncthreads_and(ok) && threadIdx.x == 0)
     a.epochs[blockIdx.x] = e0 + nch;
 }
