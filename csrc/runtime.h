@@ -763,14 +763,14 @@ typedef struct {
 
 /* A communicator's counters (CommObject.count), launch.c's: kernels
  * launched (SYMNCCL_K_*) and NCCL collectives enqueued ([SYMNCCL_K_COUNT]),
- * Communicator._launches() (with "ll_rmsnorm_split", ll_rmsnorm's
- * launches whose rows were split over CTAs); and the launches that get a fault injected
+ * Communicator._launches(); ll_rmsnorm's launches whose rows were split
+ * over CTAs (_row_splits()); and the launches that get a fault injected
  * (testing: a SYMNCCL_K_* mask, once each; comm.c's _inject_fault sets
  * it). */
 typedef struct {
     unsigned long long launches[SYMNCCL_K_COUNT + 1];
     unsigned long long split;  /* ll_rmsnorm launches with rows split over
-                                  CTAs ("ll_rmsnorm_split") */
+                                  CTAs (Communicator._row_splits()) */
     int inject;
 } sn_comm_counters;
 

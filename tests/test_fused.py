@@ -155,6 +155,7 @@ def test_every_dtype_and_shape_against_float64(monkeypatch, nranks):
     team = _team(monkeypatch, nranks)
     streams = [torch.cuda.Stream() for _ in team]
     wrong, calls, ll_launches = [], 0, 0
+    splits = [c._row_splits() for c in team]
     # ll's rows travel in chunks of what an LL row carries (half its bytes)
     ll_carries = team[0]._staging_layout()["ll_row"] // 2
     try:
@@ -186,14 +187,15 @@ def test_every_dtype_and_shape_against_float64(monkeypatch, nranks):
                             torch.equal(_bits(h1[0]), _bits(h2[0]))):
                         wrong.append((f"one_shot != {algo}", dtype, T, H))
         launches = [c._launches() for c in team]
+        splits = [c._row_splits() - s for c, s in zip(team, splits)]
     finally:
         _close(team)
     assert not wrong, f"{nranks} ranks: (algo, dtype, T, H, pad, (h wrong, " \
                       f"y wrong), ranks bitwise equal): {wrong}"
+    # the small shapes' ll rows went split over CTAs (the knob's default),
+    # with peers only
+    assert [s > 0 for s in splits] == [nranks > 1] * nranks, splits
     for q, l in enumerate(launches):
-        # the small shapes' ll rows went split over CTAs (the knob's
-        # default), with peers only
-        assert (l.pop("ll_rmsnorm_split") > 0) == (nranks > 1), (q, l)
         assert {k: v for k, v in l.items() if v} == \
             {"one_shot_rmsnorm": calls, "two_shot_rmsnorm": calls,
              "ll_rmsnorm": ll_launches}, (q, l)
@@ -253,7 +255,7 @@ def test_ll_rows_split_over_ctas_give_one_shot_s_bits(monkeypatch, nranks):
                             if not (torch.equal(a, ref[0][0]) and
                                     torch.equal(b, ref[0][1])):
                                 wrong.append((k, dtype, T, H, key, q))
-            splits[k] = [c._launches()["ll_rmsnorm_split"] for c in team]
+            splits[k] = [c._row_splits() for c in team]
         finally:
             _close(team)
     assert not wrong, f"(k, dtype, T, H, call, rank) off one_shot: {wrong}"

@@ -450,7 +450,9 @@ __global__ void __launch_bounds__(512)
 // across the row) keeps k = 1.
 //
 // kSplit: the instantiation for k > 1 (at most 256 threads a CTA, so
-// the split's registers cost k = 1's 512-thread CTAs none).
+// the split's registers cost k = 1's 512-thread CTAs none). kQuant:
+// a.quant, a kernel of its own (as add_rmsnorm's), so the plain kernel
+// carries no FP8 code.
 //
 // Requirements: rows * H * sizeof(T) <= row_bytes / 2 (the host's
 // chunks); k > 1 only with rows * k <= grid, B / k a multiple of 32, no
@@ -502,7 +504,7 @@ __device__ __forceinline__ float split_sum(float v, char* items, int vw0,
   return s;
 }
 
-template <typename T, bool kSplit>
+template <typename T, bool kSplit, bool kQuant>
 __global__ void __launch_bounds__(kSplit ? 256 : 512)
     ll_rmsnorm(ncclDevComm dc, const __grid_constant__ symnccl_kargs a) {
   __shared__ float s_sum[2][32], s_max[2][32];
@@ -650,7 +652,7 @@ __global__ void __launch_bounds__(kSplit ? 256 : 512)
                            flag, s_sum[parity], a, me, n, ok);
     const float rstd = rsqrtf(total / (float)H + a.eps);
     if (!__syncthreads_and(ok)) break;
-    if (a.quant != SYMNCCL_QUANT_NONE) {
+    if constexpr (kQuant) {
       quantise_row(a, r, rstd, keep, wk, out_h + r * H, s_max[parity], tid,
                    bd);
     } else {

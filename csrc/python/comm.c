@@ -748,8 +748,7 @@ comm_copy(CommObject *self, PyObject *args)
 /* Testing hooks: what ran, where things live, what the registry decides
  * for this communicator. */
 
-/* _launches() -> {kernel name: launches, ..., "nccl": NCCL collectives,
- * "ll_rmsnorm_split": ll_rmsnorm's launches with rows split over CTAs}:
+/* _launches() -> {kernel name: launches, ..., "nccl": NCCL collectives}:
  * counted when enqueued (a captured graph's replays are not counted). */
 static PyObject *
 comm_launches(CommObject *self, PyObject *unused)
@@ -762,11 +761,6 @@ comm_launches(CommObject *self, PyObject *unused)
             Py_CLEAR(d);
         Py_XDECREF(v);
     }
-    PyObject *v = d != NULL ? PyLong_FromUnsignedLongLong(self->count.split)
-                            : NULL;
-    if (v == NULL || PyDict_SetItemString(d, "ll_rmsnorm_split", v) < 0)
-        Py_CLEAR(d);
-    Py_XDECREF(v);
     sn_unlock(self);
     return d;
 }
@@ -890,10 +884,24 @@ comm_auto_algo(CommObject *self, PyObject *args)
     return sn_py_auto_algo(&t, &self->knobs, bytes, d, o, in_window, cname);
 }
 
+/* _row_splits() -> ll_rmsnorm's launches whose rows were split over
+ * CTAs (SYMNCCL_RMSNORM_SPLIT), counted as _launches() counts. */
+static PyObject *
+comm_row_splits(CommObject *self, PyObject *unused)
+{
+    sn_lock(self);
+    const unsigned long long n = self->count.split;
+    sn_unlock(self);
+    return PyLong_FromUnsignedLongLong(n);
+}
+
 static PyMethodDef comm_methods[] = {
     {"_launches", (PyCFunction)comm_launches, METH_NOARGS,
      "_launches() -> {kernel: launches enqueued, ..., 'nccl': NCCL "
      "collectives} (testing)"},
+    {"_row_splits", (PyCFunction)comm_row_splits, METH_NOARGS,
+     "_row_splits() -> ll_rmsnorm launches with rows split over CTAs "
+     "(testing)"},
     {"_staging_layout", (PyCFunction)comm_staging_layout, METH_NOARGS,
      "_staging_layout() -> dict: offsets and sizes in the staging window"},
     {"_epoch", (PyCFunction)comm_epoch, METH_O,
