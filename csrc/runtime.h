@@ -213,7 +213,7 @@ typedef struct {
 typedef struct {
     int algo;                  /* SYMNCCL_ALGO: SN_ALGO_* or SN_ALGO_AUTO */
     int lsa_threads, one_shot_ctas, two_shot_ctas, rmsnorm_ctas;
-    int rmsnorm_local_ctas, rmsnorm_split;
+    int rmsnorm_local_ctas;
     int ll_ctas, ll_threads, ll_two_shot_kib, ll128_two_shot_kib;
     int push_ctas, push_threads, push_region_mib, push_chunk_kib;
     int check;                 /* SYMNCCL_CHECK: compare calls first */
@@ -763,14 +763,11 @@ typedef struct {
 
 /* A communicator's counters (CommObject.count), launch.c's: kernels
  * launched (SYMNCCL_K_*) and NCCL collectives enqueued ([SYMNCCL_K_COUNT]),
- * Communicator._launches(); ll_rmsnorm's launches whose rows were split
- * over CTAs (_row_splits()); and the launches that get a fault injected
+ * Communicator._launches(); and the launches that get a fault injected
  * (testing: a SYMNCCL_K_* mask, once each; comm.c's _inject_fault sets
  * it). */
 typedef struct {
     unsigned long long launches[SYMNCCL_K_COUNT + 1];
-    unsigned long long split;  /* ll_rmsnorm launches with rows split over
-                                  CTAs (Communicator._row_splits()) */
     int inject;
 } sn_comm_counters;
 

@@ -155,7 +155,6 @@ def test_every_dtype_and_shape_against_float64(monkeypatch, nranks):
     team = _team(monkeypatch, nranks)
     streams = [torch.cuda.Stream() for _ in team]
     wrong, calls, ll_launches = [], 0, 0
-    splits = [c._row_splits() for c in team]
     # ll's rows travel in chunks of what an LL row carries (half its bytes)
     ll_carries = team[0]._staging_layout()["ll_row"] // 2
     try:
@@ -187,83 +186,14 @@ def test_every_dtype_and_shape_against_float64(monkeypatch, nranks):
                             torch.equal(_bits(h1[0]), _bits(h2[0]))):
                         wrong.append((f"one_shot != {algo}", dtype, T, H))
         launches = [c._launches() for c in team]
-        splits = [c._row_splits() - s for c, s in zip(team, splits)]
     finally:
         _close(team)
     assert not wrong, f"{nranks} ranks: (algo, dtype, T, H, pad, (h wrong, " \
                       f"y wrong), ranks bitwise equal): {wrong}"
-    # the small shapes' ll rows went split over CTAs (the knob's default),
-    # with peers only
-    assert [s > 0 for s in splits] == [nranks > 1] * nranks, splits
     for q, l in enumerate(launches):
         assert {k: v for k, v in l.items() if v} == \
             {"one_shot_rmsnorm": calls, "two_shot_rmsnorm": calls,
              "ll_rmsnorm": ll_launches}, (q, l)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("nranks", [2, 4])
-def test_ll_rows_split_over_ctas_give_one_shot_s_bits(monkeypatch, nranks):
-    """ll_rmsnorm with each row over k CTAs (SYMNCCL_RMSNORM_SPLIT 2 to 16,
-    the sum of squares crossing CTAs through the slot): one_shot's bits
-    for y (plain, static and dynamic FP8), h and the scales, on every rank;
-    the counter proves the rows were split (none with dynamic FP8, which
-    keeps a CTA a row, and none at k 1)."""
-    torch = _torch()
-    f8 = torch.float8_e4m3fn
-    wrong, splits = [], {}
-    for k in (1, 2, 4, 8, 16):
-        monkeypatch.setenv("SYMNCCL_RMSNORM_SPLIT", str(k))
-        team = _team(monkeypatch, nranks)
-        streams = [torch.cuda.Stream() for _ in team]
-        try:
-            for dtype in DTYPES:
-                for T, H in ((1, 8192), (2, 4096), (3, 1000), (5, 2048)):
-                    xs, res, w = _inputs(torch, nranks, T, H, dtype,
-                                         seed=T * H + k)
-                    got = {}
-                    for algo in ("one_shot", "ll"):
-                        ys = [_poisoned(torch, xs[0]) for _ in team]
-                        hs = [_poisoned(torch, xs[0]) for _ in team]
-                        _call_all(torch, team, streams, xs, res, w, ys, hs,
-                                  algo=algo)
-                        got[algo] = [(_bits(y), _bits(h))
-                                     for y, h in zip(ys, hs)]
-                        s = (ys[0].float().abs().max() / FP8_MAX).reshape(1)
-                        for quant in ("fp8_static", "fp8_dynamic"):
-                            qs = [torch.empty(T, H, dtype=f8, device="cuda")
-                                  for _ in team]
-                            sc = [s if quant == "fp8_static" else
-                                  torch.full((T,), float("nan"),
-                                             device="cuda") for _ in team]
-                            torch.cuda.synchronize()
-                            for c, st, x, q, h, scale in zip(
-                                    team, streams, xs, qs, hs, sc):
-                                c.all_reduce_rmsnorm(
-                                    x, res, w, EPS, out=q, residual_out=h,
-                                    quant=quant, scale=scale, stream=st,
-                                    algo=algo)
-                            torch.cuda.synchronize()
-                            got[algo + quant] = [
-                                (q.view(torch.uint8), scale)
-                                for q, scale in zip(qs, sc)]
-                    for key in got:
-                        if not key.startswith("ll"):
-                            continue
-                        ref = got["one_shot" + key[2:]]
-                        for q, (a, b) in enumerate(got[key]):
-                            if not (torch.equal(a, ref[0][0]) and
-                                    torch.equal(b, ref[0][1])):
-                                wrong.append((k, dtype, T, H, key, q))
-            splits[k] = [c._row_splits() for c in team]
-        finally:
-            _close(team)
-    assert not wrong, f"(k, dtype, T, H, call, rank) off one_shot: {wrong}"
-    # per dtype and shape: the plain and the static FP8 launch split
-    per_k = 2 * len(DTYPES) * 4
-    assert splits[1] == [0] * nranks, splits
-    for k in (2, 4, 8, 16):
-        assert all(0 < v <= per_k for v in splits[k]), (k, splits)
 
 
 def _itemsize(dtype):

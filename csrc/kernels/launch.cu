@@ -165,18 +165,6 @@ cudaError_t launch(const symnccl_kargs* a, cudaStream_t stream) {
         (a->quant != SYMNCCL_QUANT_NONE ||
          (!a->local && a->mid_win == nullptr)))))
     return cudaErrorInvalidValue;
-  // ll_rmsnorm's row split: a whole row's group in the grid for each row,
-  // whole warps a CTA, its W = threads * k / 32 sums a row in the own row
-  // of the slot, no dynamic FP8 (rmsnorm.cuh)
-  if (a->row_split > 1 &&
-      (a->kernel != SYMNCCL_K_LL_RMSNORM || a->local ||
-       a->quant == SYMNCCL_QUANT_DYNAMIC || a->threads % 32 != 0 ||
-       a->threads * a->row_split > 512 || a->row_len == 0 ||
-       a->count / a->row_len * a->row_split > (size_t)a->ctas ||
-       a->count / a->row_len * (a->threads * a->row_split / 32) *
-               LL::kItemBytes >
-           a->row_bytes))
-    return cudaErrorInvalidValue;
   if (k.unit == SYMNCCL_UNIT_MULTIMEM)
     return symnccl_launch_multimem(a, stream);
   return kUnits[a->dtype](a, stream);

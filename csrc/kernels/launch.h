@@ -260,9 +260,6 @@ typedef struct {
     int quant;                 /* SYMNCCL_QUANT_*: out is float8_e4m3fn */
     float *scale;              /* static: the scale y is divided by ([0]);
                                   dynamic: each row's, written */
-    int row_split;             /* ll_rmsnorm: CTAs a row is split over
-                                  (threads is the block over k, each CTA
-                                  a part of it); 0 or 1: a CTA a row */
     /* all_to_all (alltoall.cuh): count is x's rows, of row_size bytes;
      * rows sent to each rank from in_splits (int64, device) or, when it is
      * NULL, host_splits; the rows received from each rank and where they

@@ -218,9 +218,9 @@ __device__ __forceinline__ void quantise_row(const symnccl_kargs& a, size_t r,
                                              float rstd,
                                              const uint4 (&keep)[kRmsKeep],
                                              const uint4 (&wk)[kRmsKeep],
-                                             const T* hr, float* red,
-                                             size_t tid, size_t bd) {
+                                             const T* hr, float* red) {
   const size_t H = a.row_len, rvec = H / Pack<T, 16>::kElems;
+  const size_t tid = threadIdx.x, bd = blockDim.x;
   const T* w = static_cast<const T*>(a.weight);
   uint8_t* qr = static_cast<uint8_t*>(a.out) + r * H;
   const bool aligned =
@@ -370,8 +370,7 @@ __device__ __forceinline__ void rmsnorm_body(const ncclDevComm& dc,
     const float total = block_sum(ss, s_sum[parity]);
     const float rstd = rsqrtf(total / (float)H + a.eps);
     if (!two && a.quant != SYMNCCL_QUANT_NONE) {
-      quantise_row(a, r, rstd, keep, wk, out_h + r * H, s_max[parity], tid,
-                   bd);
+      quantise_row(a, r, rstd, keep, wk, out_h + r * H, s_max[parity]);
       continue;
     }
 #pragma unroll
@@ -426,86 +425,22 @@ __global__ void __launch_bounds__(512)
 // that waits in turn (every CTA's packets are out before its first wait).
 // Slots, flags and call counters are the LL family's: the grid is the
 // family's fixed grid (SYMNCCL_LL_CTAS), every CTA counts every call, rows
-// go round the CTAs (or their groups). A wait that gave up leaves this
-// thread's `ok` down: it stores no h after it, and the CTA stores no y for
-// the row.
-//
-// The row's block: B threads, a thread per vector, derived from H
-// (one_shot_rmsnorm's, whose bits it gives). With a.row_split k > 1 (the
-// host's choice when rows * k CTAs fit the grid: the decode sizes) a row
-// is split over a group of k CTAs of B / k threads each, CTA part c
-// running threads c B / k .. (c + 1) B / k - 1 of the row's block: the
-// same vectors in the same thread and warp as one block, so the packets
-// of a row are sent and polled from k SMs instead of one (one SM's share
-// of a 16 KiB row cost the LL all-reduce 2.2 us on 2x H100: docs/
-// PERFORMANCE.md, 'Fused all-reduce, all-to-all and steps'). The row's
-// sum of squares then crosses CTAs (split_sum): each warp's sum, folded
-// over its lanes as block_reduce folds it, goes as a flagged LL item into
-// this rank's own row of the slot (row `me`, which no peer writes: peers
-// write rows q != me), and every CTA of the group adds all B / 32 of them
-// in warp order, as block_reduce adds them: block_sum's bits. The item
-// carries this call's flag, and the slot is this call's, so a word of an
-// earlier call (older flag) is never taken; each row has its own items,
-// so no word is written twice in a call. Dynamic FP8 (a block maximum
-// across the row) keeps k = 1.
-//
-// kSplit: the instantiation for k > 1 (at most 256 threads a CTA, so
-// the split's registers cost k = 1's 512-thread CTAs none). kQuant:
-// a.quant, a kernel of its own (as add_rmsnorm's), so the plain kernel
-// carries no FP8 code.
-//
-// Requirements: rows * H * sizeof(T) <= row_bytes / 2 (the host's
-// chunks); k > 1 only with rows * k <= grid, B / k a multiple of 32, no
-// dynamic FP8 and rows * (B / 32) items within a row (launch.cu checks);
-// the rest as one_shot_rmsnorm's.
+// go round the CTAs. The block is one_shot_rmsnorm's (a thread per
+// vector, derived from H): the rows' arithmetic is not the LL grid's. A
+// wait that gave up leaves this thread's `ok` down: it stores no h after
+// it, and the CTA stores no y for the row. kQuant: a.quant, a kernel of
+// its own (as add_rmsnorm's), so the plain kernel carries no FP8 code.
+// Requirements:
+// rows * H * sizeof(T) <= row_bytes / 2 (the host's chunks), the rest as
+// one_shot_rmsnorm's.
 __device__ __forceinline__ void send_vec(char* p, uint4 d, uint64_t flag) {
   LL::send(p, {{(uint64_t)d.x | (uint64_t)d.y << 32}}, flag);
   LL::send(p + LL::kItemBytes, {{(uint64_t)d.z | (uint64_t)d.w << 32}},
            flag);
 }
 
-// The sum of v over the row's block of B = W * 32 threads split over k
-// CTAs (ll_rmsnorm): the lanes folded by xor shuffles, each warp's sum
-// (virtual warp vw0 + local warp) stored as the LL item of `items`, then
-// the W items, polled by threads 0..W-1, added in warp order from 0: the
-// bits of block_sum over one block of B threads. `buf`: W floats of shared
-// memory. ok: this thread's verdict so far (a wait that gives up lowers
-// it; the caller's __syncthreads_and carries it to the CTA).
-__device__ __forceinline__ float split_sum(float v, char* items, int vw0,
-                                           int W, uint64_t flag, float* buf,
-                                           const symnccl_kargs& a, int me,
-                                           int n, bool& ok) {
-#pragma unroll
-  for (int m = 16; m > 0; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
-  if ((threadIdx.x & 31) == 0)
-    LL::send(items + (size_t)(vw0 + (int)(threadIdx.x >> 5)) *
-                         LL::kItemBytes,
-             {{(uint64_t)__float_as_uint(v)}}, flag);
-  if ((int)threadIdx.x < W) {
-    const char* p = items + threadIdx.x * LL::kItemBytes;
-    uint32_t d = 0;
-    const bool got = bounded_wait(
-        [&] {
-          uint32_t f0, f1, hi;
-          asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-                       : "=r"(d), "=r"(f0), "=r"(hi), "=r"(f1)
-                       : "l"(p)
-                       : "memory");
-          (void)hi;
-          return f0 == (uint32_t)flag && f1 == (uint32_t)flag;
-        },
-        a, me, n, {SYMNCCL_WAIT_PACKETS, me, flag});
-    ok = ok && got;
-    buf[threadIdx.x] = __uint_as_float(d);
-  }
-  __syncthreads();
-  float s = 0.f;
-  for (int w = 0; w < W; w++) s += buf[w];
-  return s;
-}
-
-template <typename T, bool kSplit, bool kQuant>
-__global__ void __launch_bounds__(kSplit ? 256 : 512)
+template <typename T, bool kQuant>
+__global__ void __launch_bounds__(512)
     ll_rmsnorm(ncclDevComm dc, const __grid_constant__ symnccl_kargs a) {
   __shared__ float s_sum[2][32], s_max[2][32];
   const int n = dc.lsaSize, me = dc.lsaRank;
@@ -519,12 +454,7 @@ __global__ void __launch_bounds__(kSplit ? 256 : 512)
   T* out_h = static_cast<T*>(a.out_h);
   const size_t H = a.row_len, rows = a.count / H;
   const size_t rvec = H / Pack<T, 16>::kElems;
-  // the row split: CTA part `part` of group `grp` (k CTAs a row), running
-  // threads tid of the row's block of bd (k = 1: the CTA is the block)
-  const uint32_t k = kSplit ? (uint32_t)a.row_split : 1u;
-  const uint32_t part = blockIdx.x % k, grp = blockIdx.x / k;
-  const uint32_t groups = gridDim.x / k;
-  const uint32_t tid = part * blockDim.x + threadIdx.x, bd = blockDim.x * k;
+  const size_t tid = threadIdx.x, bd = blockDim.x;
   const bool x_al = (reinterpret_cast<uintptr_t>(x) & 15) == 0;
   const bool aligned =
       ((reinterpret_cast<uintptr_t>(res) |
@@ -533,8 +463,6 @@ __global__ void __launch_bounds__(kSplit ? 256 : 512)
        15) == 0;
   constexpr size_t kVec = 2 * LL::kItemBytes;  // a vector's packets
   const Peers slot = Peers::of(a.region_win, call.slot_off);
-  // my rows, a group at a time (a CTA past the last whole group has none)
-  const size_t first = grp < groups ? grp : rows;
 
   // what does not come from peers, in flight during the trip: the kept
   // vectors' weights (the same every row) and the first row's residual
@@ -550,11 +478,11 @@ __global__ void __launch_bounds__(kSplit ? 256 : 512)
 #pragma unroll
   for (int u = 0; u < kRmsKeep; u++)
     if (has(u)) wk[u] = load_pack<16>(w, tid + u * bd, H, aligned);
-  fetch_res(first);
+  fetch_res(blockIdx.x);
 
   // my rows' vectors into row `me` of every peer's slot
   const Peers to = slot.at((size_t)me * a.row_bytes);
-  for (size_t r = first; r < rows; r += groups)
+  for (size_t r = blockIdx.x; r < rows; r += gridDim.x)
     for (size_t v = tid; v < rvec; v += bd) {
       const uint4 d = load_pack<16>(x + r * H, v, H, x_al);
       for (int q = 0; q < n; q++)
@@ -565,10 +493,9 @@ __global__ void __launch_bounds__(kSplit ? 256 : 512)
   // normalised: rmsnorm_body's row loop, the same arithmetic in the same
   // order, and add_rmsnorm's y stores (kept apart: a helper shared with
   // rmsnorm_body made ptxas spill one_shot_rmsnorm's float32 unit, one
-  // shared with add_rmsnorm its float16 unit: 16 bytes each way). A thread
-  // whose wait gave up stores no more h; the CTA stores no y for the row
-  // (__syncthreads_and).
-  char* mine = slot(me);
+  // shared with add_rmsnorm its float16 unit: 16 bytes each way). A thread whose wait gave up stores
+  // no more h; the CTA stores no y for the row (__syncthreads_and).
+  const char* mine = slot(me);
   bool ok = true;
   // the sums of U vectors of row r, v0 + u * bd: a peer's 2U packets
   // polled in one wait, ranks folded in order 0..n-1
@@ -624,7 +551,7 @@ __global__ void __launch_bounds__(kSplit ? 256 : 512)
     for (int u = 0; u < U; u++) s[u] = acc[u].result(SYMNCCL_OP_SUM, n);
   };
   int parity = 0;
-  for (size_t r = first; r < rows; r += groups, parity ^= 1) {
+  for (size_t r = blockIdx.x; r < rows; r += gridDim.x, parity ^= 1) {
     uint4 keep[kRmsKeep];
     sums(r, tid, keep);
     float ss = 0.f;
@@ -643,18 +570,10 @@ __global__ void __launch_bounds__(kSplit ? 256 : 512)
       ss += sum_squares<T>(hv);
       if (ok) store_pack<16>(out_h + r * H, v, H, aligned, hv);
     }
-    // k > 1: row r's W items in my own row of the slot
-    const float total =
-        !kSplit ? block_sum(ss, s_sum[parity])
-               : split_sum(ss, mine + (size_t)me * a.row_bytes +
-                                   r * (bd >> 5) * LL::kItemBytes,
-                           (int)(part * (blockDim.x >> 5)), (int)(bd >> 5),
-                           flag, s_sum[parity], a, me, n, ok);
-    const float rstd = rsqrtf(total / (float)H + a.eps);
+    const float rstd = rsqrtf(block_sum(ss, s_sum[parity]) / (float)H + a.eps);
     if (!__syncthreads_and(ok)) break;
     if constexpr (kQuant) {
-      quantise_row(a, r, rstd, keep, wk, out_h + r * H, s_max[parity], tid,
-                   bd);
+      quantise_row(a, r, rstd, keep, wk, out_h + r * H, s_max[parity]);
     } else {
 #pragma unroll
       for (int u = 0; u < kRmsKeep; u++)
@@ -667,7 +586,7 @@ __global__ void __launch_bounds__(kSplit ? 256 : 512)
             normalise<T>(load_pack<16>(out_h + r * H, v, H, aligned),
                          load_pack<16>(w, v, H, aligned), rstd));
     }
-    fetch_res(r + groups);
+    fetch_res(r + gridDim.x);
   }
   end_call(a.epochs, call);
 }
@@ -736,8 +655,7 @@ __global__ void __launch_bounds__(512, SYMNCCL_LOCAL_THREADS_PER_SM / 512)
     }
     const float rstd = rsqrtf(block_sum(ss, s_sum[parity]) / (float)H + a.eps);
     if constexpr (kQuant) {
-      quantise_row(a, r, rstd, keep, wk, out_h + r * H, s_max[parity], tid,
-                   bd);
+      quantise_row(a, r, rstd, keep, wk, out_h + r * H, s_max[parity]);
     } else {
 #pragma unroll
       for (int u = 0; u < kRmsKeep; u++)

@@ -148,11 +148,9 @@ enum { SYMNCCL_UNITS(SYMNCCL_UNIT_ENUM_) SYMNCCL_UNIT_COUNT };
       (a.local ? add_rmsnorm<T, false> : two_shot_rmsnorm<T>))               \
     X(LL_RMSNORM, "ll_rmsnorm", ALL_REDUCE_RMSNORM, LL, ONE, LL, ROWS, 0,   \
       FLOAT,                                                                 \
-      (a.local ? (a.quant ? add_rmsnorm<T, true> : add_rmsnorm<T, false>)   \
-       : a.row_split > 1                                                     \
-           ? (a.quant ? ll_rmsnorm<T, true, true> : ll_rmsnorm<T, true, false>) \
-           : (a.quant ? ll_rmsnorm<T, false, true>                            \
-                      : ll_rmsnorm<T, false, false>)))                       \
+      (!a.local  ? (a.quant ? ll_rmsnorm<T, true> : ll_rmsnorm<T, false>)   \
+       : a.quant ? add_rmsnorm<T, true>                                      \
+                 : add_rmsnorm<T, false>))                                   \
     X(PUSH_ALL_TO_ALL, "push_all_to_all", ALL_TO_ALL, PUSH, ONE, PUSH,       \
       ALL_TO_ALL, 1, DTYPE, (push_all_to_all<T>))                            \
     X(LL_ALL_TO_ALL, "ll_all_to_all", ALL_TO_ALL, LL, ONE, LL, ALL_TO_ALL,   \

@@ -884,24 +884,10 @@ comm_auto_algo(CommObject *self, PyObject *args)
     return sn_py_auto_algo(&t, &self->knobs, bytes, d, o, in_window, cname);
 }
 
-/* _row_splits() -> ll_rmsnorm's launches whose rows were split over
- * CTAs (SYMNCCL_RMSNORM_SPLIT), counted as _launches() counts. */
-static PyObject *
-comm_row_splits(CommObject *self, PyObject *unused)
-{
-    sn_lock(self);
-    const unsigned long long n = self->count.split;
-    sn_unlock(self);
-    return PyLong_FromUnsignedLongLong(n);
-}
-
 static PyMethodDef comm_methods[] = {
     {"_launches", (PyCFunction)comm_launches, METH_NOARGS,
      "_launches() -> {kernel: launches enqueued, ..., 'nccl': NCCL "
      "collectives} (testing)"},
-    {"_row_splits", (PyCFunction)comm_row_splits, METH_NOARGS,
-     "_row_splits() -> ll_rmsnorm launches with rows split over CTAs "
-     "(testing)"},
     {"_staging_layout", (PyCFunction)comm_staging_layout, METH_NOARGS,
      "_staging_layout() -> dict: offsets and sizes in the staging window"},
     {"_epoch", (PyCFunction)comm_epoch, METH_O,

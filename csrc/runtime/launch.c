@@ -293,8 +293,7 @@ push_launch(const sn_ar *r, int kernel, sn_err *err)
  * grid: a CTA per row, at most SYMNCCL_RMSNORM_CTAS with peers (a team's
  * grids must be resident at once); ll_rmsnorm's is the LL family's fixed
  * grid (SYMNCCL_LL_CTAS), its rows in chunks of what an LL row carries
- * (no staging copy), each row over up to SYMNCCL_RMSNORM_SPLIT CTAs where
- * the rows leave the grid room; without a peer, SYMNCCL_RMSNORM_LOCAL_CTAS, by
+ * (no staging copy); without a peer, SYMNCCL_RMSNORM_LOCAL_CTAS, by
  * default as many as are resident at once (SYMNCCL_LOCAL_THREADS_PER_SM of
  * add_rmsnorm's threads on each SM). A dynamic FP8 output's scales: one
  * per row. */
@@ -337,9 +336,8 @@ row_launches(const sn_ar *r, int kernel, sn_err *err)
     /* a quantised y is float8_e4m3fn: a byte per element */
     const size_t out_is = r->quant != SYMNCCL_QUANT_NONE ? 1 : is;
     const size_t threads = (row_bytes / 16 + 31) / 32 * 32;
-    const int block = threads > (size_t)c->knobs.lsa_threads
-        ? c->knobs.lsa_threads : (int)threads;
-    a.threads = block;
+    a.threads = threads > (size_t)c->knobs.lsa_threads ? c->knobs.lsa_threads
+                                                       : (int)threads;
     for (size_t done = 0; done < rows; done += chunk) {
         const size_t len = rows - done < chunk ? rows - done : chunk;
         const size_t off = done * row_bytes;
@@ -362,24 +360,10 @@ row_launches(const sn_ar *r, int kernel, sn_err *err)
         }
         if (!ll)   /* ll's is the family's, fixed */
             a.ctas = grid_rows > (size_t)cap ? cap : (int)grid_rows;
-        /* ll: each row over k CTAs (a power of two, at most the knob)
-         * where the rows leave the grid room, each CTA a whole number of
-         * warps of the row's block (kernels/rmsnorm.cuh, the row split);
-         * not with dynamic FP8 */
-        int k = 1;
-        while (ll && r->quant != SYMNCCL_QUANT_DYNAMIC &&
-               2 * k <= c->knobs.rmsnorm_split &&
-               len * (size_t)(2 * k) <= (size_t)a.ctas &&
-               block % (64 * k) == 0)
-            k *= 2;
-        a.row_split = k;
-        a.threads = block / k;
         a.mid_win = a.win;
         a.mid_offset = len * row_bytes;
         if (launch(r, &a, err) < 0)
             return -1;
-        if (k > 1)
-            c->count.split++;
     }
     return 0;
 }

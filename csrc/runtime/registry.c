@@ -617,11 +617,6 @@ static const knob knobs[] = {
     /* 64 CTAs: 256 KiB 5.4 -> 4.6 us on 2 ranks, 8.7 -> 7.9 us (two-shot
      * packets) on 4; the same at 4 KiB (docs/PERFORMANCE.md, 'Packets: ll
      * and ll128') */
-    /* 8: ll_rmsnorm's T 1 row (H 8192 bf16) from 8 SMs instead of one
-     * (docs/PERFORMANCE.md, 'Fused all-reduce, all-to-all and steps') */
-    {"SYMNCCL_RMSNORM_SPLIT", offsetof(sn_knobs, rmsnorm_split), 8, 1, 16, 1,
-     "most CTAs ll_rmsnorm splits a row over, where the rows leave the LL "
-     "grid room (1: a CTA a row)"},
     {"SYMNCCL_LL_CTAS", offsetof(sn_knobs, ll_ctas), 64, 1, SN_MAX_CTAS, 1,
      "grid of ll and ll128 (fixed per communicator)"},
     {"SYMNCCL_LL_THREADS", offsetof(sn_knobs, ll_threads), 512, 32, 512, 32,
