@@ -639,9 +639,9 @@ static const knob knobs[] = {
      64, "threads per CTA of push"},
     {"SYMNCCL_PUSH_REGION_MIB", offsetof(sn_knobs, push_region_mib), 64, 1,
      4096, 1, "size of push's region in the staging window"},
-    /* 0 until measured on 2 GPUs: the split pipeline was designed for
-     * NVLink (predicted 16 MiB 28-32 us against 48) and only a loopback
-     * team on one GPU has run it (docs/PERFORMANCE.md, 'Push chunks') */
+    /* 0: on 2x H100 over NVLink the whole slot was as fast as the best
+     * split at every size from 4 MiB (16 MiB: 44.6 us against 49.4-67.1;
+     * docs/PERFORMANCE.md, 'Push chunks') */
     {"SYMNCCL_PUSH_CHUNK_KIB", offsetof(sn_knobs, push_chunk_kib), 0, 0,
      1 << 20, 1, "push reduce_scatter/all_gather: 0 (or a slot or more): "
      "chunks of a whole slot; less: chunks of this many KiB, each CTA split "
