@@ -175,7 +175,7 @@ __global__ void __launch_bounds__(512, 1)
       const uint64_t* f = reinterpret_cast<const uint64_t*>(
           my_flags + push_line(1, b, n) + (size_t)s * 8);
       ok = bounded_wait([&] { return acquire_load(f) >= e0; }, a, me, n,
-                        {SYMNCCL_WAIT_RESULTS, s, e0});
+                        {SYMNCCL_WAIT_PREVIOUS, s, e0});
     }
   }
   if ((int)threadIdx.x < n) sh.s[me][threadIdx.x] = want;

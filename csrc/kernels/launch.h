@@ -134,6 +134,7 @@ enum { SYMNCCL_FAULTS(SYMNCCL_FAULT_ENUM_) SYMNCCL_FAULT_COUNT };
     X(PACKETS, "its packets")                               \
     X(SLICES, "its slices (push flag 0)")                   \
     X(RESULTS, "its results or its reading (push flag 1)")  \
+    X(PREVIOUS, "its reading of the previous push call (push flag 1)") \
     X(BARRIER, "the barrier")                               \
     X(ENTRY, "an entry that never comes (injected fault)")  \
     X(NCCL, "an NCCL kernel to complete")

@@ -250,7 +250,7 @@ __global__ void __launch_bounds__(512)
   // calls'). First, with nothing else live: after the set-up below, the
   // 16-bit and fp64 kernels spilled 8-16 bytes.
   if (!wait_flags(my_flags + push_line(1, blockIdx.x, n), me, n, e0, a,
-                  SYMNCCL_WAIT_RESULTS))
+                  SYMNCCL_WAIT_PREVIOUS))
     return;
 
   // Receive slots [parity][source], then result slots [parity][slice].
@@ -427,7 +427,7 @@ __device__ __forceinline__ void push_slices(const ncclDevComm& dc,
   // the senders: every peer has read all that the push calls before this
   // one sent it (flag 1 >= e0), so the slots of chunks 0 and 1 are free
   bool ok = !sends || wait_flags(my_flags + line1, me, n, e0, a,
-                                 SYMNCCL_WAIT_RESULTS, true, g);
+                                 SYMNCCL_WAIT_PREVIOUS, true, g);
 
   for (size_t j = 0; j < nch && ok; j++) {
     const uint64_t e = e0 + j;

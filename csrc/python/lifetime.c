@@ -524,7 +524,11 @@ close_entered(SNState *st, CommObject *c, double timeout)
     }
     if (deregister_windows(st, c) < 0)
         goto fail;
+    /* cudaFree synchronises the device: GIL released, as abort frees
+     * (sn_comm_abort_finish) and as a buffer's deallocator does */
+    Py_BEGIN_ALLOW_THREADS
     sn_comm_free_memory(c);
+    Py_END_ALLOW_THREADS
     if (c->comm != NULL) {
         Py_BEGIN_ALLOW_THREADS
         rc = ncclCommFinalize(c->comm);

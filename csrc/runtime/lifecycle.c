@@ -26,6 +26,29 @@
 #include <time.h>
 
 /* ------------------------------------------------------------------ */
+/* Teardown steps with nobody to raise to (abort, a window's release, the
+ * end of a teardown): a failed CUDA or NCCL call is written to stderr,
+ * naming the rank, and the teardown goes on. */
+
+static void
+teardown_cuda(const CommObject *c, cudaError_t e, const char *what)
+{
+    if (e != cudaSuccess) {
+        fprintf(stderr, "symnccl: rank %d (cuda:%d): %s during teardown: "
+                "%s\n", c->rank, c->device, what, cudaGetErrorString(e));
+        (void)cudaGetLastError();
+    }
+}
+
+static void
+teardown_nccl(const CommObject *c, ncclResult_t rc, const char *what)
+{
+    if (rc != ncclSuccess && rc != ncclInProgress)
+        fprintf(stderr, "symnccl: rank %d (cuda:%d): %s during teardown: "
+                "%s\n", c->rank, c->device, what, ncclGetErrorString(rc));
+}
+
+/* ------------------------------------------------------------------ */
 /* Multicast gate. Multicast is never requested while any of the three
  * switches that turn NVLink multicast off is set: NCCL_NVLS_ENABLE=0,
  * TORCH_SYMM_MEM_DISABLE_MULTICAST=1, NVSHMEM_DISABLE_NVLS=1. */
@@ -305,7 +328,10 @@ sn_connect_devcomms(CommObject **cs, int n, int mc)
 {
     ncclResult_t rc = ncclGroupStart();
     for (int i = 0; i < n && rc == ncclSuccess; i++) {
-        cudaSetDevice(cs[i]->device);
+        if (cudaSetDevice(cs[i]->device) != cudaSuccess) {
+            rc = ncclUnhandledCudaError;
+            break;
+        }
         /* no LSA barriers: symnccl's kernels bring their own, with a
          * bounded wait (kernels/primitives.cuh, Barrier) */
         rc = started(symnccl_devcomm_create(cs[i]->comm, 0, mc,
@@ -371,7 +397,10 @@ sn_connect_staging(CommObject **cs, int n, int *any)
             break;
         }
         *any = 1;
-        cudaSetDevice(c->device);
+        if (cudaSetDevice(c->device) != cudaSuccess) {
+            rc = ncclUnhandledCudaError;
+            break;
+        }
         rc = started(ncclCommWindowRegister(c->comm, c->mem.staging,
                                             c->mem.layout.bytes,
                                             &c->mem.staging_win->win,
@@ -653,7 +682,7 @@ sn_comm_end_teardown(CommObject *c, int state, int free_dead)
     while (dead != NULL) {
         sn_window *next = dead->next;
         if (free_dead)
-            ncclMemFree(dead->dead);
+            teardown_nccl(c, ncclMemFree(dead->dead), "ncclMemFree");
         free(dead);
         dead = next;
     }
@@ -700,12 +729,12 @@ sn_comm_reap_window(CommObject *c, sn_window *w, int *drained)
     const int ok = *drained && sn_window_deregister_now(c, w) == 0;
     if (ok) {
         int prev = -1;
-        cudaGetDevice(&prev);
-        cudaSetDevice(c->device);
-        ncclMemFree(mem);
+        teardown_cuda(c, cudaGetDevice(&prev), "cudaGetDevice");
+        teardown_cuda(c, cudaSetDevice(c->device), "cudaSetDevice");
+        teardown_nccl(c, ncclMemFree(mem), "ncclMemFree");
         (void)cudaGetLastError();
         if (prev >= 0)
-            cudaSetDevice(prev);
+            teardown_cuda(c, cudaSetDevice(prev), "cudaSetDevice");
     }
     return ok;
 }
@@ -767,8 +796,8 @@ void
 sn_comm_abort_finish(CommObject *c)
 {
     int prev = -1;
-    cudaGetDevice(&prev);
-    cudaSetDevice(c->device);
+    teardown_cuda(c, cudaGetDevice(&prev), "cudaGetDevice");
+    teardown_cuda(c, cudaSetDevice(c->device), "cudaSetDevice");
     sn_watch_forget(c);
     /* c's kernels end before NCCL unmaps the windows they address (those
      * queued behind a hung NCCL kernel cannot: they start after
@@ -795,7 +824,7 @@ sn_comm_abort_finish(CommObject *c)
     c->devcomm = NULL;
     sn_windows_detach(c, left);
     if (c->comm != NULL) {
-        ncclCommAbort(c->comm);
+        teardown_nccl(c, ncclCommAbort(c->comm), "ncclCommAbort");
         c->comm = NULL;
     }
     /* the memory, once nothing of c runs any more */
@@ -804,7 +833,7 @@ sn_comm_abort_finish(CommObject *c)
     sn_comm_end_teardown(c, SN_ABORTED, drained);
     (void)cudaGetLastError();
     if (prev >= 0)
-        cudaSetDevice(prev);
+        teardown_cuda(c, cudaSetDevice(prev), "cudaSetDevice");
 }
 
 /* ------------------------------------------------------------------ */

@@ -37,6 +37,7 @@
 #include "runtime.h"
 
 #include <cuda.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -100,6 +101,16 @@ load_driver(sn_err *err)
     return 0;
 }
 
+/* A driver call of the team's teardown, which has nobody to raise to:
+ * a failure is written to stderr and the teardown goes on. */
+static void
+team_free_step(CUresult r, const char *what)
+{
+    if (r != CUDA_SUCCESS)
+        fprintf(stderr, "symnccl: loopback team: %s failed during teardown "
+                "(CUresult %d)\n", what, (int)r);
+}
+
 static void
 team_free(sn_loopback *t)
 {
@@ -107,13 +118,14 @@ team_free(sn_loopback *t)
     for (int q = 0; q < t->nranks; q++) {
         symnccl_loopback_window_free(t->win[q]);
         if (t->mapped[q])
-            drv.unmap(t->base + (size_t)q * SYMNCCL_LOOPBACK_STRIDE,
-                      t->bytes);
+            team_free_step(drv.unmap(t->base +
+                                     (size_t)q * SYMNCCL_LOOPBACK_STRIDE,
+                                     t->bytes), "cuMemUnmap");
         if (t->mem[q] != 0)
-            drv.release(t->mem[q]);
+            team_free_step(drv.release(t->mem[q]), "cuMemRelease");
     }
     if (t->base != 0)
-        drv.free_range(t->base, range);
+        team_free_step(drv.free_range(t->base, range), "cuMemAddressFree");
     free(t);
 }
 
