@@ -592,7 +592,28 @@ class BuildExt(build_ext):
             # relink when a kernel object or a header is newer than the
             # library (setuptools looks only at the .c sources otherwise)
             ext.depends = list(ext.depends or []) + objects + headers
+            self.check_runtime_without_python(ext)
         super().build_extensions()
+
+    def check_runtime_without_python(self, ext):
+        """No Python API on XLA's threads: csrc/runtime/ and csrc/xla/
+        compile (syntax only) with the extension's flags but without
+        Python's include directory, so neither can reach Python.h."""
+        cc = self.compiler.compiler_so[0]
+        flags = [f"-D{k}={v}" if v is not None else f"-D{k}"
+                 for k, v in ext.define_macros] + \
+            [f"-I{d}" for d in ext.include_dirs] + \
+            [a for a in ext.extra_compile_args if not a.startswith("-O")]
+        for src in ext.sources:
+            if os.path.basename(os.path.dirname(src)) not in ("runtime",
+                                                              "xla"):
+                continue
+            r = subprocess.run([cc, "-fsyntax-only", *flags, src],
+                               capture_output=True, text=True)
+            if r.returncode:
+                _fail(f"{src} must compile without Python.h (runtime/ and "
+                      f"xla/ run on XLA's threads without the GIL):\n"
+                      + r.stderr[-2000:])
 
 
 def _sources():

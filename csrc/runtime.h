@@ -1,6 +1,7 @@
 /* symnccl's runtime header, free of the Python API: what the files of
  * runtime/ and xla/ include (never symnccl.h, never Python.h:
- * tests/test_cpu.py follows their includes). It declares every runtime
+ * tests/test_cpu.py follows their includes, and setup.py compiles them
+ * without Python's include directory). It declares every runtime
  * file's functions and types and the communicator object (CommObject),
  * whose Python object header the runtime never reads; symnccl.h includes
  * it and adds the Python face (the module state, the Python objects, the
