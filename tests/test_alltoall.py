@@ -173,6 +173,26 @@ def test_all_to_all_every_dtype_bit_exact(monkeypatch, nranks, algo):
     assert all(r == {KERNEL_OF[algo]} for r in ran), ran
 
 
+def _ranks_wrong(kind, hs, outs, m=None, splits=None, cap=None):
+    """The ranks whose out is wrong after one call of a mixed sequence
+    (float32 rows): kind "v" an all_to_all_v of `splits` into outs of
+    `cap` rows, "equal" an all_to_all of m rows a block, "all_gather" of
+    m rows a rank, "all_reduce", "reduce_scatter" of m elements a rank;
+    hs each rank's input on the host."""
+    f32 = np.dtype(np.float32)
+    n = len(outs)
+    if kind == "v":
+        return _check_v(hs, splits, outs, None, f32, cap)
+    if kind in ("equal", "all_gather"):
+        return [j for j in range(n) if _host(outs[j], f32).tobytes() !=
+                np.concatenate([h[j * m:(j + 1) * m] if kind == "equal"
+                                else h for h in hs]).tobytes()]
+    want = ([h.reshape(-1) for h in hs] if kind == "all_reduce" else None)
+    return [j for j in range(n) if _check.count_wrong(
+        _host(outs[j], f32).reshape(-1), "sum",
+        want or [h.reshape(-1)[j * m:(j + 1) * m] for h in hs], "float32")]
+
+
 def _check_v(hs, sp, outs, out_splits, npdt, out_rows, offsets=None):
     """Rank j's out: rank 0's rows for j, then rank 1's, ...; the rest of
     out keeps its poison; out_splits[j][i] = sp[i][j], offsets[j][i] =
@@ -438,25 +458,11 @@ def test_stress_all_to_all_and_the_push_kernels_share_the_slots(monkeypatch,
                     getattr(c, kind)(x.reshape(-1), out=o.reshape(-1),
                                      algo="push", stream=s)
         torch.cuda.synchronize()
-        f32 = np.dtype(np.float32)
         for i, (kind, arg, hs, xs, outs, late, cap) in enumerate(calls):
             if kind in ("v", "ll_v"):
-                bad = _check_v(hs, arg, outs, None, f32, cap)
-            elif kind == "equal":
-                m = arg
-                bad = [j for j in range(nranks) if _host(outs[j], f32)
-                       .tobytes() != np.concatenate(
-                           [h[j * m:(j + 1) * m] for h in hs]).tobytes()]
-            elif kind in ("all_reduce", "ll_all_reduce"):
-                bad = [j for j in range(nranks) if _check.count_wrong(
-                    _host(outs[j], f32).reshape(-1), "sum",
-                    [h.reshape(-1) for h in hs], "float32")]
+                bad = _ranks_wrong("v", hs, outs, splits=arg, cap=cap)
             else:
-                m = arg
-                bad = [j for j in range(nranks) if _check.count_wrong(
-                    _host(outs[j], f32).reshape(-1), "sum",
-                    [h.reshape(-1)[j * m:(j + 1) * m] for h in hs],
-                    "float32")]
+                bad = _ranks_wrong(kind.replace("ll_", ""), hs, outs, m=arg)
             if bad:
                 failures.append((i, kind, bad))
         for c in team:
@@ -558,23 +564,9 @@ def test_push_calls_end_without_waiting_for_their_readers(monkeypatch,
         after = [c._epoch(KERNEL) for c in team]
         for i, (kind, arg, hs, xs, outs, held) in enumerate(calls):
             if kind in ("v", "v_dev"):
-                bad = _check_v(hs, arg[0], outs, None, f32, arg[2])
-            elif kind in ("equal", "all_gather"):
-                m = arg
-                bad = [j for j in range(nranks) if _host(outs[j], f32)
-                       .tobytes() != np.concatenate(
-                           [h[j * m:(j + 1) * m] if kind == "equal" else h
-                            for h in hs]).tobytes()]
-            elif kind == "all_reduce":
-                bad = [j for j in range(nranks) if _check.count_wrong(
-                    _host(outs[j], f32).reshape(-1), "sum",
-                    [h.reshape(-1) for h in hs], "float32")]
+                bad = _ranks_wrong("v", hs, outs, splits=arg[0], cap=arg[2])
             else:
-                m = arg
-                bad = [j for j in range(nranks) if _check.count_wrong(
-                    _host(outs[j], f32).reshape(-1), "sum",
-                    [h.reshape(-1)[j * m:(j + 1) * m] for h in hs],
-                    "float32")]
+                bad = _ranks_wrong(kind, hs, outs, m=arg)
             if bad:
                 failures.append((i, kind, held, bad))
         for c in team:
