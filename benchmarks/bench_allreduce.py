@@ -327,14 +327,17 @@ def add_results_args(p, out_help="JSON path"):
                    help="print the table of a results JSON, no GPU")
 
 
-def report(args, print_table):
-    """With --report: its results JSON, after print_table showed it; else
-    None (the benchmark runs)."""
+def report(args, print_table, plot=None):
+    """With --report: its results JSON, after print_table showed it (and,
+    given plot, its PNG written beside it: plot_beside); else None (the
+    benchmark runs)."""
     if not args.report:
         return None
     with open(args.report) as f:
         doc = json.load(f)
     print_table(doc)
+    if plot is not None:
+        plot_beside(plot, doc, args.report)
     return doc
 
 

@@ -551,9 +551,7 @@ def main(argv=None):
     add_results_args(p, "JSON path (default: benchmarks/results/"
                         "backend_<gpu>x<n>_<dtype>.json)")
     args = p.parse_args(argv)
-    doc = report(args, print_table)
-    if doc is not None:
-        plot_beside(plot, doc, args.report)
+    if report(args, print_table, plot) is not None:
         return
     import torch
 

@@ -238,9 +238,7 @@ def main(argv=None):
                    help="no CUDA graph: include the host path")
     add_results_args(p)
     args = p.parse_args(argv)
-    doc = report(args, print_table)
-    if doc is not None:
-        plot_beside(plot, doc, args.report)
+    if report(args, print_table, plot) is not None:
         return 0
     colls = [c for c in args.collectives.split(",") if c]
     bad = [c for c in colls if c not in COLLECTIVES]

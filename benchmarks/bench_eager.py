@@ -359,9 +359,7 @@ def main(argv=None):
     add_results_args(p, "JSON path (default: benchmarks/results/"
                         "eager_<gpu>x1_<dtype>.json)")
     args = p.parse_args(argv)
-    doc = report(args, print_table)
-    if doc is not None:
-        plot_beside(plot, doc, args.report)
+    if report(args, print_table, plot) is not None:
         return
     import torch
     import torch.distributed as dist

@@ -454,9 +454,7 @@ def main(argv=None):
                      "results/fused_<gpu>x<GPUs>_<dtype>.json beside this "
                      "file); the PNG is written beside it")
     args = ap.parse_args(argv)
-    doc = report(args, print_table)
-    if doc is not None:
-        plot_beside(plot, doc, args.report)
+    if report(args, print_table, plot) is not None:
         return
     opts = vars(args)
     import torch

@@ -226,9 +226,7 @@ def main(argv=None):
     p.add_argument("--reps", type=int, default=7)
     add_results_args(p)
     args = p.parse_args(argv)
-    doc = report(args, print_table)
-    if doc is not None:
-        plot_beside(plot, doc, args.report)
+    if report(args, print_table, plot) is not None:
         return 0
     import torch
 

@@ -155,18 +155,26 @@ py_pick_build(PyObject *module, PyObject *args)
     return i >= 0 ? PyLong_FromLong(i) : PyUnicode_FromString(buf);
 }
 
+/* A verdict of nccl_policy.c on (runtime, headers) as Python sees it:
+ * None, or its message. `fmt`: the argument format with the name. */
+static PyObject *
+verdict(PyObject *args, const char *fmt,
+        const char *(*of)(int, int, char *, size_t))
+{
+    int runtime, headers;
+    char buf[600];
+    if (!PyArg_ParseTuple(args, fmt, &runtime, &headers))
+        return NULL;
+    const char *why = of(runtime, headers, buf, sizeof(buf));
+    return why == NULL ? Py_NewRef(Py_None) : PyUnicode_FromString(why);
+}
+
 /* _nccl_multi_gpu_caveat(runtime, headers) -> None or the warning. */
 static PyObject *
 py_multi_gpu_caveat(PyObject *module, PyObject *args)
 {
-    int runtime, headers;
-    char buf[600];
-    if (!PyArg_ParseTuple(args, "ii:_nccl_multi_gpu_caveat", &runtime,
-                          &headers))
-        return NULL;
-    const char *why = sn_nccl_multi_gpu_caveat(runtime, headers, buf,
-                                               sizeof(buf));
-    return why == NULL ? Py_NewRef(Py_None) : PyUnicode_FromString(why);
+    return verdict(args, "ii:_nccl_multi_gpu_caveat",
+                   sn_nccl_multi_gpu_caveat);
 }
 
 /* _nccl_version_verdict(runtime, headers) -> None or the ImportError's
@@ -174,14 +182,8 @@ py_multi_gpu_caveat(PyObject *module, PyObject *args)
 static PyObject *
 py_version_verdict(PyObject *module, PyObject *args)
 {
-    int runtime, headers;
-    char buf[600];
-    if (!PyArg_ParseTuple(args, "ii:_nccl_version_verdict", &runtime,
-                          &headers))
-        return NULL;
-    const char *why = sn_nccl_version_verdict(runtime, headers, buf,
-                                              sizeof(buf));
-    return why == NULL ? Py_NewRef(Py_None) : PyUnicode_FromString(why);
+    return verdict(args, "ii:_nccl_version_verdict",
+                   sn_nccl_version_verdict);
 }
 
 static PyObject *
