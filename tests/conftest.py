@@ -105,6 +105,36 @@ def pytest_collection_modifyitems(config, items):
                     reason=f"needs {n} CUDA GPUs, {NGPU} visible"))
 
 
+def symnccl_ops_dispatched(fn):
+    """fn's result, and how many symnccl custom ops the dispatcher ran
+    meanwhile, from torch's record-function events. The profiler without
+    Kineto (profiler_legacy), where torch still has it: Kineto's profiler
+    subscribes CUPTI callbacks for the process's life, and at exit, after
+    libtorch's static objects are gone, cudart's release of the primary
+    context calls them into freed memory; glibc then aborts the pytest
+    process ("double free or corruption", exit 134; caught on 2x H100
+    with NCCL 2.28.9 and 2.30.7 alike, docs/FAILURES.md, 'NCCL
+    versions')."""
+    import warnings
+
+    import torch
+    try:
+        from torch.autograd.profiler_legacy import profile
+    except ImportError:
+        from torch.profiler import ProfilerActivity
+        from torch.profiler import profile as kineto
+
+        def profile():
+            return kineto(activities=[ProfilerActivity.CPU])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)   # deprecated
+        prof = profile()
+    with prof:
+        r = fn()
+    events = getattr(prof, "function_events", None) or prof.events()
+    return r, sum(1 for e in events if e.name.startswith("symnccl::"))
+
+
 def ranks_param(*ns):
     """Parametrize over world sizes, each marked with the GPUs it needs."""
     return pytest.mark.parametrize(

@@ -38,6 +38,49 @@ def test_the_kernel_table_has_the_all_to_all_kernels_of_push_and_ll():
                                                    "ll": LL_KERNEL}
 
 
+def test_the_mixed_sequences_check_passes_right_outputs_only():
+    """_ranks_wrong, the check of the mixed-sequence GPU tests, on outputs
+    made on the host: right ones pass for every kind those tests make
+    (its "ll_all_reduce" once read as "areduce" and failed every right
+    answer, 7f804cf), and one changed element names its rank."""
+    torch = pytest.importorskip("torch", reason="torch is not installed")
+    n, m, i = 3, 7, 11
+    hs = [_rows("float32", n * m, 1, q, i) for q in range(n)]
+    total = sum(h.astype(np.float64) for h in hs).astype(np.float32)
+    sp = [[2, 0, 5], [1, 3, 0], [0, 4, 2]]
+    cap = 12
+    poison = np.frombuffer(b"\xff" * 4 * cap, np.float32).reshape(cap, 1)
+
+    def v_out(j):
+        got = poison.copy()
+        rows = np.concatenate([hs[q][sum(sp[q][:j]):sum(sp[q][:j + 1])]
+                               for q in range(n)])
+        got[:len(rows)] = rows
+        return got
+    right = {
+        "equal": [np.concatenate([h[j * m:(j + 1) * m] for h in hs])
+                  for j in range(n)],
+        "all_gather": [np.concatenate(hs) for _ in range(n)],
+        "all_reduce": [total for _ in range(n)],
+        "ll_all_reduce": [total for _ in range(n)],
+        "reduce_scatter": [total[j * m:(j + 1) * m] for j in range(n)],
+        "v": [v_out(j) for j in range(n)],
+        "ll_v": [v_out(j) for j in range(n)],
+    }
+    for kind, outs in right.items():
+        gather = kind == "all_gather"
+        args = dict(splits=sp, cap=cap) if kind.endswith("v") else \
+            dict(m=m)
+        hin = [h[:m] for h in hs] if gather else hs
+        if gather:
+            outs = [np.concatenate(hin) for _ in range(n)]
+        ts = [torch.from_numpy(o.copy()) for o in outs]
+        assert _ranks_wrong(kind, hin, ts, **args) == [], kind
+        ts[1].view(-1)[0] += 1
+        assert 1 in [b if isinstance(b, int) else b[1] for b in
+                     _ranks_wrong(kind, hin, ts, **args)], kind
+
+
 def test_all_to_all_methods_are_documented_with_an_example():
     for name in ("all_to_all", "all_to_all_v"):
         doc = getattr(symnccl.Communicator, name).__doc__
@@ -178,9 +221,11 @@ def _ranks_wrong(kind, hs, outs, m=None, splits=None, cap=None):
     (float32 rows): kind "v" an all_to_all_v of `splits` into outs of
     `cap` rows, "equal" an all_to_all of m rows a block, "all_gather" of
     m rows a rank, "all_reduce", "reduce_scatter" of m elements a rank;
-    hs each rank's input on the host."""
+    hs each rank's input on the host. An "ll_" kind (ll_v, ll_all_reduce)
+    is checked as the same call on push."""
     f32 = np.dtype(np.float32)
     n = len(outs)
+    kind = kind.removeprefix("ll_")
     if kind == "v":
         return _check_v(hs, splits, outs, None, f32, cap)
     if kind in ("equal", "all_gather"):
@@ -460,9 +505,9 @@ def test_stress_all_to_all_and_the_push_kernels_share_the_slots(monkeypatch,
         torch.cuda.synchronize()
         for i, (kind, arg, hs, xs, outs, late, cap) in enumerate(calls):
             if kind in ("v", "ll_v"):
-                bad = _ranks_wrong("v", hs, outs, splits=arg, cap=cap)
+                bad = _ranks_wrong(kind, hs, outs, splits=arg, cap=cap)
             else:
-                bad = _ranks_wrong(kind.replace("ll_", ""), hs, outs, m=arg)
+                bad = _ranks_wrong(kind, hs, outs, m=arg)
             if bad:
                 failures.append((i, kind, bad))
         for c in team:

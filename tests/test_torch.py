@@ -2,7 +2,7 @@
 eager, torch.compile(fullgraph=True) and CUDA graphs."""
 import pytest
 
-from conftest import ranks_param
+from conftest import ranks_param, symnccl_ops_dispatched
 from symnccl.bootstrap import free_port, spawn
 
 torch = pytest.importorskip("torch", reason="torch is not installed")
@@ -227,13 +227,6 @@ def cpu_eager():
     snt._install_gate()
 
 
-def _dispatched(fn):
-    from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        r = fn()
-    return r, sum(1 for e in prof.events() if e.name.startswith("symnccl::"))
-
-
 def test_eager_functions_give_the_ops_values_and_gradients(cpu_eager):
     """The eager path's autograd Functions and the custom ops' registered
     formulas: the same values and gradients for every op with a gradient,
@@ -268,16 +261,18 @@ def test_eager_functions_give_the_ops_values_and_gradients(cpu_eager):
     x = torch.randn(8, 3, dtype=torch.float64)
     for name, public, op in cases:
         gy = _gy_like(op, x)
-        (y1, dx1), n1 = _dispatched(lambda: _value_and_grad(public, x, gy))
-        (y2, dx2), n2 = _dispatched(lambda: _value_and_grad(op, x, gy))
+        (y1, dx1), n1 = symnccl_ops_dispatched(
+            lambda: _value_and_grad(public, x, gy))
+        (y2, dx2), n2 = symnccl_ops_dispatched(
+            lambda: _value_and_grad(op, x, gy))
         assert n1 == 0 and n2 >= 1, (name, n1, n2)
         assert torch.equal(y1, y2) and torch.equal(dx1, dx2), name
     # without autograd, too; in place, with the version bump
-    y, n = _dispatched(lambda: snt.all_reduce(x, comm))
+    y, n = symnccl_ops_dispatched(lambda: snt.all_reduce(x, comm))
     assert n == 0 and torch.equal(y, 2 * x)
     t = x.clone()
     v = t._version
-    _, n = _dispatched(lambda: snt.all_reduce_(t, comm))
+    _, n = symnccl_ops_dispatched(lambda: snt.all_reduce_(t, comm))
     assert n == 0 and torch.equal(t, 2 * x) and t._version > v
     # gradients that do not exist still say so
     with pytest.raises(NotImplementedError, match="all_reduce: op 'prod'"):
@@ -429,7 +424,7 @@ def test_eager_path_yields_to_compile_tracing_and_modes(cpu_eager):
         return [str(n.target) for n in graph.nodes if n.op ==
                 "call_function" and "symnccl" in str(n.target)]
 
-    _, n = _dispatched(lambda: f(x))
+    _, n = symnccl_ops_dispatched(lambda: f(x))
     assert n == 0   # the eager path is open
     torch._dynamo.reset()
     rec = AotEagerAndRecordGraphs()

@@ -5,7 +5,7 @@ against a single-GPU model, at 1 rank and on loopback teams."""
 import pytest
 
 import symnccl
-from conftest import one_rank_comm
+from conftest import one_rank_comm, symnccl_ops_dispatched
 
 torch = pytest.importorskip("torch", reason="torch is not installed")
 snt = pytest.importorskip("symnccl.torch")
@@ -40,16 +40,6 @@ OPS = [
 OP_IDS = [o[0] for o in OPS]
 
 
-def _symnccl_ops_dispatched(fn):
-    """fn's result, and how many symnccl custom ops the dispatcher ran
-    meanwhile (the profiler records every op it dispatches)."""
-    from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        r = fn()
-    n = sum(1 for e in prof.events() if e.name.startswith("symnccl::"))
-    return r, n
-
-
 def _fwd_bwd(f, x0, gy_seed=5):
     """(y, dL/dx) for L = sum(y * gy), gy random of y's shape."""
     x = x0.detach().clone().requires_grad_(True)
@@ -77,10 +67,10 @@ def test_eager_calls_dispatch_no_custom_op(comm, name, call, shape):
     """In eager mode the ops run the method directly: the profiler sees no
     symnccl:: op, without autograd and with it (forward and backward)."""
     x = _input(shape, torch.float32)
-    _, n = _symnccl_ops_dispatched(lambda: call(x, comm))
+    _, n = symnccl_ops_dispatched(lambda: call(x, comm))
     assert n == 0, name
-    _, n = _symnccl_ops_dispatched(lambda: _fwd_bwd(lambda t: call(t, comm),
-                                                    x))
+    _, n = symnccl_ops_dispatched(lambda: _fwd_bwd(lambda t: call(t, comm),
+                                                   x))
     assert n == 0, name
 
 
@@ -102,7 +92,7 @@ def test_eager_and_compiled_give_the_same_bits(comm, name, call, shape,
     # the ops are in the graphs that AOTAutograd traces
     rec = AotEagerAndRecordGraphs()
     torch._dynamo.reset()
-    _, n = _symnccl_ops_dispatched(lambda: _fwd_bwd(
+    _, n = symnccl_ops_dispatched(lambda: _fwd_bwd(
         torch.compile(lambda t: call(t, comm), fullgraph=True, backend=rec),
         x))
     assert n >= 1, name   # the compiled graph dispatches them
@@ -120,7 +110,7 @@ def test_in_place_eager_call_bumps_the_version_as_the_op_does(comm):
     x = torch.randn(8, device="cuda")
     y = (w * x).sum()          # saves x for w's gradient
     v = x._version
-    _, n = _symnccl_ops_dispatched(lambda: snt.all_reduce_(x, comm))
+    _, n = symnccl_ops_dispatched(lambda: snt.all_reduce_(x, comm))
     assert n == 0 and x._version > v
     with pytest.raises(RuntimeError, match="modified by an inplace"):
         y.backward()
