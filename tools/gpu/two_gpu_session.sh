@@ -17,7 +17,7 @@
 #             tests        GPU tier less faults and examples (~5-7 min)
 #             faults       failure scenarios            (~20-60 s a test)
 #             examples     the examples' tests, then each example (~6 min)
-#             hang         the loopback-rank close hang, looped (~50 s a run)
+#             hang         lifecycle's loopback-rank test, looped (~50 s a run)
 #             build        build on the device instead (~1 min + old trees)
 # A fresh machine takes 60-80 s of device time to start. On a 4-GPU
 # machine two stages run at once, one per pair, each with its own OUT
@@ -100,10 +100,11 @@ faults)  # 2-GPU failure scenarios, ~20-65 s each (a rehearsal
   timeout 560 python3 -m pytest -v -rfE --tb=short --durations=50 \
     tests/test_faults.py ${FAULTS_K:+-k "$FAULTS_K"} 2>&1 |
     tee "$OUT/pytest_faults.log" | tail -30 ;;
-hang)    # the loopback-rank close hang seen once (docs/FAILURES.md,
-         # 'Lifecycle'): the test again and again, each run's C stacks taken
-         # after 45 s (a passing run takes ~15 s) and Python's by
-         # faulthandler at 40 s, until a run hangs or HANG_RUNS have passed
+hang)    # a teardown test again and again under tools/gpu/stacks.sh (each
+         # run's C stacks after 45 s, a passing run takes ~15 s; Python's by
+         # faulthandler at 40 s), until a run hangs or HANG_RUNS have
+         # passed (docs/FAILURES.md, 'Lifecycle': the loopback-rank "hang"
+         # of session 14 was a call's timeout; 10 runs since passed)
   for i in $(seq 1 "${HANG_RUNS:-8}"); do
     OUT="$OUT/hang$i" bash tools/gpu/stacks.sh 45 timeout 60 \
       python3 -m pytest -v -p no:cacheprovider -o faulthandler_timeout=40 \
