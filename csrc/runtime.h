@@ -318,6 +318,16 @@ int sn_registry_init(sn_err *err);
 int sn_knob_row(int i, const char **env, int *dflt, int *lo, int *hi,
                 const char **doc);
 int sn_knob_value(const sn_knobs *k, int i);
+/* Knob i of k set to value (as read: the caller clamps). */
+void sn_knob_set(sn_knobs *k, int i, int value);
+/* The first knob of the table, then SYMNCCL_ALGO, whose value differs
+ * among nranks knob sets (k, then every `stride` bytes): 1, with why
+ * holding "SYMNCCL_X (rank 0: a, rank 1: b, ...)"; 0 when all agree.
+ * Every knob must be equal on every rank of a communicator (docs/
+ * BUILD.md, 'Run-time knobs'); creation compares them (lifecycle.c,
+ * sn_connect_agree_check). */
+int sn_knobs_differ(const sn_knobs *k, size_t stride, int nranks, char *why,
+                    size_t len);
 void sn_exit_knob(const char **env, int *dflt, const char **doc);
 int sn_multimem_row(int i, int *kernel_dtype, unsigned *ops);
 typedef struct {
@@ -641,6 +651,14 @@ int sn_connect_devcomms_read(struct CommObject **cs, int n, ncclResult_t rc,
 int sn_connect_memory(struct CommObject *c, sn_err *err);
 ncclResult_t sn_connect_staging(struct CommObject **cs, int n, int *any);
 int sn_connect_staging_check(struct CommObject **cs, int n, sn_err *err);
+/* What every rank must share (the SYMNCCL_* knobs, staging_bytes):
+ * sn_connect_agree_write puts c's record into its staging window before
+ * the window's registration; sn_connect_agree_check, after it, reads
+ * every peer's and compares them: -1 with err (ValueError) naming the
+ * first difference with every rank's value, the same verdict on every
+ * rank (lifecycle.c, where the record is laid out). */
+int sn_connect_agree_write(struct CommObject *c, sn_err *err);
+int sn_connect_agree_check(struct CommObject **cs, int n, sn_err *err);
 
 /* The state machine; every step under c's lock, no wait inside. */
 /* Enters c without the GIL or Python (the XLA handler; sn_comm_enter's

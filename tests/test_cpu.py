@@ -1120,6 +1120,32 @@ def test_xla_handlers_are_in_every_build():
         _C._xla_handler("broadcast")
 
 
+def test_ranks_whose_knobs_differ_are_named_with_every_ranks_value():
+    """What creation compares across ranks (sn_knobs_differ): equal sets
+    pass; one rank off in any knob of the table, or in SYMNCCL_ALGO, is
+    named with every rank's value; the first knob of the table wins, and
+    every rank, reading the same sets, gets the same words."""
+    assert _C._knobs_differ([{}, {}, {}]) is None
+    # SYMNCCL_ALGO (a name) below; SYMNCCL_EXIT_TIMEOUT is the process's,
+    # read at exit, not a communicator's
+    for knob, (dflt, lo, hi, _doc) in _C.KNOBS.items():
+        if knob in ("SYMNCCL_ALGO", "SYMNCCL_EXIT_TIMEOUT"):
+            continue
+        other = lo if dflt != lo else hi
+        sets = [{}, {knob: other}, {}]
+        assert _C._knobs_differ(sets) == (
+            f"{knob} (rank 0: {dflt}, rank 1: {other}, rank 2: {dflt})"), \
+            knob
+        assert _C._knobs_differ([{knob: other}] * 3) is None, knob
+    assert _C._knobs_differ([{}, {"SYMNCCL_EXIT_TIMEOUT": 5}]) is None
+    assert _C._knobs_differ([{}, {"SYMNCCL_ALGO": "ll"}]) == \
+        "SYMNCCL_ALGO (rank 0: auto, rank 1: ll)"
+    both = [{}, {"SYMNCCL_PDL": 0, "SYMNCCL_LL_CTAS": 8}]
+    assert _C._knobs_differ(both).startswith("SYMNCCL_LL_CTAS (")
+    with pytest.raises(ValueError, match="SYMNCCL_ALGO xx"):
+        _C._knobs_differ([{"SYMNCCL_ALGO": "xx"}])
+
+
 def test_readme_names_every_algorithm_and_knob():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     readme = open(os.path.join(root, "README.md")).read()

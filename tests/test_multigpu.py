@@ -54,6 +54,34 @@ def test_errors_name_what_was_seen_and_lifetime_after_close(nranks):
         assert total == after == 1000.0 * nranks * (nranks + 1) / 2
 
 
+@ranks_param(2)
+def test_ranks_created_with_different_settings_refuse_alike(nranks):
+    """A knob set otherwise on rank 1 (the push chunk, the packet grid),
+    or another staging_bytes=: every rank's creation refuses, with the same
+    ValueError naming it and every rank's value (a staging size that
+    changes the window's size may be refused by NCCL's registration
+    first: then every rank raises that); the same settings create."""
+    same = spawn(W.created_with_settings, nranks, args=("", 0, 0),
+                 timeout=300)
+    assert same == [("ok", True)] * nranks, same
+    big = 32 << 20
+    for knob, value, staging, named in (
+            ("SYMNCCL_PUSH_CHUNK_KIB", 1024, 0,
+             "SYMNCCL_PUSH_CHUNK_KIB (rank 0: 0, rank 1: 1024)"),
+            ("SYMNCCL_LL_CTAS", 8, 0, "SYMNCCL_LL_CTAS (rank 0: 64, "
+             "rank 1: 8)"),
+            ("", 0, 1 << 20, f"staging_bytes (rank 0: {big}, rank 1: "
+             f"{1 << 20})")):
+        res = spawn(W.created_with_settings, nranks,
+                    args=(knob, value, staging), timeout=300)
+        assert all(r[0] != "ok" for r in res), (knob, res)
+        if staging and res[0][0] != "ValueError":
+            continue
+        assert [r[0] for r in res] == ["ValueError"] * nranks, (knob, res)
+        assert named in res[0][1] and len({r[1] for r in res}) == 1, \
+            (knob, res)
+
+
 @ranks_param(2, 3, 4, 8)   # 3: the generic (non-templated) world size
 def test_lsa_algorithms_every_dtype_op_placement_bitwise_equal(nranks):
     pytest.importorskip("torch")

@@ -97,7 +97,8 @@ register_staging(SNState *st, CommObject **cs, int n, ncclComm_t *raw)
     if (sn_wait_comms(st, raw, n, cs[0]->timeout, NULL, "staging windows") < 0)
         return -1;
     sn_err err;
-    if (sn_connect_staging_check(cs, n, &err) < 0)
+    if (sn_connect_staging_check(cs, n, &err) < 0 ||
+        sn_connect_agree_check(cs, n, &err) < 0)
         return sn_raise(st, &err);
     return 0;
 }
@@ -173,7 +174,8 @@ sn_comms_connect(SNState *st, CommObject **cs, int n, const ncclUniqueId *id)
                                   "ncclMemAlloc (staging)");
                 goto error;
             }
-            if (sn_staging_clear(cs[i], &err) < 0) {
+            if (sn_staging_clear(cs[i], &err) < 0 ||
+                sn_connect_agree_write(cs[i], &err) < 0) {
                 sn_raise(st, &err);
                 goto error;
             }

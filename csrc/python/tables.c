@@ -6,6 +6,7 @@
 #include "symnccl.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 int
 sn_registry_lookup(const char *algo, const char *dtype, const char *op,
@@ -99,6 +100,69 @@ sn_knobs_dict(const sn_knobs *k)
     if (rc < 0)
         Py_CLEAR(d);
     return d;
+}
+
+/* _knobs_differ(sets) -> None, or the first knob whose value differs
+ * among the ranks' sets (each a dict like comm.knobs; a knob missing
+ * from one has its default), as creation reports it (sn_knobs_differ;
+ * testing). */
+static int
+knobs_from_dict(PyObject *d, sn_knobs *k)
+{
+    const char *env, *doc;
+    int dflt, lo, hi;
+    memset(k, 0, sizeof(*k));
+    k->algo = SN_ALGO_AUTO;
+    for (int i = 0; sn_knob_row(i, &env, &dflt, &lo, &hi, &doc); i++) {
+        PyObject *v = PyDict_GetItemString(d, env);   /* borrowed */
+        long x = v != NULL ? PyLong_AsLong(v) : dflt;
+        if (x == -1 && PyErr_Occurred())
+            return -1;
+        sn_knob_set(k, i, (int)x);
+    }
+    PyObject *a = PyDict_GetItemString(d, "SYMNCCL_ALGO");
+    if (a != NULL) {
+        const char *name = PyUnicode_AsUTF8AndSize(a, NULL);
+        if (name == NULL)
+            return -1;
+        if (strcmp(name, "auto") != 0) {
+            k->algo = sn_algo_by_name(name);
+            if (k->algo == SN_ALGO_UNKNOWN) {
+                PyErr_Format(PyExc_ValueError, "SYMNCCL_ALGO %s is not an "
+                             "algorithm", name);
+                return -1;
+            }
+        }
+    }
+    return 0;
+}
+
+PyObject *
+sn_py_knobs_differ(PyObject *module, PyObject *sets)
+{
+    Py_ssize_t n = PySequence_Size(sets);
+    if (n < 0)
+        return NULL;
+    if (n < 1 || n > SYMNCCL_MAX_RANKS)
+        return PyErr_Format(PyExc_ValueError, "_knobs_differ: 1 to %d "
+                            "sets, got %zd", SYMNCCL_MAX_RANKS, n);
+    sn_knobs k[SYMNCCL_MAX_RANKS];
+    for (Py_ssize_t r = 0; r < n; r++) {
+        PyObject *d = PySequence_GetItem(sets, r);
+        if (d == NULL)
+            return NULL;
+        int rc = PyDict_Check(d) ? knobs_from_dict(d, &k[r]) : -2;
+        Py_DECREF(d);
+        if (rc == -2)
+            return PyErr_Format(PyExc_TypeError, "_knobs_differ: set %zd "
+                                "is not a dict", r);
+        if (rc < 0)
+            return NULL;
+    }
+    char why[512];
+    if (!sn_knobs_differ(k, sizeof(k[0]), (int)n, why, sizeof(why)))
+        Py_RETURN_NONE;
+    return PyUnicode_FromString(why);
 }
 
 static int

@@ -760,6 +760,62 @@ sn_knob_value(const sn_knobs *k, int i)
     return *(const int *)((const char *)k + knobs[i].offset);
 }
 
+void
+sn_knob_set(sn_knobs *k, int i, int value)
+{
+    *(int *)((char *)k + knobs[i].offset) = value;
+}
+
+/* SYMNCCL_ALGO's value as a name ("auto" or the algorithm's). */
+static const char *
+algo_knob_name(int algo)
+{
+    return algo >= 0 && algo < SN_ALGO_COUNT ? sn_algos[algo].name : "auto";
+}
+
+/* Rank r's knobs among sets `stride` bytes apart. */
+static const sn_knobs *
+rank_knobs(const sn_knobs *k, size_t stride, int r)
+{
+    return (const sn_knobs *)((const char *)k + (size_t)r * stride);
+}
+
+int
+sn_knobs_differ(const sn_knobs *k, size_t stride, int nranks, char *why,
+                size_t len)
+{
+    for (size_t i = 0; i <= N_KNOBS; i++) {
+        int same = 1;
+        for (int r = 1; r < nranks && same; r++) {
+            const sn_knobs *a = rank_knobs(k, stride, 0);
+            const sn_knobs *b = rank_knobs(k, stride, r);
+            same = i == N_KNOBS ? a->algo == b->algo
+                                : sn_knob_value(a, (int)i) ==
+                                      sn_knob_value(b, (int)i);
+        }
+        if (same)
+            continue;
+        size_t used = (size_t)snprintf(why, len, "%s (",
+                                       i == N_KNOBS ? "SYMNCCL_ALGO"
+                                                    : knobs[i].env);
+        for (int r = 0; r < nranks && used < len; r++) {
+            const sn_knobs *a = rank_knobs(k, stride, r);
+            if (i == N_KNOBS)
+                used += (size_t)snprintf(why + used, len - used,
+                                         "%srank %d: %s", r ? ", " : "", r,
+                                         algo_knob_name(a->algo));
+            else
+                used += (size_t)snprintf(why + used, len - used,
+                                         "%srank %d: %d", r ? ", " : "", r,
+                                         sn_knob_value(a, (int)i));
+        }
+        if (used < len)
+            snprintf(why + used, len - used, ")");
+        return 1;
+    }
+    return 0;
+}
+
 /* ------------------------------------------------------------------ */
 /* The tables row by row, for their Python view (python/tables.c). */
 

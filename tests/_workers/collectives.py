@@ -115,6 +115,25 @@ def torch_collectives(rank, nranks, uid, seed):
     return rows
 
 
+def created_with_settings(rank, nranks, uid, knob, value, staging):
+    """Rank 1 creates the communicator with knob=value in its environment
+    (none: "") and staging_bytes=staging (0: the default); every rank
+    returns what creation did: ("ok", symmetric) or (exception type,
+    message)."""
+    import os
+    if rank == 1 and knob:
+        os.environ[knob] = str(value)
+    kw = {"staging_bytes": staging} if rank == 1 and staging else {}
+    try:
+        comm = symnccl.Communicator(uid, rank, nranks, device=rank,
+                                    timeout=60, **kw)
+    except Exception as e:   # noqa: BLE001
+        return (type(e).__name__, str(e))
+    symmetric = comm.symmetric
+    comm.close()
+    return ("ok", symmetric)
+
+
 def errors_and_lifetime(rank, nranks, uid):
     import torch
     torch.cuda.set_device(rank)
