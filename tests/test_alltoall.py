@@ -706,6 +706,20 @@ def test_argument_errors_name_what_was_seen_and_expected(monkeypatch):
             c.all_to_all_v(x, out, [1, 1], algo="push",
                            out_splits=torch.zeros(3, dtype=torch.int64,
                                                   device="cuda"))
+        # an output sharing memory with another tensor of the call (the
+        # kernels' CTAs run in no order: a late one would read it changed)
+        sp = torch.ones(2, dtype=torch.int64, device="cuda")
+        with pytest.raises(ValueError, match="out_splits shares memory "
+                           "with in_splits"):
+            c.all_to_all_v(x, out, sp, out_splits=sp, algo="push")
+        with pytest.raises(ValueError, match="out_offsets shares memory "
+                           "with out_splits"):
+            c.all_to_all_v(x, out, [1, 1], algo="push", out_splits=sp,
+                           out_offsets=sp)
+        with pytest.raises(ValueError, match="in_splits shares memory "
+                           "with out"):
+            c.all_to_all_v(x, out, out.view(-1).view(torch.int64)[:2],
+                           algo="push")
         with pytest.raises(ValueError, match="rows of 8 elements, expected "
                            "4"):
             c.all_to_all_v(x, torch.zeros(3, 8, device="cuda"), [1, 1],

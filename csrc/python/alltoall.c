@@ -66,6 +66,45 @@ check_not_in_place(const sn_call *k, size_t bytes_out)
     return 0;
 }
 
+/* all_to_all_v's kernels read x and the device in_splits on every CTA,
+ * while CTA 0 writes out_splits and out_offsets and every CTA writes out,
+ * with no order among the CTAs: a tensor written sharing memory with
+ * another would be read changed by a late CTA (a send row, a chunk count
+ * that differs from CTA 0's). Refused, as out overlapping x is (that pair
+ * is check_not_in_place's); absent tensors have ptr NULL. */
+static int
+check_distinct(const sn_call *k, const SNTensor *in_splits,
+               const SNTensor *out_splits, const SNTensor *out_offsets)
+{
+    const struct {
+        const char *name;
+        const SNTensor *t;
+        int written;
+    } ts[] = {{"x", &k->x, 0},
+              {"out", &k->out, 1},
+              {"in_splits", in_splits, 0},
+              {"out_splits", out_splits, 1},
+              {"out_offsets", out_offsets, 1}};
+    const int n = (int)(sizeof(ts) / sizeof(ts[0]));
+    for (int i = 0; i < n; i++)
+        for (int j = i + 1; j < n; j++) {
+            const SNTensor *a = ts[i].t, *b = ts[j].t;
+            if (a->ptr == NULL || b->ptr == NULL ||
+                !(ts[i].written || ts[j].written))
+                continue;
+            if (overlap(a->ptr, a->count * (size_t)a->dtype->itemsize,
+                        b->ptr, b->count * (size_t)b->dtype->itemsize)) {
+                PyErr_Format(PyExc_ValueError, "all_to_all_v: %s shares "
+                             "memory with %s (expected out, out_splits and "
+                             "out_offsets each in memory of its own: the "
+                             "kernels write them while other CTAs still "
+                             "read the inputs)", ts[j].name, ts[i].name);
+                return -1;
+            }
+        }
+    return 0;
+}
+
 /* A device tensor (DLPack device CUDA) or anything else, read as a
  * sequence of nranks Python ints. */
 static int
@@ -506,6 +545,8 @@ sn_all_to_all_v(CommObject *c, PyObject *args, PyObject *kw)
         goto end;
     if (off_obj != Py_None &&
         import_counts(&k, off_obj, "out_offsets", &off) < 0)
+        goto end;
+    if (check_distinct(&k, &s.dev, &osp, &off) < 0)
         goto end;
     /* every rank must pick the same algorithm: "auto" by out's bytes,
      * which the call's contract makes the same on every rank (sized for
