@@ -268,6 +268,18 @@ comm_loopback(PyObject *cls, PyObject *args, PyObject *kw)
                         "not see the ranks' memory evenly spaced");
         goto done;
     }
+    /* the ranks' creation records, as real peers exchange them (one
+     * process: always equal; the reading through LSA addresses is what
+     * runs here) */
+    for (int q = 0; q < nranks; q++)
+        if (sn_connect_agree_write(cs[q], &err) < 0) {
+            sn_raise(st, &err);
+            goto done;
+        }
+    if (sn_connect_agree_check(cs, nranks, &err) < 0) {
+        sn_raise(st, &err);
+        goto done;
+    }
     result = PyList_New(nranks);
     for (int q = 0; result != NULL && q < nranks; q++) {
         PyList_SetItem(result, q, (PyObject *)cs[q]);
