@@ -651,12 +651,34 @@ int sn_connect_devcomms_read(struct CommObject **cs, int n, ncclResult_t rc,
 int sn_connect_memory(struct CommObject *c, sn_err *err);
 ncclResult_t sn_connect_staging(struct CommObject **cs, int n, int *any);
 int sn_connect_staging_check(struct CommObject **cs, int n, sn_err *err);
-/* What every rank must share (the SYMNCCL_* knobs, staging_bytes):
- * sn_connect_agree_write puts c's record into its staging window before
+/* What every rank of a communicator must share, as each rank's record
+ * of it (lifecycle.c, where it travels): staging_bytes and the SYMNCCL_*
+ * knobs. size is sizeof(sn_agreed) and sum an FNV-1a hash of the bytes
+ * before it: a record torn by a concurrent write, or laid out by another
+ * symnccl, is no record. */
+typedef struct {
+    uint64_t magic;            /* SN_AGREED_MAGIC */
+    uint32_t size, unused;
+    uint64_t staging_bytes;
+    int32_t rank, nranks;
+    sn_knobs knobs;
+    uint64_t sum;
+} sn_agreed;
+#define SN_AGREED_MAGIC 0x31636e6d7973ull   /* "symnc1" */
+/* r's size and sum filled in. */
+void sn_agreed_seal(sn_agreed *r);
+/* 1 when r is a whole record of this layout (magic, size, sum). */
+int sn_agreed_whole(const sn_agreed *r);
+/* The first difference among nranks records (staging_bytes, then the
+ * knobs in sn_knobs_differ's order): 1 with why holding "what (rank 0:
+ * a, rank 1: b, ...)", 0 when all agree. */
+int sn_agreed_differ(const sn_agreed *all, int nranks, char *why,
+                     size_t len);
+/* sn_connect_agree_write puts c's record into its staging window before
  * the window's registration; sn_connect_agree_check, after it, reads
  * every peer's and compares them: -1 with err (ValueError) naming the
  * first difference with every rank's value, the same verdict on every
- * rank (lifecycle.c, where the record is laid out). */
+ * rank that read every record. */
 int sn_connect_agree_write(struct CommObject *c, sn_err *err);
 int sn_connect_agree_check(struct CommObject **cs, int n, sn_err *err);
 

@@ -222,7 +222,7 @@ int sn_call_unavailable(const sn_topology *t, const char *cname, int algo,
 PyObject *sn_py_exit_timeout(PyObject *module, PyObject *unused);
 /* Communicator.knobs: every knob's value, by its variable's name. */
 PyObject *sn_knobs_dict(const sn_knobs *k);
-PyObject *sn_py_knobs_differ(PyObject *module, PyObject *sets);
+PyObject *sn_py_settings_differ(PyObject *module, PyObject *sets);
 /* Adds DTYPES, OPS, ALGORITHMS, ... to the module (sn_registry_init
  * first). */
 int sn_registry_export(PyObject *module);

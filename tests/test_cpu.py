@@ -1120,12 +1120,17 @@ def test_xla_handlers_are_in_every_build():
         _C._xla_handler("broadcast")
 
 
-def test_ranks_whose_knobs_differ_are_named_with_every_ranks_value():
-    """What creation compares across ranks (sn_knobs_differ): equal sets
-    pass; one rank off in any knob of the table, or in SYMNCCL_ALGO, is
-    named with every rank's value; the first knob of the table wins, and
-    every rank, reading the same sets, gets the same words."""
-    assert _C._knobs_differ([{}, {}, {}]) is None
+def test_ranks_whose_settings_differ_are_named_with_every_ranks_value():
+    """What creation compares across ranks (sn_agreed_differ): equal sets
+    pass; one rank off in staging_bytes, in any knob of the table, or in
+    SYMNCCL_ALGO is named with every rank's value; staging_bytes first,
+    then the table's order; every rank, reading the same records, gets
+    the same words."""
+    differ = _C._settings_differ
+    assert differ([{}, {}, {}]) is None
+    big = 32 << 20
+    assert differ([{}, {"staging_bytes": big - 4096}]) == (
+        f"staging_bytes (rank 0: {big}, rank 1: {big - 4096})")
     # SYMNCCL_ALGO (a name) below; SYMNCCL_EXIT_TIMEOUT is the process's,
     # read at exit, not a communicator's
     for knob, (dflt, lo, hi, _doc) in _C.KNOBS.items():
@@ -1133,17 +1138,22 @@ def test_ranks_whose_knobs_differ_are_named_with_every_ranks_value():
             continue
         other = lo if dflt != lo else hi
         sets = [{}, {knob: other}, {}]
-        assert _C._knobs_differ(sets) == (
+        assert differ(sets) == (
             f"{knob} (rank 0: {dflt}, rank 1: {other}, rank 2: {dflt})"), \
             knob
-        assert _C._knobs_differ([{knob: other}] * 3) is None, knob
-    assert _C._knobs_differ([{}, {"SYMNCCL_EXIT_TIMEOUT": 5}]) is None
-    assert _C._knobs_differ([{}, {"SYMNCCL_ALGO": "ll"}]) == \
+        assert differ([{knob: other}] * 3) is None, knob
+        assert differ([{knob: other, "staging_bytes": 4096},
+                       {"staging_bytes": 8192}]).startswith(
+            "staging_bytes ("), knob
+    assert differ([{}, {"SYMNCCL_EXIT_TIMEOUT": 5}]) is None
+    assert differ([{}, {"SYMNCCL_ALGO": "ll"}]) == \
         "SYMNCCL_ALGO (rank 0: auto, rank 1: ll)"
     both = [{}, {"SYMNCCL_PDL": 0, "SYMNCCL_LL_CTAS": 8}]
-    assert _C._knobs_differ(both).startswith("SYMNCCL_LL_CTAS (")
+    assert differ(both).startswith("SYMNCCL_LL_CTAS (")
     with pytest.raises(ValueError, match="SYMNCCL_ALGO xx"):
-        _C._knobs_differ([{"SYMNCCL_ALGO": "xx"}])
+        differ([{"SYMNCCL_ALGO": "xx"}])
+    with pytest.raises(ValueError, match="SYMNCCL_LL_CTAS must be"):
+        differ([{"SYMNCCL_LL_CTAS": 10 ** 12}])
 
 
 def test_readme_names_every_algorithm_and_knob():

@@ -57,10 +57,12 @@ def test_errors_name_what_was_seen_and_lifetime_after_close(nranks):
 @ranks_param(2)
 def test_ranks_created_with_different_settings_refuse_alike(nranks):
     """A knob set otherwise on rank 1 (the push chunk, the packet grid),
-    or another staging_bytes=: every rank's creation refuses, with the same
-    ValueError naming it and every rank's value (a staging size that
-    changes the window's size may be refused by NCCL's registration
-    first: then every rank raises that); the same settings create."""
+    or a staging_bytes= one page smaller: every rank's creation refuses,
+    with the same ValueError naming it and every rank's value (a window of
+    another size may be refused by NCCL's registration first: then every
+    rank must still raise, and the words are the CPU test's,
+    test_ranks_whose_settings_differ_are_named_with_every_ranks_value);
+    the same settings create."""
     same = spawn(W.created_with_settings, nranks, args=("", 0, 0),
                  timeout=300)
     assert same == [("ok", True)] * nranks, same
@@ -70,8 +72,8 @@ def test_ranks_created_with_different_settings_refuse_alike(nranks):
              "SYMNCCL_PUSH_CHUNK_KIB (rank 0: 0, rank 1: 1024)"),
             ("SYMNCCL_LL_CTAS", 8, 0, "SYMNCCL_LL_CTAS (rank 0: 64, "
              "rank 1: 8)"),
-            ("", 0, 1 << 20, f"staging_bytes (rank 0: {big}, rank 1: "
-             f"{1 << 20})")):
+            ("", 0, big - 4096, f"staging_bytes (rank 0: {big}, rank 1: "
+             f"{big - 4096})")):
         res = spawn(W.created_with_settings, nranks,
                     args=(knob, value, staging), timeout=300)
         assert all(r[0] != "ok" for r in res), (knob, res)

@@ -437,11 +437,11 @@ static PyMethodDef sn_methods[] = {
      "_algo_unavailable_for(topology, algo, dtype, op, collective="
      "'all_reduce') -> why algo cannot "
      "run on a communicator of that topology, or None (testing)"},
-    {"_knobs_differ", sn_py_knobs_differ, METH_O,
-     "_knobs_differ(sets) -> None, or the first knob whose value differs "
-     "among the ranks' sets (dicts like comm.knobs; a missing knob has "
-     "its default), named as a communicator's creation refuses it "
-     "(testing)"},
+    {"_settings_differ", sn_py_settings_differ, METH_O,
+     "_settings_differ(sets) -> None, or the first setting whose value "
+     "differs among the ranks' sets (dicts like comm.knobs, plus "
+     "'staging_bytes'; a missing one has its default), named as a "
+     "communicator's creation refuses it (testing)"},
     {"_auto_algo_for", py_auto_algo_for, METH_VARARGS,
      "_auto_algo_for(topology, nbytes, dtype, op, in_window, collective="
      "'all_reduce') -> the "

@@ -5,6 +5,7 @@
  */
 #include "symnccl.h"
 
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -102,23 +103,44 @@ sn_knobs_dict(const sn_knobs *k)
     return d;
 }
 
-/* _knobs_differ(sets) -> None, or the first knob whose value differs
- * among the ranks' sets (each a dict like comm.knobs; a knob missing
- * from one has its default), as creation reports it (sn_knobs_differ;
- * testing). */
+/* _settings_differ(sets) -> None, or the first setting whose value
+ * differs among the ranks' sets, as a communicator's creation names it
+ * (sn_agreed_differ; testing). Each set is a dict like comm.knobs, plus
+ * "staging_bytes"; what one leaves out has its default. */
 static int
-knobs_from_dict(PyObject *d, sn_knobs *k)
+int_of(PyObject *d, const char *key, long long dflt, long long lo,
+       long long hi, long long *out)
+{
+    PyObject *v = PyDict_GetItemString(d, key);   /* borrowed */
+    long long x = v != NULL ? PyLong_AsLongLong(v) : dflt;
+    if (x == -1 && PyErr_Occurred())
+        return -1;
+    if (x < lo || x > hi) {
+        PyErr_Format(PyExc_ValueError, "%s must be %lld..%lld, got %lld",
+                     key, lo, hi, x);
+        return -1;
+    }
+    *out = x;
+    return 0;
+}
+
+static int
+record_from_dict(PyObject *d, int rank, int nranks, sn_agreed *r)
 {
     const char *env, *doc;
     int dflt, lo, hi;
-    memset(k, 0, sizeof(*k));
-    k->algo = SN_ALGO_AUTO;
+    long long x;
+    memset(r, 0, sizeof(*r));
+    r->rank = rank;
+    r->nranks = nranks;
+    if (int_of(d, "staging_bytes", SN_DEFAULT_STAGING, 0, LLONG_MAX, &x) < 0)
+        return -1;
+    r->staging_bytes = (uint64_t)x;
+    r->knobs.algo = SN_ALGO_AUTO;
     for (int i = 0; sn_knob_row(i, &env, &dflt, &lo, &hi, &doc); i++) {
-        PyObject *v = PyDict_GetItemString(d, env);   /* borrowed */
-        long x = v != NULL ? PyLong_AsLong(v) : dflt;
-        if (x == -1 && PyErr_Occurred())
+        if (int_of(d, env, dflt, INT_MIN, INT_MAX, &x) < 0)
             return -1;
-        sn_knob_set(k, i, (int)x);
+        sn_knob_set(&r->knobs, i, (int)x);
     }
     PyObject *a = PyDict_GetItemString(d, "SYMNCCL_ALGO");
     if (a != NULL) {
@@ -126,41 +148,44 @@ knobs_from_dict(PyObject *d, sn_knobs *k)
         if (name == NULL)
             return -1;
         if (strcmp(name, "auto") != 0) {
-            k->algo = sn_algo_by_name(name);
-            if (k->algo == SN_ALGO_UNKNOWN) {
+            r->knobs.algo = sn_algo_by_name(name);
+            if (r->knobs.algo == SN_ALGO_UNKNOWN) {
                 PyErr_Format(PyExc_ValueError, "SYMNCCL_ALGO %s is not an "
                              "algorithm", name);
                 return -1;
             }
         }
     }
+    sn_agreed_seal(r);
     return 0;
 }
 
 PyObject *
-sn_py_knobs_differ(PyObject *module, PyObject *sets)
+sn_py_settings_differ(PyObject *module, PyObject *sets)
 {
     Py_ssize_t n = PySequence_Size(sets);
     if (n < 0)
         return NULL;
     if (n < 1 || n > SYMNCCL_MAX_RANKS)
-        return PyErr_Format(PyExc_ValueError, "_knobs_differ: 1 to %d "
+        return PyErr_Format(PyExc_ValueError, "_settings_differ: 1 to %d "
                             "sets, got %zd", SYMNCCL_MAX_RANKS, n);
-    sn_knobs k[SYMNCCL_MAX_RANKS];
+    sn_agreed all[SYMNCCL_MAX_RANKS];
     for (Py_ssize_t r = 0; r < n; r++) {
         PyObject *d = PySequence_GetItem(sets, r);
         if (d == NULL)
             return NULL;
-        int rc = PyDict_Check(d) ? knobs_from_dict(d, &k[r]) : -2;
+        int rc = PyDict_Check(d) ? record_from_dict(d, (int)r, (int)n,
+                                                    &all[r])
+                                 : -2;
         Py_DECREF(d);
         if (rc == -2)
-            return PyErr_Format(PyExc_TypeError, "_knobs_differ: set %zd "
+            return PyErr_Format(PyExc_TypeError, "_settings_differ: set %zd "
                                 "is not a dict", r);
         if (rc < 0)
             return NULL;
     }
     char why[512];
-    if (!sn_knobs_differ(k, sizeof(k[0]), (int)n, why, sizeof(why)))
+    if (!sn_agreed_differ(all, (int)n, why, sizeof(why)))
         Py_RETURN_NONE;
     return PyUnicode_FromString(why);
 }

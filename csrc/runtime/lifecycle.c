@@ -434,73 +434,75 @@ error:
     return -1;
 }
 
-/* What every rank of a communicator must share: the SYMNCCL_* knobs
- * (docs/BUILD.md, 'Run-time knobs': the kernels' grids, chunks and
- * thresholds, and what "auto" picks, follow them) and staging_bytes (the
- * staging layout follows it). Ranks that differ would run different
- * protocols on the same flags: hangs, or a wait satisfied by the wrong
- * call, and wrong data. Each rank writes its record into its staging
- * window before registering the window, and reads every peer's through
+/* What every rank of a communicator must share (sn_agreed): the
+ * SYMNCCL_* knobs (docs/BUILD.md, 'Run-time knobs': the kernels' grids,
+ * chunks and thresholds, and what "auto" picks, follow them) and
+ * staging_bytes (the staging layout follows it). Ranks that differ would
+ * run different protocols on the same flags: hangs, or a wait satisfied by
+ * another call's flag, and wrong data. Each rank writes its record at
+ * offset 0 of its staging window (the same on every rank, whatever the
+ * layout) before it registers the window, and reads every peer's through
  * the peer's LSA address once its registration completed, which no rank
  * completes before every rank entered it, that is after every rank wrote
- * its record. The record sits in the last bytes of the staging data area
- * (one_shot's and two_shot's copy of their input, which a call writes
- * before any peer reads it, so the record's bytes are never read as a
- * flag). A rank's first call overwrites them only with an input of about
- * staging_bytes, and a peer that has not read them by then finds no
- * record, and does not judge (a record of an older symnccl likewise). */
-#define AGREED_MAGIC 0x31636e6d7973ull   /* "symnc1" */
-typedef struct {
-    uint64_t magic;
-    uint64_t staging_bytes;
-    int32_t rank, nranks;
-    sn_knobs knobs;
-} agreed;
+ * its record. Offset 0 is the staging data area (one_shot's and
+ * two_shot's copy of their input, which a call writes before any peer
+ * reads it), so the record's bytes are never read as a flag. A rank's
+ * first staged call overwrites its record: a peer that had not read it by
+ * then finds no whole record (sn_agreed_whole) and does not judge, while
+ * the ranks that read every record judge alike; a record of another
+ * symnccl is likewise no record (the record and its verdict:
+ * registry.c). */
+#define AGREED_OFFSET 0
 
-static size_t
-agreed_offset(const CommObject *c)
+static int
+agree_wanted(const CommObject *c)
 {
-    return (c->mem.layout.staging - sizeof(agreed)) / 16 * 16;
+    return c->mem.staging != NULL &&
+           c->mem.layout.staging >= sizeof(sn_agreed);
 }
 
 int
 sn_connect_agree_write(CommObject *c, sn_err *err)
 {
-    if (c->mem.staging == NULL || c->mem.layout.staging < sizeof(agreed))
+    if (!agree_wanted(c))
         return 0;
-    agreed a;
+    sn_agreed a;
     memset(&a, 0, sizeof(a));
-    a.magic = AGREED_MAGIC;
     a.staging_bytes = c->mem.layout.staging;
     a.rank = c->rank;
     a.nranks = c->nranks;
     a.knobs = c->knobs;
+    sn_agreed_seal(&a);
     SN_CUDA_ERR_GOTO(err, cudaSetDevice(c->device), "cudaSetDevice", error);
-    SN_CUDA_ERR_GOTO(err, cudaMemcpy(c->mem.staging + agreed_offset(c), &a,
+    /* from pageable memory, cudaMemcpy may return before the copy lands:
+     * the synchronisation makes it land before the registration */
+    SN_CUDA_ERR_GOTO(err, cudaMemcpy(c->mem.staging + AGREED_OFFSET, &a,
                                      sizeof(a), cudaMemcpyHostToDevice),
+                     "writing the creation record", error);
+    SN_CUDA_ERR_GOTO(err, cudaDeviceSynchronize(),
                      "writing the creation record", error);
     return 0;
 error:
     return -1;
 }
 
-/* Every rank's record through c's staging window, by rank: 1 when all
- * were there, 0 when one was not (not judged), -1 with err. */
+/* Every rank's record through c's staging window, by rank: 1 when every
+ * one was whole, 0 when one was not (not judged), -1 with err. */
 static int
-read_records(CommObject *c, agreed *all, sn_err *err)
+read_records(CommObject *c, sn_agreed *all, sn_err *err)
 {
     memset(all, 0, (size_t)c->nranks * sizeof(*all));
     for (int p = 0; p < c->lsa_size; p++) {
         void *ptr = NULL;
-        agreed a;
+        sn_agreed a;
         SN_CUDA_ERR_GOTO(err, symnccl_lsa_pointer(c->mem.staging_win->win,
-                                                  agreed_offset(c), p, &ptr),
+                                                  AGREED_OFFSET, p, &ptr),
                          "reading a peer's LSA address", error);
         SN_CUDA_ERR_GOTO(err, cudaMemcpy(&a, ptr, sizeof(a),
                                          cudaMemcpyDefault),
                          "reading a peer's creation record", error);
-        if (a.magic != AGREED_MAGIC || a.nranks != c->nranks ||
-            a.rank < 0 || a.rank >= c->nranks || all[a.rank].magic != 0)
+        if (!sn_agreed_whole(&a) || a.nranks != c->nranks || a.rank < 0 ||
+            a.rank >= c->nranks || all[a.rank].magic != 0)
             return 0;
         all[a.rank] = a;
     }
@@ -512,46 +514,28 @@ error:
 int
 sn_connect_agree_check(CommObject **cs, int n, sn_err *err)
 {
-    agreed all[SYMNCCL_MAX_RANKS];
+    sn_agreed all[SYMNCCL_MAX_RANKS];
     for (int i = 0; i < n; i++) {
         CommObject *c = cs[i];
-        if (c->mem.staging_win == NULL || !c->symmetric || c->nranks < 2 ||
-            c->lsa_size != c->nranks || c->nranks > SYMNCCL_MAX_RANKS ||
-            c->mem.layout.staging < sizeof(agreed))
+        if (!agree_wanted(c) || c->mem.staging_win == NULL ||
+            !c->symmetric || c->nranks < 2 || c->lsa_size != c->nranks ||
+            c->nranks > SYMNCCL_MAX_RANKS)
             continue;
         SN_CUDA_ERR_GOTO(err, cudaSetDevice(c->device), "cudaSetDevice",
                          error);
         int got = read_records(c, all, err);
         if (got < 0)
             return -1;
-        if (got == 0)
-            continue;
         char why[512];
-        int differ = 0;
-        size_t used = 0;
-        for (int r = 1; r < c->nranks && !differ; r++)
-            differ = all[r].staging_bytes != all[0].staging_bytes;
-        if (differ) {
-            used = (size_t)snprintf(why, sizeof(why), "staging_bytes (");
-            for (int r = 0; r < c->nranks && used < sizeof(why); r++)
-                used += (size_t)snprintf(why + used, sizeof(why) - used,
-                                         "%srank %d: %llu", r ? ", " : "", r,
-                                         (unsigned long long)
-                                             all[r].staging_bytes);
-            if (used < sizeof(why))
-                snprintf(why + used, sizeof(why) - used, ")");
-        } else {
-            differ = sn_knobs_differ(&all[0].knobs, sizeof(agreed),
-                                     c->nranks, why, sizeof(why));
-        }
-        if (differ) {
-            sn_fail(err, cudaSuccess, ncclSuccess, "the %d ranks were "
-                    "created with different settings: %s; every rank must "
-                    "pass the same staging_bytes and SYMNCCL_* knobs "
-                    "(docs/BUILD.md, 'Run-time knobs')", c->nranks, why);
-            err->kind = SN_ERR_VALUE;
-            return -1;
-        }
+        if (got == 0 || !sn_agreed_differ(all, c->nranks, why, sizeof(why)))
+            continue;
+        /* the rank list last: a long one is what a cut loses */
+        sn_fail(err, cudaSuccess, ncclSuccess, "the %d ranks were created "
+                "with different settings (every rank must pass the same "
+                "staging_bytes and SYMNCCL_* knobs: docs/BUILD.md, "
+                "'Run-time knobs'): %s", c->nranks, why);
+        err->kind = SN_ERR_VALUE;
+        return -1;
     }
     return 0;
 error:

@@ -816,6 +816,52 @@ sn_knobs_differ(const sn_knobs *k, size_t stride, int nranks, char *why,
     return 0;
 }
 
+/* A rank's record of what its communicator's ranks must share (runtime.h,
+ * sn_agreed; lifecycle.c carries it between the ranks). */
+static uint64_t
+agreed_hash(const sn_agreed *r)
+{
+    const unsigned char *p = (const unsigned char *)r;
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < offsetof(sn_agreed, sum); i++)
+        h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
+}
+
+void
+sn_agreed_seal(sn_agreed *r)
+{
+    r->magic = SN_AGREED_MAGIC;
+    r->size = (uint32_t)sizeof(*r);
+    r->sum = agreed_hash(r);
+}
+
+int
+sn_agreed_whole(const sn_agreed *r)
+{
+    return r->magic == SN_AGREED_MAGIC && r->size == sizeof(*r) &&
+           r->sum == agreed_hash(r);
+}
+
+int
+sn_agreed_differ(const sn_agreed *all, int nranks, char *why, size_t len)
+{
+    int differ = 0;
+    for (int r = 1; r < nranks && !differ; r++)
+        differ = all[r].staging_bytes != all[0].staging_bytes;
+    if (!differ)
+        return sn_knobs_differ(&all[0].knobs, sizeof(*all), nranks, why,
+                               len);
+    size_t used = (size_t)snprintf(why, len, "staging_bytes (");
+    for (int r = 0; r < nranks && used < len; r++)
+        used += (size_t)snprintf(why + used, len - used, "%srank %d: %llu",
+                                 r ? ", " : "", r,
+                                 (unsigned long long)all[r].staging_bytes);
+    if (used < len)
+        snprintf(why + used, len - used, ")");
+    return 1;
+}
+
 /* ------------------------------------------------------------------ */
 /* The tables row by row, for their Python view (python/tables.c). */
 
