@@ -154,22 +154,24 @@
     "receive. in_splits: a host sequence of nranks ints, or a device int64 " \
     "tensor of nranks. out_splits: an optional device int64 tensor of nranks " \
     "that receives the rows each rank sent here; out_offsets, likewise, the " \
-    "row of out where each rank's rows start. Returns out.\n\nalgo='push' (or " \
-    "'ll', for small messages) runs symnccl's kernel: the ranks exchange the " \
-    "counts on the device, so with device splits nothing synchronises with the " \
-    "host and the call can be captured in a CUDA graph whose replays read the " \
-    "splits anew. Rows that would land past the end of out are dropped " \
-    "(sum(out_splits) > out rows shows it), and so are rows past x's end. 'll' " \
-    "carries one row of LL packets per source: a block past it (the " \
-    "communicator's size, the same on every rank) is cut there (out_splits " \
-    "says what arrived; host splits that were cut warn). 'nccl' exchanges the " \
-    "counts with NCCL and reads them back to the host: that path synchronises " \
-    "with the stream (and cannot be captured); it drops rows as the kernels " \
-    "do. 'auto' follows symnccl.AUTO_TABLE by out's bytes, which must be the " \
-    "same on every rank (ll only where a block out can keep fits its row, so " \
-    "it never cuts).\n\nExample:\n    splits = torch.bincount(dest, " \
-    "minlength=n)  # on the GPU\n    comm.all_to_all_v(x[order], out, splits, " \
-    "out_splits=got, algo='push')"
+    "row of out where each rank's rows start. out, out_splits and out_offsets " \
+    "each need memory of their own (not shared with x, in_splits or each " \
+    "other). Returns out.\n\nalgo='push' (or 'll', for small messages) runs " \
+    "symnccl's kernel: the ranks exchange the counts on the device, so with " \
+    "device splits nothing synchronises with the host and the call can be " \
+    "captured in a CUDA graph whose replays read the splits anew. Rows that " \
+    "would land past the end of out are dropped (sum(out_splits) > out rows " \
+    "shows it), and so are rows past x's end. 'll' carries one row of LL " \
+    "packets per source: a block past it (the communicator's size, the same on " \
+    "every rank) is cut there (out_splits says what arrived; host splits that " \
+    "were cut warn). 'nccl' exchanges the counts with NCCL and reads them back " \
+    "to the host: that path synchronises with the stream (and cannot be " \
+    "captured); it drops rows as the kernels do. 'auto' follows " \
+    "symnccl.AUTO_TABLE by out's bytes, which must be the same on every rank " \
+    "(ll only where a block out can keep fits its row, so it never " \
+    "cuts).\n\nExample:\n    splits = torch.bincount(dest, minlength=n)  # on " \
+    "the GPU\n    comm.all_to_all_v(x[order], out, splits, out_splits=got, " \
+    "algo='push')"
 
 #define SN_KW_barrier {"stream", "blocking", NULL}
 #define SN_FMT_barrier "|O$p:barrier"

@@ -165,8 +165,9 @@ METHODS = [
      'in_splits: a host sequence of nranks ints, or a device int64 '
      'tensor of nranks. out_splits: an optional device int64 tensor '
      'of nranks that receives the rows each rank sent here; out_offsets, '
-     "likewise, the row of out where each rank's rows start. Returns "
-     'out.\n\n'
+     "likewise, the row of out where each rank's rows start. out, "
+     'out_splits and out_offsets each need memory of their own (not '
+     "shared with x, in_splits or each other). Returns out.\n\n"
      "algo='push' (or 'll', for small messages) runs symnccl's kernel: "
      'the ranks exchange the counts on the device, so with device '
      'splits nothing synchronises with the host and the call can be '
