@@ -142,6 +142,17 @@ def _mlp(torch, H, L, seed=0):
     return torch.nn.Sequential(*layers).cuda()
 
 
+def _sgd_step(fwd, opt, x):
+    """One training step of the steps' models: the mean square of fwd(x)
+    as the loss, backward, SGD."""
+    def step():
+        loss = fwd(x).float().square().mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    return step
+
+
 def _step_time(torch, step, steps):
     """Median microseconds per step (device events around each; host
     waits for each step, so host cost a step cannot hide shows), and the
@@ -212,14 +223,8 @@ def _steps(torch, dist, groups, opts, rank, n):
                     y = model(DTensor.from_local(x, mesh, [Shard(0)]))
                     return y.to_local() if isinstance(y, DTensor) else y
             opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-
-            def step(fwd=fwd, opt=opt):
-                loss = fwd(x).float().square().mean()
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-            row[kind], row[f"{kind}_host"] = _step_time(torch, step,
-                                                        opts["steps"])
+            row[kind], row[f"{kind}_host"] = _step_time(
+                torch, _sgd_step(fwd, opt, x), opts["steps"])
             del model, opt
         rows.append(row)
     return rows

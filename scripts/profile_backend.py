@@ -66,12 +66,7 @@ def worker(rank, nranks, uid, opts):
         model = DDP(B._mlp(torch, opts["hidden"], opts["layers"]),
                     process_group=groups[kind])
         opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-
-        def step(model=model, opt=opt):
-            loss = model(x).float().square().mean()
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
+        step = B._sgd_step(model, opt, x)
         out[kind] = B._step_time(torch, step, opts["steps"])
         if kind == "symnccl":
             # timed steps of their own: the wrappers cost host time
