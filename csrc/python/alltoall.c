@@ -71,7 +71,8 @@ check_not_in_place(const sn_call *k, size_t bytes_out)
  * with no order among the CTAs: a tensor written sharing memory with
  * another would be read changed by a late CTA (a send row, a chunk count
  * that differs from CTA 0's). Refused, as out overlapping x is (that pair
- * is check_not_in_place's); absent tensors have ptr NULL. */
+ * is refused before, by check_not_in_place); absent tensors have ptr
+ * NULL. */
 static int
 check_distinct(const sn_call *k, const SNTensor *in_splits,
                const SNTensor *out_splits, const SNTensor *out_offsets)

@@ -511,6 +511,9 @@ error:
     return -1;
 }
 
+/* cs are this process's ranks of one communicator: every rank's record
+ * reads the same through any of them, so the first that has a staging
+ * window reads them (once, not once per local rank). */
 int
 sn_connect_agree_check(CommObject **cs, int n, sn_err *err)
 {
@@ -528,7 +531,7 @@ sn_connect_agree_check(CommObject **cs, int n, sn_err *err)
             return -1;
         char why[512];
         if (got == 0 || !sn_agreed_differ(all, c->nranks, why, sizeof(why)))
-            continue;
+            return 0;
         /* the rank list last: a long one is what a cut loses */
         sn_fail(err, cudaSuccess, ncclSuccess, "the %d ranks were created "
                 "with different settings (every rank must pass the same "
