@@ -52,6 +52,7 @@ def worker(rank, nranks, uid, opts):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     import bench_backend as B
+    import symnccl.torch  # noqa: F401  (registers the backend)
     from symnccl import torch_backend as tb
     from symnccl.bootstrap import init_torch
     init_torch(rank, nranks, opts["port"])

@@ -33,8 +33,10 @@
 //       peers' rows (sent at about the time of their chunk 0), so every
 //       CTA of every rank holds the same n x n matrix and computes the
 //       same nch. CTA 0 writes out_splits[r] = S[r][me] and out_offsets[r]
-//       (where rank r's rows start in out); my own block is copied from
-//       the input into the output locally.
+//       (where rank r's rows start in out).
+//     own: piece j of my own block (nch pieces) copied from the input into
+//       the output locally, after chunk j's stores, so that it overlaps
+//       their trip (no flags: nothing of a peer's is touched).
 //     consume: once every peer's flag 0 >= e + 1, copy chunk j of each
 //       peer's slot to its place in my output; then flag 1 := e + 1 at
 //       every peer (for chunk 0 it also says "I have read your splits":
@@ -204,6 +206,7 @@ __global__ void __launch_bounds__(512, 1)
     }
 
   size_t nch = 1;  // until the matrix is known (chunk 0's send)
+  size_t own = 0, own_piece = 0;  // my own block's bytes, a chunk's piece
   for (size_t j = 0; j < nch; j++) {
     const uint64_t e = e0 + j;
     const size_t c0 = j * chunk;
@@ -263,11 +266,21 @@ __global__ void __launch_bounds__(512, 1)
           a.out_offsets[threadIdx.x] = sh.out_off[threadIdx.x];
       }
       if (sh.nch > 1) nch = (size_t)sh.nch;
-      // my own block, locally: this CTA's vectors of it
-      const T* from = src + (size_t)sh.in_off[me] * row;
-      T* to = out + (size_t)sh.out_off[me] * row;
-      push_copy<T, UC>((size_t)sh.out_cap[me] * row, from, aligned(from), to,
-                       aligned(to), false, d);
+      own = (size_t)sh.out_cap[me] * row;
+      own_piece = (own / nch + 15) / 16 * 16;
+    }
+    // my own block, locally, a piece a chunk after the chunk's stores, so
+    // that it overlaps their trip as the all-gather's own copy does (all
+    // of it after chunk 0's stores kept NVLink idle while it ran): this
+    // CTA's vectors of piece j, the last piece taking what is left
+    {
+      const size_t p0 = j * own_piece;
+      const size_t len = j + 1 == nch ? (own > p0 ? own - p0 : 0)
+                                      : a2a_part(own, p0, own_piece);
+      const T* from = src + (size_t)sh.in_off[me] * row + p0;
+      T* to = out + (size_t)sh.out_off[me] * row + p0;
+      if (len != 0)
+        push_copy<T, UC>(len, from, aligned(from), to, aligned(to), false, d);
     }
 
     if (!wait_flags(my_flags + line0, me, n, e + 1, a, SYMNCCL_WAIT_SLICES,
