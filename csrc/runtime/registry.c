@@ -341,9 +341,13 @@ static const auto_row auto_table[] = {
      * against NCCL 18.9 in the 5-rep run, 17.3 against 15.9 (9% behind)
      * in the 15-rep one; 4 MiB, 27.5 against 26.3 (5-rep), 24.3 against
      * 25.5 (15-rep). A row has one push range: push, over NCCL from 1 to
-     * 16 MiB. */
-    {SYMNCCL_COLL_ALL_TO_ALL, 2, 1 * MIB, 0, 0, 0, 0, 16 * MIB,
-     SN_ALGO_NCCL},
+     * 16 MiB. 2x H100 again, after push copied its own block a piece a
+     * chunk (session 16, alltoall_h100x2_bfloat16_own_pieces.json and
+     * _before.json, two runs of each build): push 80.3 / 143.5 / 264 / 498
+     * us at 32 / 64 / 128 / 256 MiB against NCCL's 84.1 / 147.8-153.6 /
+     * 270.7-272.3 / 506: push above 1 MiB at 2 ranks (3 and 4 ranks not
+     * measured since: their rows stand). */
+    {SYMNCCL_COLL_ALL_TO_ALL, 2, 1 * MIB, 0, 0, 0, 0, 0, SN_ALGO_PUSH},
     {SYMNCCL_COLL_ALL_TO_ALL, 3, 1 * MIB, 0, 0, 0, 0, 4 * MIB,
      SN_ALGO_NCCL},
     {SYMNCCL_COLL_ALL_TO_ALL, 4, 512 * KIB, 0, 0, 0, 0, 16 * MIB,
