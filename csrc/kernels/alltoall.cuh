@@ -348,7 +348,6 @@ __global__ void __launch_bounds__(512)
   __shared__ int64_t s_cap[SYMNCCL_MAX_RANKS];
   const int n = dc.lsaSize;
   const int me = dc.lsaRank;
-  const Peers region = Peers::of(a.region_win, 0);  // before the entry
   uint64_t epoch;
   if (!enter_cta(a, me, n, epoch)) return;
   const PacketCall call(epoch, a.region_offset, n, a.row_bytes);
@@ -371,7 +370,8 @@ __global__ void __launch_bounds__(512)
 
   // my counts and blocks into row `me` of every peer's slot, each block
   // cut at what a row carries
-  const Peers rows = region.at(call.slot_off + (size_t)me * a.row_bytes);
+  const Peers rows =
+      Peers::of(a.region_win, call.slot_off + (size_t)me * a.row_bytes);
   const size_t w0 = F::worker(), nw = F::workers();
   const int64_t fits = (int64_t)a2a_ll_rows(a.row_bytes, row);
   auto sent = [&](int q) { return s_send[q] < fits ? s_send[q] : fits; };
@@ -388,7 +388,7 @@ __global__ void __launch_bounds__(512)
   }
 
   // the counts sent here, where each source's rows go, what fits
-  const char* mine = region.at(call.slot_off)(me);
+  const char* mine = Peers::of(a.region_win, call.slot_off)(me);
   bool ok = true;
   if ((int)threadIdx.x < n) {
     const int r = threadIdx.x;

@@ -97,11 +97,10 @@ __device__ __forceinline__ void one_shot_body(const ncclDevComm& dc,
   constexpr int U = lsa_unroll<T>();
   const int n = dc.lsaSize;
   const int me = dc.lsaRank;
-  // the windows' descriptors before the entry (Peers::of)
-  const Barrier bar = Barrier::of(a, me, n);
-  const Peers in = Peers::of(a.win, a.win_offset);
   const Entry en = enter(a, me, n);
   const uint64_t e = en.epoch;
+  const Barrier bar = Barrier::of(a, me, n);
+  const Peers in = Peers::of(a.win, a.win_offset);
   T* mine = reinterpret_cast<T*>(in(me));
   const T* src = static_cast<const T*>(a.src);
   T* out = static_cast<T*>(a.out);
@@ -174,12 +173,11 @@ __global__ void __launch_bounds__(512)
   constexpr int U = lsa_unroll<T>();
   const int n = dc.lsaSize;
   const int me = dc.lsaRank;
-  // the windows' descriptors before the entry (Peers::of)
+  const Entry en = enter(a, me, n);
+  const uint64_t e = en.epoch;
   const Barrier bar = Barrier::of(a, me, n);
   const Peers in = Peers::of(a.win, a.win_offset);
   const Peers mid = Peers::of(a.mid_win, a.mid_offset);
-  const Entry en = enter(a, me, n);
-  const uint64_t e = en.epoch;
   T* mine = reinterpret_cast<T*>(in(me));
   const T* mine_mid = reinterpret_cast<const T*>(mid(me));
   const T* src = static_cast<const T*>(a.src);

@@ -283,14 +283,14 @@ struct PacketLaunch {
 template <typename T, typename F>
 __global__ void __launch_bounds__(512)
     packet_one_shot(ncclDevComm dc, const __grid_constant__ symnccl_kargs a) {
-  const Peers region = Peers::of(a.region_win, 0);  // before the entry
   uint64_t epoch;
   if (!enter_cta(a, dc.lsaRank, dc.lsaSize, epoch)) return;
   const PacketLaunch<T, F> k(dc.lsaSize, dc.lsaRank, epoch, a);
   const int n = k.n, me = k.me;
 
   // my items into row `me` of every peer's slot
-  const Peers row = region.at(k.call.slot_off + (size_t)me * a.row_bytes);
+  const Peers row =
+      Peers::of(a.region_win, k.call.slot_off + (size_t)me * a.row_bytes);
   for (size_t i = F::worker(); i < k.items; i += F::workers()) {
     const typename F::Item it = F::load(k.in, i, a.count, k.in_al, k.flag);
     for (int q = 0; q < n; q++)
@@ -298,7 +298,7 @@ __global__ void __launch_bounds__(512)
   }
 
   // my slot's rows, reduced in rank order as they arrive
-  const char* mine = region.at(k.call.slot_off)(me);
+  const char* mine = Peers::of(a.region_win, k.call.slot_off)(me);
   bool ok = true;
   for (size_t i = F::worker(); i < k.items && ok; i += F::workers())
     F::put(k.out, i, a.count, k.out_al,
@@ -376,13 +376,12 @@ __device__ __forceinline__ void gather_slices(const PacketLaunch<T, F>& k,
 template <typename T, typename F>
 __global__ void __launch_bounds__(512)
     packet_two_shot(ncclDevComm dc, const __grid_constant__ symnccl_kargs a) {
-  const Peers region = Peers::of(a.region_win, 0);  // before the entry
   uint64_t epoch;
   if (!enter_cta(a, dc.lsaRank, dc.lsaSize, epoch)) return;
   const PacketLaunch<T, F> k(dc.lsaSize, dc.lsaRank, epoch, a);
   const size_t half = a.row_bytes / 2;
   const size_t per = (k.items + k.n - 1) / k.n;  // items per slice
-  const Peers slot = region.at(k.call.slot_off);
+  const Peers slot = Peers::of(a.region_win, k.call.slot_off);
   bool ok = true;
   scatter_slices(k, a, slot, half, per);
   reduce_slice(k, a, slot, half, per, ok);
@@ -418,12 +417,11 @@ template <typename T, typename F>
 __global__ void __launch_bounds__(512)
     packet_reduce_scatter(ncclDevComm dc,
                           const __grid_constant__ symnccl_kargs a) {
-  const Peers region = Peers::of(a.region_win, 0);  // before the entry
   uint64_t epoch;
   if (!enter_cta(a, dc.lsaRank, dc.lsaSize, epoch)) return;
   const PacketLaunch<T, F> k(dc.lsaSize, dc.lsaRank, epoch, a);
   const int n = k.n, me = k.me;
-  const Peers slot = region.at(k.call.slot_off);
+  const Peers slot = Peers::of(a.region_win, k.call.slot_off);
 
   // slice q of my input into row `me` of rank q's slot (rotated order)
   for (int d = 1; d < n; d++) {
@@ -454,12 +452,11 @@ template <typename T, typename F>
 __global__ void __launch_bounds__(512)
     packet_all_gather(ncclDevComm dc,
                       const __grid_constant__ symnccl_kargs a) {
-  const Peers region = Peers::of(a.region_win, 0);  // before the entry
   uint64_t epoch;
   if (!enter_cta(a, dc.lsaRank, dc.lsaSize, epoch)) return;
   const PacketLaunch<T, F> k(dc.lsaSize, dc.lsaRank, epoch, a);
   const int n = k.n, me = k.me;
-  const Peers slot = region.at(k.call.slot_off);
+  const Peers slot = Peers::of(a.region_win, k.call.slot_off);
 
   // my input into row `me` of every peer's slot, and into my slice of out
   T* own = k.out + (size_t)me * a.slice_stride;

@@ -350,10 +350,6 @@ struct Peers {
   char* base;     // rank 0's copy
   size_t stride;  // from one rank's copy to the next's
 
-  // Reads the window's descriptor from device memory, constant since its
-  // registration: kernels call it before enter_cta, so that its load
-  // overlaps the entry's (PDL wait, fault word, counter) instead of
-  // following it, and take offsets known only after the entry with at().
   __device__ __forceinline__ static Peers of(ncclWindow_t win, size_t off) {
     char* p0 = static_cast<char*>(ncclGetLsaPointer(win, off, 0));
     char* p1 = static_cast<char*>(ncclGetLsaPointer(win, off, 1));

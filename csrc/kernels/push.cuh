@@ -241,11 +241,9 @@ __global__ void __launch_bounds__(512)
   const int n = dc.lsaSize;
   const int me = dc.lsaRank;
 
-  // the window's descriptor before the entry (Peers::of)
-  const Peers flags = Peers::of(a.region_win, a.region_offset);
-  const Peers data = Peers::of(a.region_win, a.data_offset);
   uint64_t e0;
   if (!enter_cta(a, me, n, e0)) return;
+  const Peers flags = Peers::of(a.region_win, a.region_offset);
   const char* my_flags = flags(me);
   // every peer has read all that the push calls before this one sent it
   // (flag 1 >= e0): the slots of chunks 0 and 1 are free ('Between
@@ -267,6 +265,7 @@ __global__ void __launch_bounds__(512)
   const bool to_window = a.out_win != nullptr;
   const Deal<1> d = Deal<1>::of(Group::cta());
   const size_t step = d.tile;
+  const Peers data = Peers::of(a.region_win, a.data_offset);
   const size_t res_rel = 2 * (size_t)n * slot_bytes;
   const char* my_data = data(me);
   // Where results go on every rank: the output in place, else result slots.

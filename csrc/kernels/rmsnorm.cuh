@@ -77,10 +77,6 @@ SYMNCCL_BEGIN
 // bf16/fp16, 8192 fp32) never reads out_h back.
 constexpr int kRmsKeep = 2;
 
-// ll_rmsnorm: a row's vectors a thread loads before it sends them (H 8192
-// bf16 in one batch; 4 made ptxas spill 32 bytes in the 16-bit units).
-constexpr int kRmsSendBatch = 2;
-
 // op(a, b) of one float per thread over the CTA, from 0, in a fixed
 // order; every thread gets the same bits. `buf`: 32 floats of shared
 // memory, alternating by row parity between two such (one __syncthreads
@@ -447,10 +443,7 @@ template <typename T, bool kQuant>
 __global__ void __launch_bounds__(512)
     ll_rmsnorm(ncclDevComm dc, const __grid_constant__ symnccl_kargs a) {
   __shared__ float s_sum[2][32], s_max[2][32];
-  __shared__ int s_failed;  // some thread's wait gave up
-  if (threadIdx.x == 0) s_failed = 0;  // before enter_cta's barrier
   const int n = dc.lsaSize, me = dc.lsaRank;
-  const Peers region = Peers::of(a.region_win, 0);  // before the entry
   uint64_t epoch;
   if (!enter_cta(a, me, n, epoch)) return;
   const PacketCall call(epoch, a.region_offset, n, a.row_bytes);
@@ -469,42 +462,10 @@ __global__ void __launch_bounds__(512)
         reinterpret_cast<uintptr_t>(out) | reinterpret_cast<uintptr_t>(out_h)) &
        15) == 0;
   constexpr size_t kVec = 2 * LL::kItemBytes;  // a vector's packets
-  const Peers slot = region.at(call.slot_off);
+  const Peers slot = Peers::of(a.region_win, call.slot_off);
 
-  // my rows' vectors into row `me` of every peer's slot, first: up to
-  // kRmsSendBatch of a row's vectors loaded before any is sent, so their
-  // loads are in flight together (aligned, a row's vectors are whole:
-  // plain loads with no branch between them, where the compiler would
-  // wait for one before issuing the next)
-  const Peers to = slot.at((size_t)me * a.row_bytes);
-  for (size_t r = blockIdx.x; r < rows; r += gridDim.x)
-    for (size_t v0 = tid; v0 < rvec; v0 += kRmsSendBatch * bd) {
-      uint4 d[kRmsSendBatch];
-      if (x_al) {
-#pragma unroll
-        for (int u = 0; u < kRmsSendBatch; u++)
-          if (v0 + u * bd < rvec)
-            d[u] = reinterpret_cast<const uint4*>(x + r * H)[v0 + u * bd];
-      } else {
-#pragma unroll
-        for (int u = 0; u < kRmsSendBatch; u++)
-          if (v0 + u * bd < rvec)
-            d[u] = load_pack<16>(x + r * H, v0 + u * bd, H, false);
-      }
-#pragma unroll
-      for (int u = 0; u < kRmsSendBatch; u++)
-        if (v0 + u * bd < rvec)
-          for (int q = 0; q < n; q++)
-            if (q != me)
-              send_vec(to(q) + (r * rvec + v0 + u * bd) * kVec, d[u], flag);
-    }
-
-  // then what does not come from peers, during the trip: the kept
-  // vectors' weights (the same every row) and the first row's residual.
-  // After the sends, not before: the compiler waits for each of these
-  // loads where it unpacks the vector, right after the load, and so held
-  // the sends back by two load latencies (docs/PERFORMANCE.md, 'Fused
-  // all-reduce, all-to-all and steps').
+  // what does not come from peers, in flight during the trip: the kept
+  // vectors' weights (the same every row) and the first row's residual
   const T* w = static_cast<const T*>(a.weight);
   uint4 wk[kRmsKeep], rk[kRmsKeep];
   auto has = [&](int u) { return tid + u * bd < rvec; };
@@ -519,12 +480,21 @@ __global__ void __launch_bounds__(512)
     if (has(u)) wk[u] = load_pack<16>(w, tid + u * bd, H, aligned);
   fetch_res(blockIdx.x);
 
+  // my rows' vectors into row `me` of every peer's slot
+  const Peers to = slot.at((size_t)me * a.row_bytes);
+  for (size_t r = blockIdx.x; r < rows; r += gridDim.x)
+    for (size_t v = tid; v < rvec; v += bd) {
+      const uint4 d = load_pack<16>(x + r * H, v, H, x_al);
+      for (int q = 0; q < n; q++)
+        if (q != me) send_vec(to(q) + (r * rvec + v) * kVec, d, flag);
+    }
+
   // my rows, each reduced in rank order as its packets land, then
   // normalised: rmsnorm_body's row loop, the same arithmetic in the same
   // order, and add_rmsnorm's y stores (kept apart: a helper shared with
   // rmsnorm_body made ptxas spill one_shot_rmsnorm's float32 unit, one
   // shared with add_rmsnorm its float16 unit: 16 bytes each way). A thread whose wait gave up stores
-  // no more h; the CTA stores no y for the row (s_failed).
+  // no more h; the CTA stores no y for the row (__syncthreads_and).
   const char* mine = slot(me);
   bool ok = true;
   // the sums of U vectors of row r, v0 + u * bd: a peer's 2U packets
@@ -600,11 +570,8 @@ __global__ void __launch_bounds__(512)
       ss += sum_squares<T>(hv);
       if (ok) store_pack<16>(out_h + r * H, v, H, aligned, hv);
     }
-    // block_sum's barrier also publishes s_failed (a failed wait ends the
-    // CTA's rows, so the word never needs clearing)
-    if (!ok) s_failed = 1;
     const float rstd = rsqrtf(block_sum(ss, s_sum[parity]) / (float)H + a.eps);
-    if (s_failed) break;
+    if (!__syncthreads_and(ok)) break;
     if constexpr (kQuant) {
       quantise_row(a, r, rstd, keep, wk, out_h + r * H, s_max[parity]);
     } else {
