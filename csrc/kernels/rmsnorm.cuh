@@ -433,41 +433,6 @@ __global__ void __launch_bounds__(512)
 // Requirements:
 // rows * H * sizeof(T) <= row_bytes / 2 (the host's chunks), the rest as
 // one_shot_rmsnorm's.
-// A 16-byte load whose words the compiler cannot take apart where they are
-// loaded (asm outputs): the thread waits for it only where a word is used.
-__device__ __forceinline__ uint4 load_in_flight(const uint4* p) {
-  uint4 v;
-  asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-
-// v, opaque to the compiler here (an empty asm with v as operands): a
-// vector loaded with load_in_flight is first taken apart after this point,
-// so the thread waits for its load here, not at the load.
-__device__ __forceinline__ uint4 in_hand(uint4 v) {
-  asm volatile("" : "+r"(v.x), "+r"(v.y), "+r"(v.z), "+r"(v.w));
-  return v;
-}
-
-// The same 16 bytes from a T-aligned address, built as words (so that the
-// branch beside load_in_flight merges words, not elements).
-template <typename T>
-__device__ __forceinline__ uint4 load_words(const T* p) {
-  uint32_t w[4];
-#pragma unroll
-  for (int k = 0; k < 4; k++) {
-    if constexpr (sizeof(T) == 4) {
-      w[k] = reinterpret_cast<const uint32_t*>(p)[k];
-    } else {
-      const uint16_t* h = reinterpret_cast<const uint16_t*>(p);
-      w[k] = (uint32_t)h[2 * k] | (uint32_t)h[2 * k + 1] << 16;
-    }
-  }
-  return make_uint4(w[0], w[1], w[2], w[3]);
-}
-
 __device__ __forceinline__ void send_vec(char* p, uint4 d, uint64_t flag) {
   LL::send(p, {{(uint64_t)d.x | (uint64_t)d.y << 32}}, flag);
   LL::send(p + LL::kItemBytes, {{(uint64_t)d.z | (uint64_t)d.w << 32}},
@@ -500,49 +465,28 @@ __global__ void __launch_bounds__(512)
   const Peers slot = Peers::of(a.region_win, call.slot_off);
 
   // what does not come from peers, in flight during the trip: the kept
-  // vectors' weights (the same every row) and the first row's residual.
-  // Aligned, as four opaque words (load_in_flight): from load_pack's
-  // vector the compiler unpacked the elements right after the load, so
-  // every thread waited for these loads before its first send.
+  // vectors' weights (the same every row) and the first row's residual
   const T* w = static_cast<const T*>(a.weight);
   uint4 wk[kRmsKeep], rk[kRmsKeep];
   auto has = [&](int u) { return tid + u * bd < rvec; };
-  auto fetch = [&](const T* p, size_t v) {
-    return aligned ? load_in_flight(reinterpret_cast<const uint4*>(p) + v)
-                   : load_words(p + v * Pack<T, 16>::kElems);
-  };
   auto fetch_res = [&](size_t r) {
 #pragma unroll
     for (int u = 0; u < kRmsKeep; u++)
-      if (r < rows && has(u)) rk[u] = fetch(res + r * H, tid + u * bd);
+      if (r < rows && has(u))
+        rk[u] = load_pack<16>(res + r * H, tid + u * bd, H, aligned);
   };
 #pragma unroll
   for (int u = 0; u < kRmsKeep; u++)
-    if (has(u)) wk[u] = fetch(w, tid + u * bd);
+    if (has(u)) wk[u] = load_pack<16>(w, tid + u * bd, H, aligned);
   fetch_res(blockIdx.x);
 
-  // my rows' vectors into row `me` of every peer's slot: a thread's two
-  // vectors of a row loaded before either is sent (aligned, with no branch
-  // between the loads, where the compiler would wait for the first)
+  // my rows' vectors into row `me` of every peer's slot
   const Peers to = slot.at((size_t)me * a.row_bytes);
   for (size_t r = blockIdx.x; r < rows; r += gridDim.x)
-    for (size_t v0 = tid; v0 < rvec; v0 += 2 * bd) {
-      const bool two = v0 + bd < rvec;
-      uint4 d[2];
-      if (x_al) {
-        const uint4* xr = reinterpret_cast<const uint4*>(x + r * H);
-        d[0] = xr[v0];
-        if (two) d[1] = xr[v0 + bd];
-      } else {
-        d[0] = load_pack<16>(x + r * H, v0, H, false);
-        if (two) d[1] = load_pack<16>(x + r * H, v0 + bd, H, false);
-      }
-#pragma unroll
-      for (int u = 0; u < 2; u++)
-        if (u == 0 || two)
-          for (int q = 0; q < n; q++)
-            if (q != me)
-              send_vec(to(q) + (r * rvec + v0 + u * bd) * kVec, d[u], flag);
+    for (size_t v = tid; v < rvec; v += bd) {
+      const uint4 d = load_pack<16>(x + r * H, v, H, x_al);
+      for (int q = 0; q < n; q++)
+        if (q != me) send_vec(to(q) + (r * rvec + v) * kVec, d, flag);
     }
 
   // my rows, each reduced in rank order as its packets land, then
@@ -610,11 +554,6 @@ __global__ void __launch_bounds__(512)
   for (size_t r = blockIdx.x; r < rows; r += gridDim.x, parity ^= 1) {
     uint4 keep[kRmsKeep];
     sums(r, tid, keep);
-#pragma unroll
-    for (int u = 0; u < kRmsKeep; u++) {
-      rk[u] = in_hand(rk[u]);
-      wk[u] = in_hand(wk[u]);
-    }
     float ss = 0.f;
 #pragma unroll
     for (int u = 0; u < kRmsKeep; u++)
