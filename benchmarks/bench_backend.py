@@ -180,7 +180,7 @@ def _steps(torch, dist, groups, opts, rank, n):
     H, L, B = opts["hidden"], opts["layers"], opts["batch"]
     rows = []
     x = torch.randn(B, H, device="cuda")
-    for which in ("ddp", "fsdp2", "tp"):
+    for which in opts["step_kinds"].split(","):
         row = {"step": which}
         for kind in BACKENDS:
             g = groups[kind]
@@ -548,6 +548,8 @@ def main(argv=None):
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--steps", type=int, default=50)
+    p.add_argument("--step-kinds", default="ddp,fsdp2,tp",
+                   help="the training steps timed (of ddp, fsdp2, tp)")
     p.add_argument("--decode-hidden", type=int, default=4096)
     p.add_argument("--decode-dtype", default="bfloat16")
     p.add_argument("--tokens", default="1,16,128")
@@ -558,6 +560,10 @@ def main(argv=None):
     args = p.parse_args(argv)
     if report(args, print_table, plot) is not None:
         return
+    kinds = [s for s in args.step_kinds.split(",") if s]
+    if not set(kinds) <= {"ddp", "fsdp2", "tp"}:
+        p.error(f"--step-kinds: {args.step_kinds!r}; expected a list of "
+                "ddp, fsdp2, tp")
     import torch
 
     from symnccl.bootstrap import free_port, local_device_count, spawn
@@ -566,6 +572,7 @@ def main(argv=None):
         sys.exit(f"needs {n} GPUs, {local_device_count()} visible")
     parts = [s for s in args.only.split(",") if s]
     opts = {"port": free_port(), "parts": parts,
+            "step_kinds": ",".join(kinds),
             "size": parse_sizes(args.size)[0], "dtype": args.dtype,
             "calls": args.calls, "loops": args.loops,
             "hold_ms": args.hold_ms, "hidden": args.hidden,
