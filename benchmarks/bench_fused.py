@@ -8,12 +8,13 @@ Methods:
             within AUTO_TABLE's all_reduce_rmsnorm rows, past them
             all_reduce's own choice then symnccl's add+norm); the JSON's
             fused_kernels say which ran
-  ll, one_shot, two_shot
+  ll, ll128, one_shot, two_shot
             the same with that algo (2+ ranks: each fused kernel, whatever
             auto picks; the auto table's rows come from these columns)
-  ar_ll     comm.all_reduce(x, out=s, algo="ll") alone (2+ ranks): the LL
-            all-reduce of the same bytes, the floor the ll kernel is
-            measured against
+  ar_ll, ar_ll128
+            comm.all_reduce(x, out=s, algo="ll") (and "ll128") alone (2+
+            ranks): the packet all-reduces of the same bytes, the floors
+            the ll and ll128 kernels are measured against
   unfused   comm.all_reduce(x, out=s) (algo="auto"), then h = s + residual
             and torch.nn.functional.rms_norm(h, (H,), w, eps), torch's
             kernels
@@ -130,8 +131,10 @@ def _all_reduce(team, streams, bufs, algo):
         cur.wait_stream(s)
 
 
-# the fused kernels timed one by one at 2+ ranks, and the all-reduce alone
-KERNEL_ALGOS = ("ll", "one_shot", "two_shot")
+# the fused kernels timed one by one at 2+ ranks (the kernel table's), and
+# the packet all-reduces alone
+KERNEL_ALGOS = ("ll", "ll128", "one_shot", "two_shot")
+FLOOR_ALGOS = ("ll", "ll128")
 
 
 def _time(torch, fn, iters, reps, sync=None):
@@ -222,9 +225,10 @@ def _measure(torch, team, n, rank, opts, sync=None, anchors=None,
                         torch, lambda: _calls(torch, team, streams, bf, True,
                                               algo),
                         opts["iters"], opts["reps"], sync), 2)
-                per["ar_ll_us"] = round(_time(
-                    torch, lambda: _all_reduce(team, streams, bf, "ll"),
-                    opts["iters"], opts["reps"], sync), 2)
+                for algo in FLOOR_ALGOS:
+                    per[f"ar_{algo}_us"] = round(_time(
+                        torch, lambda: _all_reduce(team, streams, bf, algo),
+                        opts["iters"], opts["reps"], sync), 2)
             rows.append({"nranks": n, "T": T, "H": H,
                          "bytes": T * H * bf[0]["x"].element_size(),
                          "fused_us": round(tf, 2),
@@ -365,7 +369,8 @@ def print_table(doc, where=None):
     """The rows (every column of each team size), the torchrun anchors
     where the run has them, and the run's GPU, date and versions."""
     rows = doc["rows"]
-    cols = [f"{a}_us" for a in KERNEL_ALGOS] + ["ar_ll_us"]
+    cols = [f"{a}_us" for a in KERNEL_ALGOS] + \
+        [f"ar_{a}_us" for a in FLOOR_ALGOS]
     print(f"\n{'ranks':>5} {'T':>5} {'H':>5} {'bytes':>9} {'fused us':>9} "
           f"{'unfused us':>10} {'ratio':>6} "
           + " ".join(f"{c[:-3]:>9}" for c in cols) +
@@ -396,9 +401,11 @@ PLOT_COLUMNS = (
     ("unfused_us", "unfused (symnccl all_reduce + torch add, rms_norm)",
      "-s"),
     ("ll_us", "fused ll", "-^"),
+    ("ll128_us", "fused ll128", "-<"),
     ("one_shot_us", "fused one_shot", "-v"),
     ("two_shot_us", "fused two_shot", "-D"),
     ("ar_ll_us", "all_reduce ll alone (floor of ll)", ":"),
+    ("ar_ll128_us", "all_reduce ll128 alone (floor of ll128)", "-."),
     ("nccl_unfused_us", "NCCL + torch add, rms_norm", "--s"),
     ("flashinfer_us", "FlashInfer fused", "--o"),
 )

@@ -134,7 +134,10 @@ METHODS = [
      'must be the same on every rank, as in tensor parallelism; no '
      "quant); 'll' (no barrier: each rank pushes its rows to every "
      'peer as LL packets and reduces them as they land, the decode '
-     "sizes; one_shot's bits); 'nccl' (ncclAllReduce, then symnccl's "
+     "sizes; one_shot's bits); 'll128' (ll in 128-byte lines of 120 "
+     'data bytes: 16/15 of the rows on the link instead of twice them, '
+     "the sizes between ll's and one_shot's; one_shot's bits); 'nccl' "
+     "(ncclAllReduce, then symnccl's "
      "add+norm kernel); 'auto' (symnccl.AUTO_TABLE). A loopback team "
      "runs the kernels only (not 'nccl').\n\n"
      'Example:\n    y, h = comm.all_reduce_rmsnorm(attn_out, residual, '

@@ -893,8 +893,8 @@ def all_reduce_rmsnorm(x, residual, weight, eps: float = 1e-6, *,
     else one per row computed in the kernel, shape (..., 1) (dynamic).
     Not differentiable (jax.grad raises), as symnccl.torch's op.
 
-    algo: "ll", "one_shot" or "two_shot" run the fused kernels ("two_shot"
-    has no FP8 output), "nccl" NCCL's all-reduce then symnccl's add+norm,
+    algo: "ll", "ll128", "one_shot" or "two_shot" run the fused kernels
+    ("two_shot" has no FP8 output), "nccl" NCCL's all-reduce then symnccl's add+norm,
     "auto" the measured table (symnccl.AUTO_TABLE); an algo that cannot
     run the call fails the computation naming why.
 

@@ -26,7 +26,9 @@ SHAPES = [(1, 8), (3, 1000), (17, 4096), (128, 4096), (1000, 1000),
           (3, 16384), (1, 16384)]
 WORLDS = [1, 2, 3, 4, 8]
 # the fused kernels; ll's bits are one_shot's
-KERNEL_ALGOS = ["one_shot", "two_shot", "ll"]
+KERNEL_ALGOS = ["one_shot", "two_shot", "ll", "ll128"]
+# the fused kernels that take an FP8 output (two_shot has none)
+FP8_ALGOS = ["one_shot", "ll", "ll128"]
 TOPO_2 = dict(nranks=2, lsa_size=2, symmetric=1, staging=1, push=1,
               multicast=0)
 
@@ -39,10 +41,12 @@ def test_the_fused_kernel_is_a_row_of_the_kernel_table():
             for r in rows] == [
         ("one_shot_rmsnorm", "one_shot", "rows", "float", "barrier"),
         ("two_shot_rmsnorm", "two_shot", "rows", "float", "barrier"),
-        ("ll_rmsnorm", "ll", "rows", "float", "ll")]
+        ("ll_rmsnorm", "ll", "rows", "float", "ll"),
+        ("ll128_rmsnorm", "ll128", "rows", "float", "ll128")]
     assert _C.COLLECTIVE_KERNELS[COLL] == {"one_shot": "one_shot_rmsnorm",
                                            "two_shot": "two_shot_rmsnorm",
-                                           "ll": "ll_rmsnorm"}
+                                           "ll": "ll_rmsnorm",
+                                           "ll128": "ll128_rmsnorm"}
 
 
 def test_only_float32_float16_bfloat16_have_the_fused_kernel():
@@ -53,9 +57,8 @@ def test_only_float32_float16_bfloat16_have_the_fused_kernel():
         for dt in ("float64", "float8_e4m3fn", "int32", "int64"):
             assert "float32, float16 and bfloat16" in \
                 gate(TOPO_2, algo, dt, "sum", COLL), dt
-    for algo in ("ll128", "push"):
-        assert "no kernel of this algorithm" in \
-            gate(TOPO_2, algo, "bfloat16", "sum", COLL), algo
+    assert "no kernel of this algorithm" in \
+        gate(TOPO_2, "push", "bfloat16", "sum", COLL)
     assert gate(TOPO_2, "nccl", "float64", "sum", COLL) is None
 
 
@@ -148,20 +151,25 @@ def _call_all(torch, team, streams, xs, res, w, ys, hs, **kw):
 @pytest.mark.gpu
 @pytest.mark.parametrize("nranks", WORLDS)
 def test_every_dtype_and_shape_against_float64(monkeypatch, nranks):
-    """one_shot, two_shot and ll, poisoned outputs, every other case at an
-    unaligned offset: within the rounding bounds of the float64 reference,
-    the same bits on every rank and from every kernel."""
+    """one_shot, two_shot, ll and ll128, poisoned outputs, every other
+    case at an unaligned offset: within the rounding bounds of the float64
+    reference, the same bits on every rank and from every kernel."""
     torch = _torch()
     team = _team(monkeypatch, nranks)
     streams = [torch.cuda.Stream() for _ in team]
-    wrong, calls, ll_launches = [], 0, 0
-    # ll's rows travel in chunks of what an LL row carries (half its bytes)
-    ll_carries = team[0]._staging_layout()["ll_row"] // 2
+    wrong, calls, ll_launches, ll128_launches = [], 0, 0, 0
+    # ll's rows travel in chunks of what an LL row carries (half its
+    # bytes); ll128's in whole 512-byte items of 480 data bytes a row
+    layout = team[0]._staging_layout()
+    ll_carries = layout["ll_row"] // 2
+    ll128_items = layout["ll128_row"] // 512
     try:
         for dtype in DTYPES:
             for i, (T, H) in enumerate(SHAPES):
                 per = ll_carries // (H * _itemsize(dtype))
                 ll_launches += 1 if nranks == 1 else -(-T // per)
+                per = ll128_items // -(-H * _itemsize(dtype) // 480)
+                ll128_launches += 1 if nranks == 1 else -(-T // per)
                 pad = 3 if i % 2 else 0      # every other case unaligned
                 xs, res, w = _inputs(torch, nranks, T, H, dtype,
                                      seed=T * H + nranks, pad=pad)
@@ -193,7 +201,8 @@ def test_every_dtype_and_shape_against_float64(monkeypatch, nranks):
     for q, l in enumerate(launches):
         assert {k: v for k, v in l.items() if v} == \
             {"one_shot_rmsnorm": calls, "two_shot_rmsnorm": calls,
-             "ll_rmsnorm": ll_launches}, (q, l)
+             "ll_rmsnorm": ll_launches, "ll128_rmsnorm": ll128_launches}, \
+            (q, l)
 
 
 def _itemsize(dtype):
@@ -236,13 +245,15 @@ def test_in_place_residual_gives_the_same_bits(monkeypatch, nranks, algo):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("algo,launches", [("one_shot", 63),
-                                           ("two_shot", 200), ("ll", 3)])
+                                           ("two_shot", 200), ("ll", 3),
+                                           ("ll128", 2)])
 def test_rows_past_the_staging_area_take_several_launches(monkeypatch, algo,
                                                           launches):
     """A staging area of 64 KiB holds 16 rows of H 1000 fp32 (two_shot: 5,
     with their y and h): 1000 rows take 63 (200) launches of whole rows, and
     the result is unchanged. ll's rows travel in a row of the LL region
-    instead (349 of them at 3 ranks: 3 launches)."""
+    instead (349 of them at 3 ranks: 3 launches), ll128's in a row of the
+    LL128 region (606 rows of 9 items: 2 launches)."""
     torch = _torch()
     team = _team(monkeypatch, 3, staging_bytes=64 << 10)
     streams = [torch.cuda.Stream() for _ in team]
@@ -349,9 +360,9 @@ def test_bad_arguments_name_what_was_seen_and_expected(monkeypatch):
             f(x, r, w, EPS, out=w)
         with pytest.raises(ValueError, match="algo 'fast' is not"):
             f(x, r, w, EPS, algo="fast")
-        with pytest.raises(ValueError, match="'ll128' cannot run this "
+        with pytest.raises(ValueError, match="'push' cannot run this "
                                              "all_reduce_rmsnorm"):
-            f(x, r, w, EPS, algo="ll128")
+            f(x, r, w, EPS, algo="push")
         with pytest.raises(RuntimeError, match="loopback"):
             f(x, r, w, EPS, algo="nccl")
         # nothing ran
@@ -623,11 +634,13 @@ def test_auto_beyond_the_fused_rows_is_all_reduce_s_choice_then_the_norm(
 # ----------------------------------------------------------------- FP8
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("algo", FP8_ALGOS)
 @pytest.mark.parametrize("nranks", [1, 2, 4])
-def test_fp8_static_and_dynamic_outputs(monkeypatch, nranks):
+def test_fp8_static_and_dynamic_outputs(monkeypatch, nranks, algo):
     """y as float8_e4m3fn: within one FP8 step of the unquantised call's y
     divided by the scale (static: the given one; dynamic: each row's
-    amax / 448, bit-exact), h unchanged, every rank's bits the same."""
+    amax / 448, bit-exact), h unchanged, every rank's bits the same, from
+    each fused kernel that takes an FP8 output."""
     torch = _torch()
     team = _team(monkeypatch, nranks)
     streams = [torch.cuda.Stream() for _ in team]
@@ -654,8 +667,7 @@ def test_fp8_static_and_dynamic_outputs(monkeypatch, nranks):
                 for c, st, x, q, h in zip(team, streams, xs, qs, hq):
                     c.all_reduce_rmsnorm(x, res, w, EPS, out=q,
                                          residual_out=h, quant="fp8_static",
-                                         scale=s, stream=st,
-                                         algo="one_shot")
+                                         scale=s, stream=st, algo=algo)
                 torch.cuda.synchronize()
                 bad = _fp8_off_by_more_than_a_step(torch, qs[0].float(), y,
                                                    float(s))
@@ -671,7 +683,7 @@ def test_fp8_static_and_dynamic_outputs(monkeypatch, nranks):
                     c.all_reduce_rmsnorm(x, res, w, EPS, out=q,
                                          residual_out=h,
                                          quant="fp8_dynamic", scale=sc,
-                                         stream=st, algo="one_shot")
+                                         stream=st, algo=algo)
                 torch.cuda.synchronize()
                 want = fp8_dynamic_scales(torch, y)
                 exact = torch.equal(scales[0], want)

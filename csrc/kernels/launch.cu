@@ -73,6 +73,16 @@ bool two_shot_packets(int kernel) {
   return symnccl_kernel_row_of(kernel).shot == SYMNCCL_SHOT_TWO;
 }
 
+// Items of format `data` bytes that `count` elements of itemsize take; the
+// rows kernels' elements are rows (itemsize: a row's bytes), each starting
+// on an item (rmsnorm.cuh: ll128_rmsnorm's rows are whole items, LL's
+// 16-byte-multiple rows are whole items already).
+size_t items_of(int kernel, size_t count, size_t itemsize, size_t data) {
+  if (symnccl_kernel_row_of(kernel).plan == SYMNCCL_PLAN_ROWS)
+    return count * ((itemsize + data - 1) / data);
+  return (count * itemsize + data - 1) / data;
+}
+
 size_t packet_max_count(int kernel, size_t row_bytes, size_t itemsize,
                         int nranks) {
   size_t data, row;
@@ -80,6 +90,8 @@ size_t packet_max_count(int kernel, size_t row_bytes, size_t itemsize,
   if (data == 0 || itemsize == 0) return 0;
   const bool two = two_shot_packets(kernel);
   const size_t items = (two ? row_bytes / 2 : row_bytes) / row;
+  if (symnccl_kernel_row_of(kernel).plan == SYMNCCL_PLAN_ROWS)
+    return items / items_of(kernel, 1, itemsize, data);
   return items * (two ? (size_t)nranks : 1) * data / itemsize;
 }
 
@@ -131,7 +143,11 @@ cudaError_t launch(const symnccl_kargs* a, cudaStream_t stream) {
   if (data != 0 && k.collective != SYMNCCL_COLL_ALL_TO_ALL &&
       !(k.plan == SYMNCCL_PLAN_ROWS && a->local)) {
     // the rows must hold the launch's items
-    const size_t items = (a->count * kItemsize[a->dtype] + data - 1) / data;
+    const size_t items =
+        k.plan == SYMNCCL_PLAN_ROWS
+            ? items_of(a->kernel, a->row_len == 0 ? 0 : a->count / a->row_len,
+                       a->row_len * kItemsize[a->dtype], data)
+            : items_of(a->kernel, a->count, kItemsize[a->dtype], data);
     const bool two = two_shot_packets(a->kernel);
     const size_t per_row = two ? (items + n - 1) / n : items;
     if (per_row * row > (two ? a->row_bytes / 2 : a->row_bytes))

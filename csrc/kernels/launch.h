@@ -318,7 +318,9 @@ SYMNCCL_NCCL_BUILDS(SYMNCCL_KERNELS_DECL_)
 cudaError_t symnccl_launch(const symnccl_kargs *a, cudaStream_t stream);
 
 /* Elements of itemsize bytes that one launch of a packet kernel (ll,
- * ll128, or their two-shot) can carry in rows of row_bytes. */
+ * ll128, or their two-shot) can carry in rows of row_bytes; for a rows
+ * kernel (all_reduce_rmsnorm), rows of itemsize bytes, each starting on a
+ * packet item. */
 size_t symnccl_packet_max_count(int kernel, size_t row_bytes,
                                 size_t itemsize, int nranks);
 

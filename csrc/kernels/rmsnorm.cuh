@@ -146,14 +146,15 @@ __device__ __forceinline__ void store_fp8(uint8_t* q, size_t v, uint4 y,
   }
 }
 
-// h = T(s + residual), elementwise, in fp32 (s: the sum, rounded to T).
-template <typename T>
-__device__ __forceinline__ uint4 add_residual(uint4 sw, uint4 rw) {
-  typename Pack<T, 16>::U s, x, h;
+// h = T(s + residual), elementwise, in fp32 (s: the sum, rounded to T),
+// on a pack of P bytes (16: a vector; 8: an LL128 word).
+template <typename T, int P = 16>
+__device__ __forceinline__ Raw<P> add_residual(Raw<P> sw, Raw<P> rw) {
+  typename Pack<T, P>::U s, x, h;
   s.raw = sw;
   x.raw = rw;
 #pragma unroll
-  for (int k = 0; k < Pack<T, 16>::kElems; k++)
+  for (int k = 0; k < Pack<T, P>::kElems; k++)
     h.t[k] = Acc<T>::from(Acc<T>::to(s.t[k]) + Acc<T>::to(x.t[k]));
   return h.raw;
 }
@@ -587,6 +588,124 @@ __global__ void __launch_bounds__(512)
                          load_pack<16>(w, v, H, aligned), rstd));
     }
     fetch_res(r + gridDim.x);
+  }
+  end_call(a.epochs, call);
+}
+
+// ll128_rmsnorm: ll_rmsnorm's rows in LL128 lines (packet.cuh): the link
+// carries 16/15 of the rows instead of LL's 2x, for the sizes between
+// ll_rmsnorm's and one_shot_rmsnorm's (a few hundred KiB to a few MiB),
+// where LL's bytes and one_shot's staging copy and two barriers both cost.
+// Row r of the launch takes items [r * ipr, r * ipr + ipr) of a slot's
+// row (ipr = the items of one row: every row starts on an item); rank
+// me's go to row `me` of every peer's slot. The CTA that owns the row
+// (row i: CTA i % grid) sends its items, a warp an item, every row it owns
+// before it waits for any, as ll_rmsnorm. Then, row by row, each warp
+// reduces its items in rank order 0..n-1 as they land (reduce_item, as
+// packet_one_shot; its own part read from x), adds the residual and stores
+// h into out_h, word by word. An LL128 lane's words do not fall on the
+// norm's 16-byte vectors, so the norm reads the row's h back from out_h
+// after a __syncthreads (which also votes on `ok`), in one_shot_rmsnorm's
+// mapping (a thread per vector, vectors t, t + bd, ...): the sum of
+// squares, the block sum and y are one_shot_rmsnorm's arithmetic in its
+// order, hence its bits. A warp whose wait gave up stores no h after it,
+// and the CTA stores no y for the row. The block is one_shot_rmsnorm's
+// (derived from H); slots, flags, call counters and the fixed grid are the
+// LL128 family's. Requirements: rows * ipr items within a slot's row (the
+// host's chunks, symnccl_packet_max_count), the rest as
+// one_shot_rmsnorm's. (Launch bounds (512, 1): with (512) alone ptxas held
+// the float32 kernel to 64 registers and spilled 216 bytes.)
+template <typename T, bool kQuant>
+__global__ void __launch_bounds__(512, 1)
+    ll128_rmsnorm(ncclDevComm dc, const __grid_constant__ symnccl_kargs a) {
+  __shared__ float s_sum[2][32], s_max[2][32];
+  const int n = dc.lsaSize, me = dc.lsaRank;
+  uint64_t epoch;
+  if (!enter_cta(a, me, n, epoch)) return;
+  const PacketCall call(epoch, a.region_offset, n, a.row_bytes);
+  const uint64_t flag = LL128::wire_flag(call.flag);
+  const T* x = static_cast<const T*>(a.src);
+  const T* res = static_cast<const T*>(a.residual);
+  const T* w = static_cast<const T*>(a.weight);
+  T* out = static_cast<T*>(a.out);
+  T* out_h = static_cast<T*>(a.out_h);
+  const size_t H = a.row_len, rows = a.count / H;
+  const size_t rvec = H / Pack<T, 16>::kElems;
+  const size_t ipr = packet_items<LL128>(H * sizeof(T));
+  const size_t tid = threadIdx.x, bd = blockDim.x;
+  const size_t warp = tid / 32, warps = bd / 32, lane = LL128::lane_offset();
+  // the rows' words (8 bytes) and vectors (16)
+  const bool x_al = aligned8(x);
+  const bool w_al = aligned8(res) && aligned8(out_h);
+  const bool aligned =
+      ((reinterpret_cast<uintptr_t>(res) | reinterpret_cast<uintptr_t>(w) |
+        reinterpret_cast<uintptr_t>(out) | reinterpret_cast<uintptr_t>(out_h)) &
+       15) == 0;
+  const Peers slot = Peers::of(a.region_win, call.slot_off);
+
+  // my rows' items into row `me` of every peer's slot
+  const Peers to = slot.at((size_t)me * a.row_bytes);
+  for (size_t r = blockIdx.x; r < rows; r += gridDim.x)
+    for (size_t b = warp; b < ipr; b += warps) {
+      const LL128::Item it = LL128::load(x + r * H, b, H, x_al, flag);
+      for (int q = 0; q < n; q++)
+        if (q != me)
+          LL128::send(to(q) + (r * ipr + b) * LL128::kItemBytes + lane, it,
+                      flag);
+    }
+
+  // the kept vectors' weights (the same every row), in flight meanwhile
+  uint4 wk[kRmsKeep];
+#pragma unroll
+  for (int u = 0; u < kRmsKeep; u++)
+    if (tid + u * bd < rvec) wk[u] = load_pack<16>(w, tid + u * bd, H, aligned);
+
+  const char* mine = slot(me);
+  bool ok = true;
+  int parity = 0;
+  for (size_t r = blockIdx.x; r < rows; r += gridDim.x, parity ^= 1) {
+    const T* xr = x + r * H;
+    const T* rr = res + r * H;
+    T* hr = out_h + r * H;
+    // h of my items: the sum in rank order, plus the residual, rounded
+    for (size_t b = warp; b < ipr && ok; b += warps) {
+      const LL128::Item rw = LL128::load(rr, b, H, w_al, 0);
+      const LL128::Item s = reduce_item<T, LL128>(
+          mine + (r * ipr + b) * LL128::kItemBytes + lane, a.row_bytes, xr, b,
+          H, x_al, me, n, SYMNCCL_OP_SUM, flag, a, ok);
+      if (!ok) break;
+      LL128::Item h;
+#pragma unroll
+      for (int k = 0; k < LL128::kWords; k++)
+        h.w[k] = add_residual<T, 8>(s.w[k], rw.w[k]);
+      LL128::put(hr, b, H, w_al, h);
+    }
+    // the row's h is in out_h (this CTA's stores): one_shot_rmsnorm's norm
+    if (!__syncthreads_and(ok)) break;
+    uint4 keep[kRmsKeep];
+    float ss = 0.f;
+#pragma unroll
+    for (int u = 0; u < kRmsKeep; u++)
+      if (tid + u * bd < rvec) keep[u] = load_pack<16>(hr, tid + u * bd, H, aligned);
+#pragma unroll
+    for (int u = 0; u < kRmsKeep; u++)
+      if (tid + u * bd < rvec) ss += sum_squares<T>(keep[u]);
+    for (size_t v = tid + kRmsKeep * bd; v < rvec; v += bd)
+      ss += sum_squares<T>(load_pack<16>(hr, v, H, aligned));
+    const float rstd = rsqrtf(block_sum(ss, s_sum[parity]) / (float)H + a.eps);
+    if constexpr (kQuant) {
+      quantise_row(a, r, rstd, keep, wk, hr, s_max[parity]);
+    } else {
+#pragma unroll
+      for (int u = 0; u < kRmsKeep; u++)
+        if (tid + u * bd < rvec)
+          store_pack<16>(out + r * H, tid + u * bd, H, aligned,
+                         normalise<T>(keep[u], wk[u], rstd));
+      for (size_t v = tid + kRmsKeep * bd; v < rvec; v += bd)
+        store_pack<16>(out + r * H, v, H, aligned,
+                       normalise<T>(load_pack<16>(hr, v, H, aligned),
+                                    load_pack<16>(w, v, H, aligned), rstd));
+    }
   }
   end_call(a.epochs, call);
 }

@@ -151,6 +151,12 @@ enum { SYMNCCL_UNITS(SYMNCCL_UNIT_ENUM_) SYMNCCL_UNIT_COUNT };
       (!a.local  ? (a.quant ? ll_rmsnorm<T, true> : ll_rmsnorm<T, false>)   \
        : a.quant ? add_rmsnorm<T, true>                                      \
                  : add_rmsnorm<T, false>))                                   \
+    X(LL128_RMSNORM, "ll128_rmsnorm", ALL_REDUCE_RMSNORM, LL128, ONE,     \
+      LL128, ROWS, 0, FLOAT,                                                 \
+      (!a.local  ? (a.quant ? ll128_rmsnorm<T, true>                         \
+                            : ll128_rmsnorm<T, false>)                       \
+       : a.quant ? add_rmsnorm<T, true>                                      \
+                 : add_rmsnorm<T, false>))                                   \
     X(PUSH_ALL_TO_ALL, "push_all_to_all", ALL_TO_ALL, PUSH, ONE, PUSH,       \
       ALL_TO_ALL, 1, DTYPE, (push_all_to_all<T>))                            \
     X(LL_ALL_TO_ALL, "ll_all_to_all", ALL_TO_ALL, LL, ONE, LL, ALL_TO_ALL,   \

@@ -291,9 +291,9 @@ push_launch(const sn_ar *r, int kernel, sn_err *err)
  * row, at most SYMNCCL_THREADS; it depends on H and the dtype only, so
  * every rank (and the local launch) reduces a row in the same order. The
  * grid: a CTA per row, at most SYMNCCL_RMSNORM_CTAS with peers (a team's
- * grids must be resident at once); ll_rmsnorm's is the LL family's fixed
- * grid (SYMNCCL_LL_CTAS), its rows in chunks of what an LL row carries
- * (no staging copy); without a peer, SYMNCCL_RMSNORM_LOCAL_CTAS, by
+ * grids must be resident at once); ll_rmsnorm's and ll128_rmsnorm's is
+ * their packet family's fixed grid (SYMNCCL_LL_CTAS), their rows in chunks
+ * of what a packet row carries (no staging copy); without a peer, SYMNCCL_RMSNORM_LOCAL_CTAS, by
  * default as many as are resident at once (SYMNCCL_LOCAL_THREADS_PER_SM of
  * add_rmsnorm's threads on each SM). A dynamic FP8 output's scales: one
  * per row. */
@@ -308,23 +308,26 @@ row_launches(const sn_ar *r, int kernel, sn_err *err)
      * rows (every rank's results) */
     const int two = kernel == SYMNCCL_K_TWO_SHOT_RMSNORM;
     const int peers = !r->local && c->nranks > 1;
-    /* ll: the rows travel as LL packets in a row of the LL region, on the
-     * LL family's slots, counters and fixed grid */
-    const int ll = peers &&
-        symnccl_kernel_row_of(kernel).family == SYMNCCL_FAMILY_LL;
-    symnccl_kargs a = ll ? packet_kargs(r, kernel) : kargs(r, kernel);
+    /* ll, ll128: the rows travel as packets in a row of their family's
+     * region, on the family's slots, counters and fixed grid */
+    const int family = symnccl_kernel_row_of(kernel).family;
+    const int packets = peers && (family == SYMNCCL_FAMILY_LL ||
+                                  family == SYMNCCL_FAMILY_LL128);
+    symnccl_kargs a = packets ? packet_kargs(r, kernel) : kargs(r, kernel);
     size_t chunk = rows;
-    if (ll)
-        chunk = symnccl_packet_max_count(kernel, a.row_bytes, 1, c->nranks) /
-                row_bytes;
+    if (packets)
+        chunk = symnccl_packet_max_count(kernel, a.row_bytes, row_bytes,
+                                         c->nranks);
     else if (peers)
         chunk = c->mem.layout.staging / (row_bytes * (two ? 3 : 1));
     if (chunk == 0)
         return sn_fail(err, cudaErrorInvalidValue, ncclSuccess, "a row of "
-                       "%zu bytes is larger than %s (%zu bytes%s)", row_bytes,
-                       ll ? "an LL packet row carries" : "the staging area",
-                       ll ? a.row_bytes / 2 : c->mem.layout.staging,
-                       ll ? "" : ", staging_bytes=");
+                       "%zu bytes is larger than %s%s (%zu bytes%s)",
+                       row_bytes, packets ? "a packet row of " : "",
+                       packets ? symnccl_kernel_row_of(kernel).name
+                               : "the staging area",
+                       packets ? a.row_bytes : c->mem.layout.staging,
+                       packets ? "" : ", staging_bytes=");
     a.win = c->mem.staging_win->win;
     a.win_offset = 0;
     a.weight = r->weight;
@@ -358,7 +361,7 @@ row_launches(const sn_ar *r, int kernel, sn_err *err)
             cap = resident < SYMNCCL_LOCAL_MAX_CTAS ? (int)resident
                                                     : SYMNCCL_LOCAL_MAX_CTAS;
         }
-        if (!ll)   /* ll's is the family's, fixed */
+        if (!packets)   /* the packet families' is fixed */
             a.ctas = grid_rows > (size_t)cap ? cap : (int)grid_rows;
         a.mid_win = a.win;
         a.mid_offset = len * row_bytes;

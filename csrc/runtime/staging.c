@@ -32,9 +32,11 @@
 #include <string.h>
 
 /* Sizes of the packet regions per communicator; the push region's is the
- * SYMNCCL_PUSH_REGION_MIB knob. */
+ * SYMNCCL_PUSH_REGION_MIB knob. LL128's 16 MiB: 2 ranks carry 3.75 MiB a
+ * launch, so ll128_rmsnorm's T 128 x H 8192 bf16 (2.2 MiB of items, a
+ * row's items padded to whole 480-byte items) takes one launch. */
 #define LL_REGION (16u << 20)
-#define LL128_REGION (8u << 20)
+#define LL128_REGION (16u << 20)
 #define PAGE ((size_t)4096)
 
 /* Scratch: the barrier word, the claim word, then one epoch array per

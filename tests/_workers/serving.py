@@ -19,7 +19,9 @@ EPS = 1e-6
 FP8_MAX = 448.0
 RMSNORM = "all_reduce_rmsnorm"
 # the fused kernels (their bits are the same: one_shot's)
-FUSED_ALGOS = ("one_shot", "two_shot", "ll")
+FUSED_ALGOS = ("one_shot", "two_shot", "ll", "ll128")
+# the fused kernels with an FP8 output (two_shot has none)
+FP8_ALGOS = ("one_shot", "ll", "ll128")
 
 
 # ------------------------------------------------- the bounds (pure torch)
@@ -174,12 +176,12 @@ def _rmsnorm_expected(comm, algo, nbytes, dtype):
 
 
 def fused_rmsnorm_every_kernel(rank, nranks, uid, seed):
-    """all_reduce_rmsnorm through every algo (one_shot, two_shot, ll, auto,
-    nccl) x float32/float16/bfloat16 x T x H, every other shape at an
-    unaligned offset, poisoned outputs, against the float64 reference
+    """all_reduce_rmsnorm through every algo (one_shot, two_shot, ll, ll128,
+    auto, nccl) x float32/float16/bfloat16 x T x H, every other shape at
+    an unaligned offset, poisoned outputs, against the float64 reference
     (rmsnorm_wrong); y over x and h over the residual (in place, vLLM's
     form) for the fused kernels; FP8 static and dynamic outputs of
-    one_shot and ll. Each call's launch counters must show the kernels its
+    one_shot, ll and ll128. Each call's launch counters must show the kernels its
     algo runs (and only those).
 
     Returns (rows, digests, launches): rows (what, algo, dtype, T, H, pad,
@@ -269,7 +271,7 @@ def fused_rmsnorm_every_kernel(rank, nranks, uid, seed):
 
 def _fp8_cases(torch, comm, xs, res, w, x, dtype, T, H, pad, record):
     """FP8 static (a scale that saturates the largest values) and dynamic
-    (per-row scales, bit-exact) outputs of one_shot and ll: within one FP8
+    (per-row scales, bit-exact) outputs of FP8_ALGOS: within one FP8
     step of the unquantised y divided by the scale, h unchanged."""
     f8 = torch.float8_e4m3fn
     y0, h0 = comm.all_reduce_rmsnorm(x, res, w, EPS, algo="one_shot")
@@ -277,7 +279,7 @@ def _fp8_cases(torch, comm, xs, res, w, x, dtype, T, H, pad, record):
     s = (y0.float().abs().max() / FP8_MAX / 1.5).reshape(1)
     want_scales = fp8_dynamic_scales(torch, y0)
     kernels = symnccl._C.COLLECTIVE_KERNELS[RMSNORM]
-    for algo in ("one_shot", "ll"):
+    for algo in FP8_ALGOS:
         for quant in ("fp8_static", "fp8_dynamic"):
             q = torch.full((T * H + pad,), 0xFF, dtype=torch.uint8,
                            device="cuda")[pad:].view(f8).view(T, H)
