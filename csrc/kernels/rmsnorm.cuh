@@ -599,17 +599,17 @@ __global__ void __launch_bounds__(512)
 // Row r of the launch takes items [r * ipr, r * ipr + ipr) of a slot's
 // row (ipr = the items of one row: every row starts on an item); rank
 // me's go to row `me` of every peer's slot. The CTA that owns the row
-// (row i: CTA i % grid) sends its items, a warp an item, every row it owns
-// before it waits for any, as ll_rmsnorm. Then, row by row, each warp
-// reduces its items in rank order 0..n-1 as they land (reduce_item, as
-// packet_one_shot; its own part read from x), adds the residual and stores
-// h into out_h, word by word. An LL128 lane's words do not fall on the
-// norm's 16-byte vectors, so the norm reads the row's h back from out_h
-// after a __syncthreads (which also votes on `ok`), in one_shot_rmsnorm's
-// mapping (a thread per vector, vectors t, t + bd, ...): the sum of
-// squares, the block sum and y are one_shot_rmsnorm's arithmetic in its
-// order, hence its bits. A warp whose wait gave up stores no h after it,
-// and the CTA stores no y for the row. The block is one_shot_rmsnorm's
+// (row i: CTA i % grid) sends its items, those of all its rows dealt round
+// its warps, a warp an item, before it waits for any, as ll_rmsnorm. Then
+// each warp reduces the same items in rank order 0..n-1 as they land
+// (reduce_item, as packet_one_shot; its own part read from x), adds the
+// residual and stores h into out_h, word by word. An LL128 lane's words do
+// not fall on the norm's 16-byte vectors, so after one __syncthreads
+// (which also votes on `ok`) the norm reads each row's h back from out_h
+// in one_shot_rmsnorm's mapping (a thread per vector, vectors t, t + bd,
+// ...): the sum of squares, the block sum and y are one_shot_rmsnorm's
+// arithmetic in its order, hence its bits. A warp whose wait gave up
+// stores no h after it, and the CTA stores no y. The block is one_shot_rmsnorm's
 // (derived from H); slots, flags, call counters and the fixed grid are the
 // LL128 family's. Requirements: rows * ipr items within a slot's row (the
 // host's chunks, symnccl_packet_max_count), the rest as
@@ -642,17 +642,23 @@ __global__ void __launch_bounds__(512, 1)
         reinterpret_cast<uintptr_t>(out) | reinterpret_cast<uintptr_t>(out_h)) &
        15) == 0;
   const Peers slot = Peers::of(a.region_win, call.slot_off);
+  // my rows' items, j = k * ipr + b for item b of my k-th row (row
+  // blockIdx.x + k * grid), dealt round the warps
+  const size_t mine = rows > blockIdx.x
+                          ? (rows - blockIdx.x + gridDim.x - 1) / gridDim.x
+                          : 0;
+  auto row_of = [&](size_t j) { return blockIdx.x + j / ipr * gridDim.x; };
 
   // my rows' items into row `me` of every peer's slot
   const Peers to = slot.at((size_t)me * a.row_bytes);
-  for (size_t r = blockIdx.x; r < rows; r += gridDim.x)
-    for (size_t b = warp; b < ipr; b += warps) {
-      const LL128::Item it = LL128::load(x + r * H, b, H, x_al, flag);
-      for (int q = 0; q < n; q++)
-        if (q != me)
-          LL128::send(to(q) + (r * ipr + b) * LL128::kItemBytes + lane, it,
-                      flag);
-    }
+  for (size_t j = warp; j < mine * ipr; j += warps) {
+    const size_t r = row_of(j), b = j % ipr;
+    const LL128::Item it = LL128::load(x + r * H, b, H, x_al, flag);
+    for (int q = 0; q < n; q++)
+      if (q != me)
+        LL128::send(to(q) + (r * ipr + b) * LL128::kItemBytes + lane, it,
+                    flag);
+  }
 
   // the kept vectors' weights (the same every row), in flight meanwhile
   uint4 wk[kRmsKeep];
@@ -660,51 +666,55 @@ __global__ void __launch_bounds__(512, 1)
   for (int u = 0; u < kRmsKeep; u++)
     if (tid + u * bd < rvec) wk[u] = load_pack<16>(w, tid + u * bd, H, aligned);
 
-  const char* mine = slot(me);
+  // h of my items: the sum in rank order, plus the residual, rounded
+  const char* slots = slot(me);
   bool ok = true;
-  int parity = 0;
-  for (size_t r = blockIdx.x; r < rows; r += gridDim.x, parity ^= 1) {
-    const T* xr = x + r * H;
-    const T* rr = res + r * H;
-    T* hr = out_h + r * H;
-    // h of my items: the sum in rank order, plus the residual, rounded
-    for (size_t b = warp; b < ipr && ok; b += warps) {
-      const LL128::Item rw = LL128::load(rr, b, H, w_al, 0);
-      const LL128::Item s = reduce_item<T, LL128>(
-          mine + (r * ipr + b) * LL128::kItemBytes + lane, a.row_bytes, xr, b,
-          H, x_al, me, n, SYMNCCL_OP_SUM, flag, a, ok);
-      if (!ok) break;
-      LL128::Item h;
+  for (size_t j = warp; j < mine * ipr && ok; j += warps) {
+    const size_t r = row_of(j), b = j % ipr;
+    const LL128::Item rw = LL128::load(res + r * H, b, H, w_al, 0);
+    const LL128::Item s = reduce_item<T, LL128>(
+        slots + (r * ipr + b) * LL128::kItemBytes + lane, a.row_bytes,
+        x + r * H, b, H, x_al, me, n, SYMNCCL_OP_SUM, flag, a, ok);
+    if (!ok) break;
+    LL128::Item h;
 #pragma unroll
-      for (int k = 0; k < LL128::kWords; k++)
-        h.w[k] = add_residual<T, 8>(s.w[k], rw.w[k]);
-      LL128::put(hr, b, H, w_al, h);
-    }
-    // the row's h is in out_h (this CTA's stores): one_shot_rmsnorm's norm
-    if (!__syncthreads_and(ok)) break;
-    uint4 keep[kRmsKeep];
-    float ss = 0.f;
-#pragma unroll
-    for (int u = 0; u < kRmsKeep; u++)
-      if (tid + u * bd < rvec) keep[u] = load_pack<16>(hr, tid + u * bd, H, aligned);
-#pragma unroll
-    for (int u = 0; u < kRmsKeep; u++)
-      if (tid + u * bd < rvec) ss += sum_squares<T>(keep[u]);
-    for (size_t v = tid + kRmsKeep * bd; v < rvec; v += bd)
-      ss += sum_squares<T>(load_pack<16>(hr, v, H, aligned));
-    const float rstd = rsqrtf(block_sum(ss, s_sum[parity]) / (float)H + a.eps);
-    if constexpr (kQuant) {
-      quantise_row(a, r, rstd, keep, wk, hr, s_max[parity]);
-    } else {
+    for (int k = 0; k < LL128::kWords; k++)
+      h.w[k] = add_residual<T, 8>(s.w[k], rw.w[k]);
+    LL128::put(out_h + r * H, b, H, w_al, h);
+  }
+
+  // my rows' h are in out_h (this CTA's stores): one_shot_rmsnorm's norm,
+  // row by row, unless a wait gave up
+  if (__syncthreads_and(ok)) {
+    int parity = 0;
+    for (size_t r = blockIdx.x; r < rows; r += gridDim.x, parity ^= 1) {
+      const T* hr = out_h + r * H;
+      uint4 keep[kRmsKeep];
+      float ss = 0.f;
 #pragma unroll
       for (int u = 0; u < kRmsKeep; u++)
         if (tid + u * bd < rvec)
-          store_pack<16>(out + r * H, tid + u * bd, H, aligned,
-                         normalise<T>(keep[u], wk[u], rstd));
+          keep[u] = load_pack<16>(hr, tid + u * bd, H, aligned);
+#pragma unroll
+      for (int u = 0; u < kRmsKeep; u++)
+        if (tid + u * bd < rvec) ss += sum_squares<T>(keep[u]);
       for (size_t v = tid + kRmsKeep * bd; v < rvec; v += bd)
-        store_pack<16>(out + r * H, v, H, aligned,
-                       normalise<T>(load_pack<16>(hr, v, H, aligned),
-                                    load_pack<16>(w, v, H, aligned), rstd));
+        ss += sum_squares<T>(load_pack<16>(hr, v, H, aligned));
+      const float rstd =
+          rsqrtf(block_sum(ss, s_sum[parity]) / (float)H + a.eps);
+      if constexpr (kQuant) {
+        quantise_row(a, r, rstd, keep, wk, hr, s_max[parity]);
+      } else {
+#pragma unroll
+        for (int u = 0; u < kRmsKeep; u++)
+          if (tid + u * bd < rvec)
+            store_pack<16>(out + r * H, tid + u * bd, H, aligned,
+                           normalise<T>(keep[u], wk[u], rstd));
+        for (size_t v = tid + kRmsKeep * bd; v < rvec; v += bd)
+          store_pack<16>(out + r * H, v, H, aligned,
+                         normalise<T>(load_pack<16>(hr, v, H, aligned),
+                                      load_pack<16>(w, v, H, aligned), rstd));
+      }
     }
   }
   end_call(a.epochs, call);

@@ -363,11 +363,19 @@ static const auto_row auto_table[] = {
      * 1 MiB (12.9 against ll's 17.2) to 32 MiB (136.0 against the
      * composed path's 149.9 and unfused 159.9); past 32 MiB, and from 3
      * ranks, "nccl" resolved from "auto": all_reduce's own choice, then
-     * symnccl's add+norm (sn_then_norm_algo). */
+     * symnccl's add+norm (sn_then_norm_algo). ll128 (2x H100, session 18,
+     * fused_h100x2_bfloat16_ll128_r{2,3}.json and _ll128v1_r{1,4}.json,
+     * four runs, H 4096 and 8192, T 1-256): ll ahead to 64 KiB (T 4 x H
+     * 8192 ll 8.7-9.4 us against 9.4-10.3), at 128 KiB H decides (T 16 x H
+     * 4096 ll128 8.0-9.6 against ll 8.7-10.1; T 8 x H 8192 ll 9.1-9.3
+     * against 9.4-10.0); ll128 from 256 KiB to 1 MiB (T 64 x H 4096
+     * 8.2-8.7 against one_shot 13.1-13.5, ll 12.5-12.7; T 128 x H 4096
+     * 12.2-13.6 against one_shot 14.7-14.9); at 2 MiB one_shot and ll128
+     * tie (18.2-19.6 against 19.0-19.2): one_shot from there. */
     {SYMNCCL_COLL_ALL_REDUCE_RMSNORM, 1, 0, 0, ANY_SIZE, 0, 0, 0,
      SN_ALGO_NCCL},
-    {SYMNCCL_COLL_ALL_REDUCE_RMSNORM, 2, 512 * KIB, 0, 32 * MIB, 0, 0, 0,
-     SN_ALGO_NCCL},
+    {SYMNCCL_COLL_ALL_REDUCE_RMSNORM, 2, 64 * KIB, 1 * MIB, 32 * MIB, 0, 0,
+     0, SN_ALGO_NCCL},
 };
 #define N_AUTO (sizeof(auto_table) / sizeof(auto_table[0]))
 
