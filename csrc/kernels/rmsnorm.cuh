@@ -77,12 +77,6 @@ SYMNCCL_BEGIN
 // bf16/fp16, 8192 fp32) never reads out_h back.
 constexpr int kRmsKeep = 2;
 
-// LL128 items a warp of ll128_rmsnorm has in flight at once (loads, sends,
-// polls): a CTA owns several rows from T 64 on (H 8192 bf16: 35 items a
-// row, 16 warps), and one item at a time made each a full latency. 3 spill
-// in the bfloat16 unit (the accumulators of 2 words an item).
-constexpr int kLl128Batch = 2;
-
 // op(a, b) of one float per thread over the CTA, from 0, in a fixed
 // order; every thread gets the same bits. `buf`: 32 floats of shared
 // memory, alternating by row parity between two such (one __syncthreads
@@ -655,30 +649,15 @@ __global__ void __launch_bounds__(512, 1)
                           : 0;
   auto row_of = [&](size_t j) { return blockIdx.x + j / ipr * gridDim.x; };
 
-  // a warp's items, kLl128Batch at a time (j0 + k * warps): their loads
-  // issued together, a peer's lines for all of them polled in one wait
-  const size_t total = mine * ipr, step = warps * kLl128Batch;
-  auto has_item = [&](size_t j0, int k) { return j0 + k * warps < total; };
-
   // my rows' items into row `me` of every peer's slot
   const Peers to = slot.at((size_t)me * a.row_bytes);
-  for (size_t j0 = warp; j0 < total; j0 += step) {
-    LL128::Item it[kLl128Batch];
-#pragma unroll
-    for (int k = 0; k < kLl128Batch; k++)
-      if (has_item(j0, k)) {
-        const size_t j = j0 + k * warps;
-        it[k] = LL128::load(x + row_of(j) * H, j % ipr, H, x_al, flag);
-      }
-#pragma unroll
-    for (int k = 0; k < kLl128Batch; k++)
-      if (has_item(j0, k)) {
-        const size_t j = j0 + k * warps, r = row_of(j), b = j % ipr;
-        for (int q = 0; q < n; q++)
-          if (q != me)
-            LL128::send(to(q) + (r * ipr + b) * LL128::kItemBytes + lane,
-                        it[k], flag);
-      }
+  for (size_t j = warp; j < mine * ipr; j += warps) {
+    const size_t r = row_of(j), b = j % ipr;
+    const LL128::Item it = LL128::load(x + r * H, b, H, x_al, flag);
+    for (int q = 0; q < n; q++)
+      if (q != me)
+        LL128::send(to(q) + (r * ipr + b) * LL128::kItemBytes + lane, it,
+                    flag);
   }
 
   // the kept vectors' weights (the same every row), in flight meanwhile
@@ -687,68 +666,21 @@ __global__ void __launch_bounds__(512, 1)
   for (int u = 0; u < kRmsKeep; u++)
     if (tid + u * bd < rvec) wk[u] = load_pack<16>(w, tid + u * bd, H, aligned);
 
-  // h of my items: the sum in rank order 0..n-1 (the own part from x), as
-  // reduce_item folds it, plus the residual, rounded
+  // h of my items: the sum in rank order, plus the residual, rounded
   const char* slots = slot(me);
-  const bool flag_lane = LL128::flag_lane();
   bool ok = true;
-  for (size_t j0 = warp; j0 < total && ok; j0 += step) {
-    LL128::Item own[kLl128Batch], rw[kLl128Batch];
-    Accum<T, 8, OpSum> acc[kLl128Batch][LL128::kWords];
-#pragma unroll
-    for (int k = 0; k < kLl128Batch; k++)
-      if (has_item(j0, k)) {
-        const size_t j = j0 + k * warps, r = row_of(j), b = j % ipr;
-        own[k] = LL128::load(x + r * H, b, H, x_al, 0);
-        rw[k] = LL128::load(res + r * H, b, H, w_al, 0);
-      }
-    for (int q = 0; q < n && ok; q++) {
-      LL128::Item got[kLl128Batch];
-      if (q != me)
-        ok = bounded_wait<true>(
-            [&] {
-              bool all = true;
-#pragma unroll
-              for (int k = 0; k < kLl128Batch; k++)
-                if (has_item(j0, k)) {
-                  const size_t j = j0 + k * warps;
-                  const char* p = slots + (size_t)q * a.row_bytes +
-                                  (row_of(j) * ipr + j % ipr) *
-                                      LL128::kItemBytes +
-                                  lane;
-                  asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];"
-                               : "=l"(got[k].w[0]), "=l"(got[k].w[1])
-                               : "l"(p)
-                               : "memory");
-                  all &= !flag_lane || got[k].w[1] == flag;
-                }
-              return __all_sync(0xffffffffu, all);
-            },
-            a, me, n, {SYMNCCL_WAIT_PACKETS, q, flag});
-#pragma unroll
-      for (int k = 0; k < kLl128Batch; k++)
-        if (has_item(j0, k))
-#pragma unroll
-          for (int v = 0; v < LL128::kWords; v++) {
-            const uint64_t word = q == me ? own[k].w[v] : got[k].w[v];
-            if (q == 0)
-              acc[k][v].set(word);
-            else
-              acc[k][v].fold(word);
-          }
-    }
+  for (size_t j = warp; j < mine * ipr && ok; j += warps) {
+    const size_t r = row_of(j), b = j % ipr;
+    const LL128::Item rw = LL128::load(res + r * H, b, H, w_al, 0);
+    const LL128::Item s = reduce_item<T, LL128>(
+        slots + (r * ipr + b) * LL128::kItemBytes + lane, a.row_bytes,
+        x + r * H, b, H, x_al, me, n, SYMNCCL_OP_SUM, flag, a, ok);
     if (!ok) break;
+    LL128::Item h;
 #pragma unroll
-    for (int k = 0; k < kLl128Batch; k++)
-      if (has_item(j0, k)) {
-        const size_t j = j0 + k * warps;
-        LL128::Item h;
-#pragma unroll
-        for (int v = 0; v < LL128::kWords; v++)
-          h.w[v] = add_residual<T, 8>(acc[k][v].result(SYMNCCL_OP_SUM, n),
-                                      rw[k].w[v]);
-        LL128::put(out_h + row_of(j) * H, j % ipr, H, w_al, h);
-      }
+    for (int k = 0; k < LL128::kWords; k++)
+      h.w[k] = add_residual<T, 8>(s.w[k], rw.w[k]);
+    LL128::put(out_h + r * H, b, H, w_al, h);
   }
 
   // my rows' h are in out_h (this CTA's stores): one_shot_rmsnorm's norm,
