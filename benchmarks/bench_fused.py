@@ -51,7 +51,9 @@ There each row also times the anchors:
                  kARResidualRMSNorm, its IPC workspace), checked against
                  the unfused result like the fused call; when flashinfer
                  is not importable (or its setup fails) the column is
-                 empty and the JSON's "skipped" says why
+                 empty and the JSON's "skipped" says why (on the device
+                 machines, which reach no index, tools/gpu/
+                 flashinfer_anchor.sh brings it)
 Without torchrun, --nranks N is a loopback team of N on this GPU (as
 --ranks N).
 """
