@@ -684,7 +684,8 @@ __global__ void __launch_bounds__(512, 1)
   }
 
   // my rows' h are in out_h (this CTA's stores): one_shot_rmsnorm's norm,
-  // row by row, unless a wait gave up
+  // row by row, unless a wait gave up; y stored as ll_rmsnorm stores it
+  // (written out in each kernel: ll_rmsnorm says why)
   if (__syncthreads_and(ok)) {
     int parity = 0;
     for (size_t r = blockIdx.x; r < rows; r += gridDim.x, parity ^= 1) {
