@@ -609,9 +609,9 @@ __global__ void __launch_bounds__(512)
 // in one_shot_rmsnorm's mapping (a thread per vector, vectors t, t + bd,
 // ...): the sum of squares, the block sum and y are one_shot_rmsnorm's
 // arithmetic in its order, hence its bits. A warp whose wait gave up
-// stores no h after it, and the CTA stores no y. The block is one_shot_rmsnorm's
-// (derived from H); slots, flags, call counters and the fixed grid are the
-// LL128 family's. Requirements: rows * ipr items within a slot's row (the
+// stores no h after it, and the CTA stores no y. The block is
+// one_shot_rmsnorm's (derived from H); slots, flags, call counters and the
+// fixed grid are the LL128 family's. Requirements: rows * ipr items within a slot's row (the
 // host's chunks, symnccl_packet_max_count), the rest as
 // one_shot_rmsnorm's. (Launch bounds (512, 1): with (512) alone ptxas held
 // the float32 kernel to 64 registers and spilled 216 bytes.)
@@ -664,7 +664,8 @@ __global__ void __launch_bounds__(512, 1)
   uint4 wk[kRmsKeep];
 #pragma unroll
   for (int u = 0; u < kRmsKeep; u++)
-    if (tid + u * bd < rvec) wk[u] = load_pack<16>(w, tid + u * bd, H, aligned);
+    if (tid + u * bd < rvec)
+      wk[u] = load_pack<16>(w, tid + u * bd, H, aligned);
 
   // h of my items: the sum in rank order, plus the residual, rounded
   const char* slots = slot(me);

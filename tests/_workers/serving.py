@@ -181,8 +181,8 @@ def fused_rmsnorm_every_kernel(rank, nranks, uid, seed):
     an unaligned offset, poisoned outputs, against the float64 reference
     (rmsnorm_wrong); y over x and h over the residual (in place, vLLM's
     form) for the fused kernels; FP8 static and dynamic outputs of
-    one_shot, ll and ll128. Each call's launch counters must show the kernels its
-    algo runs (and only those).
+    one_shot, ll and ll128. Each call's launch counters must show the
+    kernels its algo runs (and only those).
 
     Returns (rows, digests, launches): rows (what, algo, dtype, T, H, pad,
     wrong) with wrong 0 or what was wrong; digests {(what, algo, dtype, T,

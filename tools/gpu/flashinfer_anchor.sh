@@ -20,10 +20,11 @@
 # runs bench_fused.py with the package on PYTHONPATH.
 #
 #   here:   bash tools/gpu/flashinfer_anchor.sh prep        # out/fi.tgz
-#   device (nvidia-h100-x1), carry ["out/fi.tgz", "tools/gpu"]:
-#           bash tools/gpu/flashinfer_anchor.sh build       # $OUT/trtllm_comm.so
-#   here:   cp <files_at>/trtllm_comm.so out/ && bash tools/gpu/flashinfer_anchor.sh prep
-#   device (2 GPUs), carry ["symnccl/_C.abi3.so", "out/fi.tgz", "tools/gpu"]:
+#   device (nvidia-h100-x1), carry ["out/fi.tgz"]:
+#           bash tools/gpu/flashinfer_anchor.sh build  # $OUT/trtllm_comm.so
+#   here:   cp <files_at>/trtllm_comm.so out/
+#           bash tools/gpu/flashinfer_anchor.sh prep
+#   device (2 GPUs), carry ["symnccl/_C.abi3.so", "out/fi.tgz"]:
 #           bash tools/gpu/flashinfer_anchor.sh bench [bench_fused.py args]
 #
 # Session 18 (2026-11-26, 2x H100) measured FlashInfer 0.7.2.post1 so
@@ -133,5 +134,5 @@ print('trtllm_comm built in', round(time.time() - t), 's')"
         shift
         torchrun --standalone --nproc-per-node "${NPROC:-2}" \
             benchmarks/bench_fused.py "$@" ;;
-    *) sed -n '2,27p' "$0"; exit 2 ;;
+    *) sed -n '2,/^set -euo/p' "$0" | grep '^#'; exit 2 ;;
 esac
