@@ -8,7 +8,7 @@ Methods:
             within AUTO_TABLE's all_reduce_rmsnorm rows, past them
             all_reduce's own choice then symnccl's add+norm); the JSON's
             fused_kernels say which ran
-  ll, ll128, one_shot, two_shot
+  ll, ll128, lamport, one_shot, two_shot
             the same with that algo (2+ ranks: each fused kernel, whatever
             auto picks; the auto table's rows come from these columns)
   ar_ll, ar_ll128
@@ -135,7 +135,7 @@ def _all_reduce(team, streams, bufs, algo):
 
 # the fused kernels timed one by one at 2+ ranks (the kernel table's), and
 # the packet all-reduces alone
-KERNEL_ALGOS = ("ll", "ll128", "one_shot", "two_shot")
+KERNEL_ALGOS = ("ll", "ll128", "lamport", "one_shot", "two_shot")
 FLOOR_ALGOS = ("ll", "ll128")
 
 
@@ -222,7 +222,9 @@ def _measure(torch, team, n, rank, opts, sync=None, anchors=None,
                        opts["iters"], opts["reps"], sync)
             per = {}
             if n > 1:   # each fused kernel, and the LL all-reduce alone
-                for algo in KERNEL_ALGOS:
+                import symnccl    # (a build older than an algo: not timed)
+                for algo in (a for a in KERNEL_ALGOS
+                             if a in symnccl.ALGORITHMS):
                     per[f"{algo}_us"] = round(_time(
                         torch, lambda: _calls(torch, team, streams, bf, True,
                                               algo),
@@ -404,6 +406,7 @@ PLOT_COLUMNS = (
      "-s"),
     ("ll_us", "fused ll", "-^"),
     ("ll128_us", "fused ll128", "-<"),
+    ("lamport_us", "fused lamport", "->"),
     ("one_shot_us", "fused one_shot", "-v"),
     ("two_shot_us", "fused two_shot", "-D"),
     ("ar_ll_us", "all_reduce ll alone (floor of ll)", ":"),

@@ -47,7 +47,9 @@ METHODS = [
      '(NVLink loads; inputs outside a window go through the staging '
      "window), 'push' (store-only two-shot with flags, any input), "
      "'multimem' (NVLink SHARP, only where multicast was granted); "
-     "'nccl'. Every rank must pass the same algo and the same kind "
+     "'nccl'. ('lamport', packets that are their own flag, runs "
+     'all_reduce_rmsnorm only.) Every rank must pass the same algo and '
+     "the same kind "
      'of input (all in a SymmetricBuffer at the same offset, or none). '
      'Calls on one communicator from different streams are ordered '
      'by symnccl; a replayed CUDA graph must not overlap other calls '
@@ -136,7 +138,12 @@ METHODS = [
      'peer as LL packets and reduces them as they land, the decode '
      "sizes; one_shot's bits); 'll128' (ll in 128-byte lines of 120 "
      'data bytes: 16/15 of the rows on the link instead of twice them, '
-     "the sizes between ll's and one_shot's; one_shot's bits); 'nccl' "
+     "the sizes between ll's and one_shot's; one_shot's bits); "
+     "'lamport' (ll with the rows as their own flag: an empty slot "
+     'word is all ones, a NaN that x never sends (a word of x that is '
+     'all ones travels as another NaN, which the sums turn into the '
+     "same NaN), so the rows cross the link once; one_shot's bits); "
+     "'nccl' "
      "(ncclAllReduce, then symnccl's "
      "add+norm kernel); 'auto' (symnccl.AUTO_TABLE). A loopback team "
      "runs the kernels only (not 'nccl').\n\n"

@@ -413,8 +413,8 @@ size_t sn_windows_count(const struct CommObject *c);
 void sn_windows_free(struct CommObject *c);
 
 /* ------------------------------------------------------------------ */
-/* staging.c: the staging window (staging area, then the ll, ll128 and push
- * regions) and the device scratch (barrier word, kernel epochs). */
+/* staging.c: the staging window (staging area, then the ll, ll128, push and
+ * lamport regions) and the device scratch (barrier word, kernel epochs). */
 
 typedef struct {
     size_t staging;            /* usable staging area at offset 0 */
@@ -426,6 +426,7 @@ typedef struct {
     size_t ctl_offset;         /* the control block (SYMNCCL_CTL_BYTES):
                                   fault word, barrier flags */
     size_t splits_offset;      /* all_to_all's splits packets */
+    size_t lamport_offset, lamport_row;  /* 2 slots x nranks rows */
     size_t bytes;              /* the whole allocation */
 } sn_layout;
 
@@ -445,8 +446,8 @@ typedef struct {
 void sn_layout_compute(struct CommObject *c, size_t staging_bytes);
 /* The staging window: 1 when c has one (the device API, one LSA team),
  * sn_staging_reserve its ncclMemAlloc (lifecycle.c releases the GIL
- * around it), sn_staging_clear the zeroing of the regions that must start
- * zeroed (-1 with err); the caller registers it. */
+ * around it), sn_staging_clear the regions' first contents (zeroed, the
+ * lamport region all ones; -1 with err); the caller registers it. */
 int sn_staging_wanted(const struct CommObject *c);
 ncclResult_t sn_staging_reserve(struct CommObject *c);
 int sn_staging_clear(struct CommObject *c, sn_err *err);

@@ -893,10 +893,10 @@ def all_reduce_rmsnorm(x, residual, weight, eps: float = 1e-6, *,
     else one per row computed in the kernel, shape (..., 1) (dynamic).
     Not differentiable (jax.grad raises), as symnccl.torch's op.
 
-    algo: "ll", "ll128", "one_shot" or "two_shot" run the fused kernels
-    ("two_shot" has no FP8 output), "nccl" NCCL's all-reduce then symnccl's
-    add+norm, "auto" the measured table (symnccl.AUTO_TABLE); an algo that
-    cannot run the call fails the computation naming why.
+    algo: "ll", "ll128", "lamport", "one_shot" or "two_shot" run the fused
+    kernels ("two_shot" has no FP8 output), "nccl" NCCL's all-reduce then
+    symnccl's add+norm, "auto" the measured table (symnccl.AUTO_TABLE); an
+    algo that cannot run the call fails the computation naming why.
 
     Example::
 

@@ -25,10 +25,10 @@ DTYPES = ["float32", "float16", "bfloat16"]
 SHAPES = [(1, 8), (3, 1000), (17, 4096), (128, 4096), (1000, 1000),
           (3, 16384), (1, 16384)]
 WORLDS = [1, 2, 3, 4, 8]
-# the fused kernels; ll's bits are one_shot's
-KERNEL_ALGOS = ["one_shot", "two_shot", "ll", "ll128"]
+# the fused kernels; every one's bits are one_shot's
+KERNEL_ALGOS = ["one_shot", "two_shot", "ll", "ll128", "lamport"]
 # the fused kernels that take an FP8 output (two_shot has none)
-FP8_ALGOS = ["one_shot", "ll", "ll128"]
+FP8_ALGOS = ["one_shot", "ll", "ll128", "lamport"]
 TOPO_2 = dict(nranks=2, lsa_size=2, symmetric=1, staging=1, push=1,
               multicast=0)
 
@@ -42,11 +42,15 @@ def test_the_fused_kernel_is_a_row_of_the_kernel_table():
         ("one_shot_rmsnorm", "one_shot", "rows", "float", "barrier"),
         ("two_shot_rmsnorm", "two_shot", "rows", "float", "barrier"),
         ("ll_rmsnorm", "ll", "rows", "float", "ll"),
-        ("ll128_rmsnorm", "ll128", "rows", "float", "ll128")]
+        ("ll128_rmsnorm", "ll128", "rows", "float", "ll128"),
+        ("lamport_rmsnorm", "lamport", "rows", "float", "lamport")]
     assert _C.COLLECTIVE_KERNELS[COLL] == {"one_shot": "one_shot_rmsnorm",
                                            "two_shot": "two_shot_rmsnorm",
                                            "ll": "ll_rmsnorm",
-                                           "ll128": "ll128_rmsnorm"}
+                                           "ll128": "ll128_rmsnorm",
+                                           "lamport": "lamport_rmsnorm"}
+    # the Lamport format runs nothing else (its sentinel is a float NaN)
+    assert _C.ALGO_KERNELS["lamport"] == ()
 
 
 def test_only_float32_float16_bfloat16_have_the_fused_kernel():
@@ -152,18 +156,23 @@ def _call_all(torch, team, streams, xs, res, w, ys, hs, **kw):
 @pytest.mark.gpu
 @pytest.mark.parametrize("nranks", WORLDS)
 def test_every_dtype_and_shape_against_float64(monkeypatch, nranks):
-    """one_shot, two_shot, ll and ll128, poisoned outputs, every other
-    case at an unaligned offset: within the rounding bounds of the float64
-    reference, the same bits on every rank and from every kernel."""
+    """one_shot, two_shot, ll, ll128 and lamport, poisoned outputs, every
+    other case at an unaligned offset: within the rounding bounds of the
+    float64 reference, the same bits on every rank and from every kernel.
+    The shapes follow each other on one team, so each lamport call finds
+    the slots the calls before it left empty."""
     torch = _torch()
     team = _team(monkeypatch, nranks)
     streams = [torch.cuda.Stream() for _ in team]
     wrong, calls, ll_launches, ll128_launches = [], 0, 0, 0
+    lamport_launches = 0
     # ll's rows travel in chunks of what an LL row carries (half its
-    # bytes); ll128's in whole 512-byte items of 480 data bytes a row
+    # bytes); ll128's in whole 512-byte items of 480 data bytes a row;
+    # lamport's in a Lamport row (all data)
     layout = team[0]._staging_layout()
     ll_carries = layout["ll_row"] // 2
     ll128_items = layout["ll128_row"] // 512
+    lamport_carries = layout["lamport_row"]
     try:
         for dtype in DTYPES:
             for i, (T, H) in enumerate(SHAPES):
@@ -171,6 +180,8 @@ def test_every_dtype_and_shape_against_float64(monkeypatch, nranks):
                 ll_launches += 1 if nranks == 1 else -(-T // per)
                 per = ll128_items // -(-H * _itemsize(dtype) // 480)
                 ll128_launches += 1 if nranks == 1 else -(-T // per)
+                per = lamport_carries // (H * _itemsize(dtype))
+                lamport_launches += 1 if nranks == 1 else -(-T // per)
                 pad = 3 if i % 2 else 0      # every other case unaligned
                 xs, res, w = _inputs(torch, nranks, T, H, dtype,
                                      seed=T * H + nranks, pad=pad)
@@ -202,8 +213,8 @@ def test_every_dtype_and_shape_against_float64(monkeypatch, nranks):
     for q, l in enumerate(launches):
         assert {k: v for k, v in l.items() if v} == \
             {"one_shot_rmsnorm": calls, "two_shot_rmsnorm": calls,
-             "ll_rmsnorm": ll_launches, "ll128_rmsnorm": ll128_launches}, \
-            (q, l)
+             "ll_rmsnorm": ll_launches, "ll128_rmsnorm": ll128_launches,
+             "lamport_rmsnorm": lamport_launches}, (q, l)
 
 
 def _itemsize(dtype):
@@ -245,16 +256,65 @@ def test_in_place_residual_gives_the_same_bits(monkeypatch, nranks, algo):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_lamport_sends_words_of_x_that_look_empty(monkeypatch, dtype):
+    """An 8-byte word of x that is all ones (each element the NaN that
+    marks an empty Lamport slot) travels as another NaN: lamport's call
+    ends (a word sent as it is would be waited for until the timeout) and
+    gives one_shot's bits, the NaN rows included; so does the clean call
+    after it, on the slots the first one left."""
+    torch = _torch()
+    team = _team(monkeypatch, 2, timeout=5.0)
+    streams = [torch.cuda.Stream() for _ in team]
+    ints = {"float32": torch.int32, "float16": torch.int16,
+            "bfloat16": torch.int16}[dtype]
+    per_word = 8 // _itemsize(dtype)
+    T, H = 6, 4096
+    try:
+        for rep in range(2):
+            xs, res, w = _inputs(torch, 2, T, H, dtype, seed=11 + rep)
+            if rep == 0:
+                words = [x.view(ints).view(T, H // per_word, per_word)
+                         for x in xs]
+                words[0][1, 3] = -1       # one rank's word
+                words[0][2, 7] = -1       # both ranks' same word
+                words[1][2, 7] = -1
+                words[1][4, 10:12] = -1   # a whole 16-byte vector
+            got = {}
+            for algo in ("one_shot", "lamport"):
+                ys = [_poisoned(torch, xs[0]) for _ in team]
+                hs = [_poisoned(torch, xs[0]) for _ in team]
+                _call_all(torch, team, streams, xs, res, w, ys, hs,
+                          algo=algo)
+                got[algo] = (ys, hs)
+            for q in range(2):
+                for k in range(2):
+                    assert torch.equal(_bits(got["one_shot"][k][q]),
+                                       _bits(got["lamport"][k][q])), \
+                        (rep, q, "yh"[k])
+            y, h = got["lamport"][0][0], got["lamport"][1][0]
+            nan_rows = [1, 2, 4] if rep == 0 else []
+            for r in range(T):
+                assert bool(y[r].isnan().all()) == (r in nan_rows), (rep, r)
+            assert _wrong(torch, [x[[0, 3, 5]] for x in xs], res[[0, 3, 5]],
+                          w, y[[0, 3, 5]], h[[0, 3, 5]], dtype) == (0, 0)
+        assert team[0]._launches()["lamport_rmsnorm"] == 2
+    finally:
+        _close(team)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("algo,launches", [("one_shot", 63),
                                            ("two_shot", 200), ("ll", 3),
-                                           ("ll128", 2)])
+                                           ("ll128", 2), ("lamport", 2)])
 def test_rows_past_the_staging_area_take_several_launches(monkeypatch, algo,
                                                           launches):
     """A staging area of 64 KiB holds 16 rows of H 1000 fp32 (two_shot: 5,
     with their y and h): 1000 rows take 63 (200) launches of whole rows, and
     the result is unchanged. ll's rows travel in a row of the LL region
     instead (349 of them at 3 ranks: 3 launches), ll128's in a row of the
-    LL128 region (606 rows of 9 items: 2 launches)."""
+    LL128 region (606 rows of 9 items: 2 launches), lamport's in a row of
+    the Lamport region (698 rows: 2 launches)."""
     torch = _torch()
     team = _team(monkeypatch, 3, staging_bytes=64 << 10)
     streams = [torch.cuda.Stream() for _ in team]

@@ -191,20 +191,20 @@ def test_multimem_all_reduce_matches_float64(nranks):
 @ranks_param(2, 3, 4, 8)
 def test_fused_rmsnorm_every_kernel_dtype_and_shape_on_real_peers(nranks):
     """all_reduce_rmsnorm on real peers: one_shot, two_shot, ll, ll128,
-    auto and nccl, float32/float16/bfloat16, T 1/3/17/128 x H
+    lamport, auto and nccl, float32/float16/bfloat16, T 1/3/17/128 x H
     8/1000/4096/16384, every other shape unaligned, poisoned outputs, in
     place, FP8 static and dynamic: within the float64 reference's rounding
     bounds, the kernels each algo runs (launch counters), the same bits on
     every rank and from every fused kernel (one_shot, two_shot, ll, ll128,
-    and auto where it runs one), in place as out of place."""
+    lamport, and auto where it runs one), in place as out of place."""
     pytest.importorskip("torch")
     res = spawn(S.fused_rmsnorm_every_kernel, nranks, args=(31,),
                 timeout=600)
     bad = [row for rows, _, _ in res for row in rows if row[-1]]
     assert not bad, bad[:10]
-    # 3 dtypes x 16 shapes x 6 algos, 3 x 4 in place x 4 kernels, 3 x 2
-    # FP8 shapes x 3 kernels x 2 quants, and H 1031's refusal
-    assert len(res[0][0]) == 288 + 48 + 36 + 1, len(res[0][0])
+    # 3 dtypes x 16 shapes x 7 algos, 3 x 4 in place x 5 kernels, 3 x 2
+    # FP8 shapes x 4 kernels x 2 quants, and H 1031's refusal
+    assert len(res[0][0]) == 336 + 60 + 48 + 1, len(res[0][0])
     ref = res[0][1]
     for r, (_, digests, _) in enumerate(res[1:], 1):
         assert set(digests) == set(ref), r
@@ -222,7 +222,7 @@ def test_fused_rmsnorm_every_kernel_dtype_and_shape_on_real_peers(nranks):
         assert len({h for _, _, h in got}) == 1, (case, sorted(got))
     for rank, (_, _, launches) in enumerate(res):
         for k in ("one_shot_rmsnorm", "two_shot_rmsnorm", "ll_rmsnorm",
-                  "ll128_rmsnorm", "nccl"):
+                  "ll128_rmsnorm", "lamport_rmsnorm", "nccl"):
             assert launches[k] > 0, (rank, k, launches)
 
 

@@ -54,6 +54,10 @@ void packet_format(int kernel, size_t* data, size_t* row) {
       *data = LL128::kItemData;
       *row = LL128::kItemBytes;
       return;
+    case SYMNCCL_FAMILY_LAMPORT:
+      *data = Lamport::kItemData;
+      *row = Lamport::kItemBytes;
+      return;
     default:
       *data = *row = 0;
   }

@@ -1,6 +1,7 @@
 // Packet kernels: data and "it is there" travel in the same store, pushed to
 // peers and polled in local memory; no barrier. One one-shot and one
-// two-shot skeleton, each over two packet formats:
+// two-shot skeleton, each over two packet formats (a third, Lamport, whose
+// data is its own flag, is defined below; the fused kernel uses it):
 //
 //   LL     a 16-byte packet {data0, flag, data1, flag} per 8 data bytes,
 //          written by one 16-byte volatile store: each 8-byte half carries
@@ -211,6 +212,70 @@ struct LL128 {
             },
             a, me, n, {SYMNCCL_WAIT_PACKETS, from, flag});
     return {{v0, v1}};
+  }
+};
+
+// Lamport: 16-byte packets that are all data, with no flag: a slot's
+// 8-byte word of all ones is "not written yet" (the sentinel), so the link
+// carries the message once (LL: 2x, LL128: 16/15). All ones is a NaN in
+// float32, float16 and bfloat16, and only those kernels use the format
+// (the FLOAT unit, table.h): a word of x that is all ones (its every
+// element that NaN) is sent with its lowest element's sign bit cleared,
+// still a NaN (the canonical one), so no data word is ever the sentinel.
+// The reductions add every peer's element in float32, which gives the
+// canonical NaN whatever a NaN input's bits, so the results keep the bits
+// of every other algorithm. A reader polls a packet with one 16-byte
+// volatile load and takes it when neither word is all ones (NVLink keeps
+// 8-byte stores whole, as LL relies on); then it stores all ones back
+// (rearm), so a slot is empty again before its next use.
+//
+// Why a rearmed slot is empty when a peer next writes it (two slots, as
+// LL's: the call counters' parity): rank r rearms what it read of slot s
+// in call c, before its kernel of call c ends. A peer writes slot s of r
+// again in call c + 2 only after its call c + 1 received r's packets of
+// c + 1, which r sent after its call c had ended (stream order), and so
+// after r's rearming stores were performed. The region starts all ones
+// (staging.c) and a row `me` is never written. A call whose wait gave up
+// leaves slots unread, and the communicator refuses every later call
+// (faults.c), so no call reads them. Used by lamport_rmsnorm
+// (rmsnorm.cuh): a thread's 16-byte vector is one packet.
+struct Lamport {
+  static constexpr size_t kItemBytes = 16;
+  static constexpr size_t kItemData = 16;
+  static constexpr uint64_t kEmpty = ~0ull;
+
+  // w, never the sentinel (T: float32, float16 or bfloat16)
+  template <typename T>
+  __device__ static uint64_t sendable(uint64_t w) {
+    static_assert(sizeof(T) == 2 || sizeof(T) == 4,
+                  "Lamport packets carry float32, float16, bfloat16");
+    return w == kEmpty ? w ^ (1ull << (8 * sizeof(T) - 1)) : w;
+  }
+  template <typename T>
+  __device__ static void send(char* p, uint4 d) {
+    const uint64_t lo = sendable<T>((uint64_t)d.x | (uint64_t)d.y << 32);
+    const uint64_t hi = sendable<T>((uint64_t)d.z | (uint64_t)d.w << 32);
+    asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(p),
+                 "l"(lo), "l"(hi)
+                 : "memory");
+  }
+  // One look at the packet at p: true, with d its data, once both words
+  // are written.
+  __device__ static bool look(const char* p, uint4& d) {
+    uint64_t lo, hi;
+    asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];"
+                 : "=l"(lo), "=l"(hi)
+                 : "l"(p)
+                 : "memory");
+    d = make_uint4((uint32_t)lo, (uint32_t)(lo >> 32), (uint32_t)hi,
+                   (uint32_t)(hi >> 32));
+    return lo != kEmpty && hi != kEmpty;
+  }
+  // After the packet at p was taken: empty again.
+  __device__ static void rearm(char* p) {
+    asm volatile("st.volatile.global.v2.u64 [%0], {%1, %1};" ::"l"(p),
+                 "l"(kEmpty)
+                 : "memory");
   }
 };
 

@@ -431,24 +431,73 @@ __global__ void __launch_bounds__(512)
 // wait that gave up leaves this thread's `ok` down: it stores no h after
 // it, and the CTA stores no y for the row. kQuant: a.quant, a kernel of
 // its own (as add_rmsnorm's), so the plain kernel carries no FP8 code.
+// lamport_rmsnorm: the same rows as Lamport packets (packet.cuh), a vector
+// one 16-byte packet with no flag, in the Lamport region, on its family's
+// slots and counters: the link carries the rows once, not twice; float32,
+// float16 and bfloat16 (the NaN sentinel), with the bits of every other
+// kernel. Both are rows_on_packets below, over their vector wire (VecLL,
+// VecLamport).
 // Requirements:
-// rows * H * sizeof(T) <= row_bytes / 2 (the host's chunks), the rest as
-// one_shot_rmsnorm's.
-__device__ __forceinline__ void send_vec(char* p, uint4 d, uint64_t flag) {
-  LL::send(p, {{(uint64_t)d.x | (uint64_t)d.y << 32}}, flag);
-  LL::send(p + LL::kItemBytes, {{(uint64_t)d.z | (uint64_t)d.w << 32}},
-           flag);
-}
+// rows * H * sizeof(T) <= row_bytes / 2 (ll; lamport: row_bytes), the rest
+// as one_shot_rmsnorm's.
 
-template <typename T, bool kQuant>
-__global__ void __launch_bounds__(512)
-    ll_rmsnorm(ncclDevComm dc, const __grid_constant__ symnccl_kargs a) {
+// A row's 16-byte vector on the wire: send() it to a peer's slot at p,
+// look() once whether the vector at p has landed (d: its data), rearm()
+// the slot at p after it was taken; `flag` is what a wait that gives up
+// records (the call's flag).
+struct VecLL {   // two LL packets, the call's flag in each 8-byte half
+  static constexpr size_t kBytes = 2 * LL::kItemBytes;
+  uint64_t flag;
+  __device__ static VecLL of(uint32_t call_flag) {
+    return {LL::wire_flag(call_flag)};
+  }
+  template <typename T>
+  __device__ void send(char* p, uint4 d) const {
+    LL::send(p, {{(uint64_t)d.x | (uint64_t)d.y << 32}}, flag);
+    LL::send(p + LL::kItemBytes, {{(uint64_t)d.z | (uint64_t)d.w << 32}},
+             flag);
+  }
+  __device__ bool look(const char* p, uint4& d) const {
+    uint32_t f[4];
+    uint4 lo, hi;
+    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(lo.x), "=r"(f[0]), "=r"(lo.y), "=r"(f[1])
+                 : "l"(p)
+                 : "memory");
+    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(hi.x), "=r"(f[2]), "=r"(hi.y), "=r"(f[3])
+                 : "l"(p + LL::kItemBytes)
+                 : "memory");
+    d = make_uint4(lo.x, lo.y, hi.x, hi.y);
+    return f[0] == (uint32_t)flag && f[1] == (uint32_t)flag &&
+           f[2] == (uint32_t)flag && f[3] == (uint32_t)flag;
+  }
+  __device__ static void rearm(char*) {}   // flags need no clearing
+};
+
+struct VecLamport {   // one Lamport packet
+  static constexpr size_t kBytes = Lamport::kItemBytes;
+  uint64_t flag;
+  __device__ static VecLamport of(uint32_t call_flag) { return {call_flag}; }
+  template <typename T>
+  __device__ void send(char* p, uint4 d) const {
+    Lamport::send<T>(p, d);
+  }
+  __device__ bool look(const char* p, uint4& d) const {
+    return Lamport::look(p, d);
+  }
+  __device__ static void rearm(char* p) { Lamport::rearm(p); }
+};
+
+template <typename T, bool kQuant, typename W>
+__device__ __forceinline__ void rows_on_packets(
+    ncclDevComm dc, const symnccl_kargs& a) {
   __shared__ float s_sum[2][32], s_max[2][32];
   const int n = dc.lsaSize, me = dc.lsaRank;
   uint64_t epoch;
   if (!enter_cta(a, me, n, epoch)) return;
   const PacketCall call(epoch, a.region_offset, n, a.row_bytes);
-  const uint64_t flag = LL::wire_flag(call.flag);
+  const W wire = W::of(call.flag);
   const T* x = static_cast<const T*>(a.src);
   const T* res = static_cast<const T*>(a.residual);
   T* out = static_cast<T*>(a.out);
@@ -462,7 +511,7 @@ __global__ void __launch_bounds__(512)
         reinterpret_cast<uintptr_t>(a.weight) |
         reinterpret_cast<uintptr_t>(out) | reinterpret_cast<uintptr_t>(out_h)) &
        15) == 0;
-  constexpr size_t kVec = 2 * LL::kItemBytes;  // a vector's packets
+  constexpr size_t kVec = W::kBytes;  // a vector's bytes on the wire
   const Peers slot = Peers::of(a.region_win, call.slot_off);
 
   // what does not come from peers, in flight during the trip: the kept
@@ -487,7 +536,7 @@ __global__ void __launch_bounds__(512)
     for (size_t v = tid; v < rvec; v += bd) {
       const uint4 d = load_pack<16>(x + r * H, v, H, x_al);
       for (int q = 0; q < n; q++)
-        if (q != me) send_vec(to(q) + (r * rvec + v) * kVec, d, flag);
+        if (q != me) wire.template send<T>(to(q) + (r * rvec + v) * kVec, d);
     }
 
   // my rows, each reduced in rank order as its packets land, then
@@ -496,10 +545,10 @@ __global__ void __launch_bounds__(512)
   // rmsnorm_body made ptxas spill one_shot_rmsnorm's float32 unit, one
   // shared with add_rmsnorm its float16 unit: 16 bytes each way). A thread whose wait gave up stores
   // no more h; the CTA stores no y for the row (__syncthreads_and).
-  const char* mine = slot(me);
+  char* mine = slot(me);
   bool ok = true;
-  // the sums of U vectors of row r, v0 + u * bd: a peer's 2U packets
-  // polled in one wait, ranks folded in order 0..n-1
+  // the sums of U vectors of row r, v0 + u * bd: a peer's U vectors
+  // polled in one wait (then rearmed), ranks folded in order 0..n-1
   auto sums = [&](size_t r, size_t v0, auto& s) {
     constexpr int U = sizeof(s) / sizeof(s[0]);
     Accum<T, 16, OpSum> acc[U];
@@ -510,33 +559,22 @@ __global__ void __launch_bounds__(512)
         own[u] = load_pack<16>(x + r * H, v0 + u * bd, H, x_al);
     for (int q = 0; q < n; q++) {
       if (q != me && ok) {
-        const char* p = mine + (size_t)q * a.row_bytes + (r * rvec + v0) * kVec;
+        char* p = mine + (size_t)q * a.row_bytes + (r * rvec + v0) * kVec;
         ok = bounded_wait(
             [&] {
               bool all = true;
 #pragma unroll
-              for (int u = 0; u < U; u++) {
-                if (v0 + u * bd >= rvec) continue;
-                uint32_t f[4];
-                uint4 lo, hi;
-                const char* pu = p + (size_t)u * bd * kVec;
-                asm volatile(
-                    "ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-                    : "=r"(lo.x), "=r"(f[0]), "=r"(lo.y), "=r"(f[1])
-                    : "l"(pu)
-                    : "memory");
-                asm volatile(
-                    "ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-                    : "=r"(hi.x), "=r"(f[2]), "=r"(hi.y), "=r"(f[3])
-                    : "l"(pu + LL::kItemBytes)
-                    : "memory");
-                all &= f[0] == (uint32_t)flag && f[1] == (uint32_t)flag &&
-                       f[2] == (uint32_t)flag && f[3] == (uint32_t)flag;
-                d[u] = make_uint4(lo.x, lo.y, hi.x, hi.y);
-              }
+              for (int u = 0; u < U; u++)
+                if (v0 + u * bd < rvec)
+                  all &= wire.look(p + (size_t)u * bd * kVec, d[u]);
               return all;
             },
-            a, me, n, {SYMNCCL_WAIT_PACKETS, q, flag});
+            a, me, n, {SYMNCCL_WAIT_PACKETS, q, wire.flag});
+        if (ok) {
+#pragma unroll
+          for (int u = 0; u < U; u++)
+            if (v0 + u * bd < rvec) W::rearm(p + (size_t)u * bd * kVec);
+        }
       }
 #pragma unroll
       for (int u = 0; u < U; u++)
@@ -590,6 +628,18 @@ __global__ void __launch_bounds__(512)
     fetch_res(r + gridDim.x);
   }
   end_call(a.epochs, call);
+}
+
+template <typename T, bool kQuant>
+__global__ void __launch_bounds__(512)
+    ll_rmsnorm(ncclDevComm dc, const __grid_constant__ symnccl_kargs a) {
+  rows_on_packets<T, kQuant, VecLL>(dc, a);
+}
+
+template <typename T, bool kQuant>
+__global__ void __launch_bounds__(512)
+    lamport_rmsnorm(ncclDevComm dc, const __grid_constant__ symnccl_kargs a) {
+  rows_on_packets<T, kQuant, VecLamport>(dc, a);
 }
 
 // ll128_rmsnorm: ll_rmsnorm's rows in LL128 lines (packet.cuh): the link

@@ -33,6 +33,8 @@
                 "store")                                                     \
     X(LL128, "ll128", "ll in 128-byte lines of 120 data bytes and a flag "  \
                       "word")                                                \
+    X(LAMPORT, "lamport", "barrier-free, the data its own flag: a slot "   \
+                          "word of all ones (a NaN) is empty; float dtypes") \
     X(PUSH, "push", "store-only two-shot with per-CTA flags")               \
     X(MULTIMEM, "multimem", "NVLink SHARP (multimem.ld_reduce), where NCCL " \
                             "granted multicast")
@@ -43,9 +45,11 @@
  *   BARRIER  the load kernels: barrier flag lines
  *   LL       the LL packet rows
  *   LL128    the LL128 packet rows
+ *   LAMPORT  the Lamport packet rows (they start, and are left, all ones)
  *   PUSH     the push region's slots and flags */
-#define SYMNCCL_FAMILIES(X) \
-    X(BARRIER, "barrier") X(LL, "ll") X(LL128, "ll128") X(PUSH, "push")
+#define SYMNCCL_FAMILIES(X)                                              \
+    X(BARRIER, "barrier") X(LL, "ll") X(LL128, "ll128")                  \
+    X(LAMPORT, "lamport") X(PUSH, "push")
 
 /* How launch.c turns a call into launches of the kernel: X(ID, name).
  *   LOADS       peers load from a window (the input's, or the staging
@@ -55,7 +59,8 @@
  *   ROOTED      reduce/broadcast: one_shot's staging chunks
  *   PUSH        one launch, the kernel walks the chunks
  *   ROWS        all_reduce_rmsnorm: whole rows of x, as many per launch as
- *               the staging area holds (ll: the LL region's row, half of it)
+ *               the staging area holds (ll, ll128, lamport: as a row of
+ *               their family's region carries)
  *   ALL_TO_ALL  one launch with the splits, on its family's region
  *               (alltoall.cuh) */
 #define SYMNCCL_PLANS(X)                                               \
@@ -155,6 +160,12 @@ enum { SYMNCCL_UNITS(SYMNCCL_UNIT_ENUM_) SYMNCCL_UNIT_COUNT };
       LL128, ROWS, 0, FLOAT,                                                 \
       (!a.local  ? (a.quant ? ll128_rmsnorm<T, true>                         \
                             : ll128_rmsnorm<T, false>)                       \
+       : a.quant ? add_rmsnorm<T, true>                                      \
+                 : add_rmsnorm<T, false>))                                   \
+    X(LAMPORT_RMSNORM, "lamport_rmsnorm", ALL_REDUCE_RMSNORM, LAMPORT, ONE, \
+      LAMPORT, ROWS, 0, FLOAT,                                               \
+      (!a.local  ? (a.quant ? lamport_rmsnorm<T, true>                       \
+                            : lamport_rmsnorm<T, false>)                     \
        : a.quant ? add_rmsnorm<T, true>                                      \
                  : add_rmsnorm<T, false>))                                   \
     X(PUSH_ALL_TO_ALL, "push_all_to_all", ALL_TO_ALL, PUSH, ONE, PUSH,       \

@@ -254,7 +254,9 @@ comm_loopback(PyObject *cls, PyObject *args, PyObject *kw)
             sn_raise(st, &err);
             goto done;
         }
-        if (sn_loopback_join(cs[q], t, &err) < 0) {
+        /* the regions' first contents, as a real communicator's */
+        if (sn_loopback_join(cs[q], t, &err) < 0 ||
+            sn_staging_clear(cs[q], &err) < 0) {
             sn_raise(st, &err);
             goto done;
         }
@@ -782,14 +784,16 @@ comm_staging_layout(CommObject *self, PyObject *unused)
 {
     const sn_layout *l = &self->mem.layout;
     return Py_BuildValue(
-        "{s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n}", "staging",
+        "{s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n}", "staging",
         (Py_ssize_t)l->staging, "ll_offset", (Py_ssize_t)l->ll_offset,
         "ll_row", (Py_ssize_t)l->ll_row, "ll128_offset",
         (Py_ssize_t)l->ll128_offset, "ll128_row", (Py_ssize_t)l->ll128_row,
         "push_offset", (Py_ssize_t)l->push_offset, "push_data",
         (Py_ssize_t)l->push_data, "push_slot", (Py_ssize_t)l->push_slot,
         "ctl_offset", (Py_ssize_t)l->ctl_offset, "splits_offset",
-        (Py_ssize_t)l->splits_offset, "bytes",
+        (Py_ssize_t)l->splits_offset, "lamport_offset",
+        (Py_ssize_t)l->lamport_offset, "lamport_row",
+        (Py_ssize_t)l->lamport_row, "bytes",
         (Py_ssize_t)l->bytes);
 }
 

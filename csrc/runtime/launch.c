@@ -15,9 +15,10 @@
  *            worth of each slice, straight from x into out
  *   ROOTED   one_shot (reduce, broadcast): one launch per staging area, x
  *            copied into the staging window first
- *   ROWS     one_shot_rmsnorm, two_shot_rmsnorm, ll_rmsnorm
- *            (all_reduce_rmsnorm): whole rows of x, as many per launch as
- *            the staging area (ll: a row of the LL region) holds
+ *   ROWS     one_shot_rmsnorm, two_shot_rmsnorm, ll_rmsnorm, ll128_rmsnorm,
+ *            lamport_rmsnorm (all_reduce_rmsnorm): whole rows of x, as
+ *            many per launch as the staging area (the packet kernels: a
+ *            row of their family's region) holds
  *            (x read in place, one launch, on one rank and after NCCL's
  *            all-reduce)
  *   PUSH     push (every collective it runs): one launch for any size
@@ -130,18 +131,21 @@ launch(const sn_ar *r, symnccl_kargs *a, sn_err *err)
 
 /* A packet kernel's arguments: its format's region of the staging window,
  * and the communicator's fixed packet grid (every packet kernel of a
- * format shares its slots and call counters). */
+ * format shares its slots and call counters; the formats share the grid). */
 static symnccl_kargs
 packet_kargs(const sn_ar *r, int kernel)
 {
     CommObject *c = r->c;
     const sn_layout *l = &c->mem.layout;
-    const int ll128 =
-        symnccl_kernel_row_of(kernel).family == SYMNCCL_FAMILY_LL128;
+    const int family = symnccl_kernel_row_of(kernel).family;
     symnccl_kargs a = kargs(r, kernel);
     a.region_win = c->mem.staging_win->win;
-    a.region_offset = ll128 ? l->ll128_offset : l->ll_offset;
-    a.row_bytes = ll128 ? l->ll128_row : l->ll_row;
+    a.region_offset = family == SYMNCCL_FAMILY_LL128     ? l->ll128_offset
+                      : family == SYMNCCL_FAMILY_LAMPORT ? l->lamport_offset
+                                                         : l->ll_offset;
+    a.row_bytes = family == SYMNCCL_FAMILY_LL128     ? l->ll128_row
+                  : family == SYMNCCL_FAMILY_LAMPORT ? l->lamport_row
+                                                     : l->ll_row;
     a.ctas = c->knobs.ll_ctas;
     a.threads = c->knobs.ll_threads;
     return a;
@@ -291,8 +295,8 @@ push_launch(const sn_ar *r, int kernel, sn_err *err)
  * row, at most SYMNCCL_THREADS; it depends on H and the dtype only, so
  * every rank (and the local launch) reduces a row in the same order. The
  * grid: a CTA per row, at most SYMNCCL_RMSNORM_CTAS with peers (a team's
- * grids must be resident at once); ll_rmsnorm's and ll128_rmsnorm's is
- * their packet family's fixed grid (SYMNCCL_LL_CTAS), their rows in chunks
+ * grids must be resident at once); ll_rmsnorm's, ll128_rmsnorm's and
+ * lamport_rmsnorm's is their packet family's fixed grid (SYMNCCL_LL_CTAS), their rows in chunks
  * of what a packet row carries (no staging copy); without a peer,
  * SYMNCCL_RMSNORM_LOCAL_CTAS, by default as many as are resident at once
  * (SYMNCCL_LOCAL_THREADS_PER_SM of add_rmsnorm's threads on each SM). A dynamic FP8 output's scales: one
@@ -308,11 +312,12 @@ row_launches(const sn_ar *r, int kernel, sn_err *err)
      * rows (every rank's results) */
     const int two = kernel == SYMNCCL_K_TWO_SHOT_RMSNORM;
     const int peers = !r->local && c->nranks > 1;
-    /* ll, ll128: the rows travel as packets in a row of their family's
-     * region, on the family's slots, counters and fixed grid */
+    /* ll, ll128, lamport: the rows travel as packets in a row of their
+     * family's region, on the family's slots, counters and fixed grid */
     const int family = symnccl_kernel_row_of(kernel).family;
     const int packets = peers && (family == SYMNCCL_FAMILY_LL ||
-                                  family == SYMNCCL_FAMILY_LL128);
+                                  family == SYMNCCL_FAMILY_LL128 ||
+                                  family == SYMNCCL_FAMILY_LAMPORT);
     symnccl_kargs a = packets ? packet_kargs(r, kernel) : kargs(r, kernel);
     size_t chunk = rows;
     if (packets)

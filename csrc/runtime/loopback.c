@@ -177,7 +177,8 @@ sn_loopback_new(int nranks, int device, size_t bytes, sn_err *err)
                                                       &t->win[q]),
                          "loopback window", error);
     }
-    /* every region starts zeroed, as ncclMemAlloc'd staging is cleared */
+    /* zeroed whole; each rank's sn_staging_clear then gives the regions
+     * their first contents, as a real communicator's (comm.c) */
     for (int q = 0; q < nranks; q++)
         SN_CUDA_ERR_GOTO(err, cudaMemset((char *)t->base +
                                              (size_t)q *

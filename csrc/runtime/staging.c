@@ -15,11 +15,13 @@
  *                           lines of the load kernels (SYMNCCL_CTL_BYTES)
  *   splits area             all_to_all: nranks x nranks LL packets, one
  *                           per count (kernels/alltoall.cuh)
+ *   lamport region          2 slots x nranks rows of lamport_row bytes
  *
  * Every region is page-aligned and at the same offset on every rank. The
- * packet regions, push's flag lines, the control block and the splits
- * area start zeroed (a
- * flag is never 0); slots need no clearing. The scratch (cudaMalloc, local)
+ * ll and ll128 regions, push's flag lines, the control block and the
+ * splits area start zeroed (a flag is never 0); their slots need no
+ * clearing. The lamport region starts all ones (its packets' "empty",
+ * kernels/packet.cuh), and its readers leave it so. The scratch (cudaMalloc, local)
  * holds the barrier word of barrier(), the claim word of the failure record
  * and the per-CTA call counters of the ll, ll128, push and load kernels
  * (SN_MAX_CTAS each), zeroed once.
@@ -37,6 +39,7 @@
  * row's items padded to whole 480-byte items) takes one launch. */
 #define LL_REGION (16u << 20)
 #define LL128_REGION (16u << 20)
+#define LAMPORT_REGION (16u << 20)
 #define PAGE ((size_t)4096)
 
 /* Scratch: the barrier word, the claim word, then one epoch array per
@@ -79,7 +82,11 @@ sn_layout_compute(CommObject *c, size_t staging_bytes)
     l->splits_offset = l->ctl_offset +
                        pages(SYMNCCL_CTL_BYTES(c->nranks) + PAGE - 1);
     /* one 16-byte LL packet per (source, destination) count */
-    l->bytes = l->splits_offset + pages(n * n * 16 + PAGE - 1);
+    l->lamport_offset = l->splits_offset + pages(n * n * 16 + PAGE - 1);
+    /* lamport: rows of the largest message a launch carries (its packets
+     * are all data) */
+    l->lamport_row = pages(LAMPORT_REGION / (2 * n));
+    l->bytes = l->lamport_offset + 2 * n * l->lamport_row;
 }
 
 int
@@ -103,15 +110,18 @@ int
 sn_staging_clear(CommObject *c, sn_err *err)
 {
     const sn_layout *l = &c->mem.layout;
-    /* the packet regions, push's flag lines, the control block and the
-     * splits area (after it); no peer
-     * can write into them before the window is registered, after this
-     * returns */
+    /* the ll and ll128 regions, push's flag lines, the control block and
+     * the splits area zeroed, the lamport region all ones; no peer can
+     * write into them before the window is registered, after this returns
+     * (a loopback team's ranks: before the team's first call) */
     cudaError_t e = cudaMemset(c->mem.staging + l->ll_offset, 0,
                                l->push_data - l->ll_offset);
     if (e == cudaSuccess)
         e = cudaMemset(c->mem.staging + l->ctl_offset, 0,
-                       l->bytes - l->ctl_offset);
+                       l->lamport_offset - l->ctl_offset);
+    if (e == cudaSuccess)
+        e = cudaMemset(c->mem.staging + l->lamport_offset, 0xff,
+                       l->bytes - l->lamport_offset);
     if (e == cudaSuccess)
         e = cudaDeviceSynchronize();
     if (e != cudaSuccess)

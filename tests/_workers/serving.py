@@ -19,9 +19,9 @@ EPS = 1e-6
 FP8_MAX = 448.0
 RMSNORM = "all_reduce_rmsnorm"
 # the fused kernels (their bits are the same: one_shot's)
-FUSED_ALGOS = ("one_shot", "two_shot", "ll", "ll128")
+FUSED_ALGOS = ("one_shot", "two_shot", "ll", "ll128", "lamport")
 # the fused kernels with an FP8 output (two_shot has none)
-FP8_ALGOS = ("one_shot", "ll", "ll128")
+FP8_ALGOS = ("one_shot", "ll", "ll128", "lamport")
 
 
 # ------------------------------------------------- the bounds (pure torch)
@@ -177,11 +177,11 @@ def _rmsnorm_expected(comm, algo, nbytes, dtype):
 
 def fused_rmsnorm_every_kernel(rank, nranks, uid, seed):
     """all_reduce_rmsnorm through every algo (one_shot, two_shot, ll, ll128,
-    auto, nccl) x float32/float16/bfloat16 x T x H, every other shape at
-    an unaligned offset, poisoned outputs, against the float64 reference
-    (rmsnorm_wrong); y over x and h over the residual (in place, vLLM's
-    form) for the fused kernels; FP8 static and dynamic outputs of
-    one_shot, ll and ll128. Each call's launch counters must show the
+    lamport, auto, nccl) x float32/float16/bfloat16 x T x H, every other
+    shape at an unaligned offset, poisoned outputs, against the float64
+    reference (rmsnorm_wrong); y over x and h over the residual (in place,
+    vLLM's form) for the fused kernels; FP8 static and dynamic outputs of
+    one_shot, ll, ll128 and lamport. Each call's launch counters must show the
     kernels its algo runs (and only those).
 
     Returns (rows, digests, launches): rows (what, algo, dtype, T, H, pad,
