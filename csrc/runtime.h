@@ -332,7 +332,8 @@ void sn_exit_knob(const char **env, int *dflt, const char **doc);
 int sn_multimem_row(int i, int *kernel_dtype, unsigned *ops);
 typedef struct {
     int collective, max_ranks;
-    size_t ll, ll128, one_shot, two_shot_window, two_shot_tensor, push;
+    size_t ll, ll128, lamport, one_shot, two_shot_window, two_shot_tensor,
+        push;
     int above;
 } sn_auto_row;
 const sn_auto_row *sn_auto_table_row(int i);

@@ -70,8 +70,9 @@ LSA_OPS = _C.KERNEL_OPS
 MULTIMEM_OPS = _C.MULTIMEM_OPS
 #: which algorithm algo="auto" picks: one row per collective and world
 #: sizes up to max_ranks, limits on the call's larger buffer (an
-#: all-gather's output, else the input) in the order ll, ll128, one_shot,
-#: two_shot, else `above`; no row for a collective or world size: NCCL.
+#: all-gather's output, else the input) in the order ll, ll128, lamport,
+#: one_shot, two_shot, push, else `above`; no row for a collective or world
+#: size: NCCL.
 AUTO_TABLE = _C.AUTO_TABLE
 #: the kernels, one row each (csrc/kernels/table.h): name, collective,
 #: algorithm, shot, the slots they share (family), launch plan, bytes.

@@ -795,7 +795,8 @@ def test_symnccl_algo_overrides_auto_where_it_can_run(monkeypatch):
 def test_auto_walks_one_table_for_every_collective(monkeypatch):
     """algo="auto" takes the first algorithm of the AUTO_TABLE row serving
     the collective and world size whose limit the call's larger buffer is
-    within (ll, ll128, one_shot, two_shot, push), else the row's `above`; NCCL
+    within (ll, ll128, lamport, one_shot, two_shot, push), else the row's
+    `above`; NCCL
     where no row serves the world size or the kernel cannot take the
     dtype/op. all_reduce's rows are ordinary rows of the same table."""
     monkeypatch.delenv("SYMNCCL_ALGO", raising=False)
@@ -809,6 +810,7 @@ def test_auto_walks_one_table_for_every_collective(monkeypatch):
                  if coll == "all_reduce" else set(_C.COLLECTIVE_KERNELS[coll]))
         topo = dict(TOPO_2, nranks=r["max_ranks"], lsa_size=r["max_ranks"])
         limits = [(a, r[k]) for a, k in (("ll", "ll"), ("ll128", "ll128"),
+                                         ("lamport", "lamport"),
                                          ("one_shot", "one_shot"),
                                          ("two_shot", "two_shot_tensor"),
                                          ("push", "push"))

@@ -71,17 +71,16 @@ def test_auto_runs_the_fused_kernel_where_measured_and_nccl_elsewhere(
     monkeypatch.delenv("SYMNCCL_ALGO", raising=False)
     auto = _C._auto_algo_for
     # measured (fused_h100x1_bfloat16.json, fused_h200x2_bfloat16.json,
-    # fused_h100x2_bfloat16_ll128_r2.json): 1 rank one_shot at every size;
-    # 2 ranks ll to 64 KiB, ll128 to 1 MiB, one_shot to 32 MiB;
+    # fused_h100x2_bfloat16_lamport*.json): 1 rank one_shot at every size;
+    # 2 ranks lamport to 2 MiB, one_shot to 32 MiB;
     # "nccl" is the all-reduce then the add+norm (the all-reduce of
     # all_reduce's own table when asked "auto": the test below)
     one = dict(TOPO_2, nranks=1, lsa_size=1)
     for nbytes in (16, 4 << 20, 1 << 40):
         assert auto(one, nbytes, "bfloat16", "sum", False, COLL) == \
             "one_shot"
-    for nbytes, algo in ((16, "ll"), (64 << 10, "ll"),
-                         ((64 << 10) + 16, "ll128"), (1 << 20, "ll128"),
-                         ((1 << 20) + 16, "one_shot"),
+    for nbytes, algo in ((16, "lamport"), (64 << 10, "lamport"),
+                         (2 << 20, "lamport"), ((2 << 20) + 16, "one_shot"),
                          (32 << 20, "one_shot"), ((32 << 20) + 16, "nccl")):
         assert auto(TOPO_2, nbytes, "bfloat16", "sum", False, COLL) == algo
     # 3+ ranks not measured; a dtype without the kernel; no device API

@@ -402,9 +402,10 @@ sn_registry_export(PyObject *module)
     for (Py_ssize_t i = 0; rows != NULL && i < n_auto; i++) {
         const sn_auto_row *r = sn_auto_table_row((int)i);
         PyObject *d = Py_BuildValue(
-            "{s:s,s:i,s:n,s:n,s:n,s:n,s:n,s:n,s:s}", "collective",
+            "{s:s,s:i,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:s}", "collective",
             sn_collective_name(r->collective), "max_ranks", r->max_ranks, "ll",
-            (Py_ssize_t)r->ll, "ll128", (Py_ssize_t)r->ll128, "one_shot",
+            (Py_ssize_t)r->ll, "ll128", (Py_ssize_t)r->ll128, "lamport",
+            (Py_ssize_t)r->lamport, "one_shot",
             (Py_ssize_t)r->one_shot, "two_shot_window",
             (Py_ssize_t)r->two_shot_window, "two_shot_tensor",
             (Py_ssize_t)r->two_shot_tensor, "push", (Py_ssize_t)r->push,

@@ -240,7 +240,7 @@ sn_collective_unavailable(const sn_topology *t, int collective, int algo,
  * collective at world sizes up to max_ranks (the first row that fits);
  * a call whose larger buffer (an all-gather's output, else the input) is
  * `bytes` takes the first algorithm whose limit it is within, in the
- * order ll, ll128, one_shot, two_shot, else `above`. two_shot's limit
+ * order ll, ll128, lamport, one_shot, two_shot, push, else `above`. two_shot's limit
  * depends on whether the input lies in a window (peers load it in place)
  * or is a plain tensor (copied through the staging window first). No row
  * (a collective or world size not measured), or a kernel that cannot take
@@ -303,26 +303,28 @@ sn_collective_unavailable(const sn_topology *t, int collective, int algo,
 typedef sn_auto_row auto_row;
 
 static const auto_row auto_table[] = {
-    {SYMNCCL_COLL_ALL_REDUCE, 2, 64 * KIB, 1 * MIB, 0, 4 * MIB, 0, 0,
+    {SYMNCCL_COLL_ALL_REDUCE, 2, 64 * KIB, 1 * MIB, 0, 0, 4 * MIB, 0, 0,
      SN_ALGO_PUSH},
-    {SYMNCCL_COLL_ALL_REDUCE, 3, 0, 1536 * KIB, 0, 0, 0, 0, SN_ALGO_PUSH},
-    {SYMNCCL_COLL_ALL_REDUCE, 7, 0, 1536 * KIB, 0, 4 * MIB, 2 * MIB, 0,
+    {SYMNCCL_COLL_ALL_REDUCE, 3, 0, 1536 * KIB, 0, 0, 0, 0, 0, SN_ALGO_PUSH},
+    {SYMNCCL_COLL_ALL_REDUCE, 7, 0, 1536 * KIB, 0, 0, 4 * MIB, 2 * MIB, 0,
      SN_ALGO_PUSH},
-    {SYMNCCL_COLL_REDUCE_SCATTER, 2, 0, 2 * MIB, 0, 0, 0, 0, SN_ALGO_PUSH},
-    {SYMNCCL_COLL_REDUCE_SCATTER, 3, 128 * KIB, 16 * MIB, 0, 0, 0, 0,
+    {SYMNCCL_COLL_REDUCE_SCATTER, 2, 0, 2 * MIB, 0, 0, 0, 0, 0, SN_ALGO_PUSH},
+    {SYMNCCL_COLL_REDUCE_SCATTER, 3, 128 * KIB, 16 * MIB, 0, 0, 0, 0, 0,
      SN_ALGO_NCCL},
-    {SYMNCCL_COLL_REDUCE_SCATTER, 4, 32 * KIB, 2 * MIB, 0, 0, 0, 64 * MIB,
+    {SYMNCCL_COLL_REDUCE_SCATTER, 4, 32 * KIB, 2 * MIB, 0, 0, 0, 0, 64 * MIB,
      SN_ALGO_NCCL},
-    {SYMNCCL_COLL_ALL_GATHER, 2, 64 * KIB, 4 * MIB, 0, 0, 0, 0, SN_ALGO_PUSH},
-    {SYMNCCL_COLL_ALL_GATHER, 3, 2 * MIB, 4 * MIB, 0, 0, 0, 0, SN_ALGO_NCCL},
-    {SYMNCCL_COLL_ALL_GATHER, 4, 128 * KIB, 2 * MIB, 0, 0, 0, 16 * MIB,
+    {SYMNCCL_COLL_ALL_GATHER, 2, 64 * KIB, 4 * MIB, 0, 0, 0, 0, 0,
+     SN_ALGO_PUSH},
+    {SYMNCCL_COLL_ALL_GATHER, 3, 2 * MIB, 4 * MIB, 0, 0, 0, 0, 0,
      SN_ALGO_NCCL},
-    {SYMNCCL_COLL_REDUCE, 2, 0, 0, 4 * MIB, 0, 0, 0, SN_ALGO_NCCL},
-    {SYMNCCL_COLL_REDUCE, 3, 0, 0, 256 * KIB, 0, 0, 0, SN_ALGO_NCCL},
-    {SYMNCCL_COLL_REDUCE, 4, 0, 0, 128 * KIB, 0, 0, 0, SN_ALGO_NCCL},
-    {SYMNCCL_COLL_BROADCAST, 2, 0, 0, 4 * MIB, 0, 0, 0, SN_ALGO_NCCL},
-    {SYMNCCL_COLL_BROADCAST, 3, 0, 0, 512 * KIB, 0, 0, 0, SN_ALGO_NCCL},
-    {SYMNCCL_COLL_BROADCAST, 4, 0, 0, 128 * KIB, 0, 0, 0, SN_ALGO_NCCL},
+    {SYMNCCL_COLL_ALL_GATHER, 4, 128 * KIB, 2 * MIB, 0, 0, 0, 0, 16 * MIB,
+     SN_ALGO_NCCL},
+    {SYMNCCL_COLL_REDUCE, 2, 0, 0, 0, 4 * MIB, 0, 0, 0, SN_ALGO_NCCL},
+    {SYMNCCL_COLL_REDUCE, 3, 0, 0, 0, 256 * KIB, 0, 0, 0, SN_ALGO_NCCL},
+    {SYMNCCL_COLL_REDUCE, 4, 0, 0, 0, 128 * KIB, 0, 0, 0, SN_ALGO_NCCL},
+    {SYMNCCL_COLL_BROADCAST, 2, 0, 0, 0, 4 * MIB, 0, 0, 0, SN_ALGO_NCCL},
+    {SYMNCCL_COLL_BROADCAST, 3, 0, 0, 0, 512 * KIB, 0, 0, 0, SN_ALGO_NCCL},
+    {SYMNCCL_COLL_BROADCAST, 4, 0, 0, 0, 128 * KIB, 0, 0, 0, SN_ALGO_NCCL},
     /* all_to_all and all_to_all_v (by out's bytes, which every rank
      * agrees on), bf16, CUDA-graph replay, against
      * torch.distributed.all_to_all_single (NCCL). 2x H200
@@ -347,10 +349,10 @@ static const auto_row auto_table[] = {
      * us at 32 / 64 / 128 / 256 MiB against NCCL's 84.1 / 147.8-153.6 /
      * 270.7-272.3 / 506: push above 1 MiB at 2 ranks (3 and 4 ranks not
      * measured since: their rows stand). */
-    {SYMNCCL_COLL_ALL_TO_ALL, 2, 1 * MIB, 0, 0, 0, 0, 0, SN_ALGO_PUSH},
-    {SYMNCCL_COLL_ALL_TO_ALL, 3, 1 * MIB, 0, 0, 0, 0, 4 * MIB,
+    {SYMNCCL_COLL_ALL_TO_ALL, 2, 1 * MIB, 0, 0, 0, 0, 0, 0, SN_ALGO_PUSH},
+    {SYMNCCL_COLL_ALL_TO_ALL, 3, 1 * MIB, 0, 0, 0, 0, 0, 4 * MIB,
      SN_ALGO_NCCL},
-    {SYMNCCL_COLL_ALL_TO_ALL, 4, 512 * KIB, 0, 0, 0, 0, 16 * MIB,
+    {SYMNCCL_COLL_ALL_TO_ALL, 4, 512 * KIB, 0, 0, 0, 0, 0, 16 * MIB,
      SN_ALGO_NCCL},
     /* all_reduce_rmsnorm, bf16, CUDA-graph replay. 1 rank (1x H100,
      * benchmarks/results/fused_h100x1_bfloat16.json): one_shot (the
@@ -372,10 +374,10 @@ static const auto_row auto_table[] = {
      * 8.2-8.7 against one_shot 13.1-13.5, ll 12.5-12.7; T 128 x H 4096
      * 12.2-13.6 against one_shot 14.7-14.9); at 2 MiB one_shot and ll128
      * tie (18.2-19.6 against 19.0-19.2): one_shot from there. */
-    {SYMNCCL_COLL_ALL_REDUCE_RMSNORM, 1, 0, 0, ANY_SIZE, 0, 0, 0,
+    {SYMNCCL_COLL_ALL_REDUCE_RMSNORM, 1, 0, 0, 0, ANY_SIZE, 0, 0, 0,
      SN_ALGO_NCCL},
-    {SYMNCCL_COLL_ALL_REDUCE_RMSNORM, 2, 64 * KIB, 1 * MIB, 32 * MIB, 0, 0,
-     0, SN_ALGO_NCCL},
+    {SYMNCCL_COLL_ALL_REDUCE_RMSNORM, 2, 0, 0, 2 * MIB, 32 * MIB, 0, 0, 0,
+     SN_ALGO_NCCL},
 };
 #define N_AUTO (sizeof(auto_table) / sizeof(auto_table[0]))
 
@@ -400,6 +402,7 @@ auto_algo(const sn_topology *t, const sn_knobs *k, const sn_call_desc *d)
     const int algo =
         b <= r->ll         ? SN_ALGO_LL
         : b <= r->ll128    ? SN_ALGO_LL128
+        : b <= r->lamport  ? SN_ALGO_LAMPORT
         : b <= r->one_shot ? SN_ALGO_ONE_SHOT
         : b <= (d->in_window ? r->two_shot_window : r->two_shot_tensor)
             ? SN_ALGO_TWO_SHOT
