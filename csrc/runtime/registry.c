@@ -373,7 +373,14 @@ static const auto_row auto_table[] = {
      * against 9.4-10.0); ll128 from 256 KiB to 1 MiB (T 64 x H 4096
      * 8.2-8.7 against one_shot 13.1-13.5, ll 12.5-12.7; T 128 x H 4096
      * 12.2-13.6 against one_shot 14.7-14.9); at 2 MiB one_shot and ll128
-     * tie (18.2-19.6 against 19.0-19.2): one_shot from there. */
+     * tie (18.2-19.6 against 19.0-19.2): one_shot from there. lamport (2x
+     * H100, session 19, fused_h100x2_bfloat16_lamport{,_r2,_r3}.json,
+     * three runs, T 1-512): ahead of ll and ll128 from T 1 (H 4096 T 1
+     * 6.0-6.5 us against ll 6.5-6.9; T 16 x H 8192 7.3-7.8 against ll128
+     * 9.7-10.1) and of one_shot to 2 MiB (T 128 x H 8192 15.5-16.0
+     * against 18.4-18.7; T 256 x H 4096 17.3-17.4 against 18.2-18.9);
+     * one_shot from 4 MiB (T 256 x H 8192 25.5-26.1 against 26.4-26.9):
+     * lamport to 2 MiB, one_shot to 32 MiB. */
     {SYMNCCL_COLL_ALL_REDUCE_RMSNORM, 1, 0, 0, 0, ANY_SIZE, 0, 0, 0,
      SN_ALGO_NCCL},
     {SYMNCCL_COLL_ALL_REDUCE_RMSNORM, 2, 0, 0, 2 * MIB, 32 * MIB, 0, 0, 0,
