@@ -53,8 +53,10 @@
 //   e is the same chunk of the same call for CTA b of every rank. CTA b
 //   raises flag 0 := e + 1 at q after its stores of epoch e into q's slots,
 //   and flag 1 := e + 1 at q after it has read its vectors of q's chunk e;
-//   epochs are walked in order and flags only grow (release stores; waits
-//   acquire, both of system scope: the peers are other GPUs).
+//   epochs are walked in order and flags only grow (flag 0 a release
+//   store, flag 1 a relaxed one, signal_read: it only allows a write
+//   after a read; waits acquire; all of system scope: the peers are other
+//   GPUs).
 // - The slots: slot parity p is written at epochs e = p (mod 2), the
 //   previous time at e - 2. CTA b of r stores epoch e into q's slot only
 //   after it saw CTA b of q raise flag 1 >= e - 1, i.e. after q's CTA b
@@ -296,7 +298,7 @@ __global__ void __launch_bounds__(512, 1)
                          reinterpret_cast<const T*>(slots + r * slot_bytes),
                          true, to, aligned(to), false, d);
     }
-    signal_flags(flags, line1, me, n, e + 1, true, g);
+    signal_read(flags, line1, me, n, e + 1, g);
   }
 
   // no wait for the peers to read my last chunks: the next push call's

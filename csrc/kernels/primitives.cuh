@@ -19,6 +19,7 @@
 //   Group             a CTA, or a warp-specialised part of it, with a
 //                     barrier of its own
 //   signal_flags /    a CTA's flags to the same CTA of every peer (push)
+//   signal_read /
 //   wait_flags
 //   Barrier           the load kernels' barrier, built on them
 //   PacketCall /      a packet kernel's per-call epoch, flag and slot
@@ -526,6 +527,28 @@ __device__ __forceinline__ void signal_flags(const Peers& lines,
   if (ok && q < n && q != me)
     release_store(
         reinterpret_cast<uint64_t*>(lines(q) + line_off + (size_t)me * 8), v);
+}
+
+// "I have read what you stored": after every thread of the group has
+// consumed its loads of the peers' stores (each loaded value stored on
+// before the group's barrier, so each load has returned), this CTA's flag
+// at every peer := v, a relaxed store with no fence. The peer only
+// overwrites what was read once it sees the flag (a write after read):
+// nothing of this rank's must be visible to it first, so the release
+// (MEMBAR.SYS, which waits for every store of the thread, the copies
+// into the output included) orders nothing it needs. NCCL's primitives
+// likewise fence a sender's step and not a receiver's.
+__device__ __forceinline__ void signal_read(const Peers& lines,
+                                           size_t line_off, int me, int n,
+                                           uint64_t v,
+                                           const Group& g = Group::cta()) {
+  g.sync();
+  const int q = g.tid;
+  if (q < n && q != me)
+    asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(
+                     lines(q) + line_off + (size_t)me * 8),
+                 "l"(v)
+                 : "memory");
 }
 
 // Until every peer's flag in my `line` is >= v (the group's thread s waits

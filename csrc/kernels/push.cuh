@@ -359,7 +359,8 @@ __global__ void __launch_bounds__(512)
 //   consume: once flag 0 >= e + 1 from every peer, reduce my slice's chunk
 //      in rank order 0..n-1 (my own part from my input) into my output, or
 //      copy each peer's slot into its place in my output; then flag 1 :=
-//      e + 1 at every peer ("your chunk j is read").
+//      e + 1 at every peer ("your chunk j is read": a relaxed store,
+//      signal_read, where flag 0 is a release).
 // kSplit false (chunks of a whole slot, the default): every thread sends,
 // then consumes, chunk after chunk (the order measured on 2 GPUs:
 // docs/PERFORMANCE.md, 'Push chunks'). kSplit true (smaller chunks): each
@@ -491,7 +492,7 @@ __device__ __forceinline__ void push_slices(const ncclDevComm& dc,
         }
       }
     }
-    signal_flags(flags, line1, me, n, e + 1, true, g);
+    signal_read(flags, line1, me, n, e + 1, g);
   }
 
   // no wait for the peers to read my last chunks: the next push call's
