@@ -296,8 +296,9 @@ push_launch(const sn_ar *r, int kernel, sn_err *err)
  * every rank (and the local launch) reduces a row in the same order. The
  * grid: a CTA per row, at most SYMNCCL_RMSNORM_CTAS with peers (a team's
  * grids must be resident at once); ll_rmsnorm's, ll128_rmsnorm's and
- * lamport_rmsnorm's is their packet family's fixed grid (SYMNCCL_LL_CTAS), their rows in chunks
- * of what a packet row carries (no staging copy); without a peer,
+ * lamport_rmsnorm's is their packet family's fixed grid (SYMNCCL_LL_CTAS),
+ * their rows in chunks of what a packet row carries (no staging copy);
+ * without a peer,
  * SYMNCCL_RMSNORM_LOCAL_CTAS, by default as many as are resident at once
  * (SYMNCCL_LOCAL_THREADS_PER_SM of add_rmsnorm's threads on each SM). A dynamic FP8 output's scales: one
  * per row. */

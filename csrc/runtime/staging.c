@@ -21,10 +21,10 @@
  * ll and ll128 regions, push's flag lines, the control block and the
  * splits area start zeroed (a flag is never 0); their slots need no
  * clearing. The lamport region starts all ones (its packets' "empty",
- * kernels/packet.cuh), and its readers leave it so. The scratch (cudaMalloc, local)
- * holds the barrier word of barrier(), the claim word of the failure record
- * and the per-CTA call counters of the ll, ll128, push and load kernels
- * (SN_MAX_CTAS each), zeroed once.
+ * kernels/packet.cuh), and its readers leave it so. The scratch
+ * (cudaMalloc, local) holds the barrier word of barrier(), the claim word
+ * of the failure record and the per-CTA call counters of each kernel
+ * family (SN_MAX_CTAS each, kernels/table.h), zeroed once.
  *
  * No Python here: failures are sn_errs; lifecycle.c releases the GIL
  * around the staging window's ncclMemAlloc (sn_staging_reserve).
