@@ -320,6 +320,18 @@ def write_results(doc: dict, prefix: str, path=None) -> str:
     return path
 
 
+def refuse_torchrun(name):
+    """The benchmarks that start one process per GPU themselves
+    (symnccl.bootstrap.spawn) exit here under torchrun, which would give
+    every one of its processes a team of its own on the same GPUs: the
+    teams' calls would share the GPUs and the timings mean nothing (one
+    such run outran a 100 s limit printing nothing)."""
+    world = os.environ.get("WORLD_SIZE")
+    if world is not None and world != "1":
+        sys.exit(f"{name} starts its own process per GPU (--nranks): run "
+                 f"it with python, not under torchrun (WORLD_SIZE={world})")
+
+
 def add_results_args(p, out_help="JSON path"):
     """--out and --report, as every benchmark here takes them."""
     p.add_argument("--out", default=None, metavar="PATH", help=out_help)
@@ -610,6 +622,7 @@ def main(argv=None):
         except ImportError as e:
             print(f"no plot: {e}", file=sys.stderr)
         return 0
+    refuse_torchrun("bench_allreduce.py")
 
     missing = gpus_missing(args.nranks)
     if missing:

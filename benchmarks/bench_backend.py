@@ -46,7 +46,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_allreduce import (  # noqa: E402
     add_results_args, bar_panel, bar_slots, median_us, parse_sizes,
-    plot_beside, pyplot, report, run_info, write_results)
+    plot_beside, pyplot, refuse_torchrun, report, run_info, write_results)
 
 TARGET_EAGER = 1.0      # backend / NCCL backend, host us per call
 TARGET_DECODE = 0.6     # decode communication, backend / NCCL backend
@@ -560,6 +560,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     if report(args, print_table, plot) is not None:
         return
+    refuse_torchrun("bench_backend.py")
     kinds = [s for s in args.step_kinds.split(",") if s]
     if not set(kinds) <= {"ddp", "fsdp2", "tp"}:
         p.error(f"--step-kinds: {args.step_kinds!r}; expected a list of "

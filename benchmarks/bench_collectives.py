@@ -26,6 +26,9 @@ checked against a float64 reference first (#wrong).
 
     python benchmarks/bench_collectives.py --nranks 2 --eager
     python benchmarks/bench_collectives.py --report results/x.json
+
+It starts its own process per GPU: run it with python, never under
+torchrun (it refuses WORLD_SIZE > 1).
 """
 from __future__ import annotations
 
@@ -36,7 +39,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_allreduce import (  # noqa: E402
     NBUF, _fmt_size, _time, add_results_args, parse_sizes, plot_beside,
-    report, run_info, write_results)
+    refuse_torchrun, report, run_info, write_results)
 
 COLLECTIVES = ("reduce_scatter", "all_gather", "broadcast", "reduce")
 SIZES = "8K,16K,32K,64K,128K,256K,512K,1M,2M,4M,16M,64M"
@@ -240,6 +243,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     if report(args, print_table, plot) is not None:
         return 0
+    refuse_torchrun("bench_collectives.py")
     colls = [c for c in args.collectives.split(",") if c]
     bad = [c for c in colls if c not in COLLECTIVES]
     if bad:

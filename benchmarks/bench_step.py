@@ -27,7 +27,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_allreduce import (  # noqa: E402
     add_results_args, bar_panel, bar_slots, median_us, plot_beside, pyplot,
-    report, run_info, us_panel, write_results)
+    refuse_torchrun, report, run_info, us_panel, write_results)
 
 KINDS = ("symnccl", "torch.distributed", "none")
 
@@ -228,6 +228,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     if report(args, print_table, plot) is not None:
         return 0
+    refuse_torchrun("bench_step.py")
     import torch
 
     from symnccl.bootstrap import free_port, local_device_count, spawn

@@ -222,3 +222,23 @@ def test_algo_supported_without_a_communicator_is_a_type_error():
     with pytest.raises(TypeError, match=r"comm must be a symnccl\."
                                         r"Communicator, got str"):
         symnccl.algo_supported("all_reduce", "ll", "bfloat16")
+
+
+@pytest.mark.parametrize("script", ["bench_allreduce.py",
+                                    "bench_collectives.py",
+                                    "bench_backend.py", "bench_step.py"])
+def test_benchmarks_that_spawn_their_ranks_refuse_torchrun(script):
+    """These benchmarks start one process per GPU themselves: under
+    torchrun every process started a team of its own on the same GPUs,
+    and a run printed nothing for 100 s (session 19). Now one line says
+    how to run them, before torch is imported or a GPU is touched."""
+    env = dict(os.environ, WORLD_SIZE="2", RANK="0")
+    r = subprocess.run([sys.executable,
+                        os.path.join(ROOT, "benchmarks", script),
+                        "--nranks", "2"],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert f"{script} starts its own process per GPU" in lines[0]
+    assert "not under torchrun (WORLD_SIZE=2)" in lines[0]
