@@ -186,8 +186,12 @@ def _measure(torch, team, n, rank, opts, sync=None, anchors=None,
     b, ref, timer) (torchrun only) returns more fields of the row: b holds
     this rank's inputs, ref the unfused y and h, timer(fn) the median us
     of fn as the other methods are timed."""
+    import symnccl
     dtype = getattr(torch, opts["dtype"])
     streams = [torch.cuda.Stream() for _ in team]
+    # the fused kernels this build has (an older one, in an A/B run, may
+    # lack one)
+    kernel_algos = [a for a in KERNEL_ALGOS if a in symnccl.ALGORITHMS]
     rows = []
     for H in [int(v) for v in opts["hidden"].split(",")]:
         for T in [int(v) for v in opts["tokens"].split(",")]:
@@ -222,9 +226,7 @@ def _measure(torch, team, n, rank, opts, sync=None, anchors=None,
                        opts["iters"], opts["reps"], sync)
             per = {}
             if n > 1:   # each fused kernel, and the LL all-reduce alone
-                import symnccl    # (a build older than an algo: not timed)
-                for algo in (a for a in KERNEL_ALGOS
-                             if a in symnccl.ALGORITHMS):
+                for algo in kernel_algos:
                     per[f"{algo}_us"] = round(_time(
                         torch, lambda: _calls(torch, team, streams, bf, True,
                                               algo),

@@ -298,10 +298,9 @@ push_launch(const sn_ar *r, int kernel, sn_err *err)
  * grids must be resident at once); ll_rmsnorm's, ll128_rmsnorm's and
  * lamport_rmsnorm's is their packet family's fixed grid (SYMNCCL_LL_CTAS),
  * their rows in chunks of what a packet row carries (no staging copy);
- * without a peer,
- * SYMNCCL_RMSNORM_LOCAL_CTAS, by default as many as are resident at once
- * (SYMNCCL_LOCAL_THREADS_PER_SM of add_rmsnorm's threads on each SM). A dynamic FP8 output's scales: one
- * per row. */
+ * without a peer, SYMNCCL_RMSNORM_LOCAL_CTAS, by default as many as are
+ * resident at once (SYMNCCL_LOCAL_THREADS_PER_SM of add_rmsnorm's threads
+ * on each SM). A dynamic FP8 output's scales: one per row. */
 static int
 row_launches(const sn_ar *r, int kernel, sn_err *err)
 {
