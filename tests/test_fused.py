@@ -49,8 +49,11 @@ def test_the_fused_kernel_is_a_row_of_the_kernel_table():
                                            "ll": "ll_rmsnorm",
                                            "ll128": "ll128_rmsnorm",
                                            "lamport": "lamport_rmsnorm"}
-    # the Lamport format runs nothing else (its sentinel is a float NaN)
-    assert _C.ALGO_KERNELS["lamport"] == ()
+    # besides the fused kernel, the Lamport format runs all_reduce's
+    # one-shot, in the float units only (its sentinel is a float NaN)
+    assert _C.ALGO_KERNELS["lamport"] == ("lamport",)
+    assert [r["unit"] for r in _C.KERNEL_TABLE
+            if r["algo"] == "lamport"] == ["float", "float"]
 
 
 def test_only_float32_float16_bfloat16_have_the_fused_kernel():

@@ -157,6 +157,10 @@ cudaError_t launch(const symnccl_kargs* a, cudaStream_t stream) {
     if (per_row * row > (two ? a->row_bytes / 2 : a->row_bytes))
       return cudaErrorInvalidValue;
   }
+  // Lamport packets reduce sums only (packet.cuh, LamportItems)
+  if (k.family == SYMNCCL_FAMILY_LAMPORT && a->op != SYMNCCL_OP_SUM &&
+      a->op != SYMNCCL_OP_AVG)
+    return cudaErrorInvalidValue;
   const bool push = k.family == SYMNCCL_FAMILY_PUSH;
   if (push &&
       (a->threads < n || a->ctas > SYMNCCL_PUSH_MAX_CTAS ||

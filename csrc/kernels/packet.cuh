@@ -1,7 +1,8 @@
 // Packet kernels: data and "it is there" travel in the same store, pushed to
 // peers and polled in local memory; no barrier. One one-shot and one
-// two-shot skeleton, each over two packet formats (a third, Lamport, whose
-// data is its own flag, is defined below; the fused kernel uses it):
+// two-shot skeleton, over the packet formats (LL and LL128 below; a third,
+// Lamport, whose data is its own flag, is defined after them: the fused
+// kernel and the one-shot all-reduce use it):
 //
 //   LL     a 16-byte packet {data0, flag, data1, flag} per 8 data bytes,
 //          written by one 16-byte volatile store: each 8-byte half carries
@@ -238,7 +239,8 @@ struct LL128 {
 // (staging.c) and a row `me` is never written. A call whose wait gave up
 // leaves slots unread, and the communicator refuses every later call
 // (faults.c), so no call reads them. Used by lamport_rmsnorm
-// (rmsnorm.cuh): a thread's 16-byte vector is one packet.
+// (rmsnorm.cuh: a thread's 16-byte vector is one packet) and, as the
+// format LamportItems, by all_reduce's lamport one-shot.
 struct Lamport {
   static constexpr size_t kItemBytes = 16;
   static constexpr size_t kItemData = 16;
@@ -251,31 +253,109 @@ struct Lamport {
                   "Lamport packets carry float32, float16, bfloat16");
     return w == kEmpty ? w ^ (1ull << (8 * sizeof(T) - 1)) : w;
   }
+  // The packet of words lo, hi into the slot at p, each word sendable.
   template <typename T>
-  __device__ static void send(char* p, uint4 d) {
-    const uint64_t lo = sendable<T>((uint64_t)d.x | (uint64_t)d.y << 32);
-    const uint64_t hi = sendable<T>((uint64_t)d.z | (uint64_t)d.w << 32);
+  __device__ static void send(char* p, uint64_t lo, uint64_t hi) {
     asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(p),
-                 "l"(lo), "l"(hi)
+                 "l"(sendable<T>(lo)), "l"(sendable<T>(hi))
                  : "memory");
   }
-  // One look at the packet at p: true, with d its data, once both words
+  template <typename T>
+  __device__ static void send(char* p, uint4 d) {
+    send<T>(p, (uint64_t)d.x | (uint64_t)d.y << 32,
+            (uint64_t)d.z | (uint64_t)d.w << 32);
+  }
+  // One look at the packet at p: true, with lo and hi its words, once both
   // are written.
-  __device__ static bool look(const char* p, uint4& d) {
-    uint64_t lo, hi;
+  __device__ static bool look(const char* p, uint64_t& lo, uint64_t& hi) {
     asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];"
                  : "=l"(lo), "=l"(hi)
                  : "l"(p)
                  : "memory");
+    return lo != kEmpty && hi != kEmpty;
+  }
+  __device__ static bool look(const char* p, uint4& d) {
+    uint64_t lo, hi;
+    const bool got = look(p, lo, hi);
     d = make_uint4((uint32_t)lo, (uint32_t)(lo >> 32), (uint32_t)hi,
                    (uint32_t)(hi >> 32));
-    return lo != kEmpty && hi != kEmpty;
+    return got;
   }
   // After the packet at p was taken: empty again.
   __device__ static void rearm(char* p) {
     asm volatile("st.volatile.global.v2.u64 [%0], {%1, %1};" ::"l"(p),
                  "l"(kEmpty)
                  : "memory");
+  }
+};
+
+// Lamport packets as a format of the skeletons below (all_reduce's
+// `lamport` kernel; T is its element type): a thread per packet, whose two
+// words are the item. Sent through Lamport::send<T> (an all-ones word of x
+// goes as its stand-in); the own part of a reduction is x's word as it is.
+// recv takes a packet once neither word is empty, and rearms it. Sums only
+// (sum, avg; registry.c refuses max and min, which would pass a peer's
+// stand-in through where the other algorithms pass x's all-ones word; a
+// float32 sum makes the canonical NaN of either).
+template <typename T>
+struct LamportItems {
+  static constexpr int kWords = 2;
+  static constexpr size_t kItemBytes = Lamport::kItemBytes;
+  static constexpr size_t kItemData = Lamport::kItemData;
+  static constexpr bool kWarp = false;
+
+  struct Item {
+    uint64_t w[kWords];
+  };
+
+  __device__ static size_t worker() { return LL::worker(); }
+  __device__ static size_t workers() { return LL::workers(); }
+  __device__ static size_t lane_offset() { return 0; }
+  // no flag travels: the call's is what a wait that gives up records
+  __device__ static uint64_t wire_flag(uint32_t f) { return f; }
+
+  // one 16-byte load or store where `p` allows it, else two 8-byte ones
+  template <typename U>
+  __device__ static Item load(const U* in, size_t i, size_t count, bool al,
+                              uint64_t /*flag*/) {
+    if (al && (reinterpret_cast<uintptr_t>(in) & 15) == 0) {
+      const uint4 d = load_pack<16>(in, i, count, true);
+      return {{(uint64_t)d.x | (uint64_t)d.y << 32,
+               (uint64_t)d.z | (uint64_t)d.w << 32}};
+    }
+    return {{load_pack<8>(in, 2 * i, count, al),
+             load_pack<8>(in, 2 * i + 1, count, al)}};
+  }
+  template <typename U>
+  __device__ static void put(U* out, size_t i, size_t count, bool al,
+                             const Item& it) {
+    if (al && (reinterpret_cast<uintptr_t>(out) & 15) == 0) {
+      store_pack<16>(out, i, count, true,
+                     make_uint4((uint32_t)it.w[0], (uint32_t)(it.w[0] >> 32),
+                                (uint32_t)it.w[1],
+                                (uint32_t)(it.w[1] >> 32)));
+      return;
+    }
+    store_pack<8>(out, 2 * i, count, al, it.w[0]);
+    store_pack<8>(out, 2 * i + 1, count, al, it.w[1]);
+  }
+  __device__ static Item with_flag(Item it, uint64_t /*flag*/) { return it; }
+
+  __device__ static void send(char* p, const Item& it, uint64_t /*flag*/) {
+    Lamport::send<T>(p, it.w[0], it.w[1]);
+  }
+  // Rank `from`'s packet at p, then the slot rearmed. As LL::recv once a
+  // wait gave up.
+  __device__ static Item recv(const char* p, uint64_t flag,
+                              const symnccl_kargs& a, int me, int n,
+                              int from, bool& ok) {
+    Item it = {{0, 0}};
+    if (ok) {
+      ok = bounded_wait([&] { return Lamport::look(p, it.w[0], it.w[1]); },
+                        a, me, n, {SYMNCCL_WAIT_PACKETS, from, flag});
+      if (ok) Lamport::rearm(const_cast<char*>(p));
+    }
+    return it;
   }
 };
 

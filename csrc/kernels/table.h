@@ -34,7 +34,8 @@
     X(LL128, "ll128", "ll in 128-byte lines of 120 data bytes and a flag "  \
                       "word")                                                \
     X(LAMPORT, "lamport", "barrier-free, the data its own flag: a slot "   \
-                          "word of all ones (a NaN) is empty; float dtypes") \
+                          "word of all ones (a NaN) is empty; float dtypes, " \
+                          "sums")                                            \
     X(PUSH, "push", "store-only two-shot with per-CTA flags")               \
     X(MULTIMEM, "multimem", "NVLink SHARP (multimem.ld_reduce), where NCCL " \
                             "granted multicast")
@@ -120,6 +121,8 @@ enum { SYMNCCL_UNITS(SYMNCCL_UNIT_ENUM_) SYMNCCL_UNIT_COUNT };
       (packet_one_shot<T, LL128>))                                           \
     X(LL128_TWO_SHOT, "ll128_two_shot", ALL_REDUCE, LL128, TWO, LL128,       \
       PACKETS, 0, DTYPE, (packet_two_shot<T, LL128>))                        \
+    X(LAMPORT, "lamport", ALL_REDUCE, LAMPORT, ONE, LAMPORT, PACKETS, 0,     \
+      FLOAT, (packet_one_shot<T, LamportItems<T>>))                          \
     X(PUSH, "push", ALL_REDUCE, PUSH, ONE, PUSH, PUSH, 0, DTYPE, (push<T>))  \
     X(MULTIMEM, "multimem", ALL_REDUCE, MULTIMEM, ONE, BARRIER, LOADS, 0,    \
       MULTIMEM, (nullptr))                                                   \

@@ -7,10 +7,11 @@
  *   LOADS    one_shot, two_shot, multimem (all_reduce): peers load from
  *            the window holding x, or from the staging window x is copied
  *            into first, one staging area per launch
- *   PACKETS  ll, ll128 (all_reduce): one launch per row's worth of
- *            elements (the two-shot kernel on 3+ ranks from the knob's
- *            size, decided on the size of the whole call so every rank
- *            decides alike), straight from wherever x is
+ *   PACKETS  ll, ll128, lamport (all_reduce): one launch per row's
+ *            worth of elements (ll's and ll128's two-shot kernel on 3+
+ *            ranks from the knob's size, decided on the size of the whole
+ *            call so every rank decides alike), straight from wherever x
+ *            is
  *   SLICES   ll, ll128 (reduce_scatter, all_gather): one launch per row's
  *            worth of each slice, straight from x into out
  *   ROOTED   one_shot (reduce, broadcast): one launch per staging area, x
@@ -136,16 +137,10 @@ static symnccl_kargs
 packet_kargs(const sn_ar *r, int kernel)
 {
     CommObject *c = r->c;
-    const sn_layout *l = &c->mem.layout;
-    const int family = symnccl_kernel_row_of(kernel).family;
     symnccl_kargs a = kargs(r, kernel);
     a.region_win = c->mem.staging_win->win;
-    a.region_offset = family == SYMNCCL_FAMILY_LL128     ? l->ll128_offset
-                      : family == SYMNCCL_FAMILY_LAMPORT ? l->lamport_offset
-                                                         : l->ll_offset;
-    a.row_bytes = family == SYMNCCL_FAMILY_LL128     ? l->ll128_row
-                  : family == SYMNCCL_FAMILY_LAMPORT ? l->lamport_row
-                                                     : l->ll_row;
+    sn_packet_region(&c->mem.layout, symnccl_kernel_row_of(kernel).family,
+                     &a.region_offset, &a.row_bytes);
     a.ctas = c->knobs.ll_ctas;
     a.threads = c->knobs.ll_threads;
     return a;
@@ -182,7 +177,9 @@ packet_launches(const sn_ar *r, sn_err *err)
         (size_t)(ll128 ? c->knobs.ll128_two_shot_kib
                        : c->knobs.ll_two_shot_kib) << 10;
     /* 3+ ranks from the knob's size; the knob at 0 forces the two-shot at
-     * every size on 2 ranks too (the tests reach it on 2 GPUs so) */
+     * every size on 2 ranks too (the tests reach it on 2 GPUs so); an
+     * algorithm without a two-shot kernel (lamport) runs its one-shot
+     * (sn_kernel_for) */
     const int two_shot = (c->nranks >= 3 || (two_shot_min == 0 &&
                                              c->nranks == 2)) &&
                          r->count * is >= two_shot_min;
@@ -314,10 +311,10 @@ row_launches(const sn_ar *r, int kernel, sn_err *err)
     const int peers = !r->local && c->nranks > 1;
     /* ll, ll128, lamport: the rows travel as packets in a row of their
      * family's region, on the family's slots, counters and fixed grid */
-    const int family = symnccl_kernel_row_of(kernel).family;
-    const int packets = peers && (family == SYMNCCL_FAMILY_LL ||
-                                  family == SYMNCCL_FAMILY_LL128 ||
-                                  family == SYMNCCL_FAMILY_LAMPORT);
+    const int packets =
+        peers && sn_packet_region(&c->mem.layout,
+                                  symnccl_kernel_row_of(kernel).family,
+                                  NULL, NULL);
     symnccl_kargs a = packets ? packet_kargs(r, kernel) : kargs(r, kernel);
     size_t chunk = rows;
     if (packets)

@@ -202,6 +202,11 @@ sn_algo_unavailable(const sn_topology *t, int algo, const sn_dtype *dt,
         return "this op has no symnccl kernel (NCCL runs it)";
     if (dt != NULL && dt->kernel < 0)
         return "this dtype has no symnccl kernel (NCCL runs it)";
+    if (algo == SN_ALGO_LAMPORT && op != NULL &&
+        op->kernel != SYMNCCL_OP_SUM && op->kernel != SYMNCCL_OP_AVG)
+        return "lamport reduces sum and avg only (max and min would pass "
+               "the stand-in for an all-ones NaN word through: "
+               "kernels/packet.cuh)";
     if (algo == SN_ALGO_PUSH && !t->push)
         return "the communicator has no push region";
     if (algo == SN_ALGO_MULTIMEM) {
@@ -406,7 +411,7 @@ auto_algo(const sn_topology *t, const sn_knobs *k, const sn_call_desc *d)
     if (r == NULL)
         return SN_ALGO_NCCL;
     const size_t b = d->bytes;
-    const int algo =
+    int algo =
         b <= r->ll         ? SN_ALGO_LL
         : b <= r->ll128    ? SN_ALGO_LL128
         : b <= r->lamport  ? SN_ALGO_LAMPORT
@@ -415,7 +420,14 @@ auto_algo(const sn_topology *t, const sn_knobs *k, const sn_call_desc *d)
             ? SN_ALGO_TWO_SHOT
         : b <= r->push ? SN_ALGO_PUSH
                        : r->above;
-    /* a dtype, op or communicator its kernel cannot take: NCCL */
+    /* a dtype or op lamport cannot take (not float32, float16 or
+     * bfloat16; max, min): its stand-in, ll128, which carries the same
+     * sizes in packets without a sentinel; a dtype, op or communicator the
+     * kernel cannot take: NCCL */
+    if (algo == SN_ALGO_LAMPORT &&
+        sn_collective_unavailable(t, d->collective, algo, d->dtype,
+                                  d->op) != NULL)
+        algo = SN_ALGO_LL128;
     if (sn_collective_unavailable(t, d->collective, algo, d->dtype,
                                   d->op) != NULL)
         return SN_ALGO_NCCL;

@@ -90,6 +90,31 @@ sn_layout_compute(CommObject *c, size_t staging_bytes)
 }
 
 int
+sn_packet_region(const sn_layout *l, int family, size_t *offset,
+                 size_t *row)
+{
+    size_t o = 0, r = 0;
+    switch (family) {
+    case SYMNCCL_FAMILY_LL:
+        o = l->ll_offset, r = l->ll_row;
+        break;
+    case SYMNCCL_FAMILY_LL128:
+        o = l->ll128_offset, r = l->ll128_row;
+        break;
+    case SYMNCCL_FAMILY_LAMPORT:
+        o = l->lamport_offset, r = l->lamport_row;
+        break;
+    default:
+        break;
+    }
+    if (offset != NULL)
+        *offset = o;
+    if (row != NULL)
+        *row = r;
+    return r != 0;
+}
+
+int
 sn_staging_wanted(const CommObject *c)
 {
     return c->symmetric && c->lsa_size == c->nranks &&
