@@ -151,9 +151,10 @@ def worker(rank, nranks, uid, opts):
         plain = [torch.empty(count, dtype=dtype, device="cuda")
                  for _ in range(NBUF)]
         methods = {}
-        for algo in ("ll", "ll128", "one_shot", "two_shot", "push", "auto"):
-            methods["symnccl:" + algo] = (
-                wts, lambda i, a=algo: comm.all_reduce(wts[i % NBUF], algo=a))
+        for name in SYMNCCL_METHODS:
+            methods[name] = (
+                wts, lambda i, a=name.split(":")[1]:
+                comm.all_reduce(wts[i % NBUF], algo=a))
         methods["symnccl:auto(tensor)"] = (
             plain, lambda i: comm.all_reduce(plain[i % NBUF]))
         for algo in ("two_shot", "push"):   # the tensor paths, for auto
@@ -227,8 +228,9 @@ def worker(rank, nranks, uid, opts):
     return {"rows": results, "skipped": skipped}
 
 
-SYMNCCL_METHODS = ("symnccl:ll", "symnccl:ll128", "symnccl:one_shot",
-                   "symnccl:two_shot", "symnccl:push", "symnccl:auto")
+SYMNCCL_METHODS = ("symnccl:ll", "symnccl:ll128", "symnccl:lamport",
+                   "symnccl:one_shot", "symnccl:two_shot", "symnccl:push",
+                   "symnccl:auto")
 TENSOR_METHODS = ("symnccl:auto(tensor)", "symnccl:two_shot(tensor)",
                   "symnccl:push(tensor)")
 ANCHORS = ("nccl:window", "nccl:plain", "torch.dist", "symm_mem:one_shot",

@@ -722,6 +722,40 @@ def test_kernel_algorithms_need_the_device_api_nvlink_and_a_kernel_dtype():
     assert gate(dict(TOPO_2, symmetric=0), "nccl", "uint8", "prod") is None
 
 
+def test_lamport_takes_float_sums_and_auto_stands_ll128_in_for_it(
+        monkeypatch):
+    """lamport's empty word is a float NaN: float32, float16 and bfloat16
+    only, and sums (max and min would pass a stand-in NaN's bits through),
+    each refusal naming why. Where a row of the auto table gives a size to
+    lamport, a call it cannot take runs ll128 (or NCCL where ll128 cannot
+    take it either)."""
+    gate = _C._algo_unavailable_for
+    for dt in ("float32", "float16", "bfloat16"):
+        for op in ("sum", "avg"):
+            assert gate(TOPO_2, "lamport", dt, op) is None, (dt, op)
+        for op in ("max", "min"):
+            assert "sum and avg only" in gate(TOPO_2, "lamport", dt, op)
+    for dt in ("float64", "float8_e4m3fn", "int32", "int64"):
+        assert "float32, float16 and bfloat16" in \
+            gate(TOPO_2, "lamport", dt, "sum"), dt
+    assert "no symnccl kernel" in gate(TOPO_2, "lamport", "float32", "prod")
+    monkeypatch.delenv("SYMNCCL_ALGO", raising=False)
+    auto = _C._auto_algo_for
+    rows = [r for r in symnccl.AUTO_TABLE if r["lamport"]]
+    assert {r["collective"] for r in rows} >= {"all_reduce_rmsnorm"}
+    for r in rows:
+        coll, nbytes = r["collective"], r["lamport"]
+        topo = dict(TOPO_2, nranks=r["max_ranks"], lsa_size=r["max_ranks"])
+        assert auto(topo, nbytes, "bfloat16", "sum", False, coll) == \
+            "lamport", r
+        for dt, op in (("bfloat16", "max"), ("int32", "sum"),
+                       ("float64", "sum")):
+            want = "ll128" if gate(topo, "ll128", dt, op, coll) is None \
+                else "nccl"
+            assert auto(topo, nbytes, dt, op, False, coll) == want, \
+                (r, dt, op)
+
+
 def test_each_collective_takes_the_algorithms_with_a_kernel_for_it():
     """reduce_scatter, all_gather, reduce and broadcast: nccl and the
     algorithms COLLECTIVE_KERNELS lists run (a refusal names exactly

@@ -227,13 +227,13 @@ def test_multicast_reported_unavailable_and_multimem_refused(comm):
 
 
 @pytest.mark.parametrize("algo", ["ll", "ll128", "one_shot", "two_shot",
-                                  "push", "nccl"])
+                                  "push", "lamport", "nccl"])
 def test_each_algorithm_runs_its_own_kernel_on_one_rank(comm, algo):
     """algo=X launches X's kernel and no other (launch counters), and one
-    rank's result is its input, bit for bit."""
+    rank's result is its input, bit for bit (lamport: float dtypes)."""
     for dtype in ("float32", "bfloat16", "int64"):
         npdt = _check.numpy_dtype(dtype)
-        if npdt is None:
+        if npdt is None or not symnccl.algo_supported(comm, algo, dtype):
             continue
         x = _check.make_input(dtype, 1031, 0, 3)
         b = comm.empty(1031, dtype)
@@ -275,7 +275,8 @@ def test_torch_fast_path_keeps_dlpack_rules(comm):
     # seen to launch its algorithm's kernel (an in-place no-op would leave
     # b as it was), and out= starts poisoned.
     b = torch.from_dlpack(comm.empty(1031, "bfloat16"))
-    for algo in ("ll", "ll128", "one_shot", "two_shot", "push", "nccl"):
+    for algo in ("ll", "ll128", "one_shot", "two_shot", "push", "lamport",
+                 "nccl"):
         kernel = (symnccl._C.ALGO_KERNELS[algo] or ("nccl",))[0]
         before = comm._launches()[kernel]
         b.fill_(3)
@@ -349,7 +350,8 @@ def test_programmatic_launch_waits_for_the_kernel_before_it(uid, pdl,
     monkeypatch.setenv("SYMNCCL_PDL", str(pdl))
     with symnccl.Communicator(uid, 0, 1, device=0, timeout=60) as c:
         assert c.knobs["SYMNCCL_PDL"] == pdl
-        for algo in ("ll", "ll128", "one_shot", "two_shot", "push"):
+        for algo in ("ll", "ll128", "one_shot", "two_shot", "push",
+                     "lamport"):
             count = (4 << 20) + 3 if algo in ("one_shot", "two_shot",
                                               "push") else 4099
             bufs = [torch.empty(count, device="cuda") for _ in range(5)]

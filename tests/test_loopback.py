@@ -27,9 +27,14 @@ KERNELS = [
     ("ll128", "ll128", {"SYMNCCL_LL128_TWO_SHOT_KIB": "1048576"}),
     ("ll128", "ll128_two_shot", {"SYMNCCL_LL128_TWO_SHOT_KIB": "0"}),
     ("push", "push", {}),
+    ("lamport", "lamport", {}),
 ]
 KERNEL_IDS = [k[1] for k in KERNELS]
 OPS = ["sum", "max", "min", "avg"]
+# what lamport takes (its empty word is a float NaN; max and min would
+# pass a stand-in NaN's bits through): every other pair is refused
+LAMPORT_TAKES = {(dt, op) for dt in ("float32", "float16", "bfloat16")
+                 for op in ("sum", "avg")}
 SIZES = [1, 4099, 100_003]
 WORLDS = [2, 3, 4, 8]
 GRID_KNOBS = ("SYMNCCL_ONE_SHOT_CTAS", "SYMNCCL_TWO_SHOT_CTAS",
@@ -110,13 +115,22 @@ def test_every_kernel_dtype_op_and_size_against_float64(monkeypatch, nranks,
     team = _team(monkeypatch, nranks, knobs)
     streams = [torch.cuda.Stream() for _ in team]
     wrong = []
-    calls = 0
+    calls = refused = 0
     try:
         for dtype in symnccl.LSA_DTYPES:
             npdt = _check.numpy_dtype(dtype)
             if npdt is None:
                 pytest.skip(f"{dtype} needs ml_dtypes, which is not installed")
             for op in OPS:
+                if algo == "lamport" and (dtype, op) not in LAMPORT_TAKES:
+                    # refused on the caller's rank before any launch
+                    hs, xs, outs = _inputs(torch, nranks, dtype, 5, op,
+                                           seed=1, pad=0)
+                    with pytest.raises(ValueError, match="lamport|float32"):
+                        team[0].all_reduce(xs[0], out=outs[0], op=op,
+                                           algo=algo)
+                    refused += 1
+                    continue
                 for count in SIZES:
                     pad = count % 2   # odd sizes also start unaligned
                     hs, xs, outs = _inputs(torch, nranks, dtype, count, op,
@@ -132,7 +146,9 @@ def test_every_kernel_dtype_op_and_size_against_float64(monkeypatch, nranks,
         launches = [c._launches() for c in team]
     finally:
         _close(team)
-    assert calls == 8 * len(OPS) * len(SIZES)
+    assert calls + refused * len(SIZES) == 8 * len(OPS) * len(SIZES)
+    assert refused == (8 * len(OPS) - len(LAMPORT_TAKES)
+                       if algo == "lamport" else 0)
     assert not wrong, f"{kernel} on {nranks} ranks: (dtype, op, count, " \
                       f"elements wrong, ranks bitwise equal): {wrong}"
     # the kernel named ran, and no other
@@ -157,7 +173,8 @@ def test_every_algorithm_gives_the_same_bits(monkeypatch, nranks):
                 continue
             for count in (3001, 77_777):
                 seen = {}
-                for algo in ("one_shot", "two_shot", "ll", "ll128", "push"):
+                for algo in ("one_shot", "two_shot", "ll", "ll128", "push",
+                             "lamport"):
                     hs, xs, outs = _inputs(torch, nranks, dtype, count,
                                            "sum", seed=5, pad=0)
                     _run(torch, team, streams, xs, outs, algo=algo)
@@ -187,7 +204,8 @@ def test_stress_back_to_back_random_sizes_algorithms_and_places(monkeypatch,
     npdt = np.dtype(np.float32)
     calls = []
     for i in range(120):
-        algo = rng.choice(["one_shot", "two_shot", "ll", "ll128", "push"])
+        algo = rng.choice(["one_shot", "two_shot", "ll", "ll128", "push",
+                           "lamport"])
         count = rng.choice([rng.randint(1, 64), rng.randint(64, 20_000),
                             rng.randint(20_000, 300_000)])
         pad = rng.randint(0, 3)
@@ -246,7 +264,8 @@ def test_graph_replays_on_every_rank(monkeypatch, nranks):
     team = _team(monkeypatch, nranks)
     streams = [torch.cuda.Stream() for _ in team]
     try:
-        for algo in ("one_shot", "two_shot", "ll", "ll128", "push"):
+        for algo in ("one_shot", "two_shot", "ll", "ll128", "push",
+                     "lamport"):
             xs = [torch.empty(5000, device="cuda") for _ in team]
             outs = [torch.empty(5000, device="cuda") for _ in team]
             graphs = []
@@ -269,7 +288,7 @@ def test_graph_replays_on_every_rank(monkeypatch, nranks):
 
 
 @pytest.mark.parametrize("algo", ["one_shot", "two_shot", "ll", "ll128",
-                                  "push"])
+                                  "push", "lamport"])
 def test_a_rank_that_never_calls_times_out_on_every_other_rank(monkeypatch,
                                                                 algo):
     """Rank 2 of 3 never makes the call: ranks 0 and 1 give up after the
@@ -281,6 +300,109 @@ def test_a_rank_that_never_calls_times_out_on_every_other_rank(monkeypatch,
     last_rank_never_calls(
         torch, team, lambda c, s, q: c.all_reduce(x[q], algo=algo, stream=s),
         STOP_TIMEOUT, "all_reduce", lambda k: k.startswith(algo))
+
+
+@pytest.mark.parametrize("op", ["sum", "avg"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_lamport_sends_words_of_x_that_look_empty(monkeypatch, dtype, op):
+    """An 8-byte word of x that is all ones (each element the NaN that
+    marks an empty Lamport slot) travels as another NaN: the call ends (a
+    word sent as it is would be waited for until the timeout), gives
+    one_shot's bits on every rank, NaN exactly where a rank's word was; so
+    does the clean call after it, on the slots the first one left."""
+    torch = _torch()
+    nranks, count = 3, 4104
+    team = _team(monkeypatch, nranks, timeout=5.0)
+    streams = [torch.cuda.Stream() for _ in team]
+    ints = {"float32": torch.int32, "float16": torch.int16,
+            "bfloat16": torch.int16}[dtype]
+    npdt = _check.numpy_dtype(dtype)
+    per_word = 8 // npdt.itemsize
+    try:
+        for rep in range(2):
+            marked = set()
+            hs, xs, _ = _inputs(torch, nranks, dtype, count, op,
+                                seed=21 + rep, pad=0)
+            if rep == 0:
+                words = [x.view(ints).view(-1, per_word) for x in xs]
+                for q, word in ((0, 3), (0, 7), (1, 7), (2, 7), (1, 10),
+                                (1, 11), (2, count // per_word - 1)):
+                    words[q][word] = -1   # (1, 10-11): a whole packet
+                    marked.add(word)
+            got = {}
+            for algo in ("one_shot", "lamport"):
+                outs = [_device(torch, _check.poison(count * npdt.itemsize)
+                                .view(npdt)) for _ in team]
+                _run(torch, team, streams, xs, outs, op=op, algo=algo)
+                got[algo] = [_host(o, npdt) for o in outs]
+            for q in range(nranks):
+                assert got["lamport"][q].tobytes() == \
+                    got["one_shot"][q].tobytes(), (rep, q)
+            nan_words = np.isnan(got["lamport"][0].astype(np.float32)) \
+                .reshape(-1, per_word).any(axis=1)
+            assert set(np.flatnonzero(nan_words)) == marked, rep
+        assert team[0]._launches()["lamport"] == 2
+    finally:
+        _close(team)
+
+
+@pytest.mark.parametrize("nranks", [2, 3])
+def test_lamport_all_reduce_and_fused_kernel_share_their_slots(monkeypatch,
+                                                               nranks):
+    """all_reduce(algo="lamport") and all_reduce_rmsnorm(algo="lamport")
+    use one Lamport region and one set of call counters: enqueued in turn
+    on every rank with no wait between them, each call finds the slots the
+    other kernel's calls left empty. Every result has one_shot's bits."""
+    torch = _torch()
+    # the fused one_shot's grid resident beside the other ranks' too
+    monkeypatch.setenv("SYMNCCL_RMSNORM_CTAS", str(_grid(nranks)))
+    team = _team(monkeypatch, nranks)
+    streams = [torch.cuda.Stream() for _ in team]
+    rng = random.Random(77 + nranks)
+    T, H, eps = 5, 1024, 1e-6
+    calls = []
+    for i in range(24):
+        count = rng.choice([rng.randint(1, 300), rng.randint(300, 70_000)])
+        hs, xs, _ = _inputs(torch, nranks, "float32", count, "sum", seed=i,
+                            pad=rng.randint(0, 1))
+        gen = torch.Generator(device="cuda").manual_seed(i)
+        rows = [torch.randn(T, H, device="cuda", generator=gen)
+                for _ in team]
+        res = torch.randn(T, H, device="cuda", generator=gen)
+        w = torch.randn(H, device="cuda", generator=gen)
+        calls.append((xs, rows, res, w))
+
+    def enqueue(algo):
+        outs = []
+        torch.cuda.synchronize()
+        for xs, rows, res, w in calls:
+            o = [torch.empty_like(x) for x in xs]
+            ys = [torch.empty_like(r) for r in rows]
+            hs = [torch.empty_like(r) for r in rows]
+            for q, (c, s) in enumerate(zip(team, streams)):
+                c.all_reduce(xs[q], out=o[q], stream=s, algo=algo)
+                c.all_reduce_rmsnorm(rows[q], res, w, eps, out=ys[q],
+                                     residual_out=hs[q], stream=s,
+                                     algo=algo)
+            outs.append((o, ys, hs))
+        torch.cuda.synchronize()
+        return outs
+
+    try:
+        want = enqueue("one_shot")
+        got = enqueue("lamport")
+        for i, (w_, g_) in enumerate(zip(want, got)):
+            for k in range(3):
+                for q in range(nranks):
+                    assert torch.equal(
+                        g_[k][q].view(torch.int32),
+                        w_[k][q].view(torch.int32)), \
+                        (i, ("out", "y", "h")[k], q)
+        launches = team[0]._launches()
+        assert launches["lamport"] == 24 and \
+            launches["lamport_rmsnorm"] == 24, launches
+    finally:
+        _close(team)
 
 
 def test_loopback_ranks_run_kernels_only(monkeypatch):

@@ -148,7 +148,7 @@ def test_lsa_algorithms_at_256_mib(nranks):
     res = spawn(W.lsa_large, nranks, args=(13,), timeout=900)
     bad = [row for rows in res for row in rows if row[-1]]
     assert not bad, bad
-    assert len(res[0]) == 21   # 7 algorithms x 3 placements
+    assert len(res[0]) == 24   # 8 algorithms x 3 placements
 
 
 @ranks_param(2, 4, 8)

@@ -270,8 +270,12 @@ def lsa_algorithms(rank, nranks, uid, seed, sizes=LSA_SIZES, env=None):
             win = comm.empty(count + 16, dtype)   # room for offset views
             wt = torch.from_dlpack(win)
             for algo in ("one_shot", "two_shot", "ll", "ll128", "push",
-                         "auto"):
+                         "lamport", "auto"):
                 for op in symnccl.LSA_OPS:
+                    # lamport: float dtypes, sum and avg (the others are
+                    # refused: tests/test_loopback.py)
+                    if not symnccl.algo_supported(comm, algo, dtype, op):
+                        continue
                     ins = [_check.make_input(dtype, count, r, seed, op)
                            for r in range(nranks)]
                     host = torch.from_numpy(ins[rank].view(np.uint8).copy())
@@ -350,7 +354,7 @@ def lsa_graph_and_stress(rank, nranks, uid, seed, iters):
     import torch
     comm = _comm_small_push_region(rank, nranks, uid)
     bad = []
-    for algo in ("one_shot", "two_shot", "ll", "ll128", "push"):
+    for algo in ("one_shot", "two_shot", "ll", "ll128", "push", "lamport"):
         x = torch.empty(100003, dtype=torch.bfloat16, device="cuda")
         out = torch.empty_like(x)
         comm.all_reduce(x, out=out, algo=algo)
@@ -383,7 +387,8 @@ def lsa_graph_and_stress(rank, nranks, uid, seed, iters):
     wins = {dt: torch.from_dlpack(comm.empty(maxn + 16, dt))
             for dt in ("float32", "bfloat16")}
     side = torch.cuda.Stream()
-    algos = ("one_shot", "two_shot", "ll", "ll128", "push", "auto", "nccl")
+    algos = ("one_shot", "two_shot", "ll", "ll128", "push", "lamport",
+             "auto", "nccl")
     # wrong elements per (algo, placement, dtype, side stream?), on the GPU
     errors = torch.zeros((len(algos), 4, 2, 2), dtype=torch.int64,
                          device="cuda")
@@ -394,6 +399,8 @@ def lsa_graph_and_stress(rank, nranks, uid, seed, iters):
         ai = int(rng.integers(0, len(algos)))
         algo = algos[ai]
         op = ("sum", "max")[int(rng.integers(0, 2))]
+        if algo == "lamport":   # sums only
+            op = "sum"
         place = int(rng.integers(0, 4))
         use_side = bool(rng.integers(0, 4) == 0)
         tdt = getattr(torch, dt)
@@ -580,8 +587,8 @@ def lsa_large(rank, nranks, uid, seed):
     tol = (nranks + 1) * 2.0 ** -7 * mag + 2.0 ** -7 * ref.abs()
     win = torch.from_dlpack(comm.empty(count + 8, "bfloat16"))
     rows = []
-    for algo in ("ll", "ll128", "one_shot", "two_shot", "push", "auto",
-                 "nccl"):
+    for algo in ("ll", "ll128", "lamport", "one_shot", "two_shot", "push",
+                 "auto", "nccl"):
         for place in ("window", "window_aligned", "tensor"):
             before = comm._launches()
             if place.startswith("window"):
