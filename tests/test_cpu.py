@@ -742,7 +742,8 @@ def test_lamport_takes_float_sums_and_auto_stands_ll128_in_for_it(
     monkeypatch.delenv("SYMNCCL_ALGO", raising=False)
     auto = _C._auto_algo_for
     rows = [r for r in symnccl.AUTO_TABLE if r["lamport"]]
-    assert {r["collective"] for r in rows} >= {"all_reduce_rmsnorm"}
+    assert {r["collective"] for r in rows} == {"all_reduce",
+                                               "all_reduce_rmsnorm"}
     for r in rows:
         coll, nbytes = r["collective"], r["lamport"]
         topo = dict(TOPO_2, nranks=r["max_ranks"], lsa_size=r["max_ranks"])
@@ -786,8 +787,9 @@ def test_each_collective_takes_the_algorithms_with_a_kernel_for_it():
 
 @pytest.mark.parametrize("nranks,nbytes,in_window,algo", [
     (2, 4096, True, "ll"), (2, 64 << 10, False, "ll"),
-    (2, 256 << 10, True, "ll128"), (2, 1 << 20, False, "ll128"),
-    (2, 2 << 20, True, "two_shot"), (2, 2 << 20, False, "push"),
+    (2, 256 << 10, True, "ll128"), (2, 1 << 20, False, "lamport"),
+    (2, 2 << 20, True, "lamport"), (2, 3 << 20, True, "two_shot"),
+    (2, 3 << 20, False, "push"),
     (2, 256 << 20, True, "push"), (3, 4096, True, "ll128"),
     (3, 2 << 20, True, "push"), (4, 1 << 20, False, "ll128"),
     (4, 2 << 20, False, "two_shot"), (4, 3 << 20, False, "push"),
