@@ -788,8 +788,7 @@ def test_each_collective_takes_the_algorithms_with_a_kernel_for_it():
 @pytest.mark.parametrize("nranks,nbytes,in_window,algo", [
     (2, 4096, True, "ll"), (2, 64 << 10, False, "ll"),
     (2, 256 << 10, True, "ll128"), (2, 1 << 20, False, "lamport"),
-    (2, 2 << 20, True, "lamport"), (2, 3 << 20, True, "two_shot"),
-    (2, 3 << 20, False, "push"),
+    (2, 4 << 20, True, "lamport"), (2, (4 << 20) + 2, True, "push"),
     (2, 256 << 20, True, "push"), (3, 4096, True, "ll128"),
     (3, 2 << 20, True, "push"), (4, 1 << 20, False, "ll128"),
     (4, 2 << 20, False, "two_shot"), (4, 3 << 20, False, "push"),

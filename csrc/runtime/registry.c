@@ -245,25 +245,28 @@ sn_collective_unavailable(const sn_topology *t, int collective, int algo,
  * collective at world sizes up to max_ranks (the first row that fits);
  * a call whose larger buffer (an all-gather's output, else the input) is
  * `bytes` takes the first algorithm whose limit it is within, in the
- * order ll, ll128, lamport, one_shot, two_shot, push, else `above`. two_shot's limit
- * depends on whether the input lies in a window (peers load it in place)
- * or is a plain tensor (copied through the staging window first). No row
- * (a collective or world size not measured), or a kernel that cannot take
- * the call: NCCL. The measurements behind each limit: docs/PERFORMANCE.md,
+ * order ll, ll128, lamport, one_shot, two_shot, push, else `above`.
+ * two_shot's limit depends on whether the input lies in a window (peers
+ * load it in place) or is a plain tensor (copied through the staging
+ * window first). No row (a collective or world size not measured), or a
+ * kernel that cannot take the call: NCCL (where lamport cannot, ll128
+ * first stands in). The measurements behind each limit: docs/PERFORMANCE.md,
  * "The auto tables".
  *
  * all_reduce, 2x/3x/4x H200, bf16, CUDA-graph replay: on 2 ranks ll128
  * 256 KiB 4.1 vs ll 4.7 us, 1 MiB 7.6 vs two_shot 9.0. lamport (2x H100,
- * session 20, allreduce_h100x2_bfloat16_lamport_r{1,2}.json, two runs):
- * level with ll and ll128 to 256 KiB (4.11 / 4.81 against ll128 4.07 /
- * 5.12), ahead from 512 KiB (4.91 / 5.63 against 5.57 / 6.46) to 2 MiB
- * (11.00 / 11.35 against ll128 12.86 / 13.05, push 14.65 / 14.67,
- * two_shot 15.05 / 15.06), level with two_shot and push at 4 MiB (20.52
- * / 21.39 against 20.58 / 21.01 and 20.99 / 21.29): lamport from 256 KiB
- * to 2 MiB; where it cannot take a call (a dtype or op) ll128 stands in
- * (auto_algo). On 3+ ranks ll128
- * is its two-shot from 512 KiB (SYMNCCL_LL128_TWO_SHOT_KIB): 4x 1 MiB
- * 10.1-11.2 us vs two_shot 12.6-14.1, 3x 1 MiB 8.9 vs push 13.5; below
+ * session 20, allreduce_h100x2_bfloat16_lamport_{1,2,3,4}.json, four
+ * runs): level with ll and ll128 to 256 KiB (ll128 ahead by 0.0-0.1 us
+ * in three runs of four), ahead from 512 KiB (4.87-5.63 against ll128
+ * 5.43-6.46) to 3 MiB (2 MiB 10.9-11.4 against ll128 12.9-13.5, push
+ * 14.4-14.7, two_shot 15.1-16.1; 3 MiB 15.4 against two_shot 19.2, push
+ * 19.3), level at 4 MiB (20.3-21.4 against two_shot 20.1-21.0 on
+ * windows, push 21.0-21.3; ahead of push's 22.8-22.9 on plain tensors,
+ * which two_shot would stage): lamport from 256 KiB to 4 MiB, push
+ * above (8 MiB 35.6-36.2 against two_shot 36.4). Where lamport cannot
+ * take a call (a dtype or op) ll128 stands in (auto_algo). On 3+ ranks
+ * ll128 is its two-shot from 512 KiB (SYMNCCL_LL128_TWO_SHOT_KIB): 4x
+ * 1 MiB 10.1-11.2 us vs two_shot 12.6-14.1, 3x 1 MiB 8.9 vs push 13.5; below
  * that its one-shot beats ll (4x 256 KiB 6.4-7.2 vs 7.7-8.7). 5-7 ranks
  * follow the 4-rank row without having been measured; from 8 ranks NCCL
  * (measured at 8 before ll, ll128 and push existed). one_shot won at no
@@ -316,8 +319,8 @@ sn_collective_unavailable(const sn_topology *t, int collective, int algo,
 typedef sn_auto_row auto_row;
 
 static const auto_row auto_table[] = {
-    {SYMNCCL_COLL_ALL_REDUCE, 2, 64 * KIB, 256 * KIB, 2 * MIB, 0, 4 * MIB,
-     0, 0, SN_ALGO_PUSH},
+    {SYMNCCL_COLL_ALL_REDUCE, 2, 64 * KIB, 256 * KIB, 4 * MIB, 0, 0, 0, 0,
+     SN_ALGO_PUSH},
     {SYMNCCL_COLL_ALL_REDUCE, 3, 0, 1536 * KIB, 0, 0, 0, 0, 0, SN_ALGO_PUSH},
     {SYMNCCL_COLL_ALL_REDUCE, 7, 0, 1536 * KIB, 0, 0, 4 * MIB, 2 * MIB, 0,
      SN_ALGO_PUSH},
