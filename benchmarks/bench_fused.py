@@ -79,11 +79,13 @@ def _grids(torch, nranks):
     512-thread CTA of them per SM), and the add+norm's resident CTAs
     (SYMNCCL_RMSNORM_LOCAL_CTAS's default: two per SM for the 512-thread
     rows of H 4096 and 8192 in bf16, the sizes measured) are shared among
-    the ranks; so are the LL grids (ll_rmsnorm's and the LL all-reduce's,
-    SYMNCCL_LL_CTAS)."""
+    the ranks; so are the packet grids (the fused packet kernels' and the
+    LL all-reduce's, SYMNCCL_LL_CTAS; the Lamport all-reduce's,
+    SYMNCCL_LAMPORT_CTAS)."""
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     return {"SYMNCCL_RMSNORM_CTAS": str(min(128, sms) // nranks),
             "SYMNCCL_LL_CTAS": str(min(64, sms // nranks)),
+            "SYMNCCL_LAMPORT_CTAS": str(min(64, sms // nranks)),
             "SYMNCCL_RMSNORM_LOCAL_CTAS": str(2 * sms // nranks)}
 
 

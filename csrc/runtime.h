@@ -216,6 +216,7 @@ typedef struct {
     int lsa_threads, one_shot_ctas, two_shot_ctas, rmsnorm_ctas;
     int rmsnorm_local_ctas;
     int ll_ctas, ll_threads, ll_two_shot_kib, ll128_two_shot_kib;
+    int lamport_ctas, lamport_threads;
     int push_ctas, push_threads, push_region_mib, push_chunk_kib;
     int check;                 /* SYMNCCL_CHECK: compare calls first */
     int pdl;                   /* SYMNCCL_PDL: programmatic launches */
@@ -428,6 +429,7 @@ typedef struct {
                                   fault word, barrier flags */
     size_t splits_offset;      /* all_to_all's splits packets */
     size_t lamport_offset, lamport_row;  /* 2 slots x nranks rows */
+    size_t lamport_ar_offset, lamport_ar_row;   /* the same */
     size_t bytes;              /* the whole allocation */
 } sn_layout;
 
@@ -446,7 +448,7 @@ typedef struct {
 /* The layout for c's ranks, staging size and knobs (no allocation). */
 void sn_layout_compute(struct CommObject *c, size_t staging_bytes);
 /* The packet region of kernel family SYMNCCL_FAMILY_* (ll, ll128,
- * lamport): 1, with its offset in the staging window and the bytes of one
+ * lamport, lamport_ar): 1, with its offset in the staging window and the bytes of one
  * of its rows (either pointer may be NULL); 0, and both 0, for a family
  * without one. */
 int sn_packet_region(const sn_layout *l, int family, size_t *offset,

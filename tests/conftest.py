@@ -20,6 +20,14 @@ TIME_LIMIT = float(os.environ.get("SYMNCCL_TEST_TIME_LIMIT", "180"))
 SLOW_TIME_LIMIT = 1800.0
 GRACE = 30.0
 
+# The knobs of every grid whose CTAs wait on peers (the CTA counts of
+# one_shot, two_shot, the packet kernels, all_reduce's lamport and push):
+# a loopback team's ranks share one GPU, so its tests cap each, for every
+# rank's grid to be resident at once.
+LOOPBACK_GRID_KNOBS = ("SYMNCCL_ONE_SHOT_CTAS", "SYMNCCL_TWO_SHOT_CTAS",
+                       "SYMNCCL_LL_CTAS", "SYMNCCL_LAMPORT_CTAS",
+                       "SYMNCCL_PUSH_CTAS")
+
 
 def pytest_addoption(parser):
     parser.addoption("--run-slow", action="store_true", default=False,

@@ -11,6 +11,7 @@ import pytest
 
 import symnccl
 from _workers.serving import random_splits as _random_splits
+from conftest import LOOPBACK_GRID_KNOBS as GRID_KNOBS
 from conftest import last_rank_never_calls, one_rank_comm
 from symnccl import _C, _check
 
@@ -18,8 +19,6 @@ WORLDS = [2, 3, 4, 8]
 KERNEL = "push_all_to_all"
 LL_KERNEL = "ll_all_to_all"
 KERNEL_OF = {"push": KERNEL, "ll": LL_KERNEL}
-GRID_KNOBS = ("SYMNCCL_ONE_SHOT_CTAS", "SYMNCCL_TWO_SHOT_CTAS",
-              "SYMNCCL_LL_CTAS", "SYMNCCL_PUSH_CTAS")
 # a 1 MiB push region: slots of 128 KiB at 2 ranks, 32 KiB at 8, so larger
 # blocks take several chunks
 SMALL_PUSH = {"SYMNCCL_PUSH_REGION_MIB": "1"}

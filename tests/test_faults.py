@@ -23,6 +23,7 @@ import symnccl
 from symnccl.bootstrap import SlowExitWarning, spawn
 
 from _workers import faults as W
+from conftest import LOOPBACK_GRID_KNOBS as STOP_KNOBS
 from conftest import ranks_param
 
 TIMEOUT = 3.0
@@ -488,8 +489,6 @@ STOP_CASES = [("all_reduce", a) for a in ("one_shot", "two_shot", "ll",
 # Grids small enough for every rank of the team to be resident on one GPU
 # at once (as test_loopback.py's _grid).
 STOP_GRID = {4: 16, 8: 8}
-STOP_KNOBS = ("SYMNCCL_ONE_SHOT_CTAS", "SYMNCCL_TWO_SHOT_CTAS",
-              "SYMNCCL_LL_CTAS", "SYMNCCL_PUSH_CTAS")
 
 
 # 8 ranks for every case; 4 (other grids) for one case of each family

@@ -16,7 +16,7 @@ from _workers.serving import fp8_off_by_more_than_a_step as \
     _fp8_off_by_more_than_a_step
 from _workers.serving import rmsnorm_inputs as _inputs
 from _workers.serving import rmsnorm_wrong as _wrong
-from conftest import last_rank_never_calls
+from conftest import LOOPBACK_GRID_KNOBS, last_rank_never_calls
 from symnccl import _C
 
 COLL = "all_reduce_rmsnorm"
@@ -131,8 +131,8 @@ STOP_TIMEOUT = 0.5
 
 
 def _team(monkeypatch, nranks, timeout=20.0, **kw):
-    monkeypatch.setenv("SYMNCCL_RMSNORM_CTAS", str(_grid(nranks)))
-    monkeypatch.setenv("SYMNCCL_LL_CTAS", str(_grid(nranks)))
+    for k in ("SYMNCCL_RMSNORM_CTAS",) + LOOPBACK_GRID_KNOBS:
+        monkeypatch.setenv(k, str(_grid(nranks)))
     return symnccl.Communicator._loopback(nranks, 0, timeout=timeout, **kw)
 
 

@@ -14,6 +14,7 @@ import pytest
 
 import symnccl
 from symnccl import _C
+from conftest import LOOPBACK_GRID_KNOBS as GRID_KNOBS
 from conftest import one_rank_comm
 from dlpack_craft import IS_COPIED, Crafted, flagged
 
@@ -259,10 +260,6 @@ def test_nccl_all_to_all_v_cuts_rows_as_the_kernels_do(comm):
 
 
 # ------------------------------------------- refusals every rank agrees on
-
-GRID_KNOBS = ("SYMNCCL_ONE_SHOT_CTAS", "SYMNCCL_TWO_SHOT_CTAS",
-              "SYMNCCL_LL_CTAS", "SYMNCCL_PUSH_CTAS")
-
 
 @contextlib.contextmanager
 def _team(monkeypatch, nranks, timeout=2.0, knobs=None):

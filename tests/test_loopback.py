@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import symnccl
+from conftest import LOOPBACK_GRID_KNOBS as GRID_KNOBS
 from conftest import last_rank_never_calls
 from symnccl import _check
 
@@ -37,10 +38,6 @@ LAMPORT_TAKES = {(dt, op) for dt in ("float32", "float16", "bfloat16")
                  for op in ("sum", "avg")}
 SIZES = [1, 4099, 100_003]
 WORLDS = [2, 3, 4, 8]
-GRID_KNOBS = ("SYMNCCL_ONE_SHOT_CTAS", "SYMNCCL_TWO_SHOT_CTAS",
-              "SYMNCCL_LL_CTAS", "SYMNCCL_PUSH_CTAS")
-
-
 def _torch():
     return pytest.importorskip("torch")
 

@@ -55,6 +55,7 @@ void packet_format(int kernel, size_t* data, size_t* row) {
       *row = LL128::kItemBytes;
       return;
     case SYMNCCL_FAMILY_LAMPORT:
+    case SYMNCCL_FAMILY_LAMPORT_AR:
       *data = Lamport::kItemData;
       *row = Lamport::kItemBytes;
       return;
@@ -158,8 +159,9 @@ cudaError_t launch(const symnccl_kargs* a, cudaStream_t stream) {
       return cudaErrorInvalidValue;
   }
   // Lamport packets reduce sums only (packet.cuh, LamportItems)
-  if (k.family == SYMNCCL_FAMILY_LAMPORT && a->op != SYMNCCL_OP_SUM &&
-      a->op != SYMNCCL_OP_AVG)
+  if ((k.family == SYMNCCL_FAMILY_LAMPORT ||
+       k.family == SYMNCCL_FAMILY_LAMPORT_AR) &&
+      a->op != SYMNCCL_OP_SUM && a->op != SYMNCCL_OP_AVG)
     return cudaErrorInvalidValue;
   const bool push = k.family == SYMNCCL_FAMILY_PUSH;
   if (push &&

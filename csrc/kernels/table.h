@@ -41,16 +41,21 @@
                             "granted multicast")
 
 /* Slots and call counters a kernel shares with the others of its family
- * (the staging window's regions; a kernel's counters are its family's):
- * X(ID, name).
- *   BARRIER  the load kernels: barrier flag lines
- *   LL       the LL packet rows
- *   LL128    the LL128 packet rows
- *   LAMPORT  the Lamport packet rows (they start, and are left, all ones)
- *   PUSH     the push region's slots and flags */
+ * (the staging window's regions; a kernel's counters are its family's),
+ * and the grid every kernel of a family launches with (its counters are
+ * per CTA): X(ID, name).
+ *   BARRIER     the load kernels: barrier flag lines
+ *   LL          the LL packet rows
+ *   LL128       the LL128 packet rows
+ *   LAMPORT     the fused kernel's Lamport packet rows (they start, and are
+ *               left, all ones); LL, LL128 and LAMPORT launch the packet
+ *               grid (SYMNCCL_LL_CTAS x SYMNCCL_LL_THREADS)
+ *   LAMPORT_AR  all_reduce's Lamport packet rows, on a grid of its own
+ *               (SYMNCCL_LAMPORT_CTAS x SYMNCCL_LAMPORT_THREADS)
+ *   PUSH        the push region's slots and flags */
 #define SYMNCCL_FAMILIES(X)                                              \
     X(BARRIER, "barrier") X(LL, "ll") X(LL128, "ll128")                  \
-    X(LAMPORT, "lamport") X(PUSH, "push")
+    X(LAMPORT, "lamport") X(LAMPORT_AR, "lamport_ar") X(PUSH, "push")
 
 /* How launch.c turns a call into launches of the kernel: X(ID, name).
  *   LOADS       peers load from a window (the input's, or the staging
@@ -121,7 +126,7 @@ enum { SYMNCCL_UNITS(SYMNCCL_UNIT_ENUM_) SYMNCCL_UNIT_COUNT };
       (packet_one_shot<T, LL128>))                                           \
     X(LL128_TWO_SHOT, "ll128_two_shot", ALL_REDUCE, LL128, TWO, LL128,       \
       PACKETS, 0, DTYPE, (packet_two_shot<T, LL128>))                        \
-    X(LAMPORT, "lamport", ALL_REDUCE, LAMPORT, ONE, LAMPORT, PACKETS, 0,     \
+    X(LAMPORT, "lamport", ALL_REDUCE, LAMPORT, ONE, LAMPORT_AR, PACKETS, 0,  \
       FLOAT, (packet_one_shot<T, LamportItems<T>>))                          \
     X(PUSH, "push", ALL_REDUCE, PUSH, ONE, PUSH, PUSH, 0, DTYPE, (push<T>))  \
     X(MULTIMEM, "multimem", ALL_REDUCE, MULTIMEM, ONE, BARRIER, LOADS, 0,    \

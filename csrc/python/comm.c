@@ -784,7 +784,8 @@ comm_staging_layout(CommObject *self, PyObject *unused)
 {
     const sn_layout *l = &self->mem.layout;
     return Py_BuildValue(
-        "{s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n}", "staging",
+        "{s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n,s:n}",
+        "staging",
         (Py_ssize_t)l->staging, "ll_offset", (Py_ssize_t)l->ll_offset,
         "ll_row", (Py_ssize_t)l->ll_row, "ll128_offset",
         (Py_ssize_t)l->ll128_offset, "ll128_row", (Py_ssize_t)l->ll128_row,
@@ -793,7 +794,9 @@ comm_staging_layout(CommObject *self, PyObject *unused)
         "ctl_offset", (Py_ssize_t)l->ctl_offset, "splits_offset",
         (Py_ssize_t)l->splits_offset, "lamport_offset",
         (Py_ssize_t)l->lamport_offset, "lamport_row",
-        (Py_ssize_t)l->lamport_row, "bytes",
+        (Py_ssize_t)l->lamport_row, "lamport_ar_offset",
+        (Py_ssize_t)l->lamport_ar_offset, "lamport_ar_row",
+        (Py_ssize_t)l->lamport_ar_row, "bytes",
         (Py_ssize_t)l->bytes);
 }
 

@@ -130,9 +130,10 @@ launch(const sn_ar *r, symnccl_kargs *a, sn_err *err)
     return 0;
 }
 
-/* A packet kernel's arguments: its format's region of the staging window,
- * and the communicator's fixed packet grid (every packet kernel of a
- * format shares its slots and call counters; the formats share the grid). */
+/* A packet kernel's arguments: its family's region of the staging window,
+ * and its family's fixed grid (every kernel of a family shares its slots
+ * and call counters, one per CTA): all_reduce's lamport its own, the
+ * others the packet grid. */
 static symnccl_kargs
 packet_kargs(const sn_ar *r, int kernel)
 {
@@ -141,8 +142,10 @@ packet_kargs(const sn_ar *r, int kernel)
     a.region_win = c->mem.staging_win->win;
     sn_packet_region(&c->mem.layout, symnccl_kernel_row_of(kernel).family,
                      &a.region_offset, &a.row_bytes);
-    a.ctas = c->knobs.ll_ctas;
-    a.threads = c->knobs.ll_threads;
+    const int own = symnccl_kernel_row_of(kernel).family ==
+                    SYMNCCL_FAMILY_LAMPORT_AR;
+    a.ctas = own ? c->knobs.lamport_ctas : c->knobs.ll_ctas;
+    a.threads = own ? c->knobs.lamport_threads : c->knobs.ll_threads;
     return a;
 }
 

@@ -16,12 +16,14 @@
  *   splits area             all_to_all: nranks x nranks LL packets, one
  *                           per count (kernels/alltoall.cuh)
  *   lamport region          2 slots x nranks rows of lamport_row bytes
+ *                           (the fused kernel's)
+ *   lamport_ar region       the same for all_reduce's lamport
  *
  * Every region is page-aligned and at the same offset on every rank. The
  * ll and ll128 regions, push's flag lines, the control block and the
  * splits area start zeroed (a flag is never 0); their slots need no
- * clearing. The lamport region starts all ones (its packets' "empty",
- * kernels/packet.cuh), and its readers leave it so. The scratch
+ * clearing. The lamport regions start all ones (their packets' "empty",
+ * kernels/packet.cuh), and their readers leave them so. The scratch
  * (cudaMalloc, local) holds the barrier word of barrier(), the claim word
  * of the failure record and the per-CTA call counters of each kernel
  * family (SN_MAX_CTAS each, kernels/table.h), zeroed once.
@@ -40,6 +42,9 @@
 #define LL_REGION (16u << 20)
 #define LL128_REGION (16u << 20)
 #define LAMPORT_REGION (16u << 20)
+/* all_reduce's: 4 MiB a launch on 2 ranks, the top of its auto range
+ * (registry.c) */
+#define LAMPORT_AR_REGION (16u << 20)
 #define PAGE ((size_t)4096)
 
 /* Scratch: the barrier word, the claim word, then one epoch array per
@@ -86,7 +91,9 @@ sn_layout_compute(CommObject *c, size_t staging_bytes)
     /* lamport: rows of the largest message a launch carries (its packets
      * are all data) */
     l->lamport_row = pages(LAMPORT_REGION / (2 * n));
-    l->bytes = l->lamport_offset + 2 * n * l->lamport_row;
+    l->lamport_ar_offset = l->lamport_offset + 2 * n * l->lamport_row;
+    l->lamport_ar_row = pages(LAMPORT_AR_REGION / (2 * n));
+    l->bytes = l->lamport_ar_offset + 2 * n * l->lamport_ar_row;
 }
 
 int
@@ -103,6 +110,9 @@ sn_packet_region(const sn_layout *l, int family, size_t *offset,
         break;
     case SYMNCCL_FAMILY_LAMPORT:
         o = l->lamport_offset, r = l->lamport_row;
+        break;
+    case SYMNCCL_FAMILY_LAMPORT_AR:
+        o = l->lamport_ar_offset, r = l->lamport_ar_row;
         break;
     default:
         break;
@@ -136,7 +146,8 @@ sn_staging_clear(CommObject *c, sn_err *err)
 {
     const sn_layout *l = &c->mem.layout;
     /* the ll and ll128 regions, push's flag lines, the control block and
-     * the splits area zeroed, the lamport region all ones; no peer can
+     * the splits area zeroed, the lamport regions (the last two) all ones;
+     * no peer can
      * write into them before the window is registered, after this returns
      * (a loopback team's ranks: before the team's first call) */
     cudaError_t e = cudaMemset(c->mem.staging + l->ll_offset, 0,
