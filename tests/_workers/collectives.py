@@ -533,7 +533,8 @@ def lsa_two_comms_two_streams(rank, nranks, uid, uid2, iters):
     torch.cuda.synchronize()
     bad = []
     for it in range(iters):
-        algo = ("ll", "one_shot", "two_shot", "ll128", "push")[it % 5]
+        algo = ("ll", "one_shot", "two_shot", "ll128", "push",
+                "lamport")[it % 6]
         xa = a.clone()
         xb = b.clone()
         torch.cuda.synchronize()
