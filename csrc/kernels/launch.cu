@@ -124,7 +124,11 @@ size_t push_region_bytes(int nranks, size_t slot_bytes,
 cudaError_t launch(const symnccl_kargs* a, cudaStream_t stream) {
   if (a->dc == nullptr || a->kernel < 0 || a->kernel >= SYMNCCL_K_COUNT ||
       a->dtype < 0 || a->dtype >= SYMNCCL_DT_COUNT || a->ctas < 1 ||
-      a->threads < 32 || a->threads > 512 ||
+      a->threads < 32 ||
+      a->threads > (symnccl_kernel_row_of(a->kernel).family ==
+                            SYMNCCL_FAMILY_LAMPORT_AR
+                        ? SYMNCCL_LAMPORT_MAX_THREADS
+                        : 512) ||
       a->threads % 32 != 0 || a->epochs == nullptr ||
       a->fault == nullptr || a->claim == nullptr ||
       a->fault_word == nullptr || a->ctl_win == nullptr)

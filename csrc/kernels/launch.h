@@ -81,6 +81,10 @@ enum { SYMNCCL_OP_SUM = 0, SYMNCCL_OP_MAX = 1, SYMNCCL_OP_MIN = 2,
 /* Largest grid of the push kernels (their flag lines are laid out for
  * it). */
 #define SYMNCCL_PUSH_MAX_CTAS 128
+/* Largest CTA of all_reduce's lamport (packet.cuh, LamportItems: 64
+ * registers a thread, so a CTA of 1024 fills one SM's 65536); every other
+ * kernel's is 512. */
+#define SYMNCCL_LAMPORT_MAX_THREADS 1024
 /* Bytes of one CTA's line of flags, one 8-byte flag per source rank,
  * whole 128-byte lines (push flags, barrier flags). */
 #define SYMNCCL_FLAG_LINE(n) (((size_t)(n) * 8 + 127) / 128 * 128)

@@ -76,15 +76,17 @@ SYMNCCL_BEGIN
 //
 // A format defines: kWords data words per lane of an item, kItemBytes of
 // row an item takes, kItemData data bytes it carries, whether its waits are
-// warp-collective (kWarp), who works on an item (a thread or a warp), and
-// how an item is loaded from the input, sent, received and stored to the
-// output.
+// warp-collective (kWarp), the largest CTA the one-shot takes in it
+// (kMaxThreads, its launch bounds), who works on an item (a thread or a
+// warp), and how an item is loaded from the input, sent, received and
+// stored to the output.
 
 struct LL {
   static constexpr int kWords = 1;
   static constexpr size_t kItemBytes = 16;
   static constexpr size_t kItemData = 8;
   static constexpr bool kWarp = false;
+  static constexpr int kMaxThreads = 512;
 
   struct Item {
     uint64_t w[kWords];
@@ -143,6 +145,7 @@ struct LL128 {
   static constexpr int kItemWords = 60;      // data words of an item
   static constexpr size_t kItemData = 8 * kItemWords;
   static constexpr bool kWarp = true;
+  static constexpr int kMaxThreads = 512;
 
   struct Item {
     uint64_t w[kWords];
@@ -303,6 +306,7 @@ struct LamportItems {
   static constexpr size_t kItemBytes = Lamport::kItemBytes;
   static constexpr size_t kItemData = Lamport::kItemData;
   static constexpr bool kWarp = false;
+  static constexpr int kMaxThreads = SYMNCCL_LAMPORT_MAX_THREADS;
 
   struct Item {
     uint64_t w[kWords];
@@ -426,7 +430,7 @@ struct PacketLaunch {
 };
 
 template <typename T, typename F>
-__global__ void __launch_bounds__(512)
+__global__ void __launch_bounds__(F::kMaxThreads)
     packet_one_shot(ncclDevComm dc, const __grid_constant__ symnccl_kargs a) {
   uint64_t epoch;
   if (!enter_cta(a, dc.lsaRank, dc.lsaSize, epoch)) return;

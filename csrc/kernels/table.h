@@ -51,7 +51,8 @@
  *               left, all ones); LL, LL128 and LAMPORT launch the packet
  *               grid (SYMNCCL_LL_CTAS x SYMNCCL_LL_THREADS)
  *   LAMPORT_AR  all_reduce's Lamport packet rows, on a grid of its own
- *               (SYMNCCL_LAMPORT_CTAS x SYMNCCL_LAMPORT_THREADS)
+ *               (SYMNCCL_LAMPORT_CTAS x SYMNCCL_LAMPORT_THREADS, CTAs
+ *               of up to SYMNCCL_LAMPORT_MAX_THREADS)
  *   PUSH        the push region's slots and flags */
 #define SYMNCCL_FAMILIES(X)                                              \
     X(BARRIER, "barrier") X(LL, "ll") X(LL128, "ll128")                  \

@@ -666,16 +666,17 @@ static const knob knobs[] = {
      "grid of ll and ll128 (fixed per communicator)"},
     {"SYMNCCL_LL_THREADS", offsetof(sn_knobs, ll_threads), 512, 32, 512, 32,
      "threads per CTA of ll and ll128"},
-    /* 128 CTAs: lamport's time followed its grid, not the link (2x H100,
-     * 4 MiB 20.5 -> 16.6 us at 64 -> 128 CTAs of 512 threads); 256
-     * threads keep its waiting threads and registers those of 64 CTAs of
-     * 512, so two communicators' grids stay resident together (docs/
+    /* 64 CTAs of 1024 threads: lamport's time followed its threads in
+     * flight, not the link (2x H100, 4 MiB 20.5 -> 16.8 us from 64 x 512
+     * to 128 x 512; 128 x 256 as 64 x 512); a CTA of 1024 fills one SM,
+     * so 64 of them leave room for another communicator's grid (docs/
      * PERFORMANCE.md, the predictions table) */
-    {"SYMNCCL_LAMPORT_CTAS", offsetof(sn_knobs, lamport_ctas), 128, 1,
+    {"SYMNCCL_LAMPORT_CTAS", offsetof(sn_knobs, lamport_ctas), 64, 1,
      SN_MAX_CTAS, 1, "grid of all_reduce's lamport (fixed per "
      "communicator)"},
-    {"SYMNCCL_LAMPORT_THREADS", offsetof(sn_knobs, lamport_threads), 256,
-     32, 512, 32, "threads per CTA of all_reduce's lamport"},
+    {"SYMNCCL_LAMPORT_THREADS", offsetof(sn_knobs, lamport_threads),
+     SYMNCCL_LAMPORT_MAX_THREADS, 32, SYMNCCL_LAMPORT_MAX_THREADS, 32,
+     "threads per CTA of all_reduce's lamport"},
     {"SYMNCCL_LL_TWO_SHOT_KIB", offsetof(sn_knobs, ll_two_shot_kib), 128, 0,
      1 << 20, 1, "ll's two-shot from this size on 3+ ranks (0: at every size, on "
      "2 ranks too)"},
