@@ -256,15 +256,17 @@ sn_collective_unavailable(const sn_topology *t, int collective, int algo,
  * all_reduce, 2x/3x/4x H200, bf16, CUDA-graph replay: on 2 ranks ll128
  * 256 KiB 4.1 vs ll 4.7 us, 1 MiB 7.6 vs two_shot 9.0. lamport (2x H100,
  * session 20, allreduce_h100x2_bfloat16_lamport_{1,2,3,4}.json, four
- * runs): level with ll and ll128 to 256 KiB (ll128 ahead by 0.0-0.1 us
- * in three runs of four), ahead from 512 KiB (4.87-5.63 against ll128
- * 5.43-6.46) to 3 MiB (2 MiB 10.9-11.4 against ll128 12.9-13.5, push
- * 14.4-14.7, two_shot 15.1-16.1; 3 MiB 15.4 against two_shot 19.2, push
- * 19.3), level at 4 MiB (20.3-21.4 against two_shot 20.1-21.0 on
- * windows, push 21.0-21.3; ahead of push's 22.8-22.9 on plain tensors,
- * which two_shot would stage): lamport from 256 KiB to 4 MiB, push
- * above (8 MiB 35.6-36.2 against two_shot 36.4). Where lamport cannot
- * take a call (a dtype or op) ll128 stands in (auto_algo). On 3+ ranks
+ * runs on the packet grid): level with ll and ll128 to 256 KiB (ll128
+ * ahead by 0.0-0.1 us in three runs of four), ahead from 512 KiB
+ * (4.87-5.63 against ll128 5.43-6.46) to 3 MiB (2 MiB 10.9-11.4 against
+ * ll128 12.9-13.5, push 14.4-14.7, two_shot 15.1-16.1; 3 MiB 15.4
+ * against two_shot 19.2, push 19.3), level at 4 MiB (20.3-21.4 against
+ * two_shot 20.1-21.0, push 21.0-21.3); on its own grid (64 x 1024,
+ * _lamport_grid_c6_*.json, allreduce_h100x2_bfloat16.json) 4 MiB
+ * 17.7-18.7 and 8 MiB 38.4 against push 35.9: lamport from 256 KiB to
+ * 4 MiB, push above. It reads x in place (no staging for tensors).
+ * Where lamport cannot take a call (a dtype or op) ll128 stands in
+ * (auto_algo). On 3+ ranks
  * ll128 is its two-shot from 512 KiB (SYMNCCL_LL128_TWO_SHOT_KIB): 4x
  * 1 MiB 10.1-11.2 us vs two_shot 12.6-14.1, 3x 1 MiB 8.9 vs push 13.5; below
  * that its one-shot beats ll (4x 256 KiB 6.4-7.2 vs 7.7-8.7). 5-7 ranks
