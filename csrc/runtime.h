@@ -448,9 +448,9 @@ typedef struct {
 /* The layout for c's ranks, staging size and knobs (no allocation). */
 void sn_layout_compute(struct CommObject *c, size_t staging_bytes);
 /* The packet region of kernel family SYMNCCL_FAMILY_* (ll, ll128,
- * lamport, lamport_ar): 1, with its offset in the staging window and the bytes of one
- * of its rows (either pointer may be NULL); 0, and both 0, for a family
- * without one. */
+ * lamport, lamport_ar): 1, with its offset in the staging window and the
+ * bytes of one of its rows (either pointer may be NULL); 0, and both 0,
+ * for a family without one. */
 int sn_packet_region(const sn_layout *l, int family, size_t *offset,
                      size_t *row);
 /* The staging window: 1 when c has one (the device API, one LSA team),

@@ -250,8 +250,8 @@ sn_collective_unavailable(const sn_topology *t, int collective, int algo,
  * load it in place) or is a plain tensor (copied through the staging
  * window first). No row (a collective or world size not measured), or a
  * kernel that cannot take the call: NCCL (where lamport cannot, ll128
- * first stands in). The measurements behind each limit: docs/PERFORMANCE.md,
- * "The auto tables".
+ * first stands in). The measurements behind each limit:
+ * docs/PERFORMANCE.md, "The auto tables".
  *
  * all_reduce, 2x/3x/4x H200, bf16, CUDA-graph replay: on 2 ranks ll128
  * 256 KiB 4.1 vs ll 4.7 us, 1 MiB 7.6 vs two_shot 9.0. lamport (2x H100,
@@ -266,11 +266,11 @@ sn_collective_unavailable(const sn_topology *t, int collective, int algo,
  * 17.7-18.7 and 8 MiB 38.4 against push 35.9: lamport from 256 KiB to
  * 4 MiB, push above. It reads x in place (no staging for tensors).
  * Where lamport cannot take a call (a dtype or op) ll128 stands in
- * (auto_algo). On 3+ ranks
- * ll128 is its two-shot from 512 KiB (SYMNCCL_LL128_TWO_SHOT_KIB): 4x
- * 1 MiB 10.1-11.2 us vs two_shot 12.6-14.1, 3x 1 MiB 8.9 vs push 13.5; below
- * that its one-shot beats ll (4x 256 KiB 6.4-7.2 vs 7.7-8.7). 5-7 ranks
- * follow the 4-rank row without having been measured; from 8 ranks NCCL
+ * (auto_algo). On 3+ ranks ll128 is its two-shot from 512 KiB
+ * (SYMNCCL_LL128_TWO_SHOT_KIB): 4x 1 MiB 10.1-11.2 us vs two_shot
+ * 12.6-14.1, 3x 1 MiB 8.9 vs push 13.5; below that its one-shot beats
+ * ll (4x 256 KiB 6.4-7.2 vs 7.7-8.7). 5-7 ranks follow the 4-rank row
+ * without having been measured; from 8 ranks NCCL
  * (measured at 8 before ll, ll128 and push existed). one_shot won at no
  * size (it reads n-1 whole copies where two_shot reads one); multimem is
  * never chosen automatically.

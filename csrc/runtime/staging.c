@@ -147,9 +147,9 @@ sn_staging_clear(CommObject *c, sn_err *err)
     const sn_layout *l = &c->mem.layout;
     /* the ll and ll128 regions, push's flag lines, the control block and
      * the splits area zeroed, the lamport regions (the last two) all ones;
-     * no peer can
-     * write into them before the window is registered, after this returns
-     * (a loopback team's ranks: before the team's first call) */
+     * no peer can write into them before the window is registered, after
+     * this returns (a loopback team's ranks: before the team's first
+     * call) */
     cudaError_t e = cudaMemset(c->mem.staging + l->ll_offset, 0,
                                l->push_data - l->ll_offset);
     if (e == cudaSuccess)
