@@ -63,7 +63,9 @@ DTYPES = _C.DTYPES
 #: reduction ops.
 OPS = _C.OPS
 #: dtypes and ops symnccl's kernels handle (one_shot, two_shot, ll, ll128,
-#: push); anything else runs through NCCL under algo="auto".
+#: push; lamport takes float32, float16 and bfloat16 sums of them, and
+#: algo_supported() says so); anything else runs through NCCL under
+#: algo="auto".
 LSA_DTYPES = _C.KERNEL_DTYPES
 LSA_OPS = _C.KERNEL_OPS
 #: what the multicast kernel reduces in the NVSwitch (multimem.ld_reduce).
