@@ -25,19 +25,20 @@
     "Returns the result in x's framework type, zero-copy. Runs on `stream`, " \
     "else the framework's current stream, else the legacy default stream; " \
     "never blocks the host.\n\nops: sum, prod, max, min, avg.\nalgo: 'auto' " \
-    "(the default: a table measured on 2, 3 and 4 H200s, symnccl.AUTO_TABLE; " \
+    "(the default: a table measured on H100s and H200s, symnccl.AUTO_TABLE; " \
     "SYMNCCL_ALGO overrides it); symnccl's kernels on the NCCL device API: " \
     "'ll' (barrier-free LL packets, small messages), 'll128' (the same in " \
-    "128-byte lines, up to a few MiB), 'one_shot', 'two_shot' (NVLink loads; " \
-    "inputs outside a window go through the staging window), 'push' " \
-    "(store-only two-shot with flags, any input), 'multimem' (NVLink SHARP, " \
-    "only where multicast was granted); 'nccl'. ('lamport', packets that are " \
-    "their own flag, runs all_reduce_rmsnorm only.) Every rank must pass the " \
-    "same algo and the same kind of input (all in a SymmetricBuffer at the " \
-    "same offset, or none). Calls on one communicator from different streams " \
-    "are ordered by symnccl; a replayed CUDA graph must not overlap other " \
-    "calls on the same communicator.\n\nExample:\n    comm.all_reduce(t)       " \
-    "          # in place\n    y = comm.all_reduce(x, out=y, op='max')"
+    "128-byte lines, up to a few MiB), 'lamport' (packets that are their own " \
+    "flag, a few hundred KiB to a few MiB; float32, float16 and bfloat16 with " \
+    "sum or avg), 'one_shot', 'two_shot' (NVLink loads; inputs outside a " \
+    "window go through the staging window), 'push' (store-only two-shot with " \
+    "flags, any input), 'multimem' (NVLink SHARP, only where multicast was " \
+    "granted); 'nccl'. Every rank must pass the same algo and the same kind of " \
+    "input (all in a SymmetricBuffer at the same offset, or none). Calls on " \
+    "one communicator from different streams are ordered by symnccl; a " \
+    "replayed CUDA graph must not overlap other calls on the same " \
+    "communicator.\n\nExample:\n    comm.all_reduce(t)                 # in " \
+    "place\n    y = comm.all_reduce(x, out=y, op='max')"
 
 #define SN_KW_reduce_scatter {"x", "out", "op", "algo", "stream", NULL}
 #define SN_FMT_reduce_scatter "O|OOOO:reduce_scatter"

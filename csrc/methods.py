@@ -40,15 +40,16 @@ METHODS = [
      "`stream`, else the framework's current stream, else the legacy "
      'default stream; never blocks the host.\n\n'
      "ops: sum, prod, max, min, avg.\nalgo: 'auto' (the default: a "
-     'table measured on 2, 3 and 4 H200s, symnccl.AUTO_TABLE; SYMNCCL_ALGO '
+     'table measured on H100s and H200s, symnccl.AUTO_TABLE; SYMNCCL_ALGO '
      "overrides it); symnccl's kernels on the NCCL device API: 'll' "
      "(barrier-free LL packets, small messages), 'll128' (the same "
-     "in 128-byte lines, up to a few MiB), 'one_shot', 'two_shot' "
+     "in 128-byte lines, up to a few MiB), 'lamport' (packets that are "
+     'their own flag, a few hundred KiB to a few MiB; float32, float16 '
+     "and bfloat16 with sum or avg), 'one_shot', 'two_shot' "
      '(NVLink loads; inputs outside a window go through the staging '
      "window), 'push' (store-only two-shot with flags, any input), "
      "'multimem' (NVLink SHARP, only where multicast was granted); "
-     "'nccl'. ('lamport', packets that are their own flag, runs "
-     'all_reduce_rmsnorm only.) Every rank must pass the same algo and '
+     "'nccl'. Every rank must pass the same algo and "
      "the same kind "
      'of input (all in a SymmetricBuffer at the same offset, or none). '
      'Calls on one communicator from different streams are ordered '
