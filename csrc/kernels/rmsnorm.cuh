@@ -661,8 +661,8 @@ __global__ void __launch_bounds__(512)
 // arithmetic in its order, hence its bits. A warp whose wait gave up
 // stores no h after it, and the CTA stores no y. The block is
 // one_shot_rmsnorm's (derived from H); slots, flags, call counters and the
-// fixed grid are the LL128 family's. Requirements: rows * ipr items within a slot's row (the
-// host's chunks, symnccl_packet_max_count), the rest as
+// fixed grid are the LL128 family's. Requirements: rows * ipr items within
+// a slot's row (the host's chunks, symnccl_packet_max_count), the rest as
 // one_shot_rmsnorm's. (Launch bounds (512, 1): with (512) alone ptxas held
 // the float32 kernel to 64 registers and spilled 216 bytes.)
 template <typename T, bool kQuant>
