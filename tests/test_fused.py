@@ -219,6 +219,45 @@ def test_every_dtype_and_shape_against_float64(monkeypatch, nranks):
              "lamport_rmsnorm": lamport_launches}, (q, l)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("threads", [64, 256])
+def test_wide_rows_keep_one_shot_order_for_any_block(monkeypatch, threads):
+    """ll_rmsnorm and lamport_rmsnorm hold a row's vectors one a thread,
+    several rows a CTA, and fold a row's sums in the order of
+    one_shot_rmsnorm's block: with a smaller block (SYMNCCL_THREADS) a
+    block thread owns several vectors of a row, in one pass (H 4096) and in
+    several (H 16384), and the bits are still one_shot's."""
+    torch = _torch()
+    monkeypatch.setenv("SYMNCCL_THREADS", str(threads))
+    team = _team(monkeypatch, 2)
+    streams = [torch.cuda.Stream() for _ in team]
+    wrong, launches = [], []
+    try:
+        for dtype in ("float32", "bfloat16"):
+            for T, H in [(5, 4096), (2, 16384), (70, 1000)]:
+                xs, res, w = _inputs(torch, 2, T, H, dtype, seed=T + H)
+                got = {}
+                for algo in ("one_shot", "ll", "lamport"):
+                    ys = [_poisoned(torch, xs[0]) for _ in team]
+                    hs = [_poisoned(torch, xs[0]) for _ in team]
+                    _call_all(torch, team, streams, xs, res, w, ys, hs,
+                              algo=algo)
+                    got[algo] = (ys[0], hs[0])
+                    if _wrong(torch, xs, res, w, ys[0], hs[0], dtype) != \
+                            (0, 0):
+                        wrong.append((algo, dtype, T, H))
+                for algo in ("ll", "lamport"):
+                    if not all(torch.equal(_bits(a), _bits(b)) for a, b in
+                               zip(got["one_shot"], got[algo])):
+                        wrong.append((f"one_shot != {algo}", dtype, T, H))
+        launches = [c._launches() for c in team]
+    finally:
+        _close(team)
+    assert not wrong, wrong
+    for l in launches:
+        assert l["ll_rmsnorm"] == 6 and l["lamport_rmsnorm"] == 6, l
+
+
 def _itemsize(dtype):
     return {"float32": 4, "float16": 2, "bfloat16": 2}[dtype]
 

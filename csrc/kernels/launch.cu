@@ -125,10 +125,7 @@ cudaError_t launch(const symnccl_kargs* a, cudaStream_t stream) {
   if (a->dc == nullptr || a->kernel < 0 || a->kernel >= SYMNCCL_K_COUNT ||
       a->dtype < 0 || a->dtype >= SYMNCCL_DT_COUNT || a->ctas < 1 ||
       a->threads < 32 ||
-      a->threads > (symnccl_kernel_row_of(a->kernel).family ==
-                            SYMNCCL_FAMILY_LAMPORT_AR
-                        ? SYMNCCL_LAMPORT_MAX_THREADS
-                        : 512) ||
+      a->threads > symnccl_kernel_max_threads(a->kernel, a->local) ||
       a->threads % 32 != 0 || a->epochs == nullptr ||
       a->fault == nullptr || a->claim == nullptr ||
       a->fault_word == nullptr || a->ctl_win == nullptr)
@@ -195,6 +192,19 @@ cudaError_t launch(const symnccl_kargs* a, cudaStream_t stream) {
         (a->quant != SYMNCCL_QUANT_NONE ||
          (!a->local && a->mid_win == nullptr)))))
     return cudaErrorInvalidValue;
+  // the wide rows: one_shot_rmsnorm's block (whole warps, <= 512, no more
+  // than the row's vectors rounded up to a warp), and at least a row's
+  // threads (or the whole CTA) a row
+  if (symnccl_kernel_wide_rows(a->kernel, a->local)) {
+    const size_t whole =
+        (a->row_len / (16 / kItemsize[a->dtype]) + 31) / 32 * 32;
+    if (a->row_block < 32 || a->row_block > 512 || a->row_block % 32 != 0 ||
+        (size_t)a->row_block > whole ||
+        (size_t)a->threads <
+            (whole < SYMNCCL_WIDE_MAX_THREADS ? whole
+                                              : SYMNCCL_WIDE_MAX_THREADS))
+      return cudaErrorInvalidValue;
+  }
   if (k.unit == SYMNCCL_UNIT_MULTIMEM)
     return symnccl_launch_multimem(a, stream);
   return kUnits[a->dtype](a, stream);

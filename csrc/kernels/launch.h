@@ -81,10 +81,11 @@ enum { SYMNCCL_OP_SUM = 0, SYMNCCL_OP_MAX = 1, SYMNCCL_OP_MIN = 2,
 /* Largest grid of the push kernels (their flag lines are laid out for
  * it). */
 #define SYMNCCL_PUSH_MAX_CTAS 128
-/* Largest CTA of all_reduce's lamport (packet.cuh, LamportItems: 64
- * registers a thread, so a CTA of 1024 fills one SM's 65536); every other
- * kernel's is 512. */
-#define SYMNCCL_LAMPORT_MAX_THREADS 1024
+/* Largest CTA of the wide kernels, 64 registers a thread, so that a CTA
+ * of 1024 fills one SM's 65536: all_reduce's lamport (packet.cuh,
+ * LamportItems), ll_rmsnorm and lamport_rmsnorm (rmsnorm.cuh); every other
+ * kernel's is 512 (symnccl_kernel_max_threads). */
+#define SYMNCCL_WIDE_MAX_THREADS 1024
 /* Bytes of one CTA's line of flags, one 8-byte flag per source rank,
  * whole 128-byte lines (push flags, barrier flags). */
 #define SYMNCCL_FLAG_LINE(n) (((size_t)(n) * 8 + 127) / 128 * 128)
@@ -257,6 +258,10 @@ typedef struct {
     void *out_h;
     const void *weight;
     size_t row_len;            /* H, a multiple of 8 */
+    int row_block;             /* one_shot_rmsnorm's block for H (a
+                                  thread per vector, whole warps, <= 512):
+                                  the wide rows kernels' arithmetic is its
+                                  (rows_on_packets) */
     float eps;
     int local;                 /* no peer: src holds the sum already (one
                                   rank, or an all-reduce's result): the

@@ -118,24 +118,27 @@ struct LL {
                  : "memory");
   }
 
+  // One look at the packet at p: true, with `word` its data, once both of
+  // its flag halves are `flag` (one 16-byte load).
+  __device__ static bool look(const char* p, uint64_t flag, uint64_t& word) {
+    uint32_t d0, f0, d1, f1;
+    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(d0), "=r"(f0), "=r"(d1), "=r"(f1)
+                 : "l"(p)
+                 : "memory");
+    word = (uint64_t)d0 | ((uint64_t)d1 << 32);
+    return f0 == (uint32_t)flag && f1 == (uint32_t)flag;
+  }
   // Rank `from`'s packet at p. Once a wait of this thread gave up (ok
   // false) it waits for nothing more, and what it returns is garbage.
   __device__ static Item recv(const char* p, uint64_t flag,
                               const symnccl_kargs& a, int me, int n,
                               int from, bool& ok) {
-    uint32_t d0 = 0, f0, d1 = 0, f1;
+    Item it = {{0}};
     if (ok)
-      ok = bounded_wait(
-            [&] {
-              asm volatile(
-                  "ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-                  : "=r"(d0), "=r"(f0), "=r"(d1), "=r"(f1)
-                  : "l"(p)
-                  : "memory");
-              return f0 == (uint32_t)flag && f1 == (uint32_t)flag;
-            },
-            a, me, n, {SYMNCCL_WAIT_PACKETS, from, flag});
-    return {{(uint64_t)d0 | ((uint64_t)d1 << 32)}};
+      ok = bounded_wait([&] { return look(p, flag, it.w[0]); }, a, me, n,
+                        {SYMNCCL_WAIT_PACKETS, from, flag});
+    return it;
   }
 };
 
@@ -306,7 +309,7 @@ struct LamportItems {
   static constexpr size_t kItemBytes = Lamport::kItemBytes;
   static constexpr size_t kItemData = Lamport::kItemData;
   static constexpr bool kWarp = false;
-  static constexpr int kMaxThreads = SYMNCCL_LAMPORT_MAX_THREADS;
+  static constexpr int kMaxThreads = SYMNCCL_WIDE_MAX_THREADS;
 
   struct Item {
     uint64_t w[kWords];

@@ -426,11 +426,15 @@ __global__ void __launch_bounds__(512)
 // that waits in turn (every CTA's packets are out before its first wait).
 // Slots, flags and call counters are the LL family's: the grid is the
 // family's fixed grid (SYMNCCL_LL_CTAS), every CTA counts every call, rows
-// go round the CTAs. The block is one_shot_rmsnorm's (a thread per
-// vector, derived from H): the rows' arithmetic is not the LL grid's. A
-// wait that gave up leaves this thread's `ok` down: it stores no h after
-// it, and the CTA stores no y for the row. kQuant: a.quant, a kernel of
-// its own (as add_rmsnorm's), so the plain kernel carries no FP8 code.
+// go round the CTAs. The CTA is wide (RowGroups): a thread per vector of a
+// row, up to SYMNCCL_WIDE_MAX_THREADS threads (64 registers a thread, so
+// a CTA takes at most one SM, as a 512-thread CTA of 128), holding as
+// many rows at once as fit; the rows' arithmetic stays one_shot_rmsnorm's
+// for its block (a.row_block, derived from H), whose order row_reduce
+// keeps. A wait that gave up leaves this thread's `ok` down: it stores no
+// h after it, and the CTA stores no y for the row. kQuant: a.quant, a
+// kernel of its own (as add_rmsnorm's), so the plain kernel carries no
+// FP8 code.
 // lamport_rmsnorm: the same rows as Lamport packets (packet.cuh), a vector
 // one 16-byte packet with no flag, in the Lamport region, on its family's
 // slots and counters: the link carries the rows once, not twice; float32,
@@ -438,8 +442,10 @@ __global__ void __launch_bounds__(512)
 // kernel. Both are rows_on_packets below, over their vector wire (VecLL,
 // VecLamport).
 // Requirements:
-// rows * H * sizeof(T) <= row_bytes / 2 (ll; lamport: row_bytes), the rest
-// as one_shot_rmsnorm's.
+// rows * H * sizeof(T) <= row_bytes / 2 (ll; lamport: row_bytes);
+// row_block as launch.cu checks it (whole warps, <= 512, <= the row's
+// vectors rounded up to a warp) and a CTA of at least a row's threads (or
+// SYMNCCL_WIDE_MAX_THREADS); the rest as one_shot_rmsnorm's.
 
 // A row's 16-byte vector on the wire: send() it to a peer's slot at p,
 // look() once whether the vector at p has landed (d: its data), rearm()
@@ -458,19 +464,12 @@ struct VecLL {   // two LL packets, the call's flag in each 8-byte half
              flag);
   }
   __device__ bool look(const char* p, uint4& d) const {
-    uint32_t f[4];
-    uint4 lo, hi;
-    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(lo.x), "=r"(f[0]), "=r"(lo.y), "=r"(f[1])
-                 : "l"(p)
-                 : "memory");
-    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(hi.x), "=r"(f[2]), "=r"(hi.y), "=r"(f[3])
-                 : "l"(p + LL::kItemBytes)
-                 : "memory");
-    d = make_uint4(lo.x, lo.y, hi.x, hi.y);
-    return f[0] == (uint32_t)flag && f[1] == (uint32_t)flag &&
-           f[2] == (uint32_t)flag && f[3] == (uint32_t)flag;
+    uint64_t lo, hi;   // both loads issued, whatever the first one saw
+    const bool got_lo = LL::look(p, flag, lo);
+    const bool got_hi = LL::look(p + LL::kItemBytes, flag, hi);
+    d = make_uint4((uint32_t)lo, (uint32_t)(lo >> 32), (uint32_t)hi,
+                   (uint32_t)(hi >> 32));
+    return got_lo && got_hi;
   }
   __device__ static void rearm(char*) {}   // flags need no clearing
 };
@@ -489,155 +488,230 @@ struct VecLamport {   // one Lamport packet
   __device__ static void rearm(char* p) { Lamport::rearm(p); }
 };
 
-template <typename T, bool kQuant, typename W>
+// The rows of one CTA of the wide kernels (ll_rmsnorm, lamport_rmsnorm)
+// and this thread's place in them. Every vector of a row is a thread's: a
+// row takes W threads (its vectors rounded up to a warp, at most the CTA;
+// a longer row's thread takes vectors w, w + W, ... in passes), and the
+// CTA holds G = blockDim.x / W rows at once, group g of W threads a row.
+// CTA b's rows are b, b + grid, ... (as every other kernel's); group g
+// takes the CTA's rows g, g + G, ..., one per round. The arithmetic is
+// one_shot_rmsnorm's for its block of bd threads (a.row_block), which a
+// row's reductions keep (row_reduce).
+struct RowGroups {   // (32-bit: the kernel's registers are 64)
+  unsigned rvec;     // vectors of a row
+  unsigned W, G;     // threads a row, rows at once
+  unsigned bd;       // one_shot_rmsnorm's block: the arithmetic's
+  unsigned g, w;     // my group, my thread in it (g >= G: no row)
+  unsigned rows;     // this CTA's rows
+  unsigned rounds;   // ceil(rows / G), the same on every thread
+
+  __device__ static RowGroups of(const symnccl_kargs& a, size_t rows_all,
+                                 size_t rvec) {
+    RowGroups k;
+    k.rvec = (unsigned)rvec;
+    const unsigned whole = (k.rvec + 31) / 32 * 32;  // whole warps
+    k.W = whole < blockDim.x ? whole : blockDim.x;
+    k.G = blockDim.x / k.W;
+    k.bd = (unsigned)a.row_block;
+    k.g = threadIdx.x / k.W;
+    k.w = threadIdx.x % k.W;
+    k.rows = rows_all > blockIdx.x
+                 ? (unsigned)((rows_all - blockIdx.x - 1) / gridDim.x + 1)
+                 : 0;
+    k.rounds = (k.rows + k.G - 1) / k.G;
+    return k;
+  }
+  // my group's row of round i, if it has one (a launch's rows fit its
+  // packet region: 32 bits)
+  __device__ bool row(unsigned i, unsigned& r) const {
+    const unsigned j = i * G + g;
+    r = blockIdx.x + j * gridDim.x;
+    return g < G && j < rows;
+  }
+};
+
+// op over one float per vector of my group's row, folded in the order of
+// one_shot_rmsnorm's block_reduce over its bd threads: thread t folds its
+// vectors t, t + bd, ... from 0, then the lanes by xor shuffles, then the
+// warps 0..bd/32-1 from 0; every thread of the group gets those bits.
+// value(j): my float for my vector of pass j (w + j W), 0 where I have
+// none. sq: blockDim.x floats; wsum: blockDim.x / 32. Every thread of the
+// CTA calls it (it syncs the CTA).
+template <typename Op, typename F>
+__device__ __forceinline__ float row_reduce(const RowGroups& k, F value,
+                                            float* sq, float* wsum, Op op) {
+  float acc = 0.f;
+  if (k.rvec <= k.bd) {   // a vector a thread: thread w's is mine
+    acc = op(acc, value(0));
+  } else {                // thread w's vectors pass by pass, in order
+    for (unsigned lo = 0; lo < k.rvec; lo += k.W) {
+      sq[threadIdx.x] = value((int)(lo / k.W));
+      __syncthreads();
+      if (k.g < k.G && k.w < k.bd)
+        for (unsigned v = k.w; v < k.rvec && v < lo + k.W; v += k.bd)
+          if (v >= lo) acc = op(acc, sq[k.g * k.W + (v - lo)]);
+      __syncthreads();
+    }
+  }
+#pragma unroll
+  for (int m = 16; m > 0; m >>= 1)
+    acc = op(acc, __shfl_xor_sync(0xffffffffu, acc, m));
+  if ((threadIdx.x & 31) == 0) wsum[threadIdx.x >> 5] = acc;
+  __syncthreads();
+  float s = 0.f;
+  if (k.g < k.G)
+    for (unsigned m = 0; m < k.bd / 32; m++)
+      s = op(s, wsum[k.g * k.W / 32 + m]);
+  return s;
+}
+
+template <typename T, bool kQuant, typename Wire>
 __device__ __forceinline__ void rows_on_packets(
     ncclDevComm dc, const symnccl_kargs& a) {
-  __shared__ float s_sum[2][32], s_max[2][32];
+  __shared__ float sq[SYMNCCL_WIDE_MAX_THREADS];
+  __shared__ float wsum[SYMNCCL_WIDE_MAX_THREADS / 32];
   const int n = dc.lsaSize, me = dc.lsaRank;
   uint64_t epoch;
   if (!enter_cta(a, me, n, epoch)) return;
   const PacketCall call(epoch, a.region_offset, n, a.row_bytes);
-  const W wire = W::of(call.flag);
+  const Wire wire = Wire::of(call.flag);
   const T* x = static_cast<const T*>(a.src);
   const T* res = static_cast<const T*>(a.residual);
+  const T* w = static_cast<const T*>(a.weight);
   T* out = static_cast<T*>(a.out);
   T* out_h = static_cast<T*>(a.out_h);
-  const size_t H = a.row_len, rows = a.count / H;
-  const size_t rvec = H / Pack<T, 16>::kElems;
-  const size_t tid = threadIdx.x, bd = blockDim.x;
+  const unsigned H = (unsigned)a.row_len;  // within a packet row
+  const RowGroups k = RowGroups::of(a, a.count / H, H / Pack<T, 16>::kElems);
+  const unsigned rvec = k.rvec, W = k.W;
   const bool x_al = (reinterpret_cast<uintptr_t>(x) & 15) == 0;
   const bool aligned =
-      ((reinterpret_cast<uintptr_t>(res) |
-        reinterpret_cast<uintptr_t>(a.weight) |
+      ((reinterpret_cast<uintptr_t>(res) | reinterpret_cast<uintptr_t>(w) |
         reinterpret_cast<uintptr_t>(out) | reinterpret_cast<uintptr_t>(out_h)) &
        15) == 0;
-  constexpr size_t kVec = W::kBytes;  // a vector's bytes on the wire
+  constexpr size_t kVec = Wire::kBytes;  // a vector's bytes on the wire
   const Peers slot = Peers::of(a.region_win, call.slot_off);
+  const bool mine0 = k.w < rvec;  // I have a vector in pass 0
 
-  // what does not come from peers, in flight during the trip: the kept
-  // vectors' weights (the same every row) and the first row's residual
-  const T* w = static_cast<const T*>(a.weight);
-  uint4 wk[kRmsKeep], rk[kRmsKeep];
-  auto has = [&](int u) { return tid + u * bd < rvec; };
-  auto fetch_res = [&](size_t r) {
-#pragma unroll
-    for (int u = 0; u < kRmsKeep; u++)
-      if (r < rows && has(u))
-        rk[u] = load_pack<16>(res + r * H, tid + u * bd, H, aligned);
-  };
-#pragma unroll
-  for (int u = 0; u < kRmsKeep; u++)
-    if (has(u)) wk[u] = load_pack<16>(w, tid + u * bd, H, aligned);
-  fetch_res(blockIdx.x);
+  // the first round's residual, in flight during the trip
+  uint4 rk = make_uint4(0, 0, 0, 0);
+  unsigned r;
+  if (mine0 && k.row(0, r)) rk = load_pack<16>(res + (size_t)r * H, k.w, H, aligned);
 
-  // my rows' vectors into row `me` of every peer's slot
+  // my rows' vectors into row `me` of every peer's slot, all before any
+  // wait
   const Peers to = slot.at((size_t)me * a.row_bytes);
-  for (size_t r = blockIdx.x; r < rows; r += gridDim.x)
-    for (size_t v = tid; v < rvec; v += bd) {
-      const uint4 d = load_pack<16>(x + r * H, v, H, x_al);
-      for (int q = 0; q < n; q++)
-        if (q != me) wire.template send<T>(to(q) + (r * rvec + v) * kVec, d);
-    }
+  for (unsigned i = 0; i < k.rounds; i++)
+    if (k.row(i, r))
+      for (unsigned v = k.w; v < rvec; v += W) {
+        const uint4 d = load_pack<16>(x + (size_t)r * H, v, H, x_al);
+        for (int q = 0; q < n; q++)
+          if (q != me)
+            wire.template send<T>(to(q) + ((size_t)r * rvec + v) * kVec, d);
+      }
 
-  // my rows, each reduced in rank order as its packets land, then
-  // normalised: rmsnorm_body's row loop, the same arithmetic in the same
-  // order, and add_rmsnorm's y stores (kept apart: a helper shared with
-  // rmsnorm_body made ptxas spill one_shot_rmsnorm's float32 unit, one
-  // shared with add_rmsnorm its float16 unit: 16 bytes each way). A thread whose wait gave up stores
-  // no more h; the CTA stores no y for the row (__syncthreads_and).
+  // Each round: my group's row reduced in rank order as its packets land
+  // (h = sum + residual, stored as it is made), then normalised with
+  // one_shot_rmsnorm's arithmetic (row_reduce: its order) and add_rmsnorm's
+  // y stores. Pass 0's h stays in registers; later passes' are read back
+  // from out_h. A thread whose wait gave up stores no more h; the CTA
+  // stores no y for the row (__syncthreads_and).
   char* mine = slot(me);
   bool ok = true;
-  // the sums of U vectors of row r, v0 + u * bd: a peer's U vectors
-  // polled in one wait (then rearmed), ranks folded in order 0..n-1
-  auto sums = [&](size_t r, size_t v0, auto& s) {
-    constexpr int U = sizeof(s) / sizeof(s[0]);
-    Accum<T, 16, OpSum> acc[U];
-    uint4 own[U], d[U];
-#pragma unroll
-    for (int u = 0; u < U; u++)
-      if (v0 + u * bd < rvec)
-        own[u] = load_pack<16>(x + r * H, v0 + u * bd, H, x_al);
+  // vector v of row r summed in rank order 0..n-1, each peer's packet
+  // polled then rearmed
+  auto sum = [&](unsigned r, unsigned v) {
+    Accum<T, 16, OpSum> acc[1];
+    const uint4 own = load_pack<16>(x + (size_t)r * H, v, H, x_al);
     for (int q = 0; q < n; q++) {
+      uint4 d = own;
       if (q != me && ok) {
-        char* p = mine + (size_t)q * a.row_bytes + (r * rvec + v0) * kVec;
-        ok = bounded_wait(
-            [&] {
-              bool all = true;
-#pragma unroll
-              for (int u = 0; u < U; u++)
-                if (v0 + u * bd < rvec)
-                  all &= wire.look(p + (size_t)u * bd * kVec, d[u]);
-              return all;
-            },
-            a, me, n, {SYMNCCL_WAIT_PACKETS, q, wire.flag});
-        if (ok) {
-#pragma unroll
-          for (int u = 0; u < U; u++)
-            if (v0 + u * bd < rvec) W::rearm(p + (size_t)u * bd * kVec);
-        }
+        char* p = mine + (size_t)q * a.row_bytes + ((size_t)r * rvec + v) * kVec;
+        ok = bounded_wait([&] { return wire.look(p, d); }, a, me, n,
+                          {SYMNCCL_WAIT_PACKETS, q, wire.flag});
+        if (ok) Wire::rearm(p);
       }
-#pragma unroll
-      for (int u = 0; u < U; u++)
-        if (v0 + u * bd < rvec) {
-          const uint4 v = q == me ? own[u] : d[u];
-          if (q == 0)
-            acc[u].set(v);
-          else
-            acc[u].fold(v);
-        }
+      if (q == 0)
+        acc[0].set(d);
+      else
+        acc[0].fold(d);
     }
-#pragma unroll
-    for (int u = 0; u < U; u++) s[u] = acc[u].result(SYMNCCL_OP_SUM, n);
+    return acc[0].result(SYMNCCL_OP_SUM, n);
   };
-  int parity = 0;
-  for (size_t r = blockIdx.x; r < rows; r += gridDim.x, parity ^= 1) {
-    uint4 keep[kRmsKeep];
-    sums(r, tid, keep);
-    float ss = 0.f;
-#pragma unroll
-    for (int u = 0; u < kRmsKeep; u++)
-      if (has(u)) {
-        keep[u] = add_residual<T>(keep[u], rk[u]);
-        ss += sum_squares<T>(keep[u]);
-        if (ok) store_pack<16>(out_h + r * H, tid + u * bd, H, aligned, keep[u]);
+  for (unsigned i = 0; i < k.rounds; i++) {
+    const bool live = k.row(i, r);
+    uint4 keep = make_uint4(0, 0, 0, 0);
+    if (live)
+      for (unsigned v = k.w; v < rvec; v += W) {
+        const bool first = v == k.w;   // pass 0: kept
+        const uint4 hv = add_residual<T>(
+            sum(r, v),
+            first ? rk : load_pack<16>(res + (size_t)r * H, v, H, aligned));
+        if (ok) store_pack<16>(out_h + (size_t)r * H, v, H, aligned, hv);
+        if (first) keep = hv;
       }
-    for (size_t v = tid + kRmsKeep * bd; v < rvec; v += bd) {
-      uint4 sv[1];
-      sums(r, v, sv);
-      const uint4 hv = add_residual<T>(
-          sv[0], load_pack<16>(res + r * H, v, H, aligned));
-      ss += sum_squares<T>(hv);
-      if (ok) store_pack<16>(out_h + r * H, v, H, aligned, hv);
-    }
-    const float rstd = rsqrtf(block_sum(ss, s_sum[parity]) / (float)H + a.eps);
+    // in flight during the norm's reduction: my pass-0 weight and the
+    // next round's residual
+    const uint4 wk =
+        mine0 ? load_pack<16>(w, k.w, H, aligned) : make_uint4(0, 0, 0, 0);
+    unsigned rn;
+    if (mine0 && k.row(i + 1, rn))
+      rk = load_pack<16>(res + (size_t)rn * H, k.w, H, aligned);
+    // my h (pass j) and its weight: pass 0's kept, later ones read back
+    auto h_of = [&](int j) {
+      return j == 0 ? keep
+                    : load_pack<16>(out_h + (size_t)r * H, k.w + j * W, H, aligned);
+    };
+    auto w_of = [&](int j) {
+      return j == 0 ? wk : load_pack<16>(w, k.w + j * W, H, aligned);
+    };
+    auto has = [&](int j) { return live && k.w + j * W < rvec; };
+    const float ss = row_reduce(
+        k, [&](int j) { return has(j) ? sum_squares<T>(h_of(j)) : 0.f; },
+        sq, wsum, [](float p, float q) { return p + q; });
+    const float rstd = rsqrtf(ss / (float)H + a.eps);
     if (!__syncthreads_and(ok)) break;
+    const int passes = (int)((rvec + W - 1) / W);
     if constexpr (kQuant) {
-      quantise_row(a, r, rstd, keep, wk, out_h + r * H, s_max[parity]);
+      // the row's scale first (dynamic: a reduction of |y|, y recomputed
+      // from h), then y * (1 / scale): quantise_row's arithmetic
+      float s = a.scale[0];
+      if (a.quant != SYMNCCL_QUANT_STATIC) {
+        const float m = row_reduce(
+            k,
+            [&](int j) {
+              return has(j) ? abs_max<T>(normalise<T>(h_of(j), w_of(j), rstd))
+                            : 0.f;
+            },
+            sq, wsum, [](float p, float q) { return fmaxf(p, q); });
+        s = fmaxf(m / kFp8Max, kFp8MinScale);
+        if (live && k.w == 0) a.scale[r] = s;
+      }
+      const float inv = 1.f / s;
+      uint8_t* qr = static_cast<uint8_t*>(a.out) + (size_t)r * H;
+      const bool q_aligned = (reinterpret_cast<uintptr_t>(a.out) &
+                              (Pack<T, 16>::kElems - 1)) == 0;
+      for (int j = 0; j < passes; j++)
+        if (has(j))
+          store_fp8<T>(qr, k.w + j * W,
+                       normalise<T>(h_of(j), w_of(j), rstd), inv, q_aligned);
     } else {
-#pragma unroll
-      for (int u = 0; u < kRmsKeep; u++)
-        if (has(u))
-          store_pack<16>(out + r * H, tid + u * bd, H, aligned,
-                         normalise<T>(keep[u], wk[u], rstd));
-      for (size_t v = tid + kRmsKeep * bd; v < rvec; v += bd)
-        store_pack<16>(
-            out + r * H, v, H, aligned,
-            normalise<T>(load_pack<16>(out_h + r * H, v, H, aligned),
-                         load_pack<16>(w, v, H, aligned), rstd));
+      for (int j = 0; j < passes; j++)
+        if (has(j))
+          store_pack<16>(out + (size_t)r * H, k.w + j * W, H, aligned,
+                         normalise<T>(h_of(j), w_of(j), rstd));
     }
-    fetch_res(r + gridDim.x);
   }
   end_call(a.epochs, call);
 }
 
 template <typename T, bool kQuant>
-__global__ void __launch_bounds__(512)
+__global__ void __launch_bounds__(SYMNCCL_WIDE_MAX_THREADS)
     ll_rmsnorm(ncclDevComm dc, const __grid_constant__ symnccl_kargs a) {
   rows_on_packets<T, kQuant, VecLL>(dc, a);
 }
 
 template <typename T, bool kQuant>
-__global__ void __launch_bounds__(512)
+__global__ void __launch_bounds__(SYMNCCL_WIDE_MAX_THREADS)
     lamport_rmsnorm(ncclDevComm dc, const __grid_constant__ symnccl_kargs a) {
   rows_on_packets<T, kQuant, VecLamport>(dc, a);
 }

@@ -49,10 +49,12 @@
  *   LL128       the LL128 packet rows
  *   LAMPORT     the fused kernel's Lamport packet rows (they start, and are
  *               left, all ones); LL, LL128 and LAMPORT launch the packet
- *               grid (SYMNCCL_LL_CTAS x SYMNCCL_LL_THREADS)
+ *               grid (SYMNCCL_LL_CTAS x SYMNCCL_LL_THREADS; the fused
+ *               kernels' CTAs are sized for their rows: launch.c,
+ *               row_launches)
  *   LAMPORT_AR  all_reduce's Lamport packet rows, on a grid of its own
  *               (SYMNCCL_LAMPORT_CTAS x SYMNCCL_LAMPORT_THREADS, CTAs
- *               of up to SYMNCCL_LAMPORT_MAX_THREADS)
+ *               of up to SYMNCCL_WIDE_MAX_THREADS)
  *   PUSH        the push region's slots and flags */
 #define SYMNCCL_FAMILIES(X)                                              \
     X(BARRIER, "barrier") X(LL, "ll") X(LL128, "ll128")                  \
@@ -222,6 +224,31 @@ symnccl_kernel_row_of(int k)
         symnccl_kernel_row none = {"?", -1, -1, -1, -1, 0, -1};
         return none;
     }
+}
+
+/* Kernel k, launched with peers (not a.local, which runs add_rmsnorm),
+ * holds whole rows in a CTA of up to SYMNCCL_WIDE_MAX_THREADS, a thread
+ * per 16-byte vector (rmsnorm.cuh, rows_on_packets: ll_rmsnorm,
+ * lamport_rmsnorm); its arithmetic is one_shot_rmsnorm's for the block
+ * a.row_block. */
+static inline int
+symnccl_kernel_wide_rows(int k, int local)
+{
+    const symnccl_kernel_row r = symnccl_kernel_row_of(k);
+    return !local && r.plan == SYMNCCL_PLAN_ROWS &&
+           (r.family == SYMNCCL_FAMILY_LL ||
+            r.family == SYMNCCL_FAMILY_LAMPORT);
+}
+
+/* The largest CTA of kernel k's launch: the wide kernels' (64 registers a
+ * thread: all_reduce's lamport and the wide rows), 512 for the rest. */
+static inline int
+symnccl_kernel_max_threads(int k, int local)
+{
+    return symnccl_kernel_row_of(k).family == SYMNCCL_FAMILY_LAMPORT_AR ||
+                   symnccl_kernel_wide_rows(k, local)
+               ? SYMNCCL_WIDE_MAX_THREADS
+               : 512;
 }
 
 #endif /* SYMNCCL_KERNELS_TABLE_H */

@@ -343,9 +343,19 @@ row_launches(const sn_ar *r, int kernel, sn_err *err)
     a.scale = r->scale;
     /* a quantised y is float8_e4m3fn: a byte per element */
     const size_t out_is = r->quant != SYMNCCL_QUANT_NONE ? 1 : is;
-    const size_t threads = (row_bytes / 16 + 31) / 32 * 32;
-    a.threads = threads > (size_t)c->knobs.lsa_threads ? c->knobs.lsa_threads
-                                                       : (int)threads;
+    /* one_shot_rmsnorm's block: a thread per vector of a row, whole warps,
+     * at most the knob's; the rows' arithmetic is this block's in every
+     * kernel (rmsnorm.cuh) */
+    const size_t whole = (row_bytes / 16 + 31) / 32 * 32;
+    a.row_block = whole > (size_t)c->knobs.lsa_threads ? c->knobs.lsa_threads
+                                                       : (int)whole;
+    a.threads = a.row_block;
+    /* the wide rows (ll_rmsnorm, lamport_rmsnorm): a thread per vector of
+     * a row (at most a CTA of SYMNCCL_WIDE_MAX_THREADS), as many rows at
+     * once as fit the CTA and the launch gives each CTA */
+    const int wide = symnccl_kernel_wide_rows(kernel, !peers);
+    const size_t width = whole < SYMNCCL_WIDE_MAX_THREADS
+                             ? whole : SYMNCCL_WIDE_MAX_THREADS;
     for (size_t done = 0; done < rows; done += chunk) {
         const size_t len = rows - done < chunk ? rows - done : chunk;
         const size_t off = done * row_bytes;
@@ -368,6 +378,11 @@ row_launches(const sn_ar *r, int kernel, sn_err *err)
         }
         if (!packets)   /* the packet families' is fixed */
             a.ctas = grid_rows > (size_t)cap ? cap : (int)grid_rows;
+        if (wide) {
+            const size_t per_cta = (len + (size_t)a.ctas - 1) / (size_t)a.ctas;
+            const size_t fit = SYMNCCL_WIDE_MAX_THREADS / width;
+            a.threads = (int)(width * (per_cta < fit ? per_cta : fit));
+        }
         a.mid_win = a.win;
         a.mid_offset = len * row_bytes;
         if (launch(r, &a, err) < 0)

@@ -677,7 +677,7 @@ static const knob knobs[] = {
      SN_MAX_CTAS, 1, "grid of all_reduce's lamport (fixed per "
      "communicator)"},
     {"SYMNCCL_LAMPORT_THREADS", offsetof(sn_knobs, lamport_threads),
-     SYMNCCL_LAMPORT_MAX_THREADS, 32, SYMNCCL_LAMPORT_MAX_THREADS, 32,
+     SYMNCCL_WIDE_MAX_THREADS, 32, SYMNCCL_WIDE_MAX_THREADS, 32,
      "threads per CTA of all_reduce's lamport"},
     {"SYMNCCL_LL_TWO_SHOT_KIB", offsetof(sn_knobs, ll_two_shot_kib), 128, 0,
      1 << 20, 1, "ll's two-shot from this size on 3+ ranks (0: at every size, on "
