@@ -222,11 +222,12 @@ def test_every_dtype_and_shape_against_float64(monkeypatch, nranks):
 @pytest.mark.gpu
 @pytest.mark.parametrize("threads", [64, 256])
 def test_wide_rows_keep_one_shot_order_for_any_block(monkeypatch, threads):
-    """ll_rmsnorm and lamport_rmsnorm hold a row's vectors one a thread,
-    several rows a CTA, and fold a row's sums in the order of
-    one_shot_rmsnorm's block: with a smaller block (SYMNCCL_THREADS) a
-    block thread owns several vectors of a row, in one pass (H 4096) and in
-    several (H 16384), and the bits are still one_shot's."""
+    """ll_rmsnorm and lamport_rmsnorm take one_shot_rmsnorm's block for a
+    row and hold several rows a CTA where a row is one pass: with smaller
+    blocks (SYMNCCL_THREADS) a thread owns many vectors of a row (H 4096,
+    16384: kept, then read back from out_h), and H 1000 at 256 threads
+    puts 8 rows in a CTA of 1024 (300 rows on 32 CTAs); the bits are still
+    one_shot's."""
     torch = _torch()
     monkeypatch.setenv("SYMNCCL_THREADS", str(threads))
     team = _team(monkeypatch, 2)
@@ -234,7 +235,7 @@ def test_wide_rows_keep_one_shot_order_for_any_block(monkeypatch, threads):
     wrong, launches = [], []
     try:
         for dtype in ("float32", "bfloat16"):
-            for T, H in [(5, 4096), (2, 16384), (70, 1000)]:
+            for T, H in [(5, 4096), (2, 16384), (300, 1000)]:
                 xs, res, w = _inputs(torch, 2, T, H, dtype, seed=T + H)
                 got = {}
                 for algo in ("one_shot", "ll", "lamport"):

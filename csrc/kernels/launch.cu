@@ -192,17 +192,15 @@ cudaError_t launch(const symnccl_kargs* a, cudaStream_t stream) {
         (a->quant != SYMNCCL_QUANT_NONE ||
          (!a->local && a->mid_win == nullptr)))))
     return cudaErrorInvalidValue;
-  // the wide rows: one_shot_rmsnorm's block (whole warps, <= 512, no more
-  // than the row's vectors rounded up to a warp), and at least a row's
-  // threads (or the whole CTA) a row
-  if (symnccl_kernel_wide_rows(a->kernel, a->local)) {
-    const size_t whole =
-        (a->row_len / (16 / kItemsize[a->dtype]) + 31) / 32 * 32;
+  // row groups: one_shot_rmsnorm's block (whole warps, <= 512, no more
+  // than the row's vectors rounded up to a warp), whole groups a CTA, and
+  // a wide CTA's rows of one pass (rmsnorm.cuh, rows_on_packets)
+  if (symnccl_kernel_row_groups(a->kernel, a->local)) {
+    const size_t rvec = a->row_len / (16 / kItemsize[a->dtype]);
     if (a->row_block < 32 || a->row_block > 512 || a->row_block % 32 != 0 ||
-        (size_t)a->row_block > whole ||
-        (size_t)a->threads <
-            (whole < SYMNCCL_WIDE_MAX_THREADS ? whole
-                                              : SYMNCCL_WIDE_MAX_THREADS))
+        (size_t)a->row_block > (rvec + 31) / 32 * 32 ||
+        a->threads % a->row_block != 0 ||
+        (a->threads > 512 && rvec > (size_t)a->row_block))
       return cudaErrorInvalidValue;
   }
   if (k.unit == SYMNCCL_UNIT_MULTIMEM)

@@ -426,15 +426,14 @@ __global__ void __launch_bounds__(512)
 // that waits in turn (every CTA's packets are out before its first wait).
 // Slots, flags and call counters are the LL family's: the grid is the
 // family's fixed grid (SYMNCCL_LL_CTAS), every CTA counts every call, rows
-// go round the CTAs. The CTA is wide (RowGroups): a thread per vector of a
-// row, up to SYMNCCL_WIDE_MAX_THREADS threads (64 registers a thread, so
-// a CTA takes at most one SM, as a 512-thread CTA of 128), holding as
-// many rows at once as fit; the rows' arithmetic stays one_shot_rmsnorm's
-// for its block (a.row_block, derived from H), whose order row_reduce
-// keeps. A wait that gave up leaves this thread's `ok` down: it stores no
-// h after it, and the CTA stores no y for the row. kQuant: a.quant, a
-// kernel of its own (as add_rmsnorm's), so the plain kernel carries no
-// FP8 code.
+// go round the CTAs. A row takes one_shot_rmsnorm's block (a.row_block, a
+// thread per vector, derived from H), so its arithmetic is that block's;
+// where a row is one pass (a vector a thread), a CTA holds several rows at
+// once (RowGroups), up to SYMNCCL_WIDE_MAX_THREADS threads of 64 registers
+// (kWide: a CTA still takes one SM, as 512 threads of 128 do). A wait
+// that gave up leaves this thread's `ok` down: it stores no h after it,
+// and the CTA stores no y for the row. kQuant: a.quant, a kernel of its
+// own (as add_rmsnorm's), so the plain kernel carries no FP8 code.
 // lamport_rmsnorm: the same rows as Lamport packets (packet.cuh), a vector
 // one 16-byte packet with no flag, in the Lamport region, on its family's
 // slots and counters: the link carries the rows once, not twice; float32,
@@ -443,9 +442,9 @@ __global__ void __launch_bounds__(512)
 // VecLamport).
 // Requirements:
 // rows * H * sizeof(T) <= row_bytes / 2 (ll; lamport: row_bytes);
-// row_block as launch.cu checks it (whole warps, <= 512, <= the row's
-// vectors rounded up to a warp) and a CTA of at least a row's threads (or
-// SYMNCCL_WIDE_MAX_THREADS); the rest as one_shot_rmsnorm's.
+// row_block and the CTA as launch.cu checks them (whole warps, <= 512, <=
+// the row's vectors rounded up to a warp; whole groups; the wide CTA's
+// rows one pass); the rest as one_shot_rmsnorm's.
 
 // A row's 16-byte vector on the wire: send() it to a peer's slot at p,
 // look() once whether the vector at p has landed (d: its data), rearm()
@@ -488,19 +487,15 @@ struct VecLamport {   // one Lamport packet
   __device__ static void rearm(char* p) { Lamport::rearm(p); }
 };
 
-// The rows of one CTA of the wide kernels (ll_rmsnorm, lamport_rmsnorm)
-// and this thread's place in them. Every vector of a row is a thread's: a
-// row takes W threads (its vectors rounded up to a warp, at most the CTA;
-// a longer row's thread takes vectors w, w + W, ... in passes), and the
-// CTA holds G = blockDim.x / W rows at once, group g of W threads a row.
-// CTA b's rows are b, b + grid, ... (as every other kernel's); group g
-// takes the CTA's rows g, g + G, ..., one per round. The arithmetic is
-// one_shot_rmsnorm's for its block of bd threads (a.row_block), which a
-// row's reductions keep (row_reduce).
-struct RowGroups {   // (32-bit: the kernel's registers are 64)
+// The rows of one CTA of ll_rmsnorm and lamport_rmsnorm, and this
+// thread's place in them. A row takes bd threads (a.row_block), thread w
+// its vectors w, w + bd, ... as in one_shot_rmsnorm; a CTA of G * bd
+// threads holds G rows at once, group g a row. CTA b's rows are b, b +
+// grid, ... (as every other kernel's); group g takes the CTA's rows g, g +
+// G, ..., one a round. 32 bits: a launch's rows fit its packet region.
+struct RowGroups {
   unsigned rvec;     // vectors of a row
-  unsigned W, G;     // threads a row, rows at once
-  unsigned bd;       // one_shot_rmsnorm's block: the arithmetic's
+  unsigned bd, G;    // threads a row, rows at once
   unsigned g, w;     // my group, my thread in it (g >= G: no row)
   unsigned rows;     // this CTA's rows
   unsigned rounds;   // ceil(rows / G), the same on every thread
@@ -509,67 +504,54 @@ struct RowGroups {   // (32-bit: the kernel's registers are 64)
                                  size_t rvec) {
     RowGroups k;
     k.rvec = (unsigned)rvec;
-    const unsigned whole = (k.rvec + 31) / 32 * 32;  // whole warps
-    k.W = whole < blockDim.x ? whole : blockDim.x;
-    k.G = blockDim.x / k.W;
     k.bd = (unsigned)a.row_block;
-    k.g = threadIdx.x / k.W;
-    k.w = threadIdx.x % k.W;
+    k.G = blockDim.x / k.bd;
+    k.g = threadIdx.x / k.bd;
+    k.w = threadIdx.x % k.bd;
     k.rows = rows_all > blockIdx.x
                  ? (unsigned)((rows_all - blockIdx.x - 1) / gridDim.x + 1)
                  : 0;
     k.rounds = (k.rows + k.G - 1) / k.G;
     return k;
   }
-  // my group's row of round i, if it has one (a launch's rows fit its
-  // packet region: 32 bits)
+  // my group's row of round i, if it has one
   __device__ bool row(unsigned i, unsigned& r) const {
     const unsigned j = i * G + g;
     r = blockIdx.x + j * gridDim.x;
     return g < G && j < rows;
   }
+  // my vector of pass u exists
+  __device__ bool has(unsigned u) const { return w + u * bd < rvec; }
 };
 
-// op over one float per vector of my group's row, folded in the order of
-// one_shot_rmsnorm's block_reduce over its bd threads: thread t folds its
-// vectors t, t + bd, ... from 0, then the lanes by xor shuffles, then the
-// warps 0..bd/32-1 from 0; every thread of the group gets those bits.
-// value(j): my float for my vector of pass j (w + j W), 0 where I have
-// none. sq: blockDim.x floats; wsum: blockDim.x / 32. Every thread of the
-// CTA calls it (it syncs the CTA).
-template <typename Op, typename F>
-__device__ __forceinline__ float row_reduce(const RowGroups& k, F value,
-                                            float* sq, float* wsum, Op op) {
-  float acc = 0.f;
-  if (k.rvec <= k.bd) {   // a vector a thread: thread w's is mine
-    acc = op(acc, value(0));
-  } else {                // thread w's vectors pass by pass, in order
-    for (unsigned lo = 0; lo < k.rvec; lo += k.W) {
-      sq[threadIdx.x] = value((int)(lo / k.W));
-      __syncthreads();
-      if (k.g < k.G && k.w < k.bd)
-        for (unsigned v = k.w; v < k.rvec && v < lo + k.W; v += k.bd)
-          if (v >= lo) acc = op(acc, sq[k.g * k.W + (v - lo)]);
-      __syncthreads();
-    }
-  }
+// op over my group's threads' floats, in block_reduce's order for a block
+// of bd threads (lanes by xor shuffles, then warps 0..bd/32-1 from 0):
+// every thread of the group gets the same bits. buf: a float per warp of
+// the CTA. Every thread of the CTA calls it (one __syncthreads).
+template <typename Op>
+__device__ __forceinline__ float group_reduce(const RowGroups& k, float v,
+                                              float* buf, Op op) {
 #pragma unroll
   for (int m = 16; m > 0; m >>= 1)
-    acc = op(acc, __shfl_xor_sync(0xffffffffu, acc, m));
-  if ((threadIdx.x & 31) == 0) wsum[threadIdx.x >> 5] = acc;
+    v = op(v, __shfl_xor_sync(0xffffffffu, v, m));
+  if ((threadIdx.x & 31) == 0) buf[threadIdx.x >> 5] = v;
   __syncthreads();
   float s = 0.f;
   if (k.g < k.G)
     for (unsigned m = 0; m < k.bd / 32; m++)
-      s = op(s, wsum[k.g * k.W / 32 + m]);
+      s = op(s, buf[k.g * k.bd / 32 + m]);
   return s;
 }
 
-template <typename T, bool kQuant, typename Wire>
+// kWide: the wide CTA (64 registers a thread), whose rows are one pass
+// (a vector a thread: launch.cu checks rvec <= bd), kept in registers;
+// else 512 threads of 128 registers keep kRmsKeep vectors of h a thread
+// and read the rest back from out_h.
+template <typename T, bool kQuant, typename Wire, bool kWide>
 __device__ __forceinline__ void rows_on_packets(
     ncclDevComm dc, const symnccl_kargs& a) {
-  __shared__ float sq[SYMNCCL_WIDE_MAX_THREADS];
-  __shared__ float wsum[SYMNCCL_WIDE_MAX_THREADS / 32];
+  __shared__ float s_sum[SYMNCCL_WIDE_MAX_THREADS / 32];
+  __shared__ float s_max[SYMNCCL_WIDE_MAX_THREADS / 32];
   const int n = dc.lsaSize, me = dc.lsaRank;
   uint64_t epoch;
   if (!enter_cta(a, me, n, epoch)) return;
@@ -582,7 +564,10 @@ __device__ __forceinline__ void rows_on_packets(
   T* out_h = static_cast<T*>(a.out_h);
   const unsigned H = (unsigned)a.row_len;  // within a packet row
   const RowGroups k = RowGroups::of(a, a.count / H, H / Pack<T, 16>::kElems);
-  const unsigned rvec = k.rvec, W = k.W;
+  const unsigned rvec = k.rvec, bd = k.bd;
+  constexpr int kKeep = kWide ? 1 : kRmsKeep;
+  // my vectors past the kept ones: from v on, while rvec
+  const unsigned past = kWide ? rvec : k.w + kKeep * bd;
   const bool x_al = (reinterpret_cast<uintptr_t>(x) & 15) == 0;
   const bool aligned =
       ((reinterpret_cast<uintptr_t>(res) | reinterpret_cast<uintptr_t>(w) |
@@ -590,130 +575,180 @@ __device__ __forceinline__ void rows_on_packets(
        15) == 0;
   constexpr size_t kVec = Wire::kBytes;  // a vector's bytes on the wire
   const Peers slot = Peers::of(a.region_win, call.slot_off);
-  const bool mine0 = k.w < rvec;  // I have a vector in pass 0
 
-  // the first round's residual, in flight during the trip
-  uint4 rk = make_uint4(0, 0, 0, 0);
+  // what does not come from peers, in flight during the trip: the kept
+  // vectors' weights (the same every row: into shared memory, read by
+  // every group at its y) and the first round's residual
+  __shared__ uint4 s_w[kKeep * 512];
+  uint4 rk[kKeep];
   unsigned r;
-  if (mine0 && k.row(0, r)) rk = load_pack<16>(res + (size_t)r * H, k.w, H, aligned);
+  auto fetch_res = [&](unsigned i) {
+    unsigned ri;
+    if (k.row(i, ri))
+#pragma unroll
+      for (int u = 0; u < kKeep; u++)
+        if (k.has(u))
+          rk[u] = load_pack<16>(res + (size_t)ri * H, k.w + u * bd, H,
+                                aligned);
+  };
+  if (k.g == 0)
+#pragma unroll
+    for (int u = 0; u < kKeep; u++)
+      if (k.has(u))
+        s_w[u * bd + k.w] = load_pack<16>(w, k.w + u * bd, H, aligned);
+  fetch_res(0);
 
   // my rows' vectors into row `me` of every peer's slot, all before any
   // wait
   const Peers to = slot.at((size_t)me * a.row_bytes);
   for (unsigned i = 0; i < k.rounds; i++)
     if (k.row(i, r))
-      for (unsigned v = k.w; v < rvec; v += W) {
+      for (unsigned v = k.w; v < rvec; v += bd) {
         const uint4 d = load_pack<16>(x + (size_t)r * H, v, H, x_al);
         for (int q = 0; q < n; q++)
           if (q != me)
             wire.template send<T>(to(q) + ((size_t)r * rvec + v) * kVec, d);
       }
 
-  // Each round: my group's row reduced in rank order as its packets land
-  // (h = sum + residual, stored as it is made), then normalised with
-  // one_shot_rmsnorm's arithmetic (row_reduce: its order) and add_rmsnorm's
-  // y stores. Pass 0's h stays in registers; later passes' are read back
-  // from out_h. A thread whose wait gave up stores no more h; the CTA
-  // stores no y for the row (__syncthreads_and).
+  // Each round: my group's row reduced in rank order as its packets land,
+  // then normalised: rmsnorm_body's row loop, the same arithmetic in the
+  // same order, and add_rmsnorm's y stores (kept apart: a helper shared
+  // with rmsnorm_body made ptxas spill one_shot_rmsnorm's float32 unit,
+  // one shared with add_rmsnorm its float16 unit: 16 bytes each way). A
+  // thread whose wait gave up stores no more h; the CTA stores no y for
+  // the row (__syncthreads_and).
   char* mine = slot(me);
   bool ok = true;
-  // vector v of row r summed in rank order 0..n-1, each peer's packet
-  // polled then rearmed
-  auto sum = [&](unsigned r, unsigned v) {
-    Accum<T, 16, OpSum> acc[1];
-    const uint4 own = load_pack<16>(x + (size_t)r * H, v, H, x_al);
+  // the sums of U vectors of row r, v0 + u * bd: a peer's U vectors
+  // polled in one wait (then rearmed), ranks folded in order 0..n-1
+  auto sums = [&](unsigned r, unsigned v0, auto& s) {
+    constexpr int U = sizeof(s) / sizeof(s[0]);
+    Accum<T, 16, OpSum> acc[U];
+    uint4 own[U], d[U];
+#pragma unroll
+    for (int u = 0; u < U; u++)
+      if (v0 + u * bd < rvec)
+        own[u] = load_pack<16>(x + (size_t)r * H, v0 + u * bd, H, x_al);
     for (int q = 0; q < n; q++) {
-      uint4 d = own;
       if (q != me && ok) {
-        char* p = mine + (size_t)q * a.row_bytes + ((size_t)r * rvec + v) * kVec;
-        ok = bounded_wait([&] { return wire.look(p, d); }, a, me, n,
-                          {SYMNCCL_WAIT_PACKETS, q, wire.flag});
-        if (ok) Wire::rearm(p);
+        char* p = mine + (size_t)q * a.row_bytes +
+                  ((size_t)r * rvec + v0) * kVec;
+        ok = bounded_wait(
+            [&] {
+              bool all = true;
+#pragma unroll
+              for (int u = 0; u < U; u++)
+                if (v0 + u * bd < rvec)
+                  all &= wire.look(p + (size_t)u * bd * kVec, d[u]);
+              return all;
+            },
+            a, me, n, {SYMNCCL_WAIT_PACKETS, q, wire.flag});
+        if (ok) {
+#pragma unroll
+          for (int u = 0; u < U; u++)
+            if (v0 + u * bd < rvec) Wire::rearm(p + (size_t)u * bd * kVec);
+        }
       }
-      if (q == 0)
-        acc[0].set(d);
-      else
-        acc[0].fold(d);
+#pragma unroll
+      for (int u = 0; u < U; u++)
+        if (v0 + u * bd < rvec) {
+          const uint4 v = q == me ? own[u] : d[u];
+          if (q == 0)
+            acc[u].set(v);
+          else
+            acc[u].fold(v);
+        }
     }
-    return acc[0].result(SYMNCCL_OP_SUM, n);
+#pragma unroll
+    for (int u = 0; u < U; u++) s[u] = acc[u].result(SYMNCCL_OP_SUM, n);
   };
   for (unsigned i = 0; i < k.rounds; i++) {
     const bool live = k.row(i, r);
-    uint4 keep = make_uint4(0, 0, 0, 0);
-    if (live)
-      for (unsigned v = k.w; v < rvec; v += W) {
-        const bool first = v == k.w;   // pass 0: kept
+    uint4 keep[kKeep];
+    float ss = 0.f;
+    if (live) {
+      sums(r, k.w, keep);
+#pragma unroll
+      for (int u = 0; u < kKeep; u++)
+        if (k.has(u)) {
+          keep[u] = add_residual<T>(keep[u], rk[u]);
+          ss += sum_squares<T>(keep[u]);
+          if (ok)
+            store_pack<16>(out_h + (size_t)r * H, k.w + u * bd, H, aligned,
+                           keep[u]);
+        }
+      for (unsigned v = past; v < rvec; v += bd) {
+        uint4 sv[1];
+        sums(r, v, sv);
         const uint4 hv = add_residual<T>(
-            sum(r, v),
-            first ? rk : load_pack<16>(res + (size_t)r * H, v, H, aligned));
+            sv[0], load_pack<16>(res + (size_t)r * H, v, H, aligned));
+        ss += sum_squares<T>(hv);
         if (ok) store_pack<16>(out_h + (size_t)r * H, v, H, aligned, hv);
-        if (first) keep = hv;
       }
-    // in flight during the norm's reduction: my pass-0 weight and the
-    // next round's residual
-    const uint4 wk =
-        mine0 ? load_pack<16>(w, k.w, H, aligned) : make_uint4(0, 0, 0, 0);
-    unsigned rn;
-    if (mine0 && k.row(i + 1, rn))
-      rk = load_pack<16>(res + (size_t)rn * H, k.w, H, aligned);
-    // my h (pass j) and its weight: pass 0's kept, later ones read back
-    auto h_of = [&](int j) {
-      return j == 0 ? keep
-                    : load_pack<16>(out_h + (size_t)r * H, k.w + j * W, H, aligned);
-    };
-    auto w_of = [&](int j) {
-      return j == 0 ? wk : load_pack<16>(w, k.w + j * W, H, aligned);
-    };
-    auto has = [&](int j) { return live && k.w + j * W < rvec; };
-    const float ss = row_reduce(
-        k, [&](int j) { return has(j) ? sum_squares<T>(h_of(j)) : 0.f; },
-        sq, wsum, [](float p, float q) { return p + q; });
-    const float rstd = rsqrtf(ss / (float)H + a.eps);
+    }
+    fetch_res(i + 1);   // in flight during the norm
+    const float rstd =
+        rsqrtf(group_reduce(k, ss, s_sum, [](float p, float q) {
+                 return p + q;
+               }) / (float)H + a.eps);
     if (!__syncthreads_and(ok)) break;
-    const int passes = (int)((rvec + W - 1) / W);
+    // y of my vectors: the kept ones from registers, the rest from h read
+    // back
+    auto each_y = [&](auto&& f) {
+#pragma unroll
+      for (int u = 0; u < kKeep; u++)
+        if (live && k.has(u))
+          f(k.w + u * bd, normalise<T>(keep[u], s_w[u * bd + k.w], rstd));
+      if (live)
+        for (unsigned v = past; v < rvec; v += bd)
+          f(v, normalise<T>(
+                   load_pack<16>(out_h + (size_t)r * H, v, H, aligned),
+                   load_pack<16>(w, v, H, aligned), rstd));
+    };
     if constexpr (kQuant) {
       // the row's scale first (dynamic: a reduction of |y|, y recomputed
       // from h), then y * (1 / scale): quantise_row's arithmetic
-      float s = a.scale[0];
-      if (a.quant != SYMNCCL_QUANT_STATIC) {
-        const float m = row_reduce(
-            k,
-            [&](int j) {
-              return has(j) ? abs_max<T>(normalise<T>(h_of(j), w_of(j), rstd))
-                            : 0.f;
-            },
-            sq, wsum, [](float p, float q) { return fmaxf(p, q); });
-        s = fmaxf(m / kFp8Max, kFp8MinScale);
+      float s;
+      if (a.quant == SYMNCCL_QUANT_STATIC) {
+        s = a.scale[0];
+      } else {
+        float m = 0.f;
+        each_y([&](unsigned, uint4 y) { m = fmaxf(m, abs_max<T>(y)); });
+        s = fmaxf(group_reduce(k, m, s_max,
+                               [](float p, float q) { return fmaxf(p, q); }) /
+                      kFp8Max,
+                  kFp8MinScale);
         if (live && k.w == 0) a.scale[r] = s;
       }
       const float inv = 1.f / s;
       uint8_t* qr = static_cast<uint8_t*>(a.out) + (size_t)r * H;
       const bool q_aligned = (reinterpret_cast<uintptr_t>(a.out) &
                               (Pack<T, 16>::kElems - 1)) == 0;
-      for (int j = 0; j < passes; j++)
-        if (has(j))
-          store_fp8<T>(qr, k.w + j * W,
-                       normalise<T>(h_of(j), w_of(j), rstd), inv, q_aligned);
+      each_y([&](unsigned v, uint4 y) {
+        store_fp8<T>(qr, v, y, inv, q_aligned);
+      });
     } else {
-      for (int j = 0; j < passes; j++)
-        if (has(j))
-          store_pack<16>(out + (size_t)r * H, k.w + j * W, H, aligned,
-                         normalise<T>(h_of(j), w_of(j), rstd));
+      each_y([&](unsigned v, uint4 y) {
+        store_pack<16>(out + (size_t)r * H, v, H, aligned, y);
+      });
     }
   }
   end_call(a.epochs, call);
 }
 
-template <typename T, bool kQuant>
-__global__ void __launch_bounds__(SYMNCCL_WIDE_MAX_THREADS)
+// kWide: the wide CTA (rows of one pass, several a CTA), else 512 threads
+// of 128 registers (a row a CTA). The host picks by the CTA it sizes
+// (launch.c, row_launches); the entry by a.threads (table.h).
+template <typename T, bool kQuant, bool kWide>
+__global__ void __launch_bounds__(kWide ? SYMNCCL_WIDE_MAX_THREADS : 512)
     ll_rmsnorm(ncclDevComm dc, const __grid_constant__ symnccl_kargs a) {
-  rows_on_packets<T, kQuant, VecLL>(dc, a);
+  rows_on_packets<T, kQuant, VecLL, kWide>(dc, a);
 }
 
-template <typename T, bool kQuant>
-__global__ void __launch_bounds__(SYMNCCL_WIDE_MAX_THREADS)
+template <typename T, bool kQuant, bool kWide>
+__global__ void __launch_bounds__(kWide ? SYMNCCL_WIDE_MAX_THREADS : 512)
     lamport_rmsnorm(ncclDevComm dc, const __grid_constant__ symnccl_kargs a) {
-  rows_on_packets<T, kQuant, VecLamport>(dc, a);
+  rows_on_packets<T, kQuant, VecLamport, kWide>(dc, a);
 }
 
 // ll128_rmsnorm: ll_rmsnorm's rows in LL128 lines (packet.cuh): the link

@@ -164,7 +164,11 @@ enum { SYMNCCL_UNITS(SYMNCCL_UNIT_ENUM_) SYMNCCL_UNIT_COUNT };
       (a.local ? add_rmsnorm<T, false> : two_shot_rmsnorm<T>))               \
     X(LL_RMSNORM, "ll_rmsnorm", ALL_REDUCE_RMSNORM, LL, ONE, LL, ROWS, 0,   \
       FLOAT,                                                                 \
-      (!a.local  ? (a.quant ? ll_rmsnorm<T, true> : ll_rmsnorm<T, false>)   \
+      (!a.local  ? (a.threads > 512                                         \
+                        ? (a.quant ? ll_rmsnorm<T, true, true>               \
+                                   : ll_rmsnorm<T, false, true>)             \
+                        : (a.quant ? ll_rmsnorm<T, true, false>              \
+                                   : ll_rmsnorm<T, false, false>))           \
        : a.quant ? add_rmsnorm<T, true>                                      \
                  : add_rmsnorm<T, false>))                                   \
     X(LL128_RMSNORM, "ll128_rmsnorm", ALL_REDUCE_RMSNORM, LL128, ONE,     \
@@ -175,8 +179,11 @@ enum { SYMNCCL_UNITS(SYMNCCL_UNIT_ENUM_) SYMNCCL_UNIT_COUNT };
                  : add_rmsnorm<T, false>))                                   \
     X(LAMPORT_RMSNORM, "lamport_rmsnorm", ALL_REDUCE_RMSNORM, LAMPORT, ONE, \
       LAMPORT, ROWS, 0, FLOAT,                                               \
-      (!a.local  ? (a.quant ? lamport_rmsnorm<T, true>                       \
-                            : lamport_rmsnorm<T, false>)                     \
+      (!a.local  ? (a.threads > 512                                         \
+                        ? (a.quant ? lamport_rmsnorm<T, true, true>          \
+                                   : lamport_rmsnorm<T, false, true>)        \
+                        : (a.quant ? lamport_rmsnorm<T, true, false>         \
+                                   : lamport_rmsnorm<T, false, false>))      \
        : a.quant ? add_rmsnorm<T, true>                                      \
                  : add_rmsnorm<T, false>))                                   \
     X(PUSH_ALL_TO_ALL, "push_all_to_all", ALL_TO_ALL, PUSH, ONE, PUSH,       \
@@ -227,12 +234,12 @@ symnccl_kernel_row_of(int k)
 }
 
 /* Kernel k, launched with peers (not a.local, which runs add_rmsnorm),
- * holds whole rows in a CTA of up to SYMNCCL_WIDE_MAX_THREADS, a thread
- * per 16-byte vector (rmsnorm.cuh, rows_on_packets: ll_rmsnorm,
- * lamport_rmsnorm); its arithmetic is one_shot_rmsnorm's for the block
- * a.row_block. */
+ * holds whole rows in groups of a.row_block threads (one_shot_rmsnorm's
+ * block), as many a CTA as the host sizes it for: up to
+ * SYMNCCL_WIDE_MAX_THREADS threads where a row is one pass (rmsnorm.cuh,
+ * rows_on_packets: ll_rmsnorm, lamport_rmsnorm). */
 static inline int
-symnccl_kernel_wide_rows(int k, int local)
+symnccl_kernel_row_groups(int k, int local)
 {
     const symnccl_kernel_row r = symnccl_kernel_row_of(k);
     return !local && r.plan == SYMNCCL_PLAN_ROWS &&
@@ -241,12 +248,12 @@ symnccl_kernel_wide_rows(int k, int local)
 }
 
 /* The largest CTA of kernel k's launch: the wide kernels' (64 registers a
- * thread: all_reduce's lamport and the wide rows), 512 for the rest. */
+ * thread: all_reduce's lamport, the row groups), 512 for the rest. */
 static inline int
 symnccl_kernel_max_threads(int k, int local)
 {
     return symnccl_kernel_row_of(k).family == SYMNCCL_FAMILY_LAMPORT_AR ||
-                   symnccl_kernel_wide_rows(k, local)
+                   symnccl_kernel_row_groups(k, local)
                ? SYMNCCL_WIDE_MAX_THREADS
                : 512;
 }

@@ -350,12 +350,11 @@ row_launches(const sn_ar *r, int kernel, sn_err *err)
     a.row_block = whole > (size_t)c->knobs.lsa_threads ? c->knobs.lsa_threads
                                                        : (int)whole;
     a.threads = a.row_block;
-    /* the wide rows (ll_rmsnorm, lamport_rmsnorm): a thread per vector of
-     * a row (at most a CTA of SYMNCCL_WIDE_MAX_THREADS), as many rows at
-     * once as fit the CTA and the launch gives each CTA */
-    const int wide = symnccl_kernel_wide_rows(kernel, !peers);
-    const size_t width = whole < SYMNCCL_WIDE_MAX_THREADS
-                             ? whole : SYMNCCL_WIDE_MAX_THREADS;
+    /* row groups (ll_rmsnorm, lamport_rmsnorm): where a row is one pass
+     * (a vector a thread), a CTA holds as many rows at once as the launch
+     * gives it, up to SYMNCCL_WIDE_MAX_THREADS threads */
+    const int groups = symnccl_kernel_row_groups(kernel, !peers) &&
+                       row_bytes / 16 <= (size_t)a.row_block;
     for (size_t done = 0; done < rows; done += chunk) {
         const size_t len = rows - done < chunk ? rows - done : chunk;
         const size_t off = done * row_bytes;
@@ -378,10 +377,10 @@ row_launches(const sn_ar *r, int kernel, sn_err *err)
         }
         if (!packets)   /* the packet families' is fixed */
             a.ctas = grid_rows > (size_t)cap ? cap : (int)grid_rows;
-        if (wide) {
+        if (groups) {
             const size_t per_cta = (len + (size_t)a.ctas - 1) / (size_t)a.ctas;
-            const size_t fit = SYMNCCL_WIDE_MAX_THREADS / width;
-            a.threads = (int)(width * (per_cta < fit ? per_cta : fit));
+            const size_t fit = SYMNCCL_WIDE_MAX_THREADS / (size_t)a.row_block;
+            a.threads = a.row_block * (int)(per_cta < fit ? per_cta : fit);
         }
         a.mid_win = a.win;
         a.mid_offset = len * row_bytes;
