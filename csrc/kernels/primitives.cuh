@@ -9,9 +9,6 @@
 //                     whether the communicator has failed (Entry)
 //   load_pack /       tail-safe 8- and 16-byte packs of a T array of any
 //   store_pack        alignment and length
-//   shared_pack /     a 16-byte pack into shared memory with no register
-//   shared_wait       held (cp.async), and the wait for this thread's
-//                     copies
 //   Peers             a window region on every rank of the LSA team, world
 //                     size a run-time value
 //   Accum             one pack's accumulators in the fixed rank order
@@ -324,30 +321,6 @@ __device__ __forceinline__ Raw<P> load_pack(const T* p, size_t i,
   for (int k = 0; k < E; k++)
     if (i * E + k < count) v.t[k] = p[i * E + k];
   return v.raw;
-}
-
-// 16-byte pack i of p into *dst (shared memory) while the thread goes on:
-// an asynchronous copy (cp.async) where p is aligned and the pack whole,
-// which holds no register and no thread until shared_wait; else a load
-// and a store. The copy is another thread's to read only after this
-// thread's shared_wait and a barrier.
-template <typename T>
-__device__ __forceinline__ void shared_pack(uint4* dst, const T* p, size_t i,
-                                            size_t count, bool aligned) {
-  constexpr int E = Pack<T, 16>::kElems;
-  if (aligned && (i + 1) * E <= count) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(
-                     (unsigned)__cvta_generic_to_shared(dst)),
-                 "l"(p + i * E)
-                 : "memory");
-    return;
-  }
-  *dst = load_pack<16>(p, i, count, false);
-}
-
-// Until this thread's shared_pack copies have landed.
-__device__ __forceinline__ void shared_wait() {
-  asm volatile("cp.async.wait_all;" ::: "memory");
 }
 
 // Writes the elements of pack i that lie before `count`.

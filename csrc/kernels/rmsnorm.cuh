@@ -577,11 +577,11 @@ __device__ __forceinline__ void rows_on_packets(
   const Peers slot = Peers::of(a.region_win, call.slot_off);
 
   // what does not come from peers, in flight during the sends and the
-  // trip: the kept vectors' weights (the same every row: group 0 copies
-  // them into shared memory, holding no register, and every group reads
-  // them at its y) and the first round's residual
+  // trip: the kept vectors' weights (the same every row; group 0 stores
+  // them into shared memory after its sends, every group reads them at
+  // its y) and the first round's residual
   __shared__ uint4 s_w[kKeep * 512];
-  uint4 rk[kKeep];
+  uint4 wk[kKeep], rk[kKeep];
   unsigned r;
   auto fetch_res = [&](unsigned i) {
     unsigned ri;
@@ -595,8 +595,7 @@ __device__ __forceinline__ void rows_on_packets(
   if (k.g == 0)
 #pragma unroll
     for (int u = 0; u < kKeep; u++)
-      if (k.has(u))
-        shared_pack(&s_w[u * bd + k.w], w, k.w + u * bd, H, aligned);
+      if (k.has(u)) wk[u] = load_pack<16>(w, k.w + u * bd, H, aligned);
   fetch_res(0);
 
   // my rows' vectors into row `me` of every peer's slot, all before any
@@ -610,6 +609,10 @@ __device__ __forceinline__ void rows_on_packets(
           if (q != me)
             wire.template send<T>(to(q) + ((size_t)r * rvec + v) * kVec, d);
       }
+  if (k.g == 0)
+#pragma unroll
+    for (int u = 0; u < kKeep; u++)
+      if (k.has(u)) s_w[u * bd + k.w] = wk[u];
 
   // Each round: my group's row reduced in rank order as its packets land,
   // then normalised: rmsnorm_body's row loop, the same arithmetic in the
@@ -688,7 +691,6 @@ __device__ __forceinline__ void rows_on_packets(
       }
     }
     fetch_res(i + 1);   // in flight during the norm
-    shared_wait();      // my weights' copies: the barrier below shows them
     const float rstd =
         rsqrtf(group_reduce(k, ss, s_sum, [](float p, float q) {
                  return p + q;
