@@ -221,7 +221,7 @@ def test_every_dtype_and_shape_against_float64(monkeypatch, nranks):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("threads", [64, 256])
-def test_wide_rows_keep_one_shot_order_for_any_block(monkeypatch, threads):
+def test_row_groups_keep_one_shot_order_for_any_block(monkeypatch, threads):
     """ll_rmsnorm and lamport_rmsnorm take one_shot_rmsnorm's block for a
     row and hold several rows a CTA where a row is one pass: with smaller
     blocks (SYMNCCL_THREADS) a thread owns many vectors of a row (H 4096,
