@@ -138,12 +138,11 @@ static symnccl_kargs
 packet_kargs(const sn_ar *r, int kernel)
 {
     CommObject *c = r->c;
+    const int family = symnccl_kernel_row_of(kernel).family;
     symnccl_kargs a = kargs(r, kernel);
     a.region_win = c->mem.staging_win->win;
-    sn_packet_region(&c->mem.layout, symnccl_kernel_row_of(kernel).family,
-                     &a.region_offset, &a.row_bytes);
-    const int own = symnccl_kernel_row_of(kernel).family ==
-                    SYMNCCL_FAMILY_LAMPORT_AR;
+    sn_packet_region(&c->mem.layout, family, &a.region_offset, &a.row_bytes);
+    const int own = family == SYMNCCL_FAMILY_LAMPORT_AR;
     a.ctas = own ? c->knobs.lamport_ctas : c->knobs.ll_ctas;
     a.threads = own ? c->knobs.lamport_threads : c->knobs.ll_threads;
     return a;
