@@ -22,7 +22,11 @@ Methods:
 Timing: one CUDA graph holding `iters` calls of every rank of the team
 (each rank's on its stream), replayed `reps` times; device events around
 each replay; the median per call, in microseconds. At 2+ ranks a call's
-time is the team's: both ranks' work shares the one GPU. Every shape is
+time is the team's: both ranks' work shares the one GPU. With one rank
+per process (torchrun) the calls go on the current stream, as the
+anchors' do: forked onto a side stream and joined back, each small call
+took 1-2 µs more in the graph (docs/PERFORMANCE.md, 'Fused all-reduce,
+all-to-all and steps'). Every shape is
 checked first: the fused y and h against the unfused ones (max |diff| in
 units of the dtype's epsilon, #wrong beyond 4 of them).
 
@@ -102,37 +106,44 @@ def _team(torch, nranks):
             del os.environ[k]
 
 
-def _calls(torch, team, streams, bufs, fused, algo="auto"):
-    """Every rank's call, each on its stream, forked from and joined to
-    the current stream (so a capture holds them all)."""
-    F = torch.nn.functional
+def _each(torch, team, streams, bufs, call):
+    """call(c, b) for every rank of this process. One rank (torchrun) calls
+    on the current stream, as the anchors are timed; a loopback team's
+    ranks each on their stream, forked from and joined to the current one
+    (so a capture holds them all, and they run at once)."""
+    if len(team) == 1:
+        call(team[0], bufs[0])
+        return
     cur = torch.cuda.current_stream()
     for c, s, b in zip(team, streams, bufs):
         s.wait_stream(cur)
         with torch.cuda.stream(s):
-            if fused:
-                c.all_reduce_rmsnorm(b["x"], b["res"], b["w"], EPS,
-                                     out=b["y"], residual_out=b["h"],
-                                     algo=algo)
-            else:
-                c.all_reduce(b["x"], out=b["s"])
-                torch.add(b["s"], b["res"], out=b["h"])
-                # rms_norm has no out=: its output replaces b["y"]
-                b["y"] = F.rms_norm(b["h"], (b["h"].shape[-1],), b["w"], EPS)
+            call(c, b)
     for s in streams:
         cur.wait_stream(s)
+
+
+def _calls(torch, team, streams, bufs, fused, algo="auto"):
+    """Every rank's fused call, or its unfused path."""
+    F = torch.nn.functional
+
+    def call(c, b):
+        if fused:
+            c.all_reduce_rmsnorm(b["x"], b["res"], b["w"], EPS,
+                                 out=b["y"], residual_out=b["h"], algo=algo)
+        else:
+            c.all_reduce(b["x"], out=b["s"])
+            torch.add(b["s"], b["res"], out=b["h"])
+            # rms_norm has no out=: its output replaces b["y"]
+            b["y"] = F.rms_norm(b["h"], (b["h"].shape[-1],), b["w"], EPS)
+    _each(torch, team, streams, bufs, call)
 
 
 def _all_reduce(team, streams, bufs, algo):
     """Every rank's all-reduce of x alone (no add, no norm)."""
     import torch
-    cur = torch.cuda.current_stream()
-    for c, s, b in zip(team, streams, bufs):
-        s.wait_stream(cur)
-        with torch.cuda.stream(s):
-            c.all_reduce(b["x"], out=b["s"], algo=algo)
-    for s in streams:
-        cur.wait_stream(s)
+    _each(torch, team, streams, bufs,
+          lambda c, b: c.all_reduce(b["x"], out=b["s"], algo=algo))
 
 
 # the fused kernels timed one by one at 2+ ranks (the kernel table's), and
