@@ -23,10 +23,10 @@ Timing: one CUDA graph holding `iters` calls of every rank of the team
 (each rank's on its stream), replayed `reps` times; device events around
 each replay; the median per call, in microseconds. At 2+ ranks a call's
 time is the team's: both ranks' work shares the one GPU. With one rank
-per process (torchrun) the calls go on the current stream, as the
-anchors' do: forked onto a side stream and joined back, each small call
-took 1-2 µs more in the graph (docs/PERFORMANCE.md, 'Fused all-reduce,
-all-to-all and steps'). Every shape is
+in the process (torchrun, or a team of 1) the calls go on the current
+stream, as the anchors' do: forked onto a side stream and joined back,
+each small call took 1-2 µs more in the graph (docs/PERFORMANCE.md,
+'Fused all-reduce, all-to-all and steps'). Every shape is
 checked first: the fused y and h against the unfused ones (max |diff| in
 units of the dtype's epsilon, #wrong beyond 4 of them).
 
@@ -107,10 +107,10 @@ def _team(torch, nranks):
 
 
 def _each(torch, team, streams, bufs, call):
-    """call(c, b) for every rank of this process. One rank (torchrun) calls
-    on the current stream, as the anchors are timed; a loopback team's
-    ranks each on their stream, forked from and joined to the current one
-    (so a capture holds them all, and they run at once)."""
+    """call(c, b) for every rank of this process. One rank (torchrun, or a
+    team of 1) calls on the current stream, as the anchors are timed; a
+    loopback team's ranks each on their stream, forked from and joined to
+    the current one (so a capture holds them all, and they run at once)."""
     if len(team) == 1:
         call(team[0], bufs[0])
         return
