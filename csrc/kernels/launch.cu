@@ -192,15 +192,17 @@ cudaError_t launch(const symnccl_kargs* a, cudaStream_t stream) {
         (a->quant != SYMNCCL_QUANT_NONE ||
          (!a->local && a->mid_win == nullptr)))))
     return cudaErrorInvalidValue;
-  // row groups: one_shot_rmsnorm's block (whole warps, <= 512, no more
-  // than the row's vectors rounded up to a warp), whole groups a CTA, and
-  // a wide CTA's rows of one pass (rmsnorm.cuh, rows_on_packets)
+  // row groups: one_shot_rmsnorm's block (whole warps, at most
+  // SYMNCCL_MAX_THREADS, no more than the row's vectors rounded up to a
+  // warp), whole groups a CTA, and a wide CTA's rows of one pass
+  // (rmsnorm.cuh, rows_on_packets)
   if (symnccl_kernel_row_groups(a->kernel, a->local)) {
     const size_t rvec = a->row_len / (16 / kItemsize[a->dtype]);
-    if (a->row_block < 32 || a->row_block > 512 || a->row_block % 32 != 0 ||
+    if (a->row_block < 32 || a->row_block > SYMNCCL_MAX_THREADS ||
+        a->row_block % 32 != 0 ||
         (size_t)a->row_block > (rvec + 31) / 32 * 32 ||
         a->threads % a->row_block != 0 ||
-        (a->threads > 512 && rvec > (size_t)a->row_block))
+        (a->threads > SYMNCCL_MAX_THREADS && rvec > (size_t)a->row_block))
       return cudaErrorInvalidValue;
   }
   if (k.unit == SYMNCCL_UNIT_MULTIMEM)

@@ -84,8 +84,10 @@ enum { SYMNCCL_OP_SUM = 0, SYMNCCL_OP_MAX = 1, SYMNCCL_OP_MIN = 2,
 /* Largest CTA of the wide kernels, 64 registers a thread, so that a CTA
  * of 1024 fills one SM's 65536: all_reduce's lamport (packet.cuh,
  * LamportItems), ll_rmsnorm and lamport_rmsnorm (rmsnorm.cuh); every other
- * kernel's is 512 (symnccl_kernel_max_threads). */
+ * kernel's is SYMNCCL_MAX_THREADS (symnccl_kernel_max_threads), and a row
+ * kernel launched with more threads than that is the wide one. */
 #define SYMNCCL_WIDE_MAX_THREADS 1024
+#define SYMNCCL_MAX_THREADS 512
 /* Bytes of one CTA's line of flags, one 8-byte flag per source rank,
  * whole 128-byte lines (push flags, barrier flags). */
 #define SYMNCCL_FLAG_LINE(n) (((size_t)(n) * 8 + 127) / 128 * 128)

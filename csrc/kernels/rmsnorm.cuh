@@ -580,7 +580,7 @@ __device__ __forceinline__ void rows_on_packets(
   // trip: the kept vectors' weights (the same every row; group 0 stores
   // them into shared memory after its sends, every group reads them at
   // its y) and the first round's residual
-  __shared__ uint4 s_w[kKeep * 512];
+  __shared__ uint4 s_w[kKeep * SYMNCCL_MAX_THREADS];
   uint4 wk[kKeep], rk[kKeep];
   unsigned r;
   auto fetch_res = [&](unsigned i) {
@@ -744,13 +744,15 @@ __device__ __forceinline__ void rows_on_packets(
 // of 128 registers (a row a CTA). The host picks by the CTA it sizes
 // (launch.c, row_launches); the entry by a.threads (table.h).
 template <typename T, bool kQuant, bool kWide>
-__global__ void __launch_bounds__(kWide ? SYMNCCL_WIDE_MAX_THREADS : 512)
+__global__ void __launch_bounds__(kWide ? SYMNCCL_WIDE_MAX_THREADS
+                                        : SYMNCCL_MAX_THREADS)
     ll_rmsnorm(ncclDevComm dc, const __grid_constant__ symnccl_kargs a) {
   rows_on_packets<T, kQuant, VecLL, kWide>(dc, a);
 }
 
 template <typename T, bool kQuant, bool kWide>
-__global__ void __launch_bounds__(kWide ? SYMNCCL_WIDE_MAX_THREADS : 512)
+__global__ void __launch_bounds__(kWide ? SYMNCCL_WIDE_MAX_THREADS
+                                        : SYMNCCL_MAX_THREADS)
     lamport_rmsnorm(ncclDevComm dc, const __grid_constant__ symnccl_kargs a) {
   rows_on_packets<T, kQuant, VecLamport, kWide>(dc, a);
 }

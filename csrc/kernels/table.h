@@ -164,7 +164,7 @@ enum { SYMNCCL_UNITS(SYMNCCL_UNIT_ENUM_) SYMNCCL_UNIT_COUNT };
       (a.local ? add_rmsnorm<T, false> : two_shot_rmsnorm<T>))               \
     X(LL_RMSNORM, "ll_rmsnorm", ALL_REDUCE_RMSNORM, LL, ONE, LL, ROWS, 0,   \
       FLOAT,                                                                 \
-      (!a.local  ? (a.threads > 512                                         \
+      (!a.local  ? (a.threads > SYMNCCL_MAX_THREADS                         \
                         ? (a.quant ? ll_rmsnorm<T, true, true>               \
                                    : ll_rmsnorm<T, false, true>)             \
                         : (a.quant ? ll_rmsnorm<T, true, false>              \
@@ -179,7 +179,7 @@ enum { SYMNCCL_UNITS(SYMNCCL_UNIT_ENUM_) SYMNCCL_UNIT_COUNT };
                  : add_rmsnorm<T, false>))                                   \
     X(LAMPORT_RMSNORM, "lamport_rmsnorm", ALL_REDUCE_RMSNORM, LAMPORT, ONE, \
       LAMPORT, ROWS, 0, FLOAT,                                               \
-      (!a.local  ? (a.threads > 512                                         \
+      (!a.local  ? (a.threads > SYMNCCL_MAX_THREADS                         \
                         ? (a.quant ? lamport_rmsnorm<T, true, true>          \
                                    : lamport_rmsnorm<T, false, true>)        \
                         : (a.quant ? lamport_rmsnorm<T, true, false>         \
@@ -248,14 +248,15 @@ symnccl_kernel_row_groups(int k, int local)
 }
 
 /* The largest CTA of kernel k's launch: the wide kernels' (64 registers a
- * thread: all_reduce's lamport, the row groups), 512 for the rest. */
+ * thread: all_reduce's lamport, the row groups), SYMNCCL_MAX_THREADS
+ * for the rest. */
 static inline int
 symnccl_kernel_max_threads(int k, int local)
 {
     return symnccl_kernel_row_of(k).family == SYMNCCL_FAMILY_LAMPORT_AR ||
                    symnccl_kernel_row_groups(k, local)
                ? SYMNCCL_WIDE_MAX_THREADS
-               : 512;
+               : SYMNCCL_MAX_THREADS;
 }
 
 #endif /* SYMNCCL_KERNELS_TABLE_H */
