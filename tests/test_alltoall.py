@@ -91,7 +91,8 @@ def test_push_and_ll_run_all_to_all_in_every_dtype():
     """The registry's answer for a 2-rank NVLink team: push, ll and nccl
     run all_to_all, in every dtype (bytes); the other algorithms are
     refused naming those that do; auto is ll, then push (its
-    row of AUTO_TABLE, by the bytes every rank agrees on)."""
+    row of AUTO_TABLE, by the bytes every rank agrees on); at 3 and 4
+    ranks ll, push, then NCCL."""
     topo = dict(nranks=2, lsa_size=2, symmetric=1, staging=1, push=1,
                 multicast=0)
     gate = _C._algo_unavailable_for
@@ -110,6 +111,14 @@ def test_push_and_ll_run_all_to_all_in_every_dtype():
                          ((16 << 20) + 1, "push"), (1 << 30, "push")):
         assert _C._auto_algo_for(topo, nbytes, "bfloat16", "sum", False,
                                  "all_to_all") == algo, nbytes
+    # 3 and 4 ranks: ll, push to 32 MiB (session 23's 3x / 4x H100 run),
+    # then NCCL
+    for n, ll in ((3, 1 << 20), (4, 512 << 10)):
+        t = dict(topo, nranks=n, lsa_size=n)
+        for nbytes, algo in ((ll, "ll"), (ll + 1, "push"),
+                             (32 << 20, "push"), ((32 << 20) + 1, "nccl")):
+            assert _C._auto_algo_for(t, nbytes, "bfloat16", "sum", False,
+                                     "all_to_all") == algo, (n, nbytes)
     with pytest.raises(ValueError, match="all_to_all"):
         gate(topo, "push", "float32", "sum", "all_to_al")
 

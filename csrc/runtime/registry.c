@@ -365,12 +365,19 @@ static const auto_row auto_table[] = {
      * chunk (session 16, alltoall_h100x2_bfloat16_own_pieces.json and
      * _before.json, two runs of each build): push 80.3 / 143.5 / 264 / 498
      * us at 32 / 64 / 128 / 256 MiB against NCCL's 84.1 / 147.8-153.6 /
-     * 270.7-272.3 / 506: push above 1 MiB at 2 ranks (3 and 4 ranks not
-     * measured since: their rows stand). */
+     * 270.7-272.3 / 506: push above 1 MiB at 2 ranks. 3x and 4x H100
+     * again, on that kernel (session 23, alltoall_h100x3_bfloat16_s23
+     * .json, _h100x4_, 1-256 MiB, 15 reps, one run each): 3 ranks push
+     * 19.8 / 58.8 / 100.2 at 4 / 16 / 32 MiB (NCCL 25.9 / 64.6 / 103.7;
+     * the other two push variants ahead too), 184.4 at 64 MiB (NCCL
+     * 182.0); 4 ranks push 13.0 / 24.8 / 70.8 / 108.6 at 1 / 4 / 16 / 32
+     * MiB (NCCL 19.2 / 33.0 / 72.6 / 116.3: the 1 MiB cell settled), 206.9
+     * at 64 MiB (NCCL 200.4): push to 32 MiB at 3 and 4 ranks, NCCL
+     * above. */
     {SYMNCCL_COLL_ALL_TO_ALL, 2, 1 * MIB, 0, 0, 0, 0, 0, 0, SN_ALGO_PUSH},
-    {SYMNCCL_COLL_ALL_TO_ALL, 3, 1 * MIB, 0, 0, 0, 0, 0, 4 * MIB,
+    {SYMNCCL_COLL_ALL_TO_ALL, 3, 1 * MIB, 0, 0, 0, 0, 0, 32 * MIB,
      SN_ALGO_NCCL},
-    {SYMNCCL_COLL_ALL_TO_ALL, 4, 512 * KIB, 0, 0, 0, 0, 0, 16 * MIB,
+    {SYMNCCL_COLL_ALL_TO_ALL, 4, 512 * KIB, 0, 0, 0, 0, 0, 32 * MIB,
      SN_ALGO_NCCL},
     /* all_reduce_rmsnorm, bf16, CUDA-graph replay. 1 rank (1x H100,
      * benchmarks/results/fused_h100x1_bfloat16.json): one_shot (the
