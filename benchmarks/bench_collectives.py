@@ -86,13 +86,18 @@ def worker(rank, nranks, uid, opts):
     rows, skipped = [], {}
     for coll in opts["collectives"]:
         for nbytes in opts["sizes"]:
-            # per-rank element counts of input and output
+            # per-rank element counts of input and output; a rank's block
+            # a whole number of 16-byte vectors, as a model's tensors are
+            # (at 3 ranks a block of a third of a power of two would start
+            # every slice but the first off a vector's boundary)
             total = nbytes // esize
+            vec = 16 // esize
             if coll == "reduce_scatter":
-                cin, cout = total - total % n, (total - total % n) // n
+                cout = total // n // vec * vec
+                cin = cout * n
             elif coll == "all_gather":
-                cout = total - total % n
-                cin = cout // n
+                cin = total // n // vec * vec
+                cout = cin * n
             else:
                 cin = cout = total
             if cin == 0:

@@ -128,12 +128,28 @@ __device__ __forceinline__ size_t slice_len(const PushChunk& r, int q,
 // elements (U vectors per thread in flight). Scatter: from = input (any
 // alignment), to = a peer's slot, written in whole vectors (`whole`).
 // Gather: from = a slot (or the input), to = the output, valid elements
-// only.
+// only. Bytes (the all-gather's and the all-to-all's unit) whose ends are
+// not 16-byte aligned but are 4-byte aligned (an all-gather's slices at 3
+// ranks) move as 4-byte words: the same 16-byte vectors (so the same
+// deal), a quarter of the loads and stores a byte at a time would take.
+// (Not the 2-byte units: their reduce-scatter and all-reduce kernels then
+// spilled 16-32 bytes.)
 template <typename T, int U, int K>
 __device__ __forceinline__ void push_copy(size_t len, const T* from,
                                           bool from_al, T* to, bool to_al,
                                           bool whole, const Deal<K>& d) {
   static_assert(U % K == 0, "whole tiles per step");
+  if constexpr (sizeof(T) == 1) {
+    if (!(from_al && to_al) &&
+        ((reinterpret_cast<uintptr_t>(from) | reinterpret_cast<uintptr_t>(to) |
+          len * sizeof(T)) & 3) == 0) {
+      push_copy<uint32_t, U, K>(len * sizeof(T) / 4,
+                                reinterpret_cast<const uint32_t*>(from),
+                                from_al, reinterpret_cast<uint32_t*>(to),
+                                to_al, whole, d);
+      return;
+    }
+  }
   constexpr int E = Pack<T, 16>::kElems;
   const size_t nv = (len + E - 1) / E;
   for (size_t v = d.first; v < nv; v += U / K * d.tile) {

@@ -308,7 +308,25 @@ sn_collective_unavailable(const sn_topology *t, int collective, int algo,
  * chosen is its call on plain memory; on window buffers NCCL's own
  * all-gather kernels are faster at some sizes (3 ranks 4 MiB 25.3 against
  * ll128 29.0; 4 ranks 16 MiB 58.1 against push 66.2), where the policy
- * gives NCCL its windows (2.28). */
+ * gives NCCL its windows (2.28).
+ *
+ * Those 3-rank runs split a power of two in three, which put every
+ * rank's block but the first 4 or 8 bytes off a 16-byte vector: push's
+ * all-gather (on bytes) then stored a byte at a time, and NCCL and the
+ * packet kernels were slowed too. bench_collectives.py now makes a
+ * rank's block whole vectors, as a model's tensors are; 3x H100 again
+ * (session 23, collectives_h100x3_bfloat16_aligned_{1,2}.json, two
+ * runs, 1-256 MiB): reduce_scatter ll128 15.5 / 14.5 at 4 MiB (push
+ * 18.1 / 16.9, NCCL 38.2 / 34.7), push from 16 MiB: 68.6 / 55.2 (ll128
+ * 77.4 / 65.2, NCCL 74.4 / 61.9), 176.7 / 171.9 at 64 MiB (NCCL 187.3 /
+ * 189.1), 633.6 / 633.5 at 256 MiB (NCCL 652.1 / 659.0); all_gather
+ * ll128 14.2 / 15.1 at 4 MiB (push 16.5 / 17.8, NCCL 38.6 / 41.2), push
+ * 64.6 / 62.7 at 16 MiB (NCCL 66.9 / 67.6), 185.6 / 180.5 at 64 MiB
+ * (NCCL 198.0 / 188.9), a tie at 256 MiB (627.5 / 627.9 against 627.5
+ * / 629.5): the 3-rank rows take push above ll128's 4 MiB, to 64 MiB
+ * for all_gather. Their ll ranges stand from the misaligned run (at 1
+ * MiB, aligned, all_gather's ll took 8.9 / 8.4 against ll128's 6.0 /
+ * 6.0: not measured below). */
 
 #define KIB ((size_t)1 << 10)
 #define MIB ((size_t)1 << 20)
@@ -327,13 +345,13 @@ static const auto_row auto_table[] = {
     {SYMNCCL_COLL_ALL_REDUCE, 7, 0, 1536 * KIB, 0, 0, 4 * MIB, 2 * MIB, 0,
      SN_ALGO_PUSH},
     {SYMNCCL_COLL_REDUCE_SCATTER, 2, 0, 2 * MIB, 0, 0, 0, 0, 0, SN_ALGO_PUSH},
-    {SYMNCCL_COLL_REDUCE_SCATTER, 3, 128 * KIB, 16 * MIB, 0, 0, 0, 0, 0,
-     SN_ALGO_NCCL},
+    {SYMNCCL_COLL_REDUCE_SCATTER, 3, 128 * KIB, 4 * MIB, 0, 0, 0, 0, 0,
+     SN_ALGO_PUSH},
     {SYMNCCL_COLL_REDUCE_SCATTER, 4, 32 * KIB, 2 * MIB, 0, 0, 0, 0, 64 * MIB,
      SN_ALGO_NCCL},
     {SYMNCCL_COLL_ALL_GATHER, 2, 64 * KIB, 4 * MIB, 0, 0, 0, 0, 0,
      SN_ALGO_PUSH},
-    {SYMNCCL_COLL_ALL_GATHER, 3, 2 * MIB, 4 * MIB, 0, 0, 0, 0, 0,
+    {SYMNCCL_COLL_ALL_GATHER, 3, 2 * MIB, 4 * MIB, 0, 0, 0, 0, 64 * MIB,
      SN_ALGO_NCCL},
     {SYMNCCL_COLL_ALL_GATHER, 4, 128 * KIB, 2 * MIB, 0, 0, 0, 0, 16 * MIB,
      SN_ALGO_NCCL},
