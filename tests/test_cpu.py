@@ -887,13 +887,16 @@ def test_auto_walks_one_table_for_every_collective(monkeypatch):
                 "all_gather") == "ll128"
     assert auto(TOPO_2, 64 << 20, "bfloat16", "sum", False,
                 "all_gather") == "push"
-    # 3 GPUs (session 23, blocks of whole vectors): ll128 to 4 MiB, then
-    # push; all_gather's push to 64 MiB, then NCCL
+    # 3 GPUs (session 23, blocks of whole vectors): ll to 128 KiB, ll128
+    # to 4 MiB, then push; all_gather's push to 64 MiB, then NCCL
     topo_3 = dict(TOPO_2, nranks=3, lsa_size=3)
     for coll, nbytes, algo in (
+            ("reduce_scatter", 128 << 10, "ll"),
             ("reduce_scatter", 4 << 20, "ll128"),
             ("reduce_scatter", (4 << 20) + 2, "push"),
             ("reduce_scatter", 1 << 30, "push"),
+            ("all_gather", 128 << 10, "ll"),
+            ("all_gather", (128 << 10) + 2, "ll128"),
             ("all_gather", 4 << 20, "ll128"),
             ("all_gather", 64 << 20, "push"),
             ("all_gather", (64 << 20) + 2, "nccl")):
