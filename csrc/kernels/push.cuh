@@ -142,8 +142,8 @@ __device__ __forceinline__ void push_copy(size_t len, const T* from,
   if constexpr (sizeof(T) == 1) {
     if (!(from_al && to_al) &&
         ((reinterpret_cast<uintptr_t>(from) | reinterpret_cast<uintptr_t>(to) |
-          len * sizeof(T)) & 3) == 0) {
-      push_copy<uint32_t, U, K>(len * sizeof(T) / 4,
+          len) & 3) == 0) {
+      push_copy<uint32_t, U, K>(len / 4,
                                 reinterpret_cast<const uint32_t*>(from),
                                 from_al, reinterpret_cast<uint32_t*>(to),
                                 to_al, whole, d);
