@@ -1375,6 +1375,39 @@ def test_profile_ncu_reads_recorded_csv_and_groups_metrics(monkeypatch,
                  ["nvltx__bytes.sum", "nvlrx__bytes.sum"]]
 
 
+def test_kernel_periods_medians_and_report(capsys, tmp_path):
+    """scripts/kernel_periods.py: the medians of a replay's kernels after
+    the skipped ones (a negative gap where the next kernel starts first),
+    its table from a results file, and its refusals without torchrun."""
+    import importlib.util
+    import json
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location(
+        "kernel_periods", os.path.join(root, "scripts", "kernel_periods.py"))
+    kp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(kp)
+    # 2 skipped kernels (slow starts), then one every 3.0 us lasting 3.2
+    ev = [("k", 0.0, 9.0), ("k", 9.5, 8.0)]
+    ev += [("k", 20.0 + 3.0 * i, 3.2) for i in range(6)]
+    st = kp.kernel_stats(list(reversed(ev)), skip=2)
+    assert st == {"kernel": "k", "n": 6, "dur": 3.2, "gap": -0.2,
+                  "period": 3.0}
+    assert kp.kernel_stats(ev[:3], skip=2) is None
+    doc = {"gpu": "NVIDIA H100 80GB HBM3", "nranks": 2, "dtype": "bfloat16",
+           "date": "2026-11-27",
+           "rows": [{"H": 8192, "method": "ar_ll", "rank": r,
+                     "graph_us": 3.4, "kernel": "packet_one_shot", **st}
+                    for r in (1, 0)]}
+    path = tmp_path / "periods.json"
+    path.write_text(json.dumps(doc))
+    assert kp.main(["--report", os.fspath(path)]) == 0
+    out = capsys.readouterr().out
+    assert "3.00 / 3.00" in out and "-0.20 / -0.20" in out
+    with pytest.raises(SystemExit):
+        kp.main(["--methods", "ar_ll,bogus"])
+    assert "unknown ['bogus']" in capsys.readouterr().err
+
+
 def test_cli_version_and_bench_help_and_bench_without_torch():
     run = lambda *a: subprocess.run([sys.executable, "-m", "symnccl", *a],
                                     capture_output=True, text=True,
