@@ -152,10 +152,9 @@ KERNEL_ALGOS = ("ll", "ll128", "lamport", "one_shot", "two_shot")
 FLOOR_ALGOS = ("ll", "ll128")
 
 
-def _time(torch, fn, iters, reps, sync=None):
-    """Median microseconds per call of fn() replayed from a CUDA graph of
-    `iters` calls; sync() (the ranks of separate processes: a barrier)
-    before each rep."""
+def capture(torch, fn, iters):
+    """A CUDA graph of `iters` calls of fn(), after one call outside it (its
+    lazy set-up) and replayed once (its first replay's own costs)."""
     fn()
     torch.cuda.synchronize()
     g = torch.cuda.CUDAGraph()
@@ -164,6 +163,13 @@ def _time(torch, fn, iters, reps, sync=None):
             fn()
     g.replay()
     torch.cuda.synchronize()
+    return g
+
+
+def replay_us(torch, g, iters, reps, sync=None):
+    """Median microseconds per call of graph g (`iters` calls) over `reps`
+    replays timed with device events; sync() (the ranks of separate
+    processes: a barrier) before each."""
     times = []
     for _ in range(reps):
         if sync is not None:
@@ -176,8 +182,16 @@ def _time(torch, fn, iters, reps, sync=None):
         b.synchronize()
         times.append(a.elapsed_time(b) * 1000.0 / iters)
     times.sort()
-    del g
     return times[len(times) // 2]
+
+
+def _time(torch, fn, iters, reps, sync=None):
+    """Median microseconds per call of fn() replayed from a CUDA graph of
+    `iters` calls; sync() before each rep."""
+    g = capture(torch, fn, iters)
+    us = replay_us(torch, g, iters, reps, sync)
+    del g
+    return us
 
 
 def _check(torch, bufs_f, bufs_u, dtype):

@@ -10,8 +10,8 @@ from the spread (docs/PERFORMANCE.md, 'Kernel periods').
 
 One process per GPU under torchrun. For each hidden size H and method, a
 1 x H row (--dtype, bf16 by default): `--iters` calls captured in one CUDA
-graph, replayed 5 times timed with events (the median per call: what the
-benchmarks report), then once under the profiler. Of that replay's
+graph, replayed 5 times timed with events (the median per call, as
+benchmarks/bench_fused.py times its rows), then once under the profiler. Of that replay's
 kernels the first `--skip` are dropped (the ranks' start skew) and the
 rest give the medians of
   dur     a kernel's start to its end,
@@ -42,6 +42,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))), "benchmarks"))
 from bench_allreduce import (add_results_args, report,  # noqa: E402
                              run_info, write_results)
+from bench_fused import capture, replay_us  # noqa: E402
 
 METHODS = ("fused_lamport", "fused_ll", "fused_ll128", "ar_ll", "ar_ll128",
            "ar_lamport", "copy")
@@ -82,32 +83,15 @@ def _kernels(prof):
             if e.get("cat") == "kernel"]
 
 
-def _measure(torch, comm, fn, iters, skip, sync):
+def _measure(torch, fn, iters, skip, sync):
     from torch.profiler import ProfilerActivity, profile
-    fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(iters):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(5):
-        sync()
-        a = torch.cuda.Event(enable_timing=True)
-        b = torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000.0 / iters)
+    g = capture(torch, fn, iters)
+    row = {"graph_us": round(replay_us(torch, g, iters, 5, sync), 3)}
     sync()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         g.replay()
         torch.cuda.synchronize()
     del g
-    row = {"graph_us": round(statistics.median(times), 3)}
     row.update(kernel_stats(_kernels(prof), skip) or {})
     return row
 
@@ -154,8 +138,7 @@ def run(opts):
         for H in [int(v) for v in opts.hidden.split(",")]:
             calls, win = _methods(torch, comm, H, dtype, rank, n)
             for m in opts.methods.split(","):
-                r = _measure(torch, comm, calls[m], opts.iters, opts.skip,
-                             sync)
+                r = _measure(torch, calls[m], opts.iters, opts.skip, sync)
                 rows.append({"H": H, "method": m, "rank": rank, **r})
             del calls, win
     finally:

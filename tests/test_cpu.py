@@ -1375,7 +1375,61 @@ def test_profile_ncu_reads_recorded_csv_and_groups_metrics(monkeypatch,
                  ["nvltx__bytes.sum", "nvlrx__bytes.sum"]]
 
 
-def test_kernel_periods_medians_and_report(capsys, tmp_path):
+def test_bench_fused_capture_and_replay_us_with_a_fake_torch():
+    """bench_fused's graph timing, shared with scripts/kernel_periods.py:
+    one call before the capture, `iters` inside it, one replay after it;
+    then the median of `reps` timed replays, each after sync()."""
+    import importlib.util
+    import types
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spec = importlib.util.spec_from_file_location(
+        "bench_fused", os.path.join(root, "benchmarks", "bench_fused.py"))
+    bf = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bf)
+    log = []
+    ms = iter([0.5, 0.1, 0.3, 0.2, 0.4])   # ms a replay of 100 calls
+
+    class Graph:
+        def replay(self):
+            log.append("replay")
+
+    class Capture:
+        def __init__(self, g):
+            pass
+
+        def __enter__(self):
+            log.append("capture")
+
+        def __exit__(self, *a):
+            log.append("end")
+
+    class Event:
+        def __init__(self, enable_timing):
+            self.ms = None
+
+        def record(self):
+            pass
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, end):
+            return next(ms)
+
+    cuda = types.SimpleNamespace(
+        synchronize=lambda: log.append("sync"), CUDAGraph=Graph,
+        graph=Capture, Event=Event)
+    torch = types.SimpleNamespace(cuda=cuda)
+    g = bf.capture(torch, lambda: log.append("call"), 3)
+    assert log == ["call", "sync", "capture", "call", "call", "call", "end",
+                   "replay", "sync"]
+    log.clear()
+    us = bf.replay_us(torch, g, 100, 5, sync=lambda: log.append("barrier"))
+    assert us == 3.0                          # the median 0.3 ms / 100
+    assert log == ["barrier", "replay"] * 5
+
+
+def test_kernel_periods_medians_and_report(monkeypatch, capsys, tmp_path):
     """scripts/kernel_periods.py: the medians of a replay's kernels after
     the skipped ones (a negative gap where the next kernel starts first),
     its table from a results file, and its refusals without torchrun."""
@@ -1406,6 +1460,10 @@ def test_kernel_periods_medians_and_report(capsys, tmp_path):
     with pytest.raises(SystemExit):
         kp.main(["--methods", "ar_ll,bogus"])
     assert "unknown ['bogus']" in capsys.readouterr().err
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    with pytest.raises(SystemExit):
+        kp.main([])
+    assert "under torchrun" in capsys.readouterr().err
 
 
 def test_cli_version_and_bench_help_and_bench_without_torch():
