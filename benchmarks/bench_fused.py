@@ -188,10 +188,7 @@ def replay_us(torch, g, iters, reps, sync=None):
 def _time(torch, fn, iters, reps, sync=None):
     """Median microseconds per call of fn() replayed from a CUDA graph of
     `iters` calls; sync() before each rep."""
-    g = capture(torch, fn, iters)
-    us = replay_us(torch, g, iters, reps, sync)
-    del g
-    return us
+    return replay_us(torch, capture(torch, fn, iters), iters, reps, sync)
 
 
 def _check(torch, bufs_f, bufs_u, dtype):

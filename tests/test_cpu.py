@@ -1405,7 +1405,7 @@ def test_bench_fused_capture_and_replay_us_with_a_fake_torch():
 
     class Event:
         def __init__(self, enable_timing):
-            self.ms = None
+            pass
 
         def record(self):
             pass
