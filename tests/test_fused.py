@@ -259,6 +259,59 @@ def test_row_groups_keep_one_shot_order_for_any_block(monkeypatch, threads):
         assert l["ll_rmsnorm"] == 6 and l["lamport_rmsnorm"] == 6, l
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("algo", ["ll", "lamport"])
+def test_decode_rows_keep_one_shot_bits_beside_the_general_path(
+        monkeypatch, algo):
+    """At two ranks a row a CTA of whole aligned vectors, at most two a
+    thread, takes the packet kernels' decode path (rmsnorm.cuh,
+    decode_row); anything else the general path, and each rank decides
+    from its own pointers. Around each edge: T = the grid and one past it,
+    H with one and two vectors a thread and one not a whole vector, every
+    tensor aligned, and rank 1's out misaligned (rank 0 decodes, rank 1
+    does not: the same packets either way). Every case: one_shot's bits on
+    each rank, within the float64 reference's bounds."""
+    torch = _torch()
+    team = _team(monkeypatch, 2)
+    grid = _grid(2)
+    streams = [torch.cuda.Stream() for _ in team]
+    layout = team[0]._staging_layout()
+    carries = layout["ll_row"] // 2 if algo == "ll" else layout["lamport_row"]
+    wrong, expected = [], 0
+    try:
+        for dtype in ("bfloat16", "float32", "float16"):
+            for T, H in [(1, 4096), (grid, 4096), (grid + 1, 4096),
+                         (3, 8192), (2, 4100)]:
+                xs, res, w = _inputs(torch, 2, T, H, dtype, seed=T * H)
+                for pads in ((0, 0), (0, 3)):
+                    got = {}
+                    for a in ("one_shot", algo):
+                        ys = [_poisoned(torch, xs[0], p) for p in pads]
+                        hs = [_poisoned(torch, xs[0]) for _ in team]
+                        _call_all(torch, team, streams, xs, res, w, ys, hs,
+                                  algo=a)
+                        got[a] = (ys, hs)
+                        for q in range(2):
+                            if _wrong(torch, xs, res, w, ys[q], hs[q],
+                                      dtype) != (0, 0):
+                                wrong.append((a, dtype, T, H, pads, q))
+                    per = carries // (H * _itemsize(dtype))
+                    expected += -(-T // per)
+                    for q in range(2):
+                        if not (torch.equal(_bits(got["one_shot"][0][q]),
+                                            _bits(got[algo][0][q])) and
+                                torch.equal(_bits(got["one_shot"][1][q]),
+                                            _bits(got[algo][1][q]))):
+                            wrong.append((f"one_shot != {algo}", dtype, T, H,
+                                          pads, q))
+        launches = [c._launches() for c in team]
+    finally:
+        _close(team)
+    assert not wrong, wrong
+    for l in launches:
+        assert l[f"{algo}_rmsnorm"] == expected, l
+
+
 def _itemsize(dtype):
     return {"float32": 4, "float16": 2, "bfloat16": 2}[dtype]
 
