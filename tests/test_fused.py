@@ -267,10 +267,11 @@ def test_decode_rows_keep_one_shot_bits_beside_the_general_path(
     thread, takes the packet kernels' decode path (rmsnorm.cuh,
     decode_row); anything else the general path, and each rank decides
     from its own pointers. Around each edge: T = the grid and one past it,
-    H with one and two vectors a thread and one not a whole vector, every
-    tensor aligned, and rank 1's out misaligned (rank 0 decodes, rank 1
-    does not: the same packets either way). Every case: one_shot's bits on
-    each rank, within the float64 reference's bounds."""
+    H with one and two vectors a thread of 512 and one vector past two
+    (H 8200: bf16 1025 vectors), every tensor aligned, and rank 1's out
+    misaligned (rank 0 decodes, rank 1 does not: the same packets either
+    way). Every case: one_shot's bits on each rank, within the float64
+    reference's bounds."""
     torch = _torch()
     team = _team(monkeypatch, 2)
     grid = _grid(2)
@@ -281,7 +282,7 @@ def test_decode_rows_keep_one_shot_bits_beside_the_general_path(
     try:
         for dtype in ("bfloat16", "float32", "float16"):
             for T, H in [(1, 4096), (grid, 4096), (grid + 1, 4096),
-                         (3, 8192), (2, 4100)]:
+                         (3, 8192), (2, 8200)]:
                 xs, res, w = _inputs(torch, 2, T, H, dtype, seed=T * H)
                 for pads in ((0, 0), (0, 3)):
                     got = {}
