@@ -86,8 +86,15 @@ def test_auto_runs_the_fused_kernel_where_measured_and_nccl_elsewhere(
                          (2 << 20, "lamport"), ((2 << 20) + 16, "one_shot"),
                          (32 << 20, "one_shot"), ((32 << 20) + 16, "nccl")):
         assert auto(TOPO_2, nbytes, "bfloat16", "sum", False, COLL) == algo
-    # 3+ ranks not measured; a dtype without the kernel; no device API
-    assert auto(dict(TOPO_2, nranks=4, lsa_size=4), 16, "bfloat16", "sum",
+    # 3 and 4 ranks lamport to 256 KiB (fused_h100x{3,4}_bfloat16_decode_*
+    # .json), then nccl; 5+ not measured
+    for n in (3, 4):
+        topo = dict(TOPO_2, nranks=n, lsa_size=n)
+        for nbytes, algo in ((16, "lamport"), (256 << 10, "lamport"),
+                             ((256 << 10) + 16, "nccl")):
+            assert auto(topo, nbytes, "bfloat16", "sum", False, COLL) == algo
+    # 5+ ranks not measured; a dtype without the kernel; no device API
+    assert auto(dict(TOPO_2, nranks=8, lsa_size=8), 16, "bfloat16", "sum",
                 False, COLL) == "nccl"
     assert auto(TOPO_2, 16, "float64", "sum", False, COLL) == "nccl"
     assert auto(dict(TOPO_2, symmetric=0), 16, "bfloat16", "sum", False,

@@ -544,18 +544,18 @@ __device__ __forceinline__ float group_reduce(const RowGroups& k, float v,
 }
 
 // The decode shape of rows_on_packets (T rows of a call on as many CTAs,
-// the grid's; docs/PERFORMANCE.md, 'Kernel periods'): two ranks, a row a
-// CTA of row_block threads (no row groups), every row on its own CTA,
-// whole aligned vectors (x, residual, weight, out and out_h 16-byte
-// aligned, H a multiple of a vector) and at most kKeep of them a thread.
-// Uniform over the grid: every CTA takes the same path.
+// the grid's; docs/PERFORMANCE.md, 'Kernel periods'): a row a CTA of
+// row_block threads (no row groups), every row on its own CTA, whole
+// aligned vectors (x, residual, weight, out and out_h 16-byte aligned, H a
+// multiple of a vector) and at most kKeep of them a thread. Uniform over
+// the grid: every CTA takes the same path. (A rank decides from its own
+// pointers: the packets lie where the general path puts them either way.)
 template <typename T>
-__device__ __forceinline__ bool decode_shape(const symnccl_kargs& a, int n,
+__device__ __forceinline__ bool decode_shape(const symnccl_kargs& a,
                                              unsigned H, bool aligned,
                                              int keep) {
   constexpr unsigned E = Pack<T, 16>::kElems;
-  return n == 2 && aligned && H % E == 0 &&
-         blockDim.x == (unsigned)a.row_block &&
+  return aligned && H % E == 0 && blockDim.x == (unsigned)a.row_block &&
          H / E <= (unsigned)keep * blockDim.x &&
          a.count <= (size_t)gridDim.x * H;
 }
@@ -563,22 +563,23 @@ __device__ __forceinline__ bool decode_shape(const symnccl_kargs& a, int n,
 // rows_on_packets for the decode shape: its arithmetic in its order (the
 // same helpers, the same vectors a thread, the same block sum), hence its
 // bits, without what the general path spends its instructions on there
-// (the rank loops, the tails, the row groups' divisions and rounds, the
-// weights through shared memory): at T 1 the row's SM issues the call's
-// critical path. CTA b has row b (none past the call's rows); thread t its
-// vectors t and t + blockDim.x of it, kept in registers.
-template <typename T, typename Wire, int kKeep>
-__device__ __forceinline__ void decode_row(const symnccl_kargs& a, int me,
-                                           unsigned H, const T* x,
+// (the rows' tails, the row groups' divisions and rounds, the weights
+// through shared memory): at T 1 the row's SM issues the call's critical
+// path. CTA b has row b (none past the call's rows); thread t its vectors
+// t and t + blockDim.x of it, kept in registers. kN: the ranks, 2 (its
+// loops unrolled), or 0 for n.
+template <typename T, typename Wire, int kKeep, int kN>
+__device__ __forceinline__ void decode_row(const symnccl_kargs& a, int n_,
+                                           int me, unsigned H, const T* x,
                                            const T* res, const T* w, T* out,
                                            T* out_h, const Peers& slot,
                                            const Wire& wire, float* s_sum) {
   constexpr unsigned E = Pack<T, 16>::kElems;
   constexpr size_t kVec = Wire::kBytes;
+  const int n = kN ? kN : n_;
   const unsigned bd = blockDim.x, t = threadIdx.x, rvec = H / E;
   const unsigned r = blockIdx.x;
   if ((size_t)(r + 1) * H > a.count) return;   // no row: the whole CTA
-  const int peer = 1 - me;
   // my vectors of the row: t + u * bd (u < kKeep) while has(u); vector v
   // of the row is vector r * rvec + v of x, residual, out and out_h, and
   // of the row's packets in a slot's row
@@ -587,18 +588,23 @@ __device__ __forceinline__ void decode_row(const symnccl_kargs& a, int me,
   const uint4* xv4 = reinterpret_cast<const uint4*>(x);
   const uint4* rv4 = reinterpret_cast<const uint4*>(res);
   const uint4* wv4 = reinterpret_cast<const uint4*>(w);
-  char* to = slot(peer) + (size_t)me * a.row_bytes + i0 * kVec;
-  char* from = slot(me) + (size_t)peer * a.row_bytes + i0 * kVec;
+  // row `me` of every peer's slot; row q of mine
+  const size_t at = (size_t)me * a.row_bytes + i0 * kVec;
+  char* mine = slot(me) + i0 * kVec;
 
-  // x first and sent at once (the peer waits for it), then what the norm
+  // x first and sent at once (the peers wait for it), then what the norm
   // needs, in flight during the trip
-  uint4 xv[kKeep], rv[kKeep], wv[kKeep], d[kKeep], keep[kKeep];
+  uint4 xv[kKeep], rv[kKeep], wv[kKeep], keep[kKeep];
 #pragma unroll
   for (int u = 0; u < kKeep; u++)
     if (has(u)) xv[u] = xv4[i0 + u * bd];
+#pragma unroll(kN ? kN : 1)
+  for (int q = 0; q < n; q++)
+    if (q != me)
 #pragma unroll
-  for (int u = 0; u < kKeep; u++)
-    if (has(u)) wire.template send<T>(to + (size_t)u * bd * kVec, xv[u]);
+      for (int u = 0; u < kKeep; u++)
+        if (has(u))
+          wire.template send<T>(slot(q) + at + (size_t)u * bd * kVec, xv[u]);
 #pragma unroll
   for (int u = 0; u < kKeep; u++)
     if (has(u)) {
@@ -606,26 +612,48 @@ __device__ __forceinline__ void decode_row(const symnccl_kargs& a, int me,
       wv[u] = wv4[t + u * bd];
     }
 
-  // the peer's vectors in one wait, then rearmed; the ranks folded in
-  // order 0, 1, h and its squares (rows_on_packets' sums and round)
-  const bool ok = bounded_wait(
-      [&] {
-        bool all = true;
+  // the ranks folded in order 0..n-1, each peer's vectors in one wait,
+  // then rearmed (rows_on_packets' sums); a wait that gave up ends the
+  // waiting; h and its squares
+  Accum<T, 16, OpSum> acc[kKeep];
+  bool ok = true;
+#pragma unroll(kN ? kN : 1)
+  for (int q = 0; q < n; q++) {
+    uint4 d[kKeep];
+    if (q == me) {
+#pragma unroll
+      for (int u = 0; u < kKeep; u++) d[u] = xv[u];
+    } else if (ok) {
+      char* from = mine + (size_t)q * a.row_bytes;
+      ok = bounded_wait(
+          [&] {
+            bool all = true;
+#pragma unroll
+            for (int u = 0; u < kKeep; u++)
+              if (has(u))
+                all &= wire.look(from + (size_t)u * bd * kVec, d[u]);
+            return all;
+          },
+          a, me, n, {SYMNCCL_WAIT_PACKETS, q, wire.flag});
+      if (ok)
 #pragma unroll
         for (int u = 0; u < kKeep; u++)
-          if (has(u)) all &= wire.look(from + (size_t)u * bd * kVec, d[u]);
-        return all;
-      },
-      a, me, 2, {SYMNCCL_WAIT_PACKETS, peer, wire.flag});
+          if (has(u)) Wire::rearm(from + (size_t)u * bd * kVec);
+    }
+#pragma unroll
+    for (int u = 0; u < kKeep; u++)
+      if (has(u)) {
+        if (q == 0)
+          acc[u].set(d[u]);
+        else
+          acc[u].fold(d[u]);
+      }
+  }
   float ss = 0.f;
 #pragma unroll
   for (int u = 0; u < kKeep; u++)
     if (has(u)) {
-      if (ok) Wire::rearm(from + (size_t)u * bd * kVec);
-      Accum<T, 16, OpSum> acc;
-      acc.set(me == 0 ? xv[u] : d[u]);
-      acc.fold(me == 0 ? d[u] : xv[u]);
-      keep[u] = add_residual<T>(acc.result(SYMNCCL_OP_SUM, 2), rv[u]);
+      keep[u] = add_residual<T>(acc[u].result(SYMNCCL_OP_SUM, n), rv[u]);
       ss += sum_squares<T>(keep[u]);
       if (ok) reinterpret_cast<uint4*>(out_h)[i0 + u * bd] = keep[u];
     }
@@ -676,10 +704,14 @@ __device__ __forceinline__ void rows_on_packets(
           reinterpret_cast<uintptr_t>(w) | reinterpret_cast<uintptr_t>(out) |
           reinterpret_cast<uintptr_t>(out_h)) &
          15) == 0;
-    if (decode_shape<T>(a, n, H, all_al, kRmsKeep)) {
-      decode_row<T, Wire, kRmsKeep>(a, me, H, x, res, w, out, out_h,
-                                    Peers::of(a.region_win, call.slot_off),
-                                    wire, s_sum);
+    if (decode_shape<T>(a, H, all_al, kRmsKeep)) {
+      const Peers slot = Peers::of(a.region_win, call.slot_off);
+      if (n == 2)
+        decode_row<T, Wire, kRmsKeep, 2>(a, n, me, H, x, res, w, out, out_h,
+                                         slot, wire, s_sum);
+      else
+        decode_row<T, Wire, kRmsKeep, 0>(a, n, me, H, x, res, w, out, out_h,
+                                         slot, wire, s_sum);
       end_call(a.epochs, call);
       return;
     }

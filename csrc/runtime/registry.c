@@ -411,9 +411,10 @@ static const auto_row auto_table[] = {
      * 256 KiB, the largest measured below 1 MiB (T 1: 6.4-7.8 us against
      * one_shot's 8.8-10.8): the row takes it to 512 KiB; one_shot from
      * 1 MiB (12.9 against ll's 17.2) to 32 MiB (136.0 against the
-     * composed path's 149.9 and unfused 159.9); past 32 MiB, and from 3
-     * ranks, "nccl" resolved from "auto": all_reduce's own choice, then
-     * symnccl's add+norm (sn_then_norm_algo). ll128 (2x H100, session 18,
+     * composed path's 149.9 and unfused 159.9); past 32 MiB (3-4 ranks:
+     * past lamport's 256 KiB, below), and from 5 ranks, "nccl" resolved
+     * from "auto": all_reduce's own choice, then symnccl's add+norm
+     * (sn_then_norm_algo). ll128 (2x H100, session 18,
      * fused_h100x2_bfloat16_ll128_r{2,3}.json and _ll128v1_r{1,4}.json,
      * four runs, H 4096 and 8192, T 1-256): ll ahead to 64 KiB (T 4 x H
      * 8192 ll 8.7-9.4 us against 9.4-10.3), at 128 KiB H decides (T 16 x H
@@ -428,10 +429,18 @@ static const auto_row auto_table[] = {
      * 9.7-10.1) and of one_shot to 2 MiB (T 128 x H 8192 15.5-16.0
      * against 18.4-18.7; T 256 x H 4096 17.3-17.4 against 18.2-18.9);
      * one_shot from 4 MiB (T 256 x H 8192 25.5-26.1 against 26.4-26.9):
-     * lamport to 2 MiB, one_shot to 32 MiB. */
+     * lamport to 2 MiB, one_shot to 32 MiB. 3 and 4 ranks (4x H100,
+     * session 25, fused_h100x{3,4}_bfloat16_decode_*.json; lamport_rmsnorm
+     * with its decode path, rmsnorm.cuh): ahead of the composed path ("nccl":
+     * all_reduce's auto, then the add+norm) to T 16 x H 8192 (256 KiB; 4
+     * ranks T 1 x H 8192 6.9-7.8 us against 7.6-9.1, T 16 9.4 against
+     * 9.9-12.5), level or behind from 512 KiB (T 64 x H 8192 18.7-19.0
+     * against 14.3-14.8): lamport to 256 KiB, then the composed path. */
     {SYMNCCL_COLL_ALL_REDUCE_RMSNORM, 1, 0, 0, 0, ANY_SIZE, 0, 0, 0,
      SN_ALGO_NCCL},
     {SYMNCCL_COLL_ALL_REDUCE_RMSNORM, 2, 0, 0, 2 * MIB, 32 * MIB, 0, 0, 0,
+     SN_ALGO_NCCL},
+    {SYMNCCL_COLL_ALL_REDUCE_RMSNORM, 4, 0, 0, 256 * KIB, 0, 0, 0, 0,
      SN_ALGO_NCCL},
 };
 #define N_AUTO (sizeof(auto_table) / sizeof(auto_table[0]))
