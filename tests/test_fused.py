@@ -270,10 +270,10 @@ def test_row_groups_keep_one_shot_order_for_any_block(monkeypatch, threads):
 @pytest.mark.parametrize("algo", ["ll", "lamport"])
 def test_decode_rows_keep_one_shot_bits_beside_the_general_path(
         monkeypatch, algo):
-    """At two ranks a row a CTA of whole aligned vectors, at most two a
-    thread, takes the packet kernels' decode path (rmsnorm.cuh,
-    decode_row); anything else the general path, and each rank decides
-    from its own pointers. Around each edge: T = the grid and one past it,
+    """A row a CTA of whole aligned vectors, at most two a thread, takes
+    the packet kernels' decode path (rmsnorm.cuh, decode_row; at any team
+    size, its loops unrolled at two, the size here); anything else the
+    general path, and each rank decides from its own pointers. Around each edge: T = the grid and one past it,
     H with one and two vectors a thread of 512 and one vector past two
     (H 8200: bf16 1025 vectors), every tensor aligned, and rank 1's out
     misaligned (rank 0 decodes, rank 1 does not: the same packets either

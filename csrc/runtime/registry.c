@@ -434,8 +434,9 @@ static const auto_row auto_table[] = {
      * with its decode path, rmsnorm.cuh): ahead of the composed path ("nccl":
      * all_reduce's auto, then the add+norm) to T 16 x H 8192 (256 KiB; 4
      * ranks T 1 x H 8192 6.9-7.8 us against 7.6-9.1, T 16 9.4 against
-     * 9.9-12.5), level or behind from 512 KiB (T 64 x H 8192 18.7-19.0
-     * against 14.3-14.8): lamport to 256 KiB, then the composed path. */
+     * 9.9-12.5), level at 512 KiB (T 64 x H 4096 11.6-11.9 against
+     * 11.5-13.3), behind at 1 MiB (T 64 x H 8192 18.7-19.0 against
+     * 14.3-14.8): lamport to 256 KiB, then the composed path. */
     {SYMNCCL_COLL_ALL_REDUCE_RMSNORM, 1, 0, 0, 0, ANY_SIZE, 0, 0, 0,
      SN_ALGO_NCCL},
     {SYMNCCL_COLL_ALL_REDUCE_RMSNORM, 2, 0, 0, 2 * MIB, 32 * MIB, 0, 0, 0,
