@@ -273,12 +273,15 @@ def test_decode_rows_keep_one_shot_bits_beside_the_general_path(
     """A row a CTA of whole aligned vectors, at most two a thread, takes
     the packet kernels' decode path (rmsnorm.cuh, decode_row; at any team
     size, its loops unrolled at two, the size here); anything else the
-    general path, and each rank decides from its own pointers. Around each edge: T = the grid and one past it,
-    H with one and two vectors a thread of 512 and one vector past two
-    (H 8200: bf16 1025 vectors), every tensor aligned, and rank 1's out
-    misaligned (rank 0 decodes, rank 1 does not: the same packets either
-    way). Every case: one_shot's bits on each rank, within the float64
-    reference's bounds."""
+    general path, and each rank decides from its own pointers. Around each
+    edge: T = the grid and one past it (a CTA of 512 threads a row), twice
+    the grid and one past it (the general path's wide CTA of two such
+    rows, then its rounds), four times the grid at H 2048 (four rows of
+    256 threads a CTA), H with one and two vectors a thread of 512 and one
+    vector past two (H 8200: bf16 1025 vectors), every tensor aligned, and
+    rank 1's out misaligned (rank 0 decodes, rank 1 does not: the same
+    packets either way). Every case: one_shot's bits on each rank, within
+    the float64 reference's bounds."""
     torch = _torch()
     team = _team(monkeypatch, 2)
     grid = _grid(2)
@@ -289,7 +292,8 @@ def test_decode_rows_keep_one_shot_bits_beside_the_general_path(
     try:
         for dtype in ("bfloat16", "float32", "float16"):
             for T, H in [(1, 4096), (grid, 4096), (grid + 1, 4096),
-                         (3, 8192), (2, 8200)]:
+                         (2 * grid, 4096), (2 * grid + 1, 4096),
+                         (4 * grid, 2048), (3, 8192), (2, 8200)]:
                 xs, res, w = _inputs(torch, 2, T, H, dtype, seed=T * H)
                 for pads in ((0, 0), (0, 3)):
                     got = {}
@@ -725,17 +729,17 @@ def test_torch_op_gradients_are_the_unfused_composition_s(monkeypatch,
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("nranks,T,H,algo", [(3, 2, 64, "ll128"),
+@pytest.mark.parametrize("nranks,T,H,algo", [(3, 40, 4096, "ll128"),
                                              (2, 4100, 4096, "push")])
 def test_auto_beyond_the_fused_rows_is_all_reduce_s_choice_then_the_norm(
         monkeypatch, nranks, T, H, algo):
-    """Where no fused kernel serves "auto" (3+ ranks; over 32 MiB at 2) the
-    call is the unfused composition with one kernel for the add and the
-    norm: the all-reduce all_reduce's own auto table picks (ll128 for 512
-    B at 3 ranks, push over 32 MiB at 2), then symnccl's add+norm, which
-    reads the all-reduce's output only past its PDL wait (the all-reduce
-    lets it launch early here, as beside NCCL >= 2.30.7). Within
-    the float64 bounds, the same bits on every rank, on 2 ranks the bits
+    """Where no fused kernel serves "auto" (5+ ranks; over 256 KiB at 3-4;
+    over 32 MiB at 2) the call is the unfused composition with one kernel
+    for the add and the norm: the all-reduce all_reduce's own auto table
+    picks (ll128 for 320 KiB at 3 ranks, push over 32 MiB at 2), then
+    symnccl's add+norm, which reads the all-reduce's output only past its
+    PDL wait (the all-reduce lets it launch early here, as beside NCCL >=
+    2.30.7). Within the float64 bounds, the same bits on every rank, on 2 ranks the bits
     of the fused one_shot (whose sums are push's: one rounding of x0 + x1)
     and the same bits with y written over x, or over the residual (the
     sums go to y's buffer unless it is the residual), and it runs on a
