@@ -73,8 +73,8 @@
 SYMNCCL_BEGIN
 
 // 16-byte vectors of h a thread keeps in registers between the sum of
-// squares and the normalisation: a row of 4 * 512 vectors (H = 16384
-// bf16/fp16, 8192 fp32) never reads out_h back.
+// squares and the normalisation: a row of 2 * 512 vectors (H = 8192
+// bf16/fp16, 4096 fp32) never reads out_h back.
 constexpr int kRmsKeep = 2;
 
 // op(a, b) of one float per thread over the CTA, from 0, in a fixed
@@ -658,18 +658,8 @@ __device__ __forceinline__ void decode_row(const symnccl_kargs& a, int n_,
       if (ok) reinterpret_cast<uint4*>(out_h)[i0 + u * bd] = keep[u];
     }
 
-  // the block sum of one_shot_rmsnorm's block (group_reduce of one group)
-  RowGroups k;
-  k.rvec = rvec;
-  k.bd = bd;
-  k.G = 1;
-  k.g = 0;
-  k.w = t;
-  k.rows = k.rounds = 1;
-  const float rstd =
-      rsqrtf(group_reduce(k, ss, s_sum, [](float p, float q) {
-               return p + q;
-             }) / (float)H + a.eps);
+  // one_shot_rmsnorm's block sum: this CTA is its block
+  const float rstd = rsqrtf(block_sum(ss, s_sum) / (float)H + a.eps);
   if (!__syncthreads_and(ok)) return;
 #pragma unroll
   for (int u = 0; u < kKeep; u++)
