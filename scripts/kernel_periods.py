@@ -8,8 +8,9 @@ from the spread (docs/PERFORMANCE.md, 'Kernel periods').
         --hidden 1024,4096,8192 --out /tmp/periods.json
     python scripts/kernel_periods.py --report /tmp/periods.json   # no GPU
 
-One process per GPU under torchrun. For each hidden size H and method, a
-1 x H row (--dtype, bf16 by default): `--iters` calls captured in one CUDA
+One process per GPU under torchrun. For each token count T (--tokens, 1
+by default), hidden size H and method, T x H rows (--dtype, bf16 by
+default): `--iters` calls captured in one CUDA
 graph, replayed 5 times timed with events (the median per call, as
 benchmarks/bench_fused.py times its rows), then once under the profiler. Of that replay's
 kernels the first `--skip` are dropped (the ranks' start skew) and the
@@ -25,7 +26,7 @@ peers); the copy kernel is not (each rank pulls alone).
 Methods (--methods, any of them):
   fused_lamport, fused_ll, fused_ll128
           all_reduce_rmsnorm(x, residual, weight, out=, residual_out=,
-          algo=...) of the row
+          algo=...) of the rows
   ar_ll, ar_ll128, ar_lamport
           all_reduce(x, out=, algo=...) of the same bytes
   copy    symnccl's copy kernel pulling the same bytes from the next
@@ -96,17 +97,18 @@ def _measure(torch, fn, iters, skip, sync):
     return row
 
 
-def _methods(torch, comm, H, dtype, rank, n):
-    """name -> the call, on buffers of one 1 x H row of this rank."""
-    g = torch.Generator(device="cuda").manual_seed(H + 7919 * (rank + 1))
-    x = torch.randn(1, H, device="cuda", generator=g).to(dtype)
-    res = torch.randn(1, H, device="cuda", generator=g).to(dtype)
+def _methods(torch, comm, T, H, dtype, rank, n):
+    """name -> the call, on buffers of T x H rows of this rank."""
+    g = torch.Generator(device="cuda").manual_seed(
+        T * 65537 + H + 7919 * (rank + 1))
+    x = torch.randn(T, H, device="cuda", generator=g).to(dtype)
+    res = torch.randn(T, H, device="cuda", generator=g).to(dtype)
     w = (1 + 0.5 * torch.randn(H, device="cuda", generator=g)).to(dtype)
     y, h, s = (torch.empty_like(x) for _ in range(3))
-    win = comm.empty(H, str(dtype).split(".")[-1])
-    torch.from_dlpack(win).copy_(x[0])
+    win = comm.empty(T * H, str(dtype).split(".")[-1])
+    torch.from_dlpack(win).copy_(x.reshape(-1))
     peer = comm._lsa_pointer(win, (rank + 1) % n)
-    nbytes = H * x.element_size()
+    nbytes = T * H * x.element_size()
     stream = lambda: torch.cuda.current_stream().cuda_stream  # noqa: E731
 
     def fused(algo):
@@ -135,12 +137,15 @@ def run(opts):
     sync = lambda: comm.barrier(blocking=True)  # noqa: E731
     rows = []
     try:
-        for H in [int(v) for v in opts.hidden.split(",")]:
-            calls, win = _methods(torch, comm, H, dtype, rank, n)
-            for m in opts.methods.split(","):
-                r = _measure(torch, calls[m], opts.iters, opts.skip, sync)
-                rows.append({"H": H, "method": m, "rank": rank, **r})
-            del calls, win
+        for T in [int(v) for v in opts.tokens.split(",")]:
+            for H in [int(v) for v in opts.hidden.split(",")]:
+                calls, win = _methods(torch, comm, T, H, dtype, rank, n)
+                for m in opts.methods.split(","):
+                    r = _measure(torch, calls[m], opts.iters, opts.skip,
+                                 sync)
+                    rows.append({"T": T, "H": H, "method": m, "rank": rank,
+                                 **r})
+                del calls, win
     finally:
         comm.close()
     every = [None] * n
@@ -159,14 +164,15 @@ def print_table(doc):
           f"{doc['date']}; µs, rank 0 / rank 1 / ...")
     by = {}
     for r in doc["rows"]:
-        by.setdefault((r["H"], r["method"]), {})[r["rank"]] = r
-    print(f"{'H':>6} {'method':14} {'graph':>14} {'period':>14} "
+        by.setdefault((r.get("T", 1), r["H"], r["method"]), {})[
+            r["rank"]] = r
+    print(f"{'T':>4} {'H':>6} {'method':14} {'graph':>14} {'period':>14} "
           f"{'dur':>14} {'gap':>14}  kernel")
-    for (H, m), ranks in by.items():
+    for (T, H, m), ranks in by.items():
         rs = [ranks[k] for k in sorted(ranks)]
         col = lambda key: " / ".join(  # noqa: E731
             f"{r.get(key, float('nan')):.2f}" for r in rs)
-        print(f"{H:>6} {m:14} {col('graph_us'):>14} {col('period'):>14} "
+        print(f"{T:>4} {H:>6} {m:14} {col('graph_us'):>14} {col('period'):>14} "
               f"{col('dur'):>14} {col('gap'):>14}  "
               f"{rs[0].get('kernel', '')[:50]}")
 
@@ -174,6 +180,7 @@ def print_table(doc):
 def main(argv=None):
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--tokens", default="1")
     p.add_argument("--hidden", default="1024,4096,8192")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--methods", default=",".join(DEFAULT_METHODS))

@@ -324,6 +324,57 @@ def test_decode_rows_keep_one_shot_bits_beside_the_general_path(
         assert l[f"{algo}_rmsnorm"] == expected, l
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("algo", ["one_shot", "ll", "lamport"])
+def test_half_pairs_give_fp32_s_bits_over_every_exponent(monkeypatch, algo):
+    """16-bit floats are summed a word's pair at once (HADD2: Half2,
+    reduce.cuh; the decode path's two ranks, every kernel's residual): h
+    must be torch's fp32 arithmetic rounded to T, T(T(x0 + x1) +
+    residual), bit for bit, over random finite bit patterns (subnormals,
+    both signs, every exponent: sums that cancel, overflow, or where one
+    term lies far below the other's ulp), on the decode path (T 2) and the
+    general path (T 2 * grid + 1). y is checked only for the same bits on
+    both ranks (its products are Half2's; docs/PERFORMANCE.md)."""
+    torch = _torch()
+    team = _team(monkeypatch, 2)
+    grid = _grid(2)
+    streams = [torch.cuda.Stream() for _ in team]
+    g = torch.Generator().manual_seed(23)
+    wrong = []
+
+    def finite(dt, shape):
+        bits = torch.randint(-2 ** 15, 2 ** 15, shape, generator=g,
+                             dtype=torch.int16)
+        v = bits.view(dt)
+        return torch.where(v.isfinite(), v, torch.zeros_like(v)).cuda()
+    try:
+        for dtype in ("bfloat16", "float16"):
+            dt = getattr(torch, dtype)
+            for T in (2, 2 * grid + 1):
+                H = 4096
+                xs = [finite(dt, (T, H)) for _ in team]
+                xs[1][0, :512] = -xs[0][0, :512]          # exact cancels
+                res = finite(dt, (T, H))
+                w = (1 + 0.5 * torch.randn(H, generator=g)).to(dt).cuda()
+                ys = [_poisoned(torch, xs[0]) for _ in team]
+                hs = [_poisoned(torch, xs[0]) for _ in team]
+                _call_all(torch, team, streams, xs, res, w, ys, hs,
+                          algo=algo)
+                s = (xs[0].float() + xs[1].float()).to(dt)
+                want = (s.float() + res.float()).to(dt)
+                for q in range(2):
+                    if not torch.equal(_bits(hs[q]), _bits(want)):
+                        bad = (_bits(hs[q]) != _bits(want)).sum().item()
+                        wrong.append((dtype, T, q, "h", bad))
+                if not torch.equal(_bits(ys[0]), _bits(ys[1])):
+                    wrong.append((dtype, T, "y differs across ranks"))
+        launches = team[0]._launches()
+    finally:
+        _close(team)
+    assert not wrong, wrong
+    assert launches[f"{algo}_rmsnorm"] >= 4, launches
+
+
 def _itemsize(dtype):
     return {"float32": 4, "float16": 2, "bfloat16": 2}[dtype]
 

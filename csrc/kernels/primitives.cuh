@@ -305,6 +305,16 @@ struct Pack {
   };
 };
 
+// P bytes as 32-bit words (the 16-bit floats' pairs: Half2, reduce.cuh).
+template <int P>
+struct Words {
+  static constexpr int kN = P / 4;
+  union {
+    Raw<P> raw;
+    uint32_t w[kN];
+  };
+};
+
 // Pack i of a T array of `count` elements: elements [i*E, i*E + E); those
 // past the end read as zero. `aligned`: p is P-byte aligned. kCg: load
 // through L2 only (memory other GPUs write while this kernel runs).
@@ -396,6 +406,27 @@ struct Accum {
     return r.raw;
   }
 };
+
+// Rank 0's pack a and rank 1's b summed: Accum<T, P, OpSum>'s set(a),
+// fold(b), result(SYMNCCL_OP_SUM, 2), with its bits (16-bit floats a
+// word's pair at once: Half2, reduce.cuh).
+template <typename T, int P>
+__device__ __forceinline__ Raw<P> sum_of_two(Raw<P> a, Raw<P> b) {
+  if constexpr (Half2<T>::kOf) {
+    Words<P> x, y, s;
+    x.raw = a;
+    y.raw = b;
+#pragma unroll
+    for (int k = 0; k < Words<P>::kN; k++)
+      s.w[k] = add_pairs<T>(x.w[k], y.w[k]);
+    return s.raw;
+  } else {
+    Accum<T, P, OpSum> acc;
+    acc.set(a);
+    acc.fold(b);
+    return acc.result(SYMNCCL_OP_SUM, 2);
+  }
+}
 
 // U packs reduced over every rank in order: load(q, raw) fills rank q's U
 // packs; the loads of kPeerBatch ranks are issued before any of them is

@@ -8,6 +8,7 @@
 #define SYMNCCL_KERNELS_REDUCE_CUH
 
 #include <cstdint>
+#include <cstring>
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -137,6 +138,85 @@ __device__ __forceinline__ T finish(int op, typename Acc<T>::type a, int n) {
     }
   }
   return Acc<T>::from(a);
+}
+
+// The 16-bit floats (__half, __nv_bfloat16) two to a 32-bit word, for
+// their paired instructions (HADD2, HMUL2, F2FP: one for two elements,
+// where Acc's way takes a conversion an element each way and the fp32
+// operation). Where an fp32 operation on two T values is rounded once to
+// T, the paired operation gives Acc's bits:
+// - a + b: the fp32 sum of two 16-bit floats is exact, or the smaller
+//   lies below 2^-13 of the larger (2^-16 for bfloat16), under a quarter
+//   of the larger's ulp in T, and both the exact and the fp32 sum round to
+//   the larger; so T(a + b) is the exact sum rounded once, as HADD2's.
+// - a * b: exact in fp32 (at most 2 x 11 significant bits; half's
+//   products lie in fp32's normal range), hence HMUL2's, but for
+//   bfloat16 products below 2^-126, fp32's subnormals: there fp32 rounds
+//   first, and symnccl's kernels define y by the paired product (every
+//   kernel takes it from normalise, rmsnorm.cuh).
+// kOf: T is such a type (else these are not defined for it).
+template <typename T>
+struct Half2 {
+  static constexpr bool kOf = false;
+};
+template <>
+struct Half2<__half> {
+  static constexpr bool kOf = true;
+  using type = __half2;
+  __device__ static float2 to(type v) { return __half22float2(v); }
+  __device__ static type from(float a, float b) {
+    return __floats2half2_rn(a, b);
+  }
+};
+template <>
+struct Half2<__nv_bfloat16> {
+  static constexpr bool kOf = true;
+  using type = __nv_bfloat162;
+  // a bfloat16 is the top half of its fp32: two bit operations, where
+  // __bfloat1622float2 splits the word first
+  __device__ static float2 to(type v) {
+    uint32_t w;
+    memcpy(&w, &v, sizeof(w));
+    return make_float2(__uint_as_float(w << 16),
+                       __uint_as_float(w & 0xffff0000u));
+  }
+  __device__ static type from(float a, float b) {
+    return __floats2bfloat162_rn(a, b);
+  }
+};
+
+// A 32-bit word as a pair of T and back.
+template <typename T>
+__device__ __forceinline__ typename Half2<T>::type pair_of(uint32_t w) {
+  typename Half2<T>::type p;
+  static_assert(sizeof(p) == sizeof(w), "two 16-bit floats");
+  memcpy(&p, &w, sizeof(w));
+  return p;
+}
+template <typename T>
+__device__ __forceinline__ uint32_t word_of(typename Half2<T>::type p) {
+  uint32_t w;
+  memcpy(&w, &p, sizeof(w));
+  return w;
+}
+
+// Element k of a word (low half 0) in fp32; T(a) + T(b), T(a) * T(b)
+// elementwise, with Acc's bits (above); the pair (a, b) rounded to T.
+template <typename T>
+__device__ __forceinline__ float2 floats_of(uint32_t w) {
+  return Half2<T>::to(pair_of<T>(w));
+}
+template <typename T>
+__device__ __forceinline__ uint32_t add_pairs(uint32_t a, uint32_t b) {
+  return word_of<T>(__hadd2_rn(pair_of<T>(a), pair_of<T>(b)));
+}
+template <typename T>
+__device__ __forceinline__ uint32_t mul_pairs(uint32_t a, uint32_t b) {
+  return word_of<T>(__hmul2_rn(pair_of<T>(a), pair_of<T>(b)));
+}
+template <typename T>
+__device__ __forceinline__ uint32_t round_pair(float a, float b) {
+  return word_of<T>(Half2<T>::from(a, b));
 }
 
 // The element type of a SYMNCCL_DT_* (launch.h's SYMNCCL_KERNEL_DTYPES).

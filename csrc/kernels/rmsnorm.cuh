@@ -11,7 +11,10 @@
 //     y = T(T(h * r) * weight)                  -> out
 //   which is vLLM's fused_add_rms_norm and torch's rms_norm composition
 //   (the normalised value rounded to T before the weight; a no-op for
-//   float32). With a.quant, out is float8_e4m3fn: q = fp8(y * (1 / s)),
+//   float32). 16-bit floats take h and y's product a word's pair at once
+//   (Half2, reduce.cuh: the same bits as fp32 rounded to T, but bfloat16
+//   products below fp32's normal range, rounded once). With a.quant,
+//   out is float8_e4m3fn: q = fp8(y * (1 / s)),
 //   saturated to +-448 (NaN stays NaN), as vLLM's fused norm + quant
 //   kernels convert; s is a.scale[0] (static), or the row's
 //   max(amax(|y|) / 448, 1 / (448 * 512)), stored to a.scale[row]
@@ -148,15 +151,26 @@ __device__ __forceinline__ void store_fp8(uint8_t* q, size_t v, uint4 y,
 
 // h = T(s + residual), elementwise, in fp32 (s: the sum, rounded to T),
 // on a pack of P bytes (16: a vector; 8: an LL128 word).
+// (16-bit floats: a word's pair at once, the same bits: Half2, reduce.cuh.)
 template <typename T, int P = 16>
 __device__ __forceinline__ Raw<P> add_residual(Raw<P> sw, Raw<P> rw) {
-  typename Pack<T, P>::U s, x, h;
-  s.raw = sw;
-  x.raw = rw;
+  if constexpr (Half2<T>::kOf) {
+    Words<P> s, x, h;
+    s.raw = sw;
+    x.raw = rw;
 #pragma unroll
-  for (int k = 0; k < Pack<T, P>::kElems; k++)
-    h.t[k] = Acc<T>::from(Acc<T>::to(s.t[k]) + Acc<T>::to(x.t[k]));
-  return h.raw;
+    for (int k = 0; k < Words<P>::kN; k++)
+      h.w[k] = add_pairs<T>(s.w[k], x.w[k]);
+    return h.raw;
+  } else {
+    typename Pack<T, P>::U s, x, h;
+    s.raw = sw;
+    x.raw = rw;
+#pragma unroll
+    for (int k = 0; k < Pack<T, P>::kElems; k++)
+      h.t[k] = Acc<T>::from(Acc<T>::to(s.t[k]) + Acc<T>::to(x.t[k]));
+    return h.raw;
+  }
 }
 
 template <typename T>
@@ -184,31 +198,56 @@ struct RmsRow {
   }
 };
 
+// The squares of a vector's elements summed in fp32, elements 0..E-1.
 template <typename T>
 __device__ __forceinline__ float sum_squares(uint4 w) {
-  typename Pack<T, 16>::U u;
-  u.raw = w;
   float s = 0.f;
+  if constexpr (Half2<T>::kOf) {
+    Words<16> u;
+    u.raw = w;
 #pragma unroll
-  for (int k = 0; k < Pack<T, 16>::kElems; k++) {
-    const float f = (float)Acc<T>::to(u.t[k]);
-    s += f * f;
+    for (int k = 0; k < Words<16>::kN; k++) {
+      const float2 f = floats_of<T>(u.w[k]);
+      s += f.x * f.x;
+      s += f.y * f.y;
+    }
+  } else {
+    typename Pack<T, 16>::U u;
+    u.raw = w;
+#pragma unroll
+    for (int k = 0; k < Pack<T, 16>::kElems; k++) {
+      const float f = (float)Acc<T>::to(u.t[k]);
+      s += f * f;
+    }
   }
   return s;
 }
 
-// y = T(T(h * rstd) * w), elementwise, in fp32.
+// y = T(T(h * rstd) * w), elementwise, in fp32 (16-bit floats: T(h *
+// rstd) a pair at once, then the paired product with w: Half2's bits).
 template <typename T>
 __device__ __forceinline__ uint4 normalise(uint4 hw, uint4 ww, float rstd) {
-  typename Pack<T, 16>::U h, w, y;
-  h.raw = hw;
-  w.raw = ww;
+  if constexpr (Half2<T>::kOf) {
+    Words<16> h, w, y;
+    h.raw = hw;
+    w.raw = ww;
 #pragma unroll
-  for (int k = 0; k < Pack<T, 16>::kElems; k++) {
-    const T t = Acc<T>::from((float)Acc<T>::to(h.t[k]) * rstd);
-    y.t[k] = Acc<T>::from((float)Acc<T>::to(t) * (float)Acc<T>::to(w.t[k]));
+    for (int k = 0; k < Words<16>::kN; k++) {
+      const float2 f = floats_of<T>(h.w[k]);
+      y.w[k] = mul_pairs<T>(round_pair<T>(f.x * rstd, f.y * rstd), w.w[k]);
+    }
+    return y.raw;
+  } else {
+    typename Pack<T, 16>::U h, w, y;
+    h.raw = hw;
+    w.raw = ww;
+#pragma unroll
+    for (int k = 0; k < Pack<T, 16>::kElems; k++) {
+      const T t = Acc<T>::from((float)Acc<T>::to(h.t[k]) * rstd);
+      y.t[k] = Acc<T>::from((float)Acc<T>::to(t) * (float)Acc<T>::to(w.t[k]));
+    }
+    return y.raw;
   }
-  return y.raw;
 }
 
 // The row's y as FP8 (a.quant): its scale first (dynamic: a block
@@ -613,9 +652,10 @@ __device__ __forceinline__ void decode_row(const symnccl_kargs& a, int n_,
     }
 
   // the ranks folded in order 0..n-1, each peer's vectors in one wait,
-  // then rearmed (rows_on_packets' sums); a wait that gave up ends the
-  // waiting; h and its squares
+  // then rearmed (rows_on_packets' sums; two ranks: sum_of_two, its
+  // bits); a wait that gave up ends the waiting; h and its squares
   Accum<T, 16, OpSum> acc[kKeep];
+  uint4 two[kKeep];   // kN 2: rank 0's vector, then the sum
   bool ok = true;
 #pragma unroll(kN ? kN : 1)
   for (int q = 0; q < n; q++) {
@@ -643,7 +683,9 @@ __device__ __forceinline__ void decode_row(const symnccl_kargs& a, int n_,
 #pragma unroll
     for (int u = 0; u < kKeep; u++)
       if (has(u)) {
-        if (q == 0)
+        if constexpr (kN == 2)
+          two[u] = q == 0 ? d[u] : sum_of_two<T, 16>(two[u], d[u]);
+        else if (q == 0)
           acc[u].set(d[u]);
         else
           acc[u].fold(d[u]);
@@ -653,7 +695,8 @@ __device__ __forceinline__ void decode_row(const symnccl_kargs& a, int n_,
 #pragma unroll
   for (int u = 0; u < kKeep; u++)
     if (has(u)) {
-      keep[u] = add_residual<T>(acc[u].result(SYMNCCL_OP_SUM, n), rv[u]);
+      keep[u] = add_residual<T>(
+          kN == 2 ? two[u] : acc[u].result(SYMNCCL_OP_SUM, n), rv[u]);
       ss += sum_squares<T>(keep[u]);
       if (ok) reinterpret_cast<uint4*>(out_h)[i0 + u * bd] = keep[u];
     }
