@@ -407,11 +407,12 @@ struct Accum {
   }
 };
 
-// Rank 0's pack a and rank 1's b summed: Accum<T, P, OpSum>'s set(a),
-// fold(b), result(SYMNCCL_OP_SUM, 2), with its bits (16-bit floats a
-// word's pair at once: Half2, reduce.cuh).
+// T(a + b) elementwise on packs of P bytes, in Acc<T>, rounded once to T
+// (16-bit floats a word's pair at once: Half2, reduce.cuh): the fused
+// kernels' residual add, and their two ranks' sum, for which Accum's
+// set(a), fold(b), result(SYMNCCL_OP_SUM, 2) give the same bits.
 template <typename T, int P>
-__device__ __forceinline__ Raw<P> sum_of_two(Raw<P> a, Raw<P> b) {
+__device__ __forceinline__ Raw<P> add_packs(Raw<P> a, Raw<P> b) {
   if constexpr (Half2<T>::kOf) {
     Words<P> x, y, s;
     x.raw = a;
@@ -421,10 +422,13 @@ __device__ __forceinline__ Raw<P> sum_of_two(Raw<P> a, Raw<P> b) {
       s.w[k] = add_pairs<T>(x.w[k], y.w[k]);
     return s.raw;
   } else {
-    Accum<T, P, OpSum> acc;
-    acc.set(a);
-    acc.fold(b);
-    return acc.result(SYMNCCL_OP_SUM, 2);
+    typename Pack<T, P>::U x, y, s;
+    x.raw = a;
+    y.raw = b;
+#pragma unroll
+    for (int k = 0; k < Pack<T, P>::kElems; k++)
+      s.t[k] = Acc<T>::from(Acc<T>::to(x.t[k]) + Acc<T>::to(y.t[k]));
+    return s.raw;
   }
 }
 

@@ -144,16 +144,18 @@ __device__ __forceinline__ T finish(int op, typename Acc<T>::type a, int n) {
 // their paired instructions (HADD2, HMUL2, F2FP: one for two elements,
 // where Acc's way takes a conversion an element each way and the fp32
 // operation). Where an fp32 operation on two T values is rounded once to
-// T, the paired operation gives Acc's bits:
+// T, the paired operation gives Acc's bits (every input checked on the
+// GPU: tests/data/half2_every_input.cu):
 // - a + b: the fp32 sum of two 16-bit floats is exact, or the smaller
 //   lies below 2^-13 of the larger (2^-16 for bfloat16), under a quarter
 //   of the larger's ulp in T, and both the exact and the fp32 sum round to
 //   the larger; so T(a + b) is the exact sum rounded once, as HADD2's.
-// - a * b: exact in fp32 (at most 2 x 11 significant bits; half's
-//   products lie in fp32's normal range), hence HMUL2's, but for
-//   bfloat16 products below 2^-126, fp32's subnormals: there fp32 rounds
-//   first, and symnccl's kernels define y by the paired product (every
-//   kernel takes it from normalise, rmsnorm.cuh).
+// - a * b: at most 2 x 11 significant bits, exact in fp32 (half's
+//   products lie in its normal range; a bfloat16 product of 16 bits from
+//   2^-134 up ends at or above fp32's last subnormal bit, and one below
+//   2^-134 is 0 in T either way), so rounded once, as HMUL2's.
+// Both need subnormals kept (no -ftz: setup.py passes none), as Acc's
+// conversions keep them.
 // kOf: T is such a type (else these are not defined for it).
 template <typename T>
 struct Half2 {

@@ -11,10 +11,9 @@
 //     y = T(T(h * r) * weight)                  -> out
 //   which is vLLM's fused_add_rms_norm and torch's rms_norm composition
 //   (the normalised value rounded to T before the weight; a no-op for
-//   float32). 16-bit floats take h and y's product a word's pair at once
-//   (Half2, reduce.cuh: the same bits as fp32 rounded to T, but bfloat16
-//   products below fp32's normal range, rounded once). With a.quant,
-//   out is float8_e4m3fn: q = fp8(y * (1 / s)),
+//   float32). 16-bit floats compute h, T(h * r) and y's product a word's
+//   pair at once (Half2, reduce.cuh: fp32's bits rounded to T). With
+//   a.quant, out is float8_e4m3fn: q = fp8(y * (1 / s)),
 //   saturated to +-448 (NaN stays NaN), as vLLM's fused norm + quant
 //   kernels convert; s is a.scale[0] (static), or the row's
 //   max(amax(|y|) / 448, 1 / (448 * 512)), stored to a.scale[row]
@@ -151,26 +150,9 @@ __device__ __forceinline__ void store_fp8(uint8_t* q, size_t v, uint4 y,
 
 // h = T(s + residual), elementwise, in fp32 (s: the sum, rounded to T),
 // on a pack of P bytes (16: a vector; 8: an LL128 word).
-// (16-bit floats: a word's pair at once, the same bits: Half2, reduce.cuh.)
 template <typename T, int P = 16>
 __device__ __forceinline__ Raw<P> add_residual(Raw<P> sw, Raw<P> rw) {
-  if constexpr (Half2<T>::kOf) {
-    Words<P> s, x, h;
-    s.raw = sw;
-    x.raw = rw;
-#pragma unroll
-    for (int k = 0; k < Words<P>::kN; k++)
-      h.w[k] = add_pairs<T>(s.w[k], x.w[k]);
-    return h.raw;
-  } else {
-    typename Pack<T, P>::U s, x, h;
-    s.raw = sw;
-    x.raw = rw;
-#pragma unroll
-    for (int k = 0; k < Pack<T, P>::kElems; k++)
-      h.t[k] = Acc<T>::from(Acc<T>::to(s.t[k]) + Acc<T>::to(x.t[k]));
-    return h.raw;
-  }
+  return add_packs<T, P>(sw, rw);
 }
 
 template <typename T>
@@ -652,7 +634,7 @@ __device__ __forceinline__ void decode_row(const symnccl_kargs& a, int n_,
     }
 
   // the ranks folded in order 0..n-1, each peer's vectors in one wait,
-  // then rearmed (rows_on_packets' sums; two ranks: sum_of_two, its
+  // then rearmed (rows_on_packets' sums; two ranks: add_packs, their
   // bits); a wait that gave up ends the waiting; h and its squares
   Accum<T, 16, OpSum> acc[kKeep];
   uint4 two[kKeep];   // kN 2: rank 0's vector, then the sum
@@ -684,7 +666,7 @@ __device__ __forceinline__ void decode_row(const symnccl_kargs& a, int n_,
     for (int u = 0; u < kKeep; u++)
       if (has(u)) {
         if constexpr (kN == 2)
-          two[u] = q == 0 ? d[u] : sum_of_two<T, 16>(two[u], d[u]);
+          two[u] = q == 0 ? d[u] : add_packs<T, 16>(two[u], d[u]);
         else if (q == 0)
           acc[u].set(d[u]);
         else
@@ -695,8 +677,10 @@ __device__ __forceinline__ void decode_row(const symnccl_kargs& a, int n_,
 #pragma unroll
   for (int u = 0; u < kKeep; u++)
     if (has(u)) {
-      keep[u] = add_residual<T>(
-          kN == 2 ? two[u] : acc[u].result(SYMNCCL_OP_SUM, n), rv[u]);
+      if constexpr (kN == 2)
+        keep[u] = add_residual<T>(two[u], rv[u]);
+      else
+        keep[u] = add_residual<T>(acc[u].result(SYMNCCL_OP_SUM, n), rv[u]);
       ss += sum_squares<T>(keep[u]);
       if (ok) reinterpret_cast<uint4*>(out_h)[i0 + u * bd] = keep[u];
     }
