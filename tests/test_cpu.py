@@ -1451,12 +1451,17 @@ def test_kernel_periods_medians_and_report(monkeypatch, capsys, tmp_path):
            "date": "2026-11-27",
            "rows": [{"H": 8192, "method": "ar_ll", "rank": r,
                      "graph_us": 3.4, "kernel": "packet_one_shot", **st}
-                    for r in (1, 0)]}
+                    for r in (1, 0)]
+           + [{"T": 16, "H": 4096, "method": "fused_lamport", "rank": 0,
+               "graph_us": 5.0, "kernel": "lamport_rmsnorm", **st}]}
     path = tmp_path / "periods.json"
     path.write_text(json.dumps(doc))
     assert kp.main(["--report", os.fspath(path)]) == 0
     out = capsys.readouterr().out
     assert "3.00 / 3.00" in out and "-0.20 / -0.20" in out
+    # rows without T (files before --tokens) are T 1
+    assert [line.split()[:3] for line in out.splitlines()[2:4]] == [
+        ["1", "8192", "ar_ll"], ["16", "4096", "fused_lamport"]], out
     with pytest.raises(SystemExit):
         kp.main(["--methods", "ar_ll,bogus"])
     assert "unknown ['bogus']" in capsys.readouterr().err
