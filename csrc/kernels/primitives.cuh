@@ -305,16 +305,6 @@ struct Pack {
   };
 };
 
-// P bytes as 32-bit words (the 16-bit floats' pairs: Half2, reduce.cuh).
-template <int P>
-struct Words {
-  static constexpr int kN = P / 4;
-  union {
-    Raw<P> raw;
-    uint32_t w[kN];
-  };
-};
-
 // Pack i of a T array of `count` elements: elements [i*E, i*E + E); those
 // past the end read as zero. `aligned`: p is P-byte aligned. kCg: load
 // through L2 only (memory other GPUs write while this kernel runs).
@@ -414,12 +404,13 @@ struct Accum {
 template <typename T, int P>
 __device__ __forceinline__ Raw<P> add_packs(Raw<P> a, Raw<P> b) {
   if constexpr (Half2<T>::kOf) {
-    Words<P> x, y, s;
+    // the pack as 32-bit words, each a pair of T
+    typename Pack<uint32_t, P>::U x, y, s;
     x.raw = a;
     y.raw = b;
 #pragma unroll
-    for (int k = 0; k < Words<P>::kN; k++)
-      s.w[k] = add_pairs<T>(x.w[k], y.w[k]);
+    for (int k = 0; k < Pack<uint32_t, P>::kElems; k++)
+      s.t[k] = add_pairs<T>(x.t[k], y.t[k]);
     return s.raw;
   } else {
     typename Pack<T, P>::U x, y, s;

@@ -185,11 +185,11 @@ template <typename T>
 __device__ __forceinline__ float sum_squares(uint4 w) {
   float s = 0.f;
   if constexpr (Half2<T>::kOf) {
-    Words<16> u;
+    Pack<uint32_t, 16>::U u;   // 32-bit words, each a pair of T
     u.raw = w;
 #pragma unroll
-    for (int k = 0; k < Words<16>::kN; k++) {
-      const float2 f = floats_of<T>(u.w[k]);
+    for (int k = 0; k < Pack<uint32_t, 16>::kElems; k++) {
+      const float2 f = floats_of<T>(u.t[k]);
       s += f.x * f.x;
       s += f.y * f.y;
     }
@@ -210,13 +210,13 @@ __device__ __forceinline__ float sum_squares(uint4 w) {
 template <typename T>
 __device__ __forceinline__ uint4 normalise(uint4 hw, uint4 ww, float rstd) {
   if constexpr (Half2<T>::kOf) {
-    Words<16> h, w, y;
+    Pack<uint32_t, 16>::U h, w, y;   // 32-bit words, each a pair of T
     h.raw = hw;
     w.raw = ww;
 #pragma unroll
-    for (int k = 0; k < Words<16>::kN; k++) {
-      const float2 f = floats_of<T>(h.w[k]);
-      y.w[k] = mul_pairs<T>(round_pair<T>(f.x * rstd, f.y * rstd), w.w[k]);
+    for (int k = 0; k < Pack<uint32_t, 16>::kElems; k++) {
+      const float2 f = floats_of<T>(h.t[k]);
+      y.t[k] = mul_pairs<T>(round_pair<T>(f.x * rstd, f.y * rstd), w.t[k]);
     }
     return y.raw;
   } else {
