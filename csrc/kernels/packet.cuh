@@ -92,8 +92,13 @@ struct LL {
     uint64_t w[kWords];
   };
 
+  // A pass of gridDim.x * blockDim.x items: a warp's 32 consecutive
+  // items (coalesced), those runs dealt round the grid's CTAs (run c to
+  // CTA c % gridDim.x), so a short message is spread over the SMs instead
+  // of filling the first CTAs (blockDim.x a multiple of 32: launch.cu).
   __device__ static size_t worker() {
-    return (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const size_t run = (size_t)(threadIdx.x >> 5) * gridDim.x + blockIdx.x;
+    return run * 32 + (threadIdx.x & 31);
   }
   __device__ static size_t workers() { return (size_t)gridDim.x * blockDim.x; }
   __device__ static size_t lane_offset() { return 0; }
@@ -154,8 +159,10 @@ struct LL128 {
     uint64_t w[kWords];
   };
 
+  // warp w of CTA b takes item w * gridDim.x + b of a pass (as LL: a short
+  // message spread over the grid's SMs)
   __device__ static size_t worker() {
-    return (size_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    return (size_t)(threadIdx.x / 32) * gridDim.x + blockIdx.x;
   }
   __device__ static size_t workers() {
     return (size_t)gridDim.x * (blockDim.x / 32);
