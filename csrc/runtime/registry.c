@@ -262,7 +262,7 @@ sn_collective_unavailable(const sn_topology *t, int collective, int algo,
  * ll128 12.9-13.5, push 14.4-14.7, two_shot 15.1-16.1; 3 MiB 15.4
  * against two_shot 19.2, push 19.3), level at 4 MiB (20.3-21.4 against
  * two_shot 20.1-21.0, push 21.0-21.3); on its own grid (64 x 1024,
- * _lamport_grid_c6_*.json, allreduce_h100x2_bfloat16.json) 4 MiB
+ * _lamport_grid_c6_*.json, allreduce_h100x2_bfloat16_s20.json) 4 MiB
  * 17.7-18.7 and 8 MiB 38.4 against push 35.9: lamport from 256 KiB to
  * 4 MiB, push above. It reads x in place (no staging for tensors).
  * Where lamport cannot take a call (a dtype or op) ll128 stands in
