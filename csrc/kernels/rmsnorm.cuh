@@ -636,8 +636,10 @@ __device__ __forceinline__ void decode_row(const symnccl_kargs& a, int n_,
   // the ranks folded in order 0..n-1, each peer's vectors in one wait,
   // then rearmed (rows_on_packets' sums; two ranks: add_packs, their
   // bits); a wait that gave up ends the waiting; h and its squares
-  Accum<T, 16, OpSum> acc[kKeep];
-  uint4 two[kKeep];   // kN 2: rank 0's vector, then the sum
+  // the running sum: kN 2, rank 0's vector, then the sum; else Accum's
+  using Sum =
+      typename std::conditional<kN == 2, uint4, Accum<T, 16, OpSum>>::type;
+  Sum sum[kKeep];
   bool ok = true;
 #pragma unroll(kN ? kN : 1)
   for (int q = 0; q < n; q++) {
@@ -666,11 +668,11 @@ __device__ __forceinline__ void decode_row(const symnccl_kargs& a, int n_,
     for (int u = 0; u < kKeep; u++)
       if (has(u)) {
         if constexpr (kN == 2)
-          two[u] = q == 0 ? d[u] : add_packs<T, 16>(two[u], d[u]);
+          sum[u] = q == 0 ? d[u] : add_packs<T, 16>(sum[u], d[u]);
         else if (q == 0)
-          acc[u].set(d[u]);
+          sum[u].set(d[u]);
         else
-          acc[u].fold(d[u]);
+          sum[u].fold(d[u]);
       }
   }
   float ss = 0.f;
@@ -678,9 +680,9 @@ __device__ __forceinline__ void decode_row(const symnccl_kargs& a, int n_,
   for (int u = 0; u < kKeep; u++)
     if (has(u)) {
       if constexpr (kN == 2)
-        keep[u] = add_residual<T>(two[u], rv[u]);
+        keep[u] = add_residual<T>(sum[u], rv[u]);
       else
-        keep[u] = add_residual<T>(acc[u].result(SYMNCCL_OP_SUM, n), rv[u]);
+        keep[u] = add_residual<T>(sum[u].result(SYMNCCL_OP_SUM, n), rv[u]);
       ss += sum_squares<T>(keep[u]);
       if (ok) reinterpret_cast<uint4*>(out_h)[i0 + u * bd] = keep[u];
     }
